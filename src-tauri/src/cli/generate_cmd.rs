@@ -1,0 +1,133 @@
+//! `fastmlx generate` and `fastmlx make-test-model`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+
+use crate::generate::{generate, GenerateRequest};
+use crate::mlx::{self, Backend};
+use crate::model::config::QuantSpec;
+use crate::model::{load_model, synthetic, Arch};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::chat_template::RenderRequest;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A model folder (Hugging Face / MLX layout) or a .gguf file [default: SmolLM2-135M-Instruct]
+    #[arg(long, short)]
+    model: Option<PathBuf>,
+    /// The prompt text.
+    #[arg(long, short, default_value = "Write a short poem about the sea.")]
+    prompt: String,
+    /// Send the prompt as a user message through the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// A system message (implies --chat).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Do not stop at the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let backend = Backend::init();
+    let path = super::resolve_model_path(args.model)?;
+    let load_started = Instant::now();
+    let model = load_model(&path, &backend).with_context(|| format!("loading {}", path.display()))?;
+    eprintln!(
+        "loaded {} ({:?}, {} layers) on {} in {:.2}s",
+        model.name,
+        model.transformer.config.arch,
+        model.transformer.config.num_layers,
+        backend.name(),
+        load_started.elapsed().as_secs_f64()
+    );
+
+    let chat = args.chat || args.system.is_some();
+    let prompt_ids = if chat {
+        let template = model.chat_template.as_ref().context("this model has no chat template; drop --chat")?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": args.prompt}));
+        let text = template.render(&RenderRequest { messages: &messages, add_generation_prompt: true, ..Default::default() })?;
+        model.tokenizer.encode(&text, false, true)?
+    } else {
+        model.tokenizer.encode(&args.prompt, true, true)?
+    };
+
+    let request = GenerateRequest {
+        prompt_ids,
+        params: SamplingParams {
+            temperature: args.temp,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+            ..Default::default()
+        },
+        max_tokens: args.max_tokens,
+        stop: args.stop,
+        ignore_eos: args.ignore_eos,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let generation = generate(&model, &request, |text| {
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    let _ = writeln!(stdout);
+    let s = &generation.stats;
+    eprintln!("==========");
+    eprintln!("Prompt: {} tokens, {:.1} tokens-per-sec", s.prompt_tokens, s.prompt_tokens_per_sec());
+    eprintln!("Generation: {} tokens, {:.1} tokens-per-sec ({:?})", s.generated_tokens, s.generation_tokens_per_sec(), generation.finish);
+    eprintln!("Peak memory: {:.1} MB (MLX active now {:.1} MB)", s.peak_memory as f64 / 1e6, mlx::memory_stats().active as f64 / 1e6);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct MakeTestModelArgs {
+    /// llama, mistral, qwen2, qwen3 or phi3
+    #[arg(long)]
+    arch: String,
+    /// Output folder.
+    out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Quantize the linear layers to this many bits (MLX affine, group size 64).
+    #[arg(long)]
+    bits: Option<i32>,
+}
+
+pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
+    Backend::init();
+    let arch = Arch::from_model_type(&args.arch).with_context(|| format!("unknown architecture {:?}", args.arch))?;
+    let quant = args.bits.map(|bits| QuantSpec { group_size: 64, bits });
+    synthetic::write_tiny_model(&args.out, arch, args.seed, quant)?;
+    eprintln!("wrote a tiny {} model to {}", arch.model_type(), args.out.display());
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! The `fastmlx` command line.
+
+mod generate_cmd;
+mod model_path;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use model_path::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE};
+
+#[derive(Parser)]
+#[command(name = "fastmlx", version, about = "Local LLM server for Apple Silicon, on MLX")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout, then print speed and memory.
+    Generate(generate_cmd::GenerateArgs),
+    /// Write a tiny random-weight model (for tests and experiments).
+    #[command(hide = true)]
+    MakeTestModel(generate_cmd::MakeTestModelArgs),
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FASTMLX_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate_cmd::run(args),
+        Command::MakeTestModel(args) => generate_cmd::make_test_model(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

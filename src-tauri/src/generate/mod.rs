@@ -1,0 +1,189 @@
+//! Generating text for one prompt, token by token: chunked prefill, then decode with sampling,
+//! EOS and stop strings, streaming the text as it becomes stable. The batching engine will run
+//! many of these at once; this single-stream path serves the CLI and the reference tests.
+
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::{Array, Dtype};
+
+use crate::mlx;
+use crate::model::{KvCache, LoadedModel, ModelError};
+use crate::sampling::{Sampler, SamplingParams, StopMatch, StopMatcher};
+use crate::tokenizer::{StreamDecoder, TokenizerError};
+
+/// Prompt tokens run through the model per forward pass during prefill (as mlx-lm's
+/// `prefill_step_size`): bounds the activation memory of long prompts.
+pub const PREFILL_CHUNK: usize = 2048;
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    /// Keep going past EOS tokens (benchmarks, reference comparisons).
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token or a stop string.
+    Stop,
+    /// `max_tokens` reached (or the context window is full).
+    Length,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    pub peak_memory: usize,
+}
+
+impl GenerationStats {
+    pub fn prompt_tokens_per_sec(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+    /// Decode throughput, counting the tokens after the first (which prefill produced).
+    pub fn generation_tokens_per_sec(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub stats: GenerationStats,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens; this model's context window is {limit}")]
+    PromptTooLong { tokens: usize, limit: usize },
+    #[error("token id {0} is outside the model's vocabulary")]
+    BadToken(u32),
+    #[error("invalid sampling parameters: {0}")]
+    InvalidParams(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+impl From<mlx_rs::error::Exception> for GenerateError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        GenerateError::Model(e.into())
+    }
+}
+
+/// Runs `request` to completion, calling `on_text` with each piece of stable text.
+pub fn generate(model: &LoadedModel, request: &GenerateRequest, mut on_text: impl FnMut(&str)) -> Result<Generation, GenerateError> {
+    let transformer = &model.transformer;
+    let prompt = &request.prompt_ids;
+    let limit = transformer.config.max_position_embeddings;
+    request.params.validate().map_err(GenerateError::InvalidParams)?;
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    if prompt.len() >= limit {
+        return Err(GenerateError::PromptTooLong { tokens: prompt.len(), limit });
+    }
+    let vocab = transformer.config.vocab_size as u32;
+    if let Some(&bad) = prompt.iter().find(|&&t| t >= vocab) {
+        return Err(GenerateError::BadToken(bad));
+    }
+    mlx::reset_peak_memory();
+    let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut cache = transformer.new_cache();
+
+    // Prefill all but the last prompt token; the last one runs as the first decode step.
+    let started = Instant::now();
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    for chunk in head.chunks(PREFILL_CHUNK) {
+        let hidden = transformer.forward_hidden(&token_array(chunk), &mut cache)?;
+        hidden.eval()?;
+    }
+    let mut logits = next_logits(model, last[0], &mut cache)?;
+    stats.prefill_time = started.elapsed();
+
+    let decode_started = Instant::now();
+    let mut sampler = Sampler::new(request.params.clone());
+    let mut decoder = StreamDecoder::new(true);
+    let mut stops = StopMatcher::new(request.stop.clone());
+    let mut history: Vec<u32> = prompt.clone();
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    let mut emit = |piece: &str, text: &mut String| {
+        if !piece.is_empty() {
+            on_text(piece);
+            text.push_str(piece);
+        }
+    };
+    let max_tokens = request.max_tokens.min(limit - prompt.len());
+    let mut finish = FinishReason::Length;
+    let mut stop_string_hit = false;
+    while tokens.len() < max_tokens {
+        let recent_from = history.len().saturating_sub(request.params.repetition_context);
+        let token = sampler.sample(&mut logits, &history[recent_from..]).token;
+        tokens.push(token);
+        history.push(token);
+        if !request.ignore_eos && model.tokenizer.is_eos(token) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if let Some(piece) = decoder.push(&model.tokenizer, token)? {
+            match stops.push(&piece) {
+                StopMatch::Continue(t) => emit(&t, &mut text),
+                StopMatch::Stopped { text: t, .. } => {
+                    emit(&t, &mut text);
+                    finish = FinishReason::Stop;
+                    stop_string_hit = true;
+                    break;
+                }
+            }
+        }
+        if tokens.len() < max_tokens {
+            logits = next_logits(model, token, &mut cache)?;
+        }
+    }
+    if !stop_string_hit {
+        // Text held back for a possible stop string or an incomplete character is released.
+        if let Some(piece) = decoder.flush(&model.tokenizer)? {
+            match stops.push(&piece) {
+                StopMatch::Continue(t) => emit(&t, &mut text),
+                StopMatch::Stopped { text: t, .. } => {
+                    emit(&t, &mut text);
+                    stop_string_hit = true;
+                    finish = FinishReason::Stop;
+                }
+            }
+        }
+        if !stop_string_hit {
+            let rest = stops.finish();
+            emit(&rest, &mut text);
+        }
+    }
+    stats.generated_tokens = tokens.len();
+    stats.decode_time = decode_started.elapsed();
+    stats.peak_memory = mlx::memory_stats().peak;
+    Ok(Generation { tokens, text, finish, stats })
+}
+
+fn token_array(ids: &[u32]) -> Array {
+    Array::from_slice(ids, &[1, ids.len() as i32])
+}
+
+/// Runs one token through the model and returns the logits of the next one, on the host.
+fn next_logits(model: &LoadedModel, token: u32, cache: &mut [KvCache]) -> Result<Vec<f32>, GenerateError> {
+    let logits = model.transformer.forward(&token_array(&[token]), cache)?;
+    let last = logits.try_index((0, -1))?.as_dtype(Dtype::Float32)?;
+    last.eval()?;
+    Ok(last.as_slice::<f32>().to_vec())
+}

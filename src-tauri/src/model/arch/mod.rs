@@ -1,0 +1,145 @@
+//! One file per architecture: how its `config.json` maps onto [`ModelConfig`] and how its
+//! checkpoint names map onto the shared transformer's. The maths lives in `model::layers`.
+
+mod llama;
+mod mistral;
+mod phi3;
+mod qwen2;
+mod qwen3;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::model::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+
+/// The fields of a Hugging Face `config.json` the supported architectures read. Unknown keys
+/// are ignored; missing ones take the Hugging Face defaults.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfConfig {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f32,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<Value>,
+    #[serde(default = "default_positions")]
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: Option<bool>,
+    pub sliding_window: Option<usize>,
+    pub use_sliding_window: Option<bool>,
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    pub partial_rotary_factor: Option<f32>,
+}
+
+fn default_eps() -> f32 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10000.0
+}
+fn default_positions() -> usize {
+    4096
+}
+
+/// Builds the normalised config of `arch` from its `config.json`.
+pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
+    let config = base_config(arch, hf)?;
+    match arch {
+        Arch::Llama => llama::adapt(config, hf),
+        Arch::Mistral => mistral::adapt(config, hf),
+        Arch::Qwen2 => qwen2::adapt(config, hf),
+        Arch::Qwen3 => qwen3::adapt(config, hf),
+        Arch::Phi3 => phi3::adapt(config, hf),
+    }
+}
+
+/// The llama-family reading every architecture starts from.
+fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
+    if hf.num_attention_heads == 0 || hf.hidden_size % hf.num_attention_heads != 0 && hf.head_dim.is_none() {
+        return Err(format!(
+            "hidden_size {} is not a multiple of num_attention_heads {}",
+            hf.hidden_size, hf.num_attention_heads
+        ));
+    }
+    let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
+    if num_kv_heads == 0 || hf.num_attention_heads % num_kv_heads != 0 {
+        return Err(format!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
+            hf.num_attention_heads
+        ));
+    }
+    let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads);
+    let rotary = (head_dim as f32 * hf.partial_rotary_factor.unwrap_or(1.0)) as usize;
+    Ok(ModelConfig {
+        arch,
+        vocab_size: hf.vocab_size,
+        hidden_size: hf.hidden_size,
+        intermediate_size: hf.intermediate_size,
+        num_layers: hf.num_hidden_layers,
+        num_heads: hf.num_attention_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps: hf.rms_norm_eps,
+        rope: RopeConfig {
+            theta: hf.rope_theta,
+            dims: rotary,
+            traditional: hf.rope_traditional,
+            scaling: rope_scaling(hf.rope_scaling.as_ref())?,
+        },
+        max_position_embeddings: hf.max_position_embeddings,
+        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        sliding_window: None,
+        qkv_bias: hf.attention_bias,
+        qk_norm: false,
+        fused_projections: false,
+    })
+}
+
+/// Reads `rope_scaling` (`type` or `rope_type`; "default" means none).
+fn rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, String> {
+    let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(None) };
+    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |key: &str| v.get(key).and_then(Value::as_f64).map(|x| x as f32);
+    let need = |key: &str| num(key).ok_or_else(|| format!("rope_scaling {kind:?} needs a numeric {key:?}"));
+    let floats = |key: &str| -> Result<Vec<f32>, String> {
+        v.get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect())
+            .ok_or_else(|| format!("rope_scaling {kind:?} needs a list {key:?}"))
+    };
+    Ok(Some(match kind {
+        "default" => return Ok(None),
+        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "dynamic" => RopeScaling::Dynamic { factor: need("factor")? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: num("low_freq_factor").unwrap_or(1.0),
+            high_freq_factor: num("high_freq_factor").unwrap_or(4.0),
+            original_max_position_embeddings: num("original_max_position_embeddings").unwrap_or(8192.0) as usize,
+        },
+        "longrope" | "su" => RopeScaling::LongRope {
+            short_factor: floats("short_factor")?,
+            long_factor: floats("long_factor")?,
+            original_max_position_embeddings: need("original_max_position_embeddings")? as usize,
+            short_mscale: num("short_mscale"),
+            long_mscale: num("long_mscale"),
+        },
+        other => return Err(format!("unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, longrope)")),
+    }))
+}
+
+/// Drops tensors no supported architecture uses (precomputed rotary tables).
+pub fn is_unused_tensor(name: &str) -> bool {
+    name.contains("rotary_emb.inv_freq")
+}

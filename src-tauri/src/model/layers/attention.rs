@@ -1,0 +1,83 @@
+//! Multi-head attention with grouped KV heads, rotary positions, optional q/k norms and an
+//! optional sliding window, over a [`KvCache`].
+
+use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+use mlx_rs::ops::split_sections;
+use mlx_rs::Array;
+
+use crate::model::error::Result;
+use crate::model::kv_cache::KvCache;
+use crate::model::layers::{Linear, RmsNorm, Rope};
+
+/// How queries may look at keys in one forward pass.
+pub enum AttentionMask {
+    /// A single query token sees everything cached.
+    None,
+    /// The queries are the last positions of the keys, each seeing itself and what precedes it.
+    Causal,
+    /// An explicit boolean mask `[.., queries, keys]` (true = may attend).
+    Explicit(Array),
+}
+
+pub enum QkvProjection {
+    Separate { q: Linear, k: Linear, v: Linear },
+    /// Phi-3's `qkv_proj`: q, k and v rows one after the other.
+    Fused(Linear),
+}
+
+pub struct Attention {
+    pub qkv: QkvProjection,
+    pub o: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub rope: Rope,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+}
+
+impl Attention {
+    /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
+    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut KvCache) -> Result<Array> {
+        let (b, l) = (x.dim(0), x.dim(1));
+        let (q, k, v) = match &self.qkv {
+            QkvProjection::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            QkvProjection::Fused(qkv) => {
+                let q_size = self.num_heads * self.head_dim;
+                let kv_size = self.num_kv_heads * self.head_dim;
+                let mut parts = split_sections(qkv.forward(x)?, &[q_size, q_size + kv_size], -1)?;
+                let v = parts.pop().expect("3 parts");
+                let k = parts.pop().expect("3 parts");
+                let q = parts.pop().expect("3 parts");
+                (q, k, v)
+            }
+        };
+        let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let t = t.reshape(&[b, l, n, self.head_dim])?;
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let q = heads(q, self.num_heads, &self.q_norm)?;
+        let k = heads(k, self.num_kv_heads, &self.k_norm)?;
+        let v = heads(v, self.num_kv_heads, &None)?;
+
+        let offset = cache.offset();
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (k, v) = cache.update(&k, &v)?;
+
+        let scale = (self.head_dim as f32).powf(-0.5);
+        let out = match mask {
+            AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, None)?,
+            AttentionMask::Causal => {
+                scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, None)?
+            }
+            AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, None)?,
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
+        self.o.forward(&out)
+    }
+}

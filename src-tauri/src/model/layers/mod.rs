@@ -1,0 +1,15 @@
+//! Building blocks shared by the architectures: each one is the same maths wherever it is used.
+
+mod attention;
+mod embedding;
+mod linear;
+mod mlp;
+mod norm;
+mod rope;
+
+pub use attention::{Attention, AttentionMask, QkvProjection};
+pub use embedding::Embedding;
+pub use linear::Linear;
+pub use mlp::Mlp;
+pub use norm::RmsNorm;
+pub use rope::Rope;

@@ -1,0 +1,250 @@
+//! A single GGUF file (F32, F16, Q4_0, Q4_1, Q8_0 tensors as MLX reads them): hyper-parameters,
+//! tokenizer and chat template from its metadata, tensors renamed to the Hugging Face layout,
+//! and llama.cpp's Q/K row permutation undone so the shared rotary code applies.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::io::{GgufFile, GgufMetadataValue};
+use mlx_rs::{Array, Dtype};
+
+use crate::mlx::Backend;
+use crate::model::arch::{self, HfConfig};
+use crate::model::config::Arch;
+use crate::model::error::{ModelError, Result};
+use crate::model::weights::{QuantConfig, Weights};
+use crate::model::Transformer;
+use crate::tokenizer::{tokenizer_from_gguf_metadata, ChatTemplate, GgufTokenizerMetadata, Tokenizer};
+
+/// GGUF's quantized blocks are 32 values wide for every type MLX reads.
+const GGUF_GROUP_SIZE: i32 = 32;
+
+pub fn load(path: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+    check_gguf_header(path)?;
+    let file = GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let meta = Metadata { file: &file, path };
+
+    let arch_name = meta.string("general.architecture")?.unwrap_or_default();
+    let arch = Arch::from_model_type(&arch_name)
+        .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
+    let tok = tokenizer_metadata(&meta)?;
+    let hf = hf_config(&meta, &arch_name, tok.tokens.len())?;
+    let config = arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
+
+    let tensors = file.arrays().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let mut weights = Weights::new(
+        tensors,
+        path.to_path_buf(),
+        QuantConfig { infer_bits_with_group: Some(GGUF_GROUP_SIZE), ..Default::default() },
+        backend.compute_dtype(Dtype::Float16),
+    );
+    let fused_up = config.fused_projections;
+    weights.rename_all(|name| hf_tensor_name(name, fused_up));
+    if arch == Arch::Llama {
+        unpermute_qk(&mut weights, &config)?;
+    }
+    let mut config = config;
+    config.tie_word_embeddings = !weights.contains("lm_head.weight");
+    let transformer = Transformer::build(config, &mut weights)?;
+
+    let tokenizer_err = |message: String| ModelError::Tokenizer { path: path.to_path_buf(), message };
+    let inner = tokenizer_from_gguf_metadata(&tok).map_err(|e| tokenizer_err(e.to_string()))?;
+    let token_text = |id: Option<u32>| id.and_then(|i| tok.tokens.get(i as usize).cloned());
+    let bos_id = meta.uint("tokenizer.ggml.bos_token_id")?;
+    let eos_id = meta.uint("tokenizer.ggml.eos_token_id")?;
+    let mut stop_ids: Vec<u32> = eos_id.into_iter().collect();
+    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        stop_ids.extend(meta.uint(key)?);
+    }
+    let add_bos = meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let (bos, eos) = (token_text(bos_id), token_text(eos_id));
+    let tokenizer = Tokenizer::new(inner, bos.clone(), eos.clone(), &stop_ids, if add_bos { bos_id } else { None });
+    let template = meta
+        .string("tokenizer.chat_template")?
+        .map(|s| ChatTemplate::new(&s, bos, eos))
+        .transpose()
+        .map_err(|e| tokenizer_err(e.to_string()))?;
+    Ok((transformer, tokenizer, template))
+}
+
+/// Rejects files that are not GGUF, or shorter than their header, with a clear message before
+/// MLX's reader sees them.
+fn check_gguf_header(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    if f.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
+        return Err(ModelError::Weights { path: path.to_path_buf(), message: "not a GGUF file (bad magic)".into() });
+    }
+    Ok(())
+}
+
+struct Metadata<'a> {
+    file: &'a GgufFile,
+    path: &'a Path,
+}
+
+impl Metadata<'_> {
+    fn err(&self, key: &str, e: impl std::fmt::Display) -> ModelError {
+        ModelError::Config { path: self.path.to_path_buf(), message: format!("metadata {key:?}: {e}") }
+    }
+
+    fn value(&self, key: &str) -> Result<Option<GgufMetadataValue>> {
+        self.file.get_metadata(key).map_err(|e| self.err(key, e))
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>> {
+        match self.value(key)? {
+            Some(GgufMetadataValue::String(s)) => Ok(Some(s)),
+            None => Ok(None),
+            Some(_) => Err(self.err(key, "expected a string")),
+        }
+    }
+
+    fn strings(&self, key: &str) -> Result<Vec<String>> {
+        match self.value(key)? {
+            Some(GgufMetadataValue::Strings(s)) => Ok(s),
+            None => Ok(Vec::new()),
+            Some(_) => Err(self.err(key, "expected a list of strings")),
+        }
+    }
+
+    fn array(&self, key: &str) -> Result<Option<Array>> {
+        match self.value(key)? {
+            Some(GgufMetadataValue::Array(a)) => Ok(Some(a)),
+            None => Ok(None),
+            Some(_) => Err(self.err(key, "expected a number")),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>> {
+        self.array(key)?
+            .map(|a| a.try_item_cast::<f32>().map(f64::from).map_err(|e| self.err(key, e)))
+            .transpose()
+    }
+
+    fn uint(&self, key: &str) -> Result<Option<u32>> {
+        self.array(key)?.map(|a| a.try_item_cast::<u32>().map_err(|e| self.err(key, e))).transpose()
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>> {
+        self.array(key)?.map(|a| a.try_item_cast::<bool>().map_err(|e| self.err(key, e))).transpose()
+    }
+
+    fn ints(&self, key: &str) -> Result<Vec<i32>> {
+        match self.array(key)? {
+            Some(a) => a.as_dtype(Dtype::Int32).and_then(|a| Ok(a.as_slice::<i32>().to_vec())).map_err(|e| self.err(key, e)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn required(&self, key: &str) -> Result<usize> {
+        self.number(key)?.map(|n| n as usize).ok_or_else(|| self.err(key, "missing"))
+    }
+}
+
+fn tokenizer_metadata(meta: &Metadata) -> Result<GgufTokenizerMetadata> {
+    Ok(GgufTokenizerMetadata {
+        model: meta.string("tokenizer.ggml.model")?.unwrap_or_default(),
+        pre: meta.string("tokenizer.ggml.pre")?,
+        tokens: meta.strings("tokenizer.ggml.tokens")?,
+        merges: meta.strings("tokenizer.ggml.merges")?,
+        token_types: meta.ints("tokenizer.ggml.token_type")?,
+    })
+}
+
+/// The GGUF hyper-parameters (`<arch>.*`) as the `config.json` fields they came from.
+fn hf_config(meta: &Metadata, arch: &str, n_tokens: usize) -> Result<HfConfig> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let heads = meta.required(&key("attention.head_count"))?;
+    let hidden = meta.required(&key("embedding_length"))?;
+    let head_dim = meta.number(&key("attention.key_length"))?.map(|n| n as usize);
+    let rotary = meta.number(&key("rope.dimension_count"))?.map(|n| n as usize);
+    let scaling = match (meta.string(&key("rope.scaling.type"))?, meta.number(&key("rope.scaling.factor"))?) {
+        (Some(kind), Some(factor)) if kind != "none" => Some(serde_json::json!({"type": kind, "factor": factor})),
+        _ => None,
+    };
+    let head_dim_or_default = head_dim.unwrap_or(hidden / heads.max(1));
+    Ok(HfConfig {
+        model_type: arch.to_string(),
+        vocab_size: meta.number(&key("vocab_size"))?.map_or(n_tokens, |n| n as usize),
+        hidden_size: hidden,
+        intermediate_size: meta.required(&key("feed_forward_length"))?,
+        num_hidden_layers: meta.required(&key("block_count"))?,
+        num_attention_heads: heads,
+        num_key_value_heads: meta.number(&key("attention.head_count_kv"))?.map(|n| n as usize),
+        head_dim,
+        rms_norm_eps: meta.number(&key("attention.layer_norm_rms_epsilon"))?.map_or(1e-5, |n| n as f32),
+        rope_theta: meta.number(&key("rope.freq_base"))?.map_or(10000.0, |n| n as f32),
+        rope_traditional: false,
+        rope_scaling: scaling,
+        max_position_embeddings: meta.number(&key("context_length"))?.map_or(4096, |n| n as usize),
+        tie_word_embeddings: None,
+        sliding_window: meta.number(&key("attention.sliding_window"))?.map(|n| n as usize),
+        use_sliding_window: None,
+        layer_types: None,
+        attention_bias: false,
+        partial_rotary_factor: rotary.map(|r| r as f32 / head_dim_or_default as f32),
+    })
+}
+
+/// llama.cpp's tensor names -> Hugging Face's. `None` drops a tensor nothing reads.
+fn hf_tensor_name(name: &str, fused_up: bool) -> Option<String> {
+    let (base, suffix) = name.rsplit_once('.')?;
+    let mapped = match base {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        "rope_freqs" => return None,
+        _ => {
+            let rest = base.strip_prefix("blk.")?;
+            let (layer, part) = rest.split_once('.')?;
+            let hf = match part {
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_qkv" => "self_attn.qkv_proj",
+                "attn_output" => "self_attn.o_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" if fused_up => "mlp.gate_up_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                _ => return Some(name.to_string()),
+            };
+            format!("model.layers.{layer}.{hf}")
+        }
+    };
+    Some(format!("{mapped}.{suffix}"))
+}
+
+/// llama.cpp stores llama's q/k rows interleaved per head for its rotary kernel
+/// (`w.reshape(heads, 2, d/2, ..).swapaxes(1, 2)`); this reverses it (reshape to
+/// `(heads, d/2, 2, ..)`, swap back). Packed weights, scales
+/// and biases all have one row per output feature, so the same row shuffle applies to each.
+fn unpermute_qk(weights: &mut Weights, config: &crate::model::ModelConfig) -> Result<()> {
+    let mut undo = HashMap::new();
+    for i in 0..config.num_layers {
+        for (proj, heads) in [("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)] {
+            for part in ["weight", "scales", "biases", "bias"] {
+                undo.insert(format!("model.layers.{i}.self_attn.{proj}.{part}"), heads as i32);
+            }
+        }
+    }
+    for (name, heads) in undo {
+        let Some(w) = weights.remove(&name) else { continue };
+        let shape = w.shape().to_vec();
+        let rows = shape[0];
+        if rows % (2 * heads) != 0 {
+            return Err(ModelError::Shape { path: weights.source.clone(), name, expected: vec![heads * 2, -1], got: shape });
+        }
+        let mut split = vec![heads, rows / heads / 2, 2];
+        split.extend_from_slice(&shape[1..]);
+        let w = w.reshape(&split)?.swap_axes(1, 2)?.reshape(&shape)?;
+        weights.insert(name, w);
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! Models: architectures, the shared transformer, and loading from disk.
+
+pub mod arch;
+pub mod config;
+pub mod error;
+pub mod kv_cache;
+pub mod layers;
+pub mod load;
+pub mod synthetic;
+pub mod transformer;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use error::ModelError;
+pub use kv_cache::KvCache;
+pub use load::{load_model, LoadedModel};
+pub use transformer::Transformer;

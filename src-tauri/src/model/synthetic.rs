@@ -1,0 +1,191 @@
+//! Tiny random-weight models of every supported architecture, written to disk in the Hugging
+//! Face layout (config, safetensors, a byte-level tokenizer, a ChatML template). Tests, the
+//! reference scripts (`scripts/reference/tiny_models.py` runs mlx-lm on the same files) and
+//! benchmarks use them; `fastmlx make-test-model` writes one.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::Array;
+use serde_json::{json, Value};
+
+use crate::model::config::{Arch, QuantSpec};
+use crate::model::error::{ModelError, Result};
+use crate::sampling::Rng;
+
+/// Sizes of the tiny models: small enough for milliseconds per token on a CPU, large enough
+/// for grouped KV heads, quantization groups of 64 and a few layers.
+pub const VOCAB: usize = 259;
+pub const HIDDEN: usize = 128;
+const INTERMEDIATE: usize = 256;
+const LAYERS: usize = 2;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 32;
+/// Mistral's tiny model uses a window shorter than the test sequences, so it matters.
+pub const MISTRAL_WINDOW: usize = 12;
+
+/// The three special tokens after the 256 byte tokens.
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+const CHATML_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
+    let mut c = json!({
+        "model_type": arch.model_type(),
+        "architectures": ["TinyForCausalLM"],
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": matches!(arch, Arch::Qwen2 | Arch::Qwen3),
+        "eos_token_id": 258,
+        "bos_token_id": 257,
+        "torch_dtype": "float32",
+    });
+    match arch {
+        Arch::Llama => {
+            c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+        }
+        Arch::Mistral => {
+            c["sliding_window"] = json!(MISTRAL_WINDOW);
+            c["layer_types"] = json!(vec!["sliding_attention"; LAYERS]);
+        }
+        Arch::Qwen2 => {}
+        Arch::Qwen3 => {
+            c["head_dim"] = json!(48);
+        }
+        Arch::Phi3 => {
+            c["partial_rotary_factor"] = json!(0.5);
+        }
+    }
+    if let Some(q) = quant {
+        c["quantization"] = json!({"group_size": q.group_size, "bits": q.bits});
+        c["quantization_config"] = c["quantization"].clone();
+    }
+    c
+}
+
+/// The tensors of a tiny model of `arch`, named as in Hugging Face checkpoints.
+pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)> {
+    let mut rng = Rng::seeded(seed);
+    let mut out = Vec::new();
+    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
+        let n: i32 = shape.iter().product();
+        let data = (0..n).map(|_| center + scale * (2.0 * rng.next_f64() as f32 - 1.0)).collect();
+        out.push((name, shape, data));
+    };
+    let head_dim = if arch == Arch::Qwen3 { 48 } else { HEAD_DIM } as i32;
+    let (h, i, q, kv) = (HIDDEN as i32, INTERMEDIATE as i32, HEADS as i32 * head_dim, KV_HEADS as i32 * head_dim);
+    let proj = |fan_in: i32| 1.7 / (fan_in as f32).sqrt();
+    tensor("model.embed_tokens.weight".into(), vec![VOCAB as i32, h], 1.0, 0.0);
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        tensor(format!("{p}.input_layernorm.weight"), vec![h], 0.1, 1.0);
+        tensor(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.1, 1.0);
+        if arch == Arch::Phi3 {
+            tensor(format!("{p}.self_attn.qkv_proj.weight"), vec![q + 2 * kv, h], proj(h), 0.0);
+            tensor(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h], proj(h), 0.0);
+        } else {
+            for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                tensor(format!("{p}.self_attn.{name}.weight"), vec![rows, h], proj(h), 0.0);
+                if arch == Arch::Qwen2 {
+                    tensor(format!("{p}.self_attn.{name}.bias"), vec![rows], 0.1, 0.0);
+                }
+            }
+            tensor(format!("{p}.mlp.gate_proj.weight"), vec![i, h], proj(h), 0.0);
+            tensor(format!("{p}.mlp.up_proj.weight"), vec![i, h], proj(h), 0.0);
+        }
+        if arch == Arch::Qwen3 {
+            tensor(format!("{p}.self_attn.q_norm.weight"), vec![head_dim], 0.1, 1.0);
+            tensor(format!("{p}.self_attn.k_norm.weight"), vec![head_dim], 0.1, 1.0);
+        }
+        tensor(format!("{p}.self_attn.o_proj.weight"), vec![h, q], proj(q), 0.0);
+        tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], proj(i), 0.0);
+    }
+    tensor("model.norm.weight".into(), vec![h], 0.1, 1.0);
+    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3) {
+        tensor("lm_head.weight".into(), vec![VOCAB as i32, h], proj(h) * 4.0, 0.0);
+    }
+    out
+}
+
+/// A byte-level BPE tokenizer over the 256 byte symbols (no merges) plus the special tokens.
+pub fn tokenizer_json() -> Value {
+    let bytes = byte_level_alphabet();
+    let vocab: serde_json::Map<String, Value> = bytes.iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+    let added: Vec<Value> = SPECIAL_TOKENS
+        .iter()
+        .enumerate()
+        .map(|(k, t)| json!({"id": 256 + k, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    })
+}
+
+/// GPT-2's printable stand-ins for the 256 bytes, in byte order.
+fn byte_level_alphabet() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap_or('?')
+            }
+        })
+        .collect()
+}
+
+/// Writes a tiny `arch` model to `dir` (created if needed); quantized when `quant` is given.
+pub fn write_tiny_model(dir: &Path, arch: Arch, seed: u64, quant: Option<QuantSpec>) -> Result<()> {
+    let io = |e: std::io::Error| ModelError::Io { path: dir.to_path_buf(), source: e };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let write_json = |name: &str, value: &Value| -> Result<()> {
+        let text = serde_json::to_string_pretty(value).expect("JSON values serialise");
+        std::fs::write(dir.join(name), text).map_err(|source| ModelError::Io { path: dir.join(name), source })
+    };
+    write_json("config.json", &config_json(arch, quant))?;
+    write_json("tokenizer.json", &tokenizer_json())?;
+    write_json("tokenizer_config.json", &json!({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast"
+    }))?;
+    write_json("generation_config.json", &json!({"eos_token_id": [258, 256]}))?;
+
+    let mut arrays: HashMap<String, Array> = HashMap::new();
+    for (name, shape, data) in random_weights(arch, seed) {
+        let array = Array::from_slice(&data, &shape);
+        let quantizable = name.ends_with(".weight") && shape.len() == 2;
+        match (quant, quantizable) {
+            (Some(q), true) => {
+                let (w, scales, biases) = mlx_rs::ops::quantize(&array, q.group_size, q.bits)?;
+                let prefix = name.trim_end_matches(".weight");
+                arrays.insert(format!("{prefix}.weight"), w);
+                arrays.insert(format!("{prefix}.scales"), scales);
+                arrays.insert(format!("{prefix}.biases"), biases);
+            }
+            _ => {
+                arrays.insert(name, array);
+            }
+        }
+    }
+    let path = dir.join("model.safetensors");
+    let metadata = HashMap::from([("format".to_string(), "mlx".to_string())]);
+    Array::save_safetensors(arrays, &metadata, &path).map_err(|e| ModelError::Weights { path, message: e.to_string() })
+}

@@ -1,0 +1,167 @@
+//! The named tensors of a checkpoint, handed out to the layers that own them: shapes checked,
+//! dtypes converted to the compute dtype once at load, quantization read from the tensors.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use mlx_rs::{Array, Dtype};
+
+use crate::model::config::QuantSpec;
+use crate::model::error::{ModelError, Result};
+use crate::model::layers::{Embedding, Linear, RmsNorm};
+
+/// How the checkpoint says its linear layers are quantized.
+#[derive(Debug, Clone, Default)]
+pub struct QuantConfig {
+    /// The default for every quantized layer (MLX layout: `config.json` "quantization").
+    pub default: Option<QuantSpec>,
+    /// Per-layer overrides by module path (e.g. `model.layers.0.mlp.down_proj`).
+    pub overrides: HashMap<String, QuantSpec>,
+    /// GGUF blocks are always 32 wide; the bit width follows from the packed shape.
+    pub infer_bits_with_group: Option<i32>,
+}
+
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    /// The file or folder the tensors came from, for error messages.
+    pub source: PathBuf,
+    pub quant: QuantConfig,
+    /// Floating-point tensors are converted to this dtype.
+    pub dtype: Dtype,
+}
+
+impl Weights {
+    pub fn new(tensors: HashMap<String, Array>, source: PathBuf, quant: QuantConfig, dtype: Dtype) -> Weights {
+        Weights { tensors, source, quant, dtype }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.tensors.keys()
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Array> {
+        self.tensors.remove(name)
+    }
+
+    pub fn insert(&mut self, name: String, array: Array) {
+        self.tensors.insert(name, array);
+    }
+
+    /// Renames every tensor through `rename` (`None` drops it).
+    pub fn rename_all(&mut self, rename: impl Fn(&str) -> Option<String>) {
+        let old = std::mem::take(&mut self.tensors);
+        self.tensors = old.into_iter().filter_map(|(k, v)| rename(&k).map(|k| (k, v))).collect();
+    }
+
+    pub fn take(&mut self, name: &str) -> Result<Array> {
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::MissingTensor { path: self.source.clone(), name: name.to_string() })
+    }
+
+    /// A floating-point tensor of exactly `shape`, in the compute dtype.
+    pub fn take_float(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self.take(name)?;
+        self.check_shape(name, &array, shape)?;
+        self.to_compute(name, array)
+    }
+
+    fn check_shape(&self, name: &str, array: &Array, expected: &[i32]) -> Result<()> {
+        if array.shape() != expected {
+            return Err(ModelError::Shape {
+                path: self.source.clone(),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                got: array.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn to_compute(&self, name: &str, array: Array) -> Result<Array> {
+        match array.dtype() {
+            Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float64 => {
+                if array.dtype() == self.dtype {
+                    Ok(array)
+                } else {
+                    Ok(array.as_dtype(self.dtype)?)
+                }
+            }
+            other => Err(ModelError::Weights {
+                path: self.source.clone(),
+                message: format!("tensor {name:?} has dtype {other:?}, expected a floating-point type"),
+            }),
+        }
+    }
+
+    pub fn norm(&mut self, prefix: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: self.take_float(&format!("{prefix}.weight"), &[dim])?, eps })
+    }
+
+    /// The linear layer at `prefix` mapping `inputs` to `outputs` features.
+    pub fn linear(&mut self, prefix: &str, outputs: i32, inputs: i32, bias: bool) -> Result<Linear> {
+        let bias = if bias { Some(self.take_float(&format!("{prefix}.bias"), &[outputs])?) } else { None };
+        match self.quantized_parts(prefix, outputs, inputs)? {
+            Some((weight, scales, biases, quant)) => Ok(Linear::Quantized { weight, scales, biases, bias, quant }),
+            None => Ok(Linear::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[outputs, inputs])?, bias }),
+        }
+    }
+
+    pub fn embedding(&mut self, prefix: &str, vocab: i32, hidden: i32) -> Result<Embedding> {
+        match self.quantized_parts(prefix, vocab, hidden)? {
+            Some((weight, scales, biases, quant)) => Ok(Embedding::Quantized { weight, scales, biases, quant }),
+            None => Ok(Embedding::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[vocab, hidden])? }),
+        }
+    }
+
+    /// `(weight, scales, biases, spec)` when `prefix` is stored quantized, checked against
+    /// an `[outputs, inputs]` matrix.
+    fn quantized_parts(&mut self, prefix: &str, outputs: i32, inputs: i32) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
+        let scales_name = format!("{prefix}.scales");
+        if !self.contains(&scales_name) {
+            return Ok(None);
+        }
+        let weight_name = format!("{prefix}.weight");
+        let weight = self.take(&weight_name)?;
+        let scales = self.take(&scales_name)?;
+        let biases = self.take(&format!("{prefix}.biases")).map_err(|_| self.quant_error(prefix, "no `biases`: only MLX's affine mode is supported"))?;
+        let spec = self.quant_spec(prefix, &weight, inputs)?;
+        if weight.dtype() != Dtype::Uint32 {
+            return Err(self.quant_error(prefix, format!("packed weight has dtype {:?}, expected uint32", weight.dtype())));
+        }
+        if !matches!(spec.bits, 2 | 3 | 4 | 5 | 6 | 8) || !matches!(spec.group_size, 32 | 64 | 128) {
+            return Err(self.quant_error(prefix, format!("{} bits, group size {}", spec.bits, spec.group_size)));
+        }
+        if inputs % spec.group_size != 0 {
+            return Err(self.quant_error(prefix, format!("{inputs} inputs do not divide into groups of {}", spec.group_size)));
+        }
+        self.check_shape(&weight_name, &weight, &[outputs, inputs * spec.bits / 32])?;
+        let groups = [outputs, inputs / spec.group_size];
+        self.check_shape(&scales_name, &scales, &groups)?;
+        self.check_shape(&format!("{prefix}.biases"), &biases, &groups)?;
+        let scales = self.to_compute(&scales_name, scales)?;
+        let biases = self.to_compute(&format!("{prefix}.biases"), biases)?;
+        Ok(Some((weight, scales, biases, spec)))
+    }
+
+    fn quant_spec(&self, prefix: &str, weight: &Array, inputs: i32) -> Result<QuantSpec> {
+        if let Some(spec) = self.quant.overrides.get(prefix).or(self.quant.default.as_ref()) {
+            return Ok(*spec);
+        }
+        if let Some(group_size) = self.quant.infer_bits_with_group {
+            let packed = weight.dim(-1);
+            if inputs % group_size == 0 && (packed * 32) % inputs == 0 {
+                return Ok(QuantSpec { group_size, bits: packed * 32 / inputs });
+            }
+        }
+        Err(self.quant_error(prefix, "quantized tensors but no \"quantization\" in config.json"))
+    }
+
+    fn quant_error(&self, prefix: &str, message: impl Into<String>) -> ModelError {
+        ModelError::Quantization { path: self.source.clone(), name: prefix.to_string(), message: message.into() }
+    }
+}

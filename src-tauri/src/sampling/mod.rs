@@ -1,0 +1,13 @@
+//! Choosing the next token from logits (greedy or sampled, with penalties), and finding stop
+//! strings in the generated text. Pure Rust on the host: one row of logits per sequence, so every
+//! sequence of a batch can have its own parameters and seed.
+
+mod params;
+mod rng;
+mod sampler;
+mod stop;
+
+pub use params::SamplingParams;
+pub use rng::Rng;
+pub use sampler::{Sampled, Sampler};
+pub use stop::{StopMatch, StopMatcher};

@@ -1,0 +1,77 @@
+//! Sampling parameters of one request, with validation.
+
+/// How to pick tokens. The defaults are greedy decoding with no penalties.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 picks the most likely token (greedy); higher flattens the distribution.
+    pub temperature: f32,
+    /// Keep the smallest set of tokens whose probability adds up to this (1 = all).
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Drop tokens less likely than `min_p` times the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of recently seen tokens (1 = off).
+    pub repetition_penalty: f32,
+    /// How many recent tokens (prompt and output) the repetition penalty looks at.
+    pub repetition_context: usize,
+    /// Subtracted once from the logit of every token already generated (OpenAI semantics).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency_penalty: f32,
+    /// Same seed, same parameters, same prompt: same output.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    /// Checks ranges; the message names the parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = |name: &str, v: f32| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number")) };
+        finite("temperature", self.temperature)?;
+        finite("top_p", self.top_p)?;
+        finite("min_p", self.min_p)?;
+        finite("repetition_penalty", self.repetition_penalty)?;
+        finite("presence_penalty", self.presence_penalty)?;
+        finite("frequency_penalty", self.frequency_penalty)?;
+        if !(0.0..=100.0).contains(&self.temperature) {
+            return Err("temperature must be between 0 and 100".into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err("top_p must be in (0, 1]".into());
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err("min_p must be between 0 and 1".into());
+        }
+        if self.repetition_penalty <= 0.0 {
+            return Err("repetition_penalty must be greater than 0".into());
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err("presence_penalty and frequency_penalty must be between -2 and 2".into());
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}

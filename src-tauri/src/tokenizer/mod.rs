@@ -1,0 +1,105 @@
+//! Text <-> token ids (`tokenizers`), chat templates (minijinja), and streaming decoding.
+
+pub mod chat_template;
+mod from_gguf;
+mod pyjson;
+mod stream;
+
+use std::path::{Path, PathBuf};
+
+pub use chat_template::{ChatTemplate, TemplateError};
+pub use from_gguf::{tokenizer_from_gguf_metadata, GgufTokenizerMetadata};
+pub use stream::StreamDecoder;
+
+#[derive(Debug, thiserror::Error)]
+#[error("tokenizer: {0}")]
+pub struct TokenizerError(pub String);
+
+impl From<tokenizers::Error> for TokenizerError {
+    fn from(e: tokenizers::Error) -> Self {
+        TokenizerError(e.to_string())
+    }
+}
+
+/// A model's tokenizer with the special tokens generation needs.
+pub struct Tokenizer {
+    /// Special tokens in the text are encoded as special tokens.
+    inner: tokenizers::Tokenizer,
+    /// The same vocabulary, but special-token text is encoded literally (user text in chats).
+    literal: tokenizers::Tokenizer,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    /// Every id that ends generation (the tokenizer's EOS plus `generation_config.json`'s).
+    pub eos_ids: Vec<u32>,
+    /// Prepend BOS to raw prompts (tokenizers' post-processor does it for `tokenizer.json`
+    /// models; GGUF says so in `tokenizer.ggml.add_bos_token`).
+    add_bos_id: Option<u32>,
+}
+
+impl Tokenizer {
+    pub fn new(
+        inner: tokenizers::Tokenizer,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        extra_eos_ids: &[u32],
+        add_bos_id: Option<u32>,
+    ) -> Tokenizer {
+        let mut literal = inner.clone();
+        literal.set_encode_special_tokens(true);
+        let mut eos_ids: Vec<u32> = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).into_iter().collect();
+        for id in extra_eos_ids {
+            if !eos_ids.contains(id) {
+                eos_ids.push(*id);
+            }
+        }
+        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id }
+    }
+
+    pub fn from_file(path: &Path) -> Result<tokenizers::Tokenizer, TokenizerError> {
+        tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))
+    }
+
+    /// Encodes `text`. With `add_special_tokens` the tokenizer's BOS (if it uses one) is
+    /// prepended; with `parse_special` the text of special tokens (`<|im_start|>`, FIM markers)
+    /// becomes those tokens, otherwise it is encoded as plain text.
+    pub fn encode(&self, text: &str, add_special_tokens: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let tokenizer = if parse_special { &self.inner } else { &self.literal };
+        let mut ids = tokenizer.encode_fast(text, add_special_tokens)?.get_ids().to_vec();
+        if let (true, Some(bos)) = (add_special_tokens, self.add_bos_id) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        Ok(self.inner.decode(ids, skip_special_tokens)?)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+
+    /// Whether `id` is a special (control) token, never shown as text.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+    }
+}
+
+/// Where a tokenizer's files were read from, for error messages.
+pub fn tokenizer_path(dir: &Path) -> PathBuf {
+    dir.join("tokenizer.json")
+}
