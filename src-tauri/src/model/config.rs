@@ -95,8 +95,10 @@ pub struct ModelConfig {
     /// The context window the model was trained for.
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Mistral-style sliding-window attention: each token sees at most this many keys.
+    /// Mistral-style sliding-window attention: each token sees at most this many keys...
     pub sliding_window: Option<usize>,
+    /// ...in these layers (`layer_types` "sliding_attention"); empty means every layer.
+    pub sliding_layers: Vec<bool>,
     /// Biases on q/k/v projections (Qwen2).
     pub qkv_bias: bool,
     /// RMS norm on each head of q and k before rotary (Qwen3).
@@ -106,6 +108,12 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The attention window of layer `i`, if it has one.
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        let sliding = self.sliding_layers.get(i).copied().unwrap_or(self.sliding_layers.is_empty());
+        self.sliding_window.filter(|_| sliding)
+    }
+
     /// A rough parameter count (embedding + layers), for listings and memory estimates.
     pub fn parameter_count(&self) -> u64 {
         let (h, i, v) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);

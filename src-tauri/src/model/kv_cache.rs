@@ -2,7 +2,7 @@
 //! buffers that grow in steps (not per token), written in place, read up to `offset`.
 
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
-use mlx_rs::ops::{concatenate_axis, zeros_dtype};
+use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use crate::model::error::Result;
@@ -58,7 +58,7 @@ fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result
     let shape = like.shape();
     let fresh = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?;
     Ok(match old {
-        Some(old) => concatenate_axis(&[old.try_index((.., .., ..used, ..))?, fresh], 2)?,
+        Some(old) => concatenate(&[old.try_index((.., .., ..used, ..))?, fresh], 2)?,
         None => fresh,
     })
 }

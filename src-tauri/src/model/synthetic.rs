@@ -55,7 +55,8 @@ pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
         }
         Arch::Mistral => {
             c["sliding_window"] = json!(MISTRAL_WINDOW);
-            c["layer_types"] = json!(vec!["sliding_attention"; LAYERS]);
+            // mlx-lm needs one full-attention layer; mixed layers are what newer Mistrals use.
+            c["layer_types"] = json!(["sliding_attention", "full_attention"]);
         }
         Arch::Qwen2 => {}
         Arch::Qwen3 => {
@@ -106,8 +107,10 @@ pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)
             tensor(format!("{p}.self_attn.q_norm.weight"), vec![head_dim], 0.1, 1.0);
             tensor(format!("{p}.self_attn.k_norm.weight"), vec![head_dim], 0.1, 1.0);
         }
-        tensor(format!("{p}.self_attn.o_proj.weight"), vec![h, q], proj(q), 0.0);
-        tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], proj(i), 0.0);
+        // Strong layer outputs: with tied embeddings a weak residual update would just
+        // predict the input token again, which compares nothing.
+        tensor(format!("{p}.self_attn.o_proj.weight"), vec![h, q], 4.0 * proj(q), 0.0);
+        tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], 4.0 * proj(i), 0.0);
     }
     tensor("model.norm.weight".into(), vec![h], 0.1, 1.0);
     if !matches!(arch, Arch::Qwen2 | Arch::Qwen3) {

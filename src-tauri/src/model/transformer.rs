@@ -109,9 +109,15 @@ impl Transformer {
     pub fn forward_hidden(&self, ids: &Array, cache: &mut [KvCache]) -> Result<Array> {
         let mut h = self.embed.forward(ids)?;
         let offset = cache.first().map_or(0, KvCache::offset);
-        let mask = self.mask(ids.dim(1), offset)?;
-        for (layer, cache) in self.layers.iter().zip(cache.iter_mut()) {
-            let r = layer.attention.forward(&layer.input_norm.forward(&h)?, &mask, cache)?;
+        let len = ids.dim(1);
+        let full_mask = self.mask(len, offset, None)?;
+        let window_mask = self.config.sliding_window.map(|w| self.mask(len, offset, Some(w))).transpose()?;
+        for (i, (layer, cache)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+            let mask = match (&window_mask, self.config.layer_window(i)) {
+                (Some(m), Some(_)) => m,
+                _ => &full_mask,
+            };
+            let r = layer.attention.forward(&layer.input_norm.forward(&h)?, mask, cache)?;
             let h1 = add(&h, &r)?;
             let r = layer.mlp.forward(&layer.post_attention_norm.forward(&h1)?)?;
             h = add(&h1, &r)?;
@@ -134,8 +140,8 @@ impl Transformer {
     }
 
     /// The attention mask for `len` new tokens after `offset` cached ones.
-    fn mask(&self, len: i32, offset: i32) -> Result<AttentionMask> {
-        match self.config.sliding_window {
+    fn mask(&self, len: i32, offset: i32, window: Option<usize>) -> Result<AttentionMask> {
+        match window {
             Some(window) if offset + len > window as i32 => {
                 Ok(AttentionMask::Explicit(window_mask(len, offset, window as i32)?))
             }

@@ -100,6 +100,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         max_position_embeddings: hf.max_position_embeddings,
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         sliding_window: None,
+        sliding_layers: Vec::new(),
         qkv_bias: hf.attention_bias,
         qk_norm: false,
         fused_projections: false,

@@ -2,7 +2,7 @@
 //! optional sliding window, over a [`KvCache`].
 
 use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
-use mlx_rs::ops::split_sections;
+use mlx_rs::ops::split_at_indices;
 use mlx_rs::Array;
 
 use crate::model::error::Result;
@@ -45,7 +45,7 @@ impl Attention {
             QkvProjection::Fused(qkv) => {
                 let q_size = self.num_heads * self.head_dim;
                 let kv_size = self.num_kv_heads * self.head_dim;
-                let mut parts = split_sections(qkv.forward(x)?, &[q_size, q_size + kv_size], -1)?;
+                let mut parts = split_at_indices(qkv.forward(x)?, &[q_size, q_size + kv_size], -1)?;
                 let v = parts.pop().expect("3 parts");
                 let k = parts.pop().expect("3 parts");
                 let q = parts.pop().expect("3 parts");

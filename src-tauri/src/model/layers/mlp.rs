@@ -1,6 +1,6 @@
 //! The SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
 
-use mlx_rs::ops::{multiply, sigmoid, split};
+use mlx_rs::ops::{multiply, sigmoid, split_equal};
 use mlx_rs::Array;
 
 use crate::model::error::Result;
@@ -17,7 +17,7 @@ impl Mlp {
         let (gate, up, down) = match self {
             Mlp::Separate { gate, up, down } => (gate.forward(x)?, up.forward(x)?, down),
             Mlp::Fused { gate_up, down } => {
-                let mut halves = split(gate_up.forward(x)?, 2, -1)?;
+                let mut halves = split_equal(gate_up.forward(x)?, 2, -1)?;
                 let up = halves.pop().expect("split into 2");
                 let gate = halves.pop().expect("split into 2");
                 (gate, up, down)

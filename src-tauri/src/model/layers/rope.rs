@@ -2,7 +2,7 @@
 //! not depend on the position are computed once at load; the maths follows MLX's `fast::rope`.
 
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{add, concatenate_axis, divide, gt, logical_and, lt, multiply, power, r#where, subtract};
+use mlx_rs::ops::{add, concatenate, divide, gt, logical_and, lt, multiply, power, select, subtract};
 use mlx_rs::Array;
 
 use crate::model::config::{RopeConfig, RopeScaling};
@@ -41,7 +41,7 @@ impl Rope {
                 let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
                 let freqs = base_freqs(base, dims)?;
                 let wavelens = multiply(&freqs, f32_scalar(2.0 * std::f32::consts::PI))?;
-                let freqs = r#where(&gt(&wavelens, f32_scalar(low_wavelen))?, multiply(&freqs, f32_scalar(*factor))?, &freqs)?;
+                let freqs = select(&gt(&wavelens, f32_scalar(low_wavelen))?, multiply(&freqs, f32_scalar(*factor))?, &freqs)?;
                 let medium = logical_and(gt(&wavelens, f32_scalar(high_wavelen))?, lt(&wavelens, f32_scalar(low_wavelen))?)?;
                 let smooth = divide(
                     subtract(divide(f32_scalar(old), &wavelens)?, f32_scalar(*low_freq_factor))?,
@@ -51,7 +51,7 @@ impl Rope {
                     &freqs,
                     add(divide(subtract(f32_scalar(1.0), &smooth)?, f32_scalar(*factor))?, &smooth)?,
                 )?;
-                Kind::Freqs { freqs: r#where(&medium, &smooth_freqs, &freqs)?, input_scale: 1.0 }
+                Kind::Freqs { freqs: select(&medium, &smooth_freqs, &freqs)?, input_scale: 1.0 }
             }
             Some(RopeScaling::LongRope { long_factor, original_max_position_embeddings, long_mscale, .. }) => {
                 // As mlx-lm: the long factors always, and a magnitude scale when the model's
@@ -99,7 +99,7 @@ impl Rope {
             return Ok(rotated);
         }
         let rest = x.try_index((.., .., .., self.dims..))?;
-        Ok(concatenate_axis(&[rotated, rest], -1)?)
+        Ok(concatenate(&[rotated, rest], -1)?)
     }
 }
 

@@ -1,0 +1,70 @@
+"""Reference greedy outputs of mlx-lm on FastMLX's tiny random-weight models.
+
+FastMLX writes the models itself (`fastmlx make-test-model`, the same code the Rust tests
+use); this script loads each folder with mlx-lm's own loader and model classes and decodes
+greedily from fixed prompt ids. The Rust test `tests/tiny_models.rs` must reproduce the ids.
+Regenerate (from the repository root, after `cargo build`):
+
+    .cache/venv/bin/python scripts/reference/tiny_models.py
+
+Writes tests/data/reference/tiny_models.json.
+"""
+
+import json
+import subprocess
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests/data/reference/tiny_models.json"
+BINARY = ROOT / "target/debug/fastmlx"
+SEED = 7
+# Longer than the tiny Mistral's sliding window (12), so the window matters in prefill too.
+PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104, 105, 115, 32, 105, 115]
+N_NEW = 24
+# (name, arch, bits): every architecture dense, and two quantized variants.
+MODELS = [
+    ("llama", "llama", None),
+    ("mistral", "mistral", None),
+    ("qwen2", "qwen2", None),
+    ("qwen3", "qwen3", None),
+    ("phi3", "phi3", None),
+    ("llama-q4", "llama", 4),
+    ("qwen3-q8", "qwen3", 8),
+]
+
+
+def greedy(model_dir: Path) -> list[int]:
+    model, _ = load_model(model_dir)
+    steps = generate_step(mx.array(PROMPT), model, max_tokens=N_NEW, sampler=lambda x: mx.argmax(x, axis=-1))
+    return [int(token) for token, _ in steps]
+
+
+def main():
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, arch, bits in MODELS:
+            out = Path(tmp) / name
+            cmd = [str(BINARY), "make-test-model", "--arch", arch, "--seed", str(SEED), str(out)]
+            if bits:
+                cmd += ["--bits", str(bits)]
+            subprocess.run(cmd, check=True)
+            cases.append({"name": name, "arch": arch, "bits": bits, "output_ids": greedy(out)})
+            print(name, cases[-1]["output_ids"])
+    OUT.write_text(json.dumps({
+        "description": "mlx-lm greedy decoding on `fastmlx make-test-model` tiny models (float32, CPU)",
+        "regenerate": ".cache/venv/bin/python scripts/reference/tiny_models.py",
+        "tool_versions": {p: version(p) for p in ["mlx", "mlx-cpu", "mlx-lm"]},
+        "seed": SEED,
+        "prompt_ids": PROMPT,
+        "cases": cases,
+    }, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+//! Real chat templates of the supported model families (tests/data/chat_templates, with their
+//! sources) rendered by our minijinja environment, compared with what transformers renders for
+//! the same conversations (cases.json, made by scripts/reference/chat_templates.py).
+
+use std::path::Path;
+
+use fastmlx::tokenizer::chat_template::RenderRequest;
+use fastmlx::tokenizer::ChatTemplate;
+use serde_json::Value;
+
+mod common;
+
+#[test]
+fn renders_like_transformers() {
+    let cases = common::read_json("tests/data/chat_templates/cases.json");
+    let cases = cases.as_array().unwrap();
+    assert!(cases.len() >= 40);
+    let dir = common::root().join("tests/data/chat_templates");
+    let mut failures = Vec::new();
+    for case in cases {
+        let label = format!("{} / {}", case["template"].as_str().unwrap(), case["case"].as_str().unwrap());
+        let source = std::fs::read_to_string(dir.join(Path::new(case["template"].as_str().unwrap()))).unwrap();
+        let token = |k: &str| case[k].as_str().map(str::to_string);
+        let template = ChatTemplate::new(&source, token("bos_token"), token("eos_token")).unwrap();
+        let tools: Option<Vec<Value>> = case["tools"].as_array().cloned();
+        let messages = case["messages"].as_array().unwrap();
+        let request = RenderRequest {
+            messages,
+            tools: tools.as_deref(),
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            extra: case["extra"].as_object().cloned().unwrap_or_default(),
+        };
+        let result = template.render(&request);
+        match (case["expected"].as_str(), result) {
+            (Some(expected), Ok(got)) if got == expected => {}
+            (Some(expected), Ok(got)) => failures.push(format!("{label}: rendered differently\n--- expected\n{expected}\n--- got\n{got}")),
+            (Some(_), Err(e)) => failures.push(format!("{label}: failed: {e}")),
+            (None, Ok(got)) => failures.push(format!("{label}: should fail, rendered\n{got}")),
+            (None, Err(e)) => {
+                let want = case["expected_error_contains"].as_str().unwrap_or_default();
+                if !e.to_string().contains(want) {
+                    failures.push(format!("{label}: error {e:?} does not mention {want:?}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases differ:\n\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+}

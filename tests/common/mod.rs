@@ -1,0 +1,52 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use fastmlx::generate::{generate, GenerateRequest, Generation};
+use fastmlx::mlx::Backend;
+use fastmlx::model::LoadedModel;
+use fastmlx::sampling::SamplingParams;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// MLX work from several test threads at once is serialised: one engine thread owns MLX in
+/// the product, and the tests keep to that.
+pub fn mlx_lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn backend() -> Backend {
+    Backend::init()
+}
+
+/// A file the setup script provides; a clear failure (never a skip) when it is missing.
+pub fn setup_file(relative: &str) -> PathBuf {
+    let path = root().join(relative);
+    assert!(path.exists(), "{} is missing: run scripts/setup.sh --test", path.display());
+    path
+}
+
+pub fn smollm2_gguf() -> PathBuf {
+    setup_file(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn read_json(relative: &str) -> serde_json::Value {
+    let path = root().join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value.as_array().expect("a list of ids").iter().map(|v| v.as_u64().expect("an id") as u32).collect()
+}
+
+/// Greedy decoding of exactly `max_tokens` tokens (EOS does not stop it).
+pub fn greedy(model: &LoadedModel, prompt_ids: Vec<u32>, max_tokens: usize) -> Generation {
+    let request = GenerateRequest { prompt_ids, params: SamplingParams::greedy(), max_tokens, stop: vec![], ignore_eos: true };
+    generate(model, &request, |_| {}).expect("generation")
+}
