@@ -1,0 +1,58 @@
+//! The `fastmlx` binary end to end.
+
+mod common;
+
+use std::process::Command;
+
+fn fastmlx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastmlx"))
+}
+
+#[test]
+fn generate_streams_text_and_reports_speed_and_memory() {
+    let out = fastmlx()
+        .args(["generate", "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "12"])
+        .env("FASTMLX_MODEL", common::smollm2_gguf())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("Paris"), "stdout: {stdout}");
+    assert!(stderr.contains("Prompt: ") && stderr.contains("tokens-per-sec"), "{stderr}");
+    assert!(stderr.contains("Generation: ") && stderr.contains("Peak memory: "), "{stderr}");
+}
+
+#[test]
+fn sampling_with_a_seed_is_reproducible() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    assert!(fastmlx().args(["make-test-model", "--arch", "qwen3"]).arg(&model).status().unwrap().success());
+    let run = |seed: &str| {
+        let out = fastmlx()
+            .args(["generate", "--prompt", "abc", "--max-tokens", "16", "--temp", "0.9", "--seed", seed, "--ignore-eos", "-m"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    assert_eq!(run("1"), run("1"), "same seed, same text");
+    assert_ne!(run("1"), run("2"), "another seed, other text");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_crash() {
+    let out = fastmlx().args(["generate", "-m", "/no/such/model"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/no/such/model") && stderr.contains("not found"), "{stderr}");
+
+    let out = fastmlx()
+        .args(["generate", "--top-p", "0", "--prompt", "x"])
+        .env("FASTMLX_MODEL", common::smollm2_gguf())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
+}
