@@ -117,3 +117,72 @@ fn correlation(a: &[f32], b: &[f32]) -> f64 {
     let vb: f64 = b.iter().map(|&y| (y as f64 - mb).powi(2)).sum();
     cov / (va.sqrt() * vb.sqrt())
 }
+
+fn rewrite_weights(dir: &std::path::Path, edit: impl FnOnce(&mut std::collections::HashMap<String, Array>)) {
+    let file = dir.join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&file).unwrap();
+    // MLX reads lazily: bring everything in before the file is overwritten.
+    mlx_rs::transforms::eval(tensors.values()).unwrap();
+    edit(&mut tensors);
+    Array::save_safetensors(tensors, None, &file).unwrap();
+}
+
+fn edit_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(path, config.to_string()).unwrap();
+}
+
+fn logits_of(model: &LoadedModel, ids: &[u32]) -> Vec<f32> {
+    let t = &model.transformer;
+    to_vec(&t.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), &mut t.new_cache()).unwrap())
+}
+
+#[test]
+fn bf16_checkpoint_loads_and_computes_in_the_device_dtype() {
+    let _mlx = common::mlx_lock();
+    let (f32_dir, f32_model) = tiny(Arch::Mistral, 11, None);
+    let bf16_dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(bf16_dir.path(), Arch::Mistral, 11, None).unwrap();
+    rewrite_weights(bf16_dir.path(), |t| {
+        for v in t.values_mut() {
+            *v = v.as_dtype(Dtype::Bfloat16).unwrap();
+        }
+    });
+    edit_config(bf16_dir.path(), |c| c["torch_dtype"] = "bfloat16".into());
+    let bf16 = load_model(bf16_dir.path(), &common::backend()).unwrap();
+    let expected = if common::backend().gpu { Dtype::Bfloat16 } else { Dtype::Float32 };
+    assert_eq!(bf16.transformer.dtype, expected);
+    let ids = [5u32, 17, 99, 200];
+    let corr = correlation(&logits_of(&bf16, &ids), &logits_of(&f32_model, &ids));
+    assert!(corr > 0.99, "bf16 weights give logits correlating {corr} with f32");
+    drop(f32_dir);
+}
+
+/// MLX checkpoints may quantize some layers differently ("quantization": {"lm_head": {...}}).
+#[test]
+fn per_layer_quantization_override() {
+    let _mlx = common::mlx_lock();
+    let (_dir4, four_bit) = tiny(Arch::Llama, 13, Some(4));
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Llama, 13, Some(QuantSpec { group_size: 64, bits: 4 })).unwrap();
+    rewrite_weights(dir.path(), |t| {
+        let w = mlx_rs::ops::dequantize(&t["lm_head.weight"], &t["lm_head.scales"], &t["lm_head.biases"], 64, 4).unwrap();
+        let (w, s, b) = mlx_rs::ops::quantize(&w, 64, 8).unwrap();
+        t.insert("lm_head.weight".into(), w);
+        t.insert("lm_head.scales".into(), s);
+        t.insert("lm_head.biases".into(), b);
+    });
+    // Without the override the 8-bit head does not fit the 4-bit default: a shape error.
+    let err = load_model(dir.path(), &common::backend()).err().expect("must not load");
+    assert!(err.to_string().contains("lm_head"), "{err}");
+    edit_config(dir.path(), |c| {
+        c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
+        c["quantization_config"] = c["quantization"].clone();
+    });
+    let mixed = load_model(dir.path(), &common::backend()).unwrap();
+    let ids = [3u32, 1, 4, 1, 5];
+    let corr = correlation(&logits_of(&mixed, &ids), &logits_of(&four_bit, &ids));
+    assert!(corr > 0.99, "an 8-bit head on 4-bit weights: correlation {corr}");
+}

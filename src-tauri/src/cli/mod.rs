@@ -1,5 +1,6 @@
 //! The `fastmlx` command line.
 
+mod bench_cmd;
 mod generate_cmd;
 mod model_path;
 
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout, then print speed and memory.
     Generate(generate_cmd::GenerateArgs),
+    /// Measure single-stream prompt and decode speed.
+    Bench(bench_cmd::BenchArgs),
     /// Write a tiny random-weight model (for tests and experiments).
     #[command(hide = true)]
     MakeTestModel(generate_cmd::MakeTestModelArgs),
@@ -35,6 +38,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
         Command::MakeTestModel(args) => generate_cmd::make_test_model(args),
     };
     match result {

@@ -43,8 +43,7 @@ impl Arch {
 pub enum RopeScaling {
     /// Positions divided by `factor`.
     Linear { factor: f32 },
-    /// NTK-aware base stretched for `factor` times the trained context (applied to the whole
-    /// window once, so cached keys stay consistent).
+    /// NTK-aware base, stretched once a sequence passes the trained context (as mlx-lm).
     Dynamic { factor: f32 },
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
@@ -53,6 +52,8 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
     },
+    /// Per-pair wavelength factors as GGUF stores them for Llama 3.1 (`rope_freqs.weight`).
+    Factors { factors: Vec<f32> },
     /// Phi-3's "longrope"/"su": per-dimension factors plus a magnitude scale.
     LongRope {
         short_factor: Vec<f32>,

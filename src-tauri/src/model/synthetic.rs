@@ -58,12 +58,20 @@ pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
             // mlx-lm needs one full-attention layer; mixed layers are what newer Mistrals use.
             c["layer_types"] = json!(["sliding_attention", "full_attention"]);
         }
-        Arch::Qwen2 => {}
+        Arch::Qwen2 => {
+            c["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
+        }
         Arch::Qwen3 => {
             c["head_dim"] = json!(48);
         }
         Arch::Phi3 => {
+            // Rotary on half of each head; longrope factors for those 16 dims' 8 pairs, and a
+            // pre-training window shorter than the model's so the magnitude scale applies.
             c["partial_rotary_factor"] = json!(0.5);
+            c["original_max_position_embeddings"] = json!(128);
+            c["rope_scaling"] = json!({"type": "longrope",
+                "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 4.0],
+                "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]});
         }
     }
     if let Some(q) = quant {

@@ -40,6 +40,8 @@ pub struct HfConfig {
     #[serde(default)]
     pub attention_bias: bool,
     pub partial_rotary_factor: Option<f32>,
+    /// Phi-3 keeps the pre-training window here rather than in `rope_scaling`.
+    pub original_max_position_embeddings: Option<usize>,
 }
 
 fn default_eps() -> f32 {
@@ -95,7 +97,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
             theta: hf.rope_theta,
             dims: rotary,
             traditional: hf.rope_traditional,
-            scaling: rope_scaling(hf.rope_scaling.as_ref())?,
+            scaling: rope_scaling(hf.rope_scaling.as_ref(), hf.original_max_position_embeddings)?,
         },
         max_position_embeddings: hf.max_position_embeddings,
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
@@ -108,7 +110,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
 }
 
 /// Reads `rope_scaling` (`type` or `rope_type`; "default" means none).
-fn rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, String> {
+fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) -> Result<Option<RopeScaling>, String> {
     let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(None) };
     let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(Value::as_str).unwrap_or("default");
     let num = |key: &str| v.get(key).and_then(Value::as_f64).map(|x| x as f32);
@@ -132,7 +134,10 @@ fn rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, String> {
         "longrope" | "su" => RopeScaling::LongRope {
             short_factor: floats("short_factor")?,
             long_factor: floats("long_factor")?,
-            original_max_position_embeddings: need("original_max_position_embeddings")? as usize,
+            original_max_position_embeddings: num("original_max_position_embeddings")
+                .map(|n| n as usize)
+                .or(original_max_positions)
+                .ok_or("rope_scaling \"longrope\" needs original_max_position_embeddings")?,
             short_mscale: num("short_mscale"),
             long_mscale: num("long_mscale"),
         },

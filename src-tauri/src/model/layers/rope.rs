@@ -53,6 +53,14 @@ impl Rope {
                 )?;
                 Kind::Freqs { freqs: select(&medium, &smooth_freqs, &freqs)?, input_scale: 1.0 }
             }
+            Some(RopeScaling::Factors { factors }) => {
+                let half = (dims as usize).div_ceil(2);
+                if factors.len() != half {
+                    return Err(crate::model::ModelError::Mlx(format!("rope_freqs has {} factors, expected {half}", factors.len())));
+                }
+                let freqs = multiply(Array::from_slice(factors, &[half as i32]), base_freqs(base, dims)?)?;
+                Kind::Freqs { freqs, input_scale: 1.0 }
+            }
             Some(RopeScaling::LongRope { long_factor, original_max_position_embeddings, long_mscale, .. }) => {
                 // As mlx-lm: the long factors always, and a magnitude scale when the model's
                 // window is longer than the one it was pre-trained with.

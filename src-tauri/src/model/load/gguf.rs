@@ -38,12 +38,18 @@ pub fn load(path: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, O
         QuantConfig { infer_bits_with_group: Some(GGUF_GROUP_SIZE), ..Default::default() },
         backend.compute_dtype(Dtype::Float16),
     );
+    // Llama 3.1 GGUFs carry their rope scaling as precomputed per-pair factors.
+    let mut config = config;
+    if let Some(factors) = weights.remove("rope_freqs.weight") {
+        let factors = factors.as_dtype(Dtype::Float32)?;
+        factors.eval()?;
+        config.rope.scaling = Some(crate::model::config::RopeScaling::Factors { factors: factors.as_slice::<f32>().to_vec() });
+    }
     let fused_up = config.fused_projections;
     weights.rename_all(|name| hf_tensor_name(name, fused_up));
     if arch == Arch::Llama {
         unpermute_qk(&mut weights, &config)?;
     }
-    let mut config = config;
     config.tie_word_embeddings = !weights.contains("lm_head.weight");
     let transformer = Transformer::build(config, &mut weights)?;
 
@@ -185,6 +191,7 @@ fn hf_config(meta: &Metadata, arch: &str, n_tokens: usize) -> Result<HfConfig> {
         layer_types: None,
         attention_bias: false,
         partial_rotary_factor: rotary.map(|r| r as f32 / head_dim_or_default as f32),
+        original_max_position_embeddings: None,
     })
 }
 
@@ -195,7 +202,6 @@ fn hf_tensor_name(name: &str, fused_up: bool) -> Option<String> {
         "token_embd" => "model.embed_tokens".to_string(),
         "output_norm" => "model.norm".to_string(),
         "output" => "lm_head".to_string(),
-        "rope_freqs" => return None,
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;

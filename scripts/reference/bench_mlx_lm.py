@@ -1,0 +1,70 @@
+"""mlx-lm's single-stream speed on the same models and prompts as `fastmlx bench`.
+
+Run by scripts/bench.sh; by hand (from the repository root):
+
+    .cache/venv/bin/python scripts/reference/bench_mlx_lm.py --prompt-tokens 512 --gen-tokens 128
+
+Times mlx-lm's own `generate_step` (greedy, EOS ignored) the way `fastmlx bench` times itself:
+prompt tok/s = prompt tokens / time to the first token; decode tok/s = tokens after the first /
+time after the first. Median of --runs after one warm-up.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smollm2_gguf import GGUF, ROOT, gguf_model  # noqa: E402
+
+MLX_DIR = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-4bit"
+
+
+def bench_prompt(n):  # as fastmlx's cli/bench_cmd.rs
+    return [1000 + (i * 7919) % 30000 for i in range(n)]
+
+
+def once(model, prompt, gen_tokens):
+    tic = time.perf_counter()
+    steps = generate_step(mx.array(prompt), model, max_tokens=gen_tokens, sampler=lambda x: mx.argmax(x, axis=-1))
+    first = None
+    for n, (token, _) in enumerate(steps):
+        if n == 0:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return len(prompt) / (first - tic), (gen_tokens - 1) / (end - first)
+
+
+def bench(name, model, args):
+    prompt = bench_prompt(args.prompt_tokens)
+    once(model, prompt, args.gen_tokens)
+    runs = [once(model, prompt, args.gen_tokens) for _ in range(args.runs)]
+    mx.reset_peak_memory()
+    once(model, prompt, args.gen_tokens)
+    peak = mx.get_peak_memory()
+    print(
+        f"mlx-lm   {name:<40} prompt {args.prompt_tokens:>5} tok: {statistics.median(r[0] for r in runs):>8.1f} tok/s"
+        f" | decode {args.gen_tokens:>4} tok: {statistics.median(r[1] for r in runs):>7.1f} tok/s | peak {peak / 1e6:.0f} MB | cpu"
+    )
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    model, _, _ = gguf_model(GGUF)
+    bench(GGUF.stem, model, args)
+    if MLX_DIR.exists():
+        model, _ = load(str(MLX_DIR))
+        bench(MLX_DIR.name, model, args)
+
+
+if __name__ == "__main__":
+    main()
