@@ -5,10 +5,12 @@
 //! - [`model`]: architectures, weights, KV cache, loading from folders and GGUF files;
 //! - [`tokenizer`]: tokenizers, chat templates, streaming detokenization;
 //! - [`sampling`]: token choice and stop strings;
-//! - [`generate`]: one prompt to text, used by the CLI (the batching engine comes next);
+//! - [`generate`]: one prompt to text, single stream (the reference path);
+//! - [`engine`]: the continuous-batching engine serving every caller at once;
 //! - [`cli`]: the `fastmlx` command line.
 
 pub mod cli;
+pub mod engine;
 pub mod generate;
 pub mod mlx;
 pub mod model;

@@ -5,10 +5,12 @@ use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
+use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
+use crate::model::layers::AttentionMask;
 
 /// Buffers grow by this many positions at a time (as mlx-lm's `KVCache.step`).
-const STEP: i32 = 256;
+pub(crate) const STEP: i32 = 256;
 
 #[derive(Default)]
 pub struct KvCache {
@@ -47,14 +49,54 @@ impl KvCache {
         Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
     }
 
+    /// The cached keys and values, `[1, H, offset, D]` each (`None` while empty).
+    pub fn contents(&self) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => {
+                Ok(Some((k.try_index((.., .., ..self.offset, ..))?, v.try_index((.., .., ..self.offset, ..))?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Bytes held by the buffers (allocated capacity, not just the used part).
     pub fn nbytes(&self) -> usize {
         self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
     }
 }
 
+impl LayerCache for KvCache {
+    fn positions(&self) -> Result<Positions> {
+        Ok(Positions::Scalar(self.offset))
+    }
+
+    fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
+        match window {
+            Some(window) if self.offset + new_tokens > window as i32 => {
+                Ok(AttentionMask::Explicit(window_mask(new_tokens, self.offset, window as i32)?))
+            }
+            _ if new_tokens == 1 => Ok(AttentionMask::None),
+            _ => Ok(AttentionMask::Causal),
+        }
+    }
+
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        KvCache::update(self, keys, values)
+    }
+}
+
+/// `[len, offset + len]` booleans: query `i` (at position `offset + i`) may see key `j` when
+/// `j <= offset + i` and `offset + i - j < window`.
+fn window_mask(len: i32, offset: i32, window: i32) -> Result<Array> {
+    use mlx_rs::ops::{ge, logical_and, lt, subtract};
+    let queries = Array::from_iter(offset..offset + len, &[len, 1]);
+    let keys = Array::from_iter(0..offset + len, &[1, offset + len]);
+    let distance = subtract(&queries, &keys)?;
+    Ok(logical_and(ge(&distance, Array::from_int(0))?, lt(&distance, Array::from_int(window))?)?)
+}
+
 /// A buffer with `grow` more positions than `used`, keeping the first `used` of `old`.
-fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
+pub(crate) fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
     let shape = like.shape();
     let fresh = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?;
     Ok(match old {

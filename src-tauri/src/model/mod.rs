@@ -1,6 +1,8 @@
 //! Models: architectures, the shared transformer, and loading from disk.
 
 pub mod arch;
+pub mod batch_cache;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod kv_cache;
@@ -12,6 +14,8 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub use batch_cache::BatchKvCache;
+pub use cache::{LayerCache, Positions};
 pub use kv_cache::KvCache;
 pub use load::{load_model, LoadedModel};
 pub use transformer::Transformer;

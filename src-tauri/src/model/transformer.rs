@@ -1,13 +1,14 @@
 //! The decoder-only transformer every supported architecture is an instance of:
 //! embeddings -> N x (norm, attention, residual, norm, MLP, residual) -> norm -> output head.
 
-use mlx_rs::ops::{add, ge, logical_and, lt, subtract};
+use mlx_rs::ops::add;
 use mlx_rs::{Array, Dtype};
 
+use crate::model::cache::LayerCache;
 use crate::model::config::ModelConfig;
 use crate::model::error::Result;
 use crate::model::kv_cache::KvCache;
-use crate::model::layers::{Attention, AttentionMask, Embedding, Linear, Mlp, QkvProjection, RmsNorm, Rope};
+use crate::model::layers::{Attention, Embedding, Linear, Mlp, QkvProjection, RmsNorm, Rope};
 use crate::model::weights::Weights;
 
 pub struct DecoderLayer {
@@ -100,24 +101,54 @@ impl Transformer {
         Ok(Transformer { config, dtype, embed, layers, norm, lm_head })
     }
 
+    /// Every array of the model.
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out = self.embed.arrays();
+        for layer in &self.layers {
+            out.push(&layer.input_norm.weight);
+            out.push(&layer.post_attention_norm.weight);
+            out.extend(layer.attention.arrays());
+            out.extend(layer.mlp.arrays());
+        }
+        out.push(&self.norm.weight);
+        out.extend(self.lm_head.iter().flat_map(Linear::arrays));
+        out
+    }
+
+    /// Reads every weight into memory now (MLX loads lazily), so load errors surface at load
+    /// time and the first request does not pay for the I/O. Returns the bytes they take.
+    pub fn materialize(&self) -> Result<usize> {
+        let arrays = self.arrays();
+        mlx_rs::transforms::eval(arrays.iter().copied())?;
+        Ok(arrays.iter().map(|a| a.nbytes()).sum())
+    }
+
+    /// Key/value cache bytes per token of one sequence (all layers).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        let dtype_bytes = if self.dtype == Dtype::Float32 { 4 } else { 2 };
+        2 * c.num_layers * c.num_kv_heads * c.head_dim * dtype_bytes
+    }
+
     pub fn new_cache(&self) -> Vec<KvCache> {
         self.layers.iter().map(|_| KvCache::new()).collect()
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
-    /// what `cache` holds.
-    pub fn forward_hidden(&self, ids: &Array, cache: &mut [KvCache]) -> Result<Array> {
+    /// what `cache` holds (one cache per layer, all with the same layout).
+    pub fn forward_hidden<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
         let mut h = self.embed.forward(ids)?;
-        let offset = cache.first().map_or(0, KvCache::offset);
         let len = ids.dim(1);
-        let full_mask = self.mask(len, offset, None)?;
-        let window_mask = self.config.sliding_window.map(|w| self.mask(len, offset, Some(w))).transpose()?;
+        let first = cache.first().ok_or_else(|| crate::model::ModelError::Mlx("no cache".into()))?;
+        let positions = first.positions()?;
+        let full_mask = first.mask(len, None)?;
+        let window_mask = self.config.sliding_window.map(|w| first.mask(len, Some(w))).transpose()?;
         for (i, (layer, cache)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
             let mask = match (&window_mask, self.config.layer_window(i)) {
                 (Some(m), Some(_)) => m,
                 _ => &full_mask,
             };
-            let r = layer.attention.forward(&layer.input_norm.forward(&h)?, mask, cache)?;
+            let r = layer.attention.forward(&layer.input_norm.forward(&h)?, mask, &positions, cache)?;
             let h1 = add(&h, &r)?;
             let r = layer.mlp.forward(&layer.post_attention_norm.forward(&h1)?)?;
             h = add(&h1, &r)?;
@@ -134,28 +165,8 @@ impl Transformer {
     }
 
     /// Logits `[B, L, vocab]` for every position of `ids`.
-    pub fn forward(&self, ids: &Array, cache: &mut [KvCache]) -> Result<Array> {
+    pub fn forward<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
         let hidden = self.forward_hidden(ids, cache)?;
         self.logits(&hidden)
     }
-
-    /// The attention mask for `len` new tokens after `offset` cached ones.
-    fn mask(&self, len: i32, offset: i32, window: Option<usize>) -> Result<AttentionMask> {
-        match window {
-            Some(window) if offset + len > window as i32 => {
-                Ok(AttentionMask::Explicit(window_mask(len, offset, window as i32)?))
-            }
-            _ if len == 1 => Ok(AttentionMask::None),
-            _ => Ok(AttentionMask::Causal),
-        }
-    }
-}
-
-/// `[len, offset + len]` booleans: query `i` (at position `offset + i`) may see key `j` when
-/// `j <= offset + i` and `offset + i - j < window`.
-fn window_mask(len: i32, offset: i32, window: i32) -> Result<Array> {
-    let queries = Array::from_iter(offset..offset + len, &[len, 1]);
-    let keys = Array::from_iter(0..offset + len, &[1, offset + len]);
-    let distance = subtract(&queries, &keys)?;
-    Ok(logical_and(ge(&distance, Array::from_int(0))?, lt(&distance, Array::from_int(window))?)?)
 }

@@ -9,5 +9,5 @@ mod stop;
 
 pub use params::SamplingParams;
 pub use rng::Rng;
-pub use sampler::{Sampled, Sampler};
+pub use sampler::{argmax, top_logprobs, Sampled, Sampler};
 pub use stop::{StopMatch, StopMatcher};

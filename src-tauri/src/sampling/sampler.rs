@@ -109,6 +109,21 @@ impl Sampler {
     }
 }
 
+/// The `n` most likely tokens and their log-probabilities, most likely first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let log_z = log_sum_exp(logits);
+    let mut indices: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(indices.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let by_logit_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    indices.select_nth_unstable_by(n - 1, by_logit_desc);
+    indices.truncate(n);
+    indices.sort_unstable_by(by_logit_desc);
+    indices.into_iter().map(|i| (i, logits[i as usize] - log_z)).collect()
+}
+
 /// Index of the largest value (the first one on ties, as MLX's argmax).
 pub fn argmax(values: &[f32]) -> u32 {
     let mut best = 0;

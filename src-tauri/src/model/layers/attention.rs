@@ -5,8 +5,8 @@ use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::split_at_indices;
 use mlx_rs::Array;
 
+use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kv_cache::KvCache;
 use crate::model::layers::{Linear, RmsNorm, Rope};
 
 /// How queries may look at keys in one forward pass.
@@ -37,8 +37,19 @@ pub struct Attention {
 }
 
 impl Attention {
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out = match &self.qkv {
+            QkvProjection::Separate { q, k, v } => [q, k, v].into_iter().flat_map(Linear::arrays).collect(),
+            QkvProjection::Fused(qkv) => qkv.arrays(),
+        };
+        out.extend(self.o.arrays());
+        out.extend(self.q_norm.iter().chain(&self.k_norm).map(|n| &n.weight));
+        out.extend(self.rope.arrays());
+        out
+    }
+
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
-    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, mask: &AttentionMask, positions: &Positions, cache: &mut impl LayerCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let (q, k, v) = match &self.qkv {
             QkvProjection::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -64,9 +75,8 @@ impl Attention {
         let k = heads(k, self.num_kv_heads, &self.k_norm)?;
         let v = heads(v, self.num_kv_heads, &None)?;
 
-        let offset = cache.offset();
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let q = self.rope.forward(&q, positions)?;
+        let k = self.rope.forward(&k, positions)?;
         let (k, v) = cache.update(&k, &v)?;
 
         let scale = (self.head_dim as f32).powf(-0.5);

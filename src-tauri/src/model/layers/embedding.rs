@@ -37,6 +37,13 @@ impl Embedding {
         })
     }
 
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Embedding::Dense { weight } => vec![weight],
+            Embedding::Quantized { weight, scales, biases, .. } => vec![weight, scales, biases],
+        }
+    }
+
     pub fn vocab_size(&self) -> i32 {
         match self {
             Embedding::Dense { weight } | Embedding::Quantized { weight, .. } => weight.dim(0),

@@ -27,6 +27,14 @@ impl Linear {
         })
     }
 
+    /// Every array the layer holds (to evaluate and measure them).
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Linear::Dense { weight, bias } => std::iter::once(weight).chain(bias).collect(),
+            Linear::Quantized { weight, scales, biases, bias, .. } => [weight, scales, biases].into_iter().chain(bias).collect(),
+        }
+    }
+
     /// Rows of the weight matrix (output features).
     pub fn out_features(&self) -> i32 {
         match self {

@@ -13,6 +13,13 @@ pub enum Mlp {
 }
 
 impl Mlp {
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Mlp::Separate { gate, up, down } => [gate, up, down].into_iter().flat_map(Linear::arrays).collect(),
+            Mlp::Fused { gate_up, down } => [gate_up, down].into_iter().flat_map(Linear::arrays).collect(),
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (gate, up, down) = match self {
             Mlp::Separate { gate, up, down } => (gate.forward(x)?, up.forward(x)?, down),

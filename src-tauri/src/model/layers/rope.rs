@@ -5,6 +5,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{add, concatenate, divide, gt, logical_and, lt, multiply, power, select, subtract};
 use mlx_rs::Array;
 
+use crate::model::cache::Positions;
 use crate::model::config::{RopeConfig, RopeScaling};
 use crate::model::error::Result;
 
@@ -80,23 +81,39 @@ impl Rope {
         Ok(Rope { dims, traditional: config.traditional, kind })
     }
 
-    /// Rotates `x` of shape `[batch, heads, seq, head_dim]` whose first row sits at `offset`.
-    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
-        use mlx_rs::fast::rope;
-        Ok(match &self.kind {
-            Kind::Plain { base, scale } => rope(x, self.dims, self.traditional, *base, *scale, offset, None)?,
-            Kind::Freqs { freqs, input_scale } => {
-                let x = if *input_scale != 1.0 { self.scale_rotated(x, *input_scale)? } else { x.clone() };
-                rope(&x, self.dims, self.traditional, None, 1.0, offset, freqs)?
-            }
+    /// Rotates `x` of shape `[batch, heads, seq, head_dim]` whose first token of each row sits
+    /// at `positions`.
+    pub fn forward(&self, x: &Array, positions: &Positions) -> Result<Array> {
+        let (base, scale, freqs, input_scale) = match &self.kind {
+            Kind::Plain { base, scale } => (Some(*base), *scale, None, 1.0),
+            Kind::Freqs { freqs, input_scale } => (None, 1.0, Some(freqs), *input_scale),
             Kind::DynamicNtk { base, factor, max_positions } => {
-                let seq_len = (x.dim(-2) + offset) as f32;
-                let seq_len = seq_len.max(*max_positions);
+                let seq_len = ((x.dim(-2) + positions.max()) as f32).max(*max_positions);
                 let d = self.dims as f32;
                 let base = base * ((factor * seq_len / max_positions) - (factor - 1.0)).powf(d / (d - 2.0));
-                rope(x, self.dims, self.traditional, base, 1.0, offset, None)?
+                (Some(base), 1.0, None, 1.0)
+            }
+        };
+        let scaled;
+        let x = if input_scale != 1.0 {
+            scaled = self.scale_rotated(x, input_scale)?;
+            &scaled
+        } else {
+            x
+        };
+        Ok(match positions {
+            Positions::Scalar(offset) => mlx_rs::fast::rope(x, self.dims, self.traditional, base, scale, *offset, freqs)?,
+            Positions::Rows { offsets, .. } => {
+                mlx_rs::fast::rope_dynamic(x, self.dims, self.traditional, base, scale, offsets, freqs)?
             }
         })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match &self.kind {
+            Kind::Freqs { freqs, .. } => vec![freqs],
+            _ => Vec::new(),
+        }
     }
 
     /// Multiplies the rotated leading `dims` of the last axis by `scale`.

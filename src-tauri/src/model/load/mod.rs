@@ -20,6 +20,8 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     /// `None` when the model ships no chat template (a base model).
     pub chat_template: Option<ChatTemplate>,
+    /// Bytes the weights take in memory.
+    pub weights_bytes: usize,
 }
 
 /// Loads the model at `path` (a folder with `config.json`, or a `.gguf` file).
@@ -41,5 +43,6 @@ pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
             message: "not a model: expected a folder with config.json or a .gguf file".into(),
         });
     };
-    Ok(LoadedModel { name, path: path.to_path_buf(), transformer, tokenizer, chat_template })
+    let weights_bytes = transformer.materialize().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(LoadedModel { name, path: path.to_path_buf(), transformer, tokenizer, chat_template, weights_bytes })
 }

@@ -1,0 +1,200 @@
+//! The engine's public face: start it, submit requests, read metrics, shut it down. Cheap to
+//! clone and safe to share between threads and tasks.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc as tokio_mpsc, watch};
+
+use super::metrics::Metrics;
+use super::request::{Event, Request, RequestId};
+use super::scheduler::{Command, Scheduler};
+use crate::model::{LoadedModel, ModelError};
+
+/// Test hook: called for every generated token of every request (`id`, tokens so far); an
+/// `Err` fails that request as an internal error would.
+pub type FaultInjector = Arc<dyn Fn(RequestId, usize) -> Result<(), String> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Rows decoded together at most.
+    pub max_batch: usize,
+    /// Requests waiting at most; more get [`SubmitError::Busy`] at once.
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per step: bounds how long a long prompt stalls running rows.
+    pub prefill_chunk: usize,
+    /// Bytes of KV cache admitted requests may reserve (prompt + max tokens each);
+    /// `None`: derived from the machine's memory and the model's size.
+    pub kv_budget_bytes: Option<usize>,
+    pub fault_injector: Option<FaultInjector>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { max_batch: 32, max_queue: 256, prefill_chunk: 512, kv_budget_bytes: None, fault_injector: None }
+    }
+}
+
+/// What callers need to know about the loaded model to build valid requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub name: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    pub kv_bytes_per_token: usize,
+    pub kv_budget_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the server is busy: {queued} requests are waiting; try again shortly")]
+    Busy { queued: usize },
+    #[error("the prompt has {tokens} tokens; the context window is {limit}")]
+    PromptTooLong { tokens: usize, limit: usize },
+    #[error("this request needs {needed} bytes of KV cache; the budget is {budget}")]
+    TooLarge { needed: usize, budget: usize },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the engine has shut down")]
+    ShutDown,
+}
+
+/// The events of one request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: tokio_mpsc::UnboundedReceiver<Event>,
+}
+
+impl RequestStream {
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// For callers outside an async runtime.
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event if one is already there.
+    pub fn try_recv_now(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+}
+
+pub(crate) struct Shared {
+    /// Requests submitted and not yet started (the scheduler counts them down).
+    pub queued: Arc<AtomicUsize>,
+    pub next_id: AtomicU64,
+    pub config: EngineConfig,
+    pub info: ModelInfo,
+}
+
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    metrics: watch::Receiver<Metrics>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread, which loads the model with `load` and then serves requests.
+    /// Returns once the model is loaded (or failed to load).
+    pub fn start(
+        config: EngineConfig,
+        load: impl FnOnce() -> Result<LoadedModel, ModelError> + Send + 'static,
+    ) -> Result<EngineHandle, ModelError> {
+        let (commands, inbox) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (metrics_tx, metrics) = watch::channel(Metrics::default());
+        let engine_config = config.clone();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let engine_queued = queued.clone();
+        let thread = std::thread::Builder::new()
+            .name("fastmlx-engine".into())
+            .spawn(move || {
+                crate::mlx::Backend::init();
+                let model = match load() {
+                    Ok(model) => model,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let scheduler = Scheduler::new(model, engine_config, metrics_tx, engine_queued);
+                let _ = ready_tx.send(Ok(scheduler.info()));
+                scheduler.run(inbox);
+            })
+            .map_err(|e| ModelError::Mlx(format!("cannot start the engine thread: {e}")))?;
+        let info = ready_rx.recv().map_err(|_| ModelError::Mlx("the engine thread died while loading".into()))??;
+        let shared = Arc::new(Shared { queued, next_id: AtomicU64::new(1), config, info });
+        Ok(EngineHandle { commands, shared, metrics, thread: Arc::new(Mutex::new(Some(thread))) })
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.shared.info
+    }
+
+    /// Queues a request. Fails at once, without queuing, when the request can never run or
+    /// the queue is full.
+    pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
+        self.validate(&request)?;
+        let queued = self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if queued >= self.shared.config.max_queue {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Busy { queued });
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio_mpsc::unbounded_channel();
+        if self.commands.send(Command::Submit { id, request, events: tx }).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::ShutDown);
+        }
+        Ok(RequestStream { id, rx })
+    }
+
+    fn validate(&self, r: &Request) -> Result<(), SubmitError> {
+        let info = &self.shared.info;
+        if r.prompt_ids.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if r.prompt_ids.len() >= info.context_length {
+            return Err(SubmitError::PromptTooLong { tokens: r.prompt_ids.len(), limit: info.context_length });
+        }
+        if let Some(bad) = r.prompt_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(SubmitError::Invalid(format!("token id {bad} is outside the vocabulary ({})", info.vocab_size)));
+        }
+        if r.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        if r.logprobs.is_some_and(|n| n > 20) {
+            return Err(SubmitError::Invalid("at most 20 top logprobs can be returned".into()));
+        }
+        r.params.validate().map_err(SubmitError::Invalid)?;
+        let tokens = (r.prompt_ids.len() + r.max_tokens).min(info.context_length);
+        let needed = tokens * info.kv_bytes_per_token;
+        if needed > info.kv_budget_bytes {
+            return Err(SubmitError::TooLarge { needed, budget: info.kv_budget_bytes });
+        }
+        Ok(())
+    }
+
+    pub fn metrics(&self) -> watch::Receiver<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn snapshot(&self) -> Metrics {
+        self.metrics.borrow().clone()
+    }
+
+    /// Cancels every request (each gets its `Cancelled` finish), frees the model and MLX's
+    /// memory, and waits for the engine thread to end.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Engine metrics: cheap counters updated every step and published on a watch channel (the
+//! UI's live graphs and the metrics endpoint read them).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    pub model: String,
+    /// Engine steps so far.
+    pub step: u64,
+    /// Rows in the running batch.
+    pub running: usize,
+    /// Requests waiting to start (including the one being prefilled).
+    pub queued: usize,
+    /// Rows decoded in the last step.
+    pub batch_size: usize,
+    /// Over the last couple of seconds.
+    pub prefill_tokens_per_sec: f64,
+    pub decode_tokens_per_sec: f64,
+    /// Tokens held in the batch's KV cache, and its allocated bytes.
+    pub kv_tokens: usize,
+    pub kv_bytes: usize,
+    /// Bytes reserved for admitted requests, and the budget they must fit in.
+    pub kv_reserved_bytes: usize,
+    pub kv_budget_bytes: usize,
+    pub mlx_active_bytes: usize,
+    pub mlx_peak_bytes: usize,
+    pub mlx_cache_bytes: usize,
+    pub requests_total: u64,
+    pub finished_total: u64,
+    pub cancelled_total: u64,
+    pub errors_total: u64,
+    pub prompt_tokens_total: u64,
+    pub generated_tokens_total: u64,
+}
+
+/// Token rates over a sliding window.
+#[derive(Debug, Default)]
+pub(crate) struct RateWindow {
+    samples: VecDeque<(Instant, usize, usize)>,
+}
+
+const WINDOW: Duration = Duration::from_secs(2);
+
+impl RateWindow {
+    pub fn record(&mut self, now: Instant, prefill_tokens: usize, decode_tokens: usize) {
+        self.samples.push_back((now, prefill_tokens, decode_tokens));
+        while self.samples.front().is_some_and(|(t, _, _)| now.duration_since(*t) > WINDOW) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// (prefill, decode) tokens per second over the window.
+    pub fn rates(&self, now: Instant) -> (f64, f64) {
+        let Some((first, _, _)) = self.samples.front() else { return (0.0, 0.0) };
+        let span = now.duration_since(*first).max(Duration::from_millis(250)).as_secs_f64();
+        let (p, d) = self.samples.iter().fold((0, 0), |(p, d), (_, a, b)| (p + a, d + b));
+        (p as f64 / span, d as f64 / span)
+    }
+}

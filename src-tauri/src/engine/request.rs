@@ -1,0 +1,100 @@
+//! What callers send to the engine and what they get back.
+
+use std::time::Duration;
+
+use crate::sampling::SamplingParams;
+
+pub type RequestId = u64;
+
+/// One generation request, already tokenized.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+    /// At most this many tokens are generated (and never past the context window).
+    pub max_tokens: usize,
+    /// Generation ends when one of these strings appears; it is not emitted.
+    pub stop: Vec<String>,
+    /// Token ids that end generation besides the model's EOS ids.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past EOS tokens (benchmarks).
+    pub ignore_eos: bool,
+    /// Higher runs first among waiting requests; equal priorities run in arrival order.
+    pub priority: i32,
+    /// Report each token's log-probability and this many top alternatives (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+}
+
+impl Request {
+    pub fn new(prompt_ids: Vec<u32>, max_tokens: usize) -> Request {
+        Request {
+            prompt_ids,
+            params: SamplingParams::default(),
+            max_tokens,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            priority: 0,
+            logprobs: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens at this step, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the context window is full.
+    Length,
+    /// The caller went away (dropped its stream) or the engine shut down.
+    Cancelled,
+    /// Something failed for this request; the others carry on.
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// Waiting before prefill started.
+    pub queue: Duration,
+    /// Prefill (prompt processing) until the sequence joined the batch.
+    pub prefill: Duration,
+    /// From arrival to the first generated token.
+    pub time_to_first_token: Duration,
+    /// From the first generated token to the end.
+    pub decode: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    /// The stop string that ended generation, if one did.
+    pub stop: Option<String>,
+    /// What went wrong, for `FinishReason::Error`.
+    pub error: Option<String>,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token and the text that became final with it (often all of its text;
+    /// empty while a stop string or a character is still incomplete). `token` is `None` only
+    /// for text released at the end without a new token.
+    Delta { text: String, token: Option<u32>, logprob: Option<TokenLogprob> },
+    /// Always the last event, exactly once per request.
+    Finish(Finish),
+}

@@ -1,0 +1,355 @@
+//! The engine thread's loop. Each step: take new requests, drop abandoned ones, decode one
+//! token for every running row, then spend at most `prefill_chunk` prompt tokens on waiting
+//! requests (highest priority, then oldest, first), which join the batch once prefilled.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use mlx_rs::{Array, Dtype};
+use tokio::sync::{mpsc::UnboundedSender, watch};
+
+use super::handle::{EngineConfig, ModelInfo};
+use super::memory::default_kv_budget;
+use super::metrics::{Metrics, RateWindow};
+use super::request::{Event, FinishReason, Request, RequestId};
+use super::sequence::{Sequence, Step};
+use crate::mlx;
+use crate::model::{BatchKvCache, LoadedModel};
+
+pub(crate) enum Command {
+    Submit { id: RequestId, request: Request, events: UnboundedSender<Event> },
+    Shutdown,
+}
+
+pub(crate) struct Scheduler {
+    model: LoadedModel,
+    config: EngineConfig,
+    info: ModelInfo,
+    /// Waiting requests, best first.
+    waiting: VecDeque<Sequence>,
+    /// The request being prefilled, if any.
+    prefilling: Option<Sequence>,
+    /// Rows of the batch, in cache row order.
+    running: Vec<Sequence>,
+    cache: Vec<BatchKvCache>,
+    reserved_bytes: usize,
+    queued: Arc<AtomicUsize>,
+    metrics_tx: watch::Sender<Metrics>,
+    metrics: Metrics,
+    rates: RateWindow,
+}
+
+impl Scheduler {
+    pub fn new(model: LoadedModel, config: EngineConfig, metrics_tx: watch::Sender<Metrics>, queued: Arc<AtomicUsize>) -> Scheduler {
+        let t = &model.transformer;
+        let info = ModelInfo {
+            name: model.name.clone(),
+            context_length: t.config.max_position_embeddings,
+            vocab_size: t.config.vocab_size,
+            kv_bytes_per_token: t.kv_bytes_per_token(),
+            kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
+        };
+        let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
+        let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
+        Scheduler {
+            model,
+            config,
+            info,
+            waiting: VecDeque::new(),
+            prefilling: None,
+            running: Vec::new(),
+            cache,
+            reserved_bytes: 0,
+            queued,
+            metrics_tx,
+            metrics,
+            rates: RateWindow::default(),
+        }
+    }
+
+    pub fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.prefilling.is_none() && self.waiting.is_empty()
+    }
+
+    pub fn run(mut self, inbox: Receiver<Command>) {
+        loop {
+            if self.is_idle() {
+                self.publish_metrics(0, 0, 0);
+                // Nothing to do: sleep until a command arrives.
+                match inbox.recv() {
+                    Ok(command) => {
+                        if !self.handle(command) {
+                            return self.shut_down();
+                        }
+                    }
+                    Err(_) => return self.shut_down(),
+                }
+            }
+            loop {
+                match inbox.try_recv() {
+                    Ok(command) => {
+                        if !self.handle(command) {
+                            return self.shut_down();
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return self.shut_down(),
+                }
+            }
+            self.step();
+        }
+    }
+
+    /// Returns false on shutdown.
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Submit { id, request, events } => {
+                self.metrics.requests_total += 1;
+                let seq = Sequence::new(id, request, events, self.info.context_length, self.info.kv_bytes_per_token);
+                let at = self
+                    .waiting
+                    .iter()
+                    .position(|w| w.request.priority < seq.request.priority)
+                    .unwrap_or(self.waiting.len());
+                self.waiting.insert(at, seq);
+                true
+            }
+            Command::Shutdown => false,
+        }
+    }
+
+    pub(crate) fn step(&mut self) {
+        self.reap_abandoned();
+        let decoded = if self.running.is_empty() { 0 } else { self.decode_step() };
+        let batch = decoded;
+        let prefilled = self.prefill_step();
+        self.metrics.step += 1;
+        self.publish_metrics(prefilled, decoded, batch);
+    }
+
+    /// Requests whose caller went away are dropped wherever they are.
+    fn reap_abandoned(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.is_abandoned());
+        let gone = before - self.waiting.len();
+        self.queued.fetch_sub(gone, Ordering::SeqCst);
+        for _ in 0..gone {
+            self.count_end(None);
+        }
+        if self.prefilling.as_ref().is_some_and(Sequence::is_abandoned) {
+            let seq = self.prefilling.take().expect("checked");
+            self.release(&seq);
+        }
+        let keep: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running[i].is_abandoned()).collect();
+        if keep.len() < self.running.len() {
+            self.retain_rows(&keep);
+        }
+    }
+
+    /// Decodes one token for every running row; returns how many rows it decoded.
+    fn decode_step(&mut self) -> usize {
+        let rows = self.running.len();
+        let inputs: Vec<u32> = self.running.iter().map(|s| s.next_input).collect();
+        let logits = match self.forward_batch(&inputs) {
+            Ok(logits) => logits,
+            Err(message) => {
+                // The batch's state is unknown after a failed step: end every row, keep serving.
+                tracing::error!("decode step failed: {message}");
+                for seq in &mut self.running {
+                    seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
+                }
+                self.retain_rows(&[]);
+                return 0;
+            }
+        };
+        let vocab = logits.len() / rows;
+        let mut keep = Vec::with_capacity(rows);
+        let fault = self.config.fault_injector.clone();
+        let mut logits = logits;
+        for (i, row) in logits.chunks_mut(vocab).enumerate() {
+            let seq = &mut self.running[i];
+            match seq.on_logits(row, &self.model.tokenizer, fault.as_ref()) {
+                Step::Continue => keep.push(i),
+                Step::Finished => {}
+            }
+        }
+        self.metrics.generated_tokens_total += rows as u64;
+        if keep.len() < rows {
+            self.retain_rows(&keep);
+        }
+        rows
+    }
+
+    /// The batch forward pass for one token per row: logits `[rows * vocab]` on the host.
+    fn forward_batch(&mut self, inputs: &[u32]) -> Result<Vec<f32>, String> {
+        let ids = Array::from_slice(inputs, &[inputs.len() as i32, 1]);
+        let logits = self.model.transformer.forward(&ids, &mut self.cache).map_err(|e| e.to_string())?;
+        let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
+        logits.eval().map_err(|e| e.to_string())?;
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// Keeps the running rows at `keep`; the others (finished or abandoned) leave the batch.
+    fn retain_rows(&mut self, keep: &[usize]) {
+        let mut kept = Vec::with_capacity(keep.len());
+        let mut old: Vec<Option<Sequence>> = self.running.drain(..).map(Some).collect();
+        for &i in keep {
+            kept.push(old[i].take().expect("each row kept once"));
+        }
+        for seq in old.into_iter().flatten() {
+            self.release(&seq);
+        }
+        self.running = kept;
+        let mut failed = None;
+        for layer in &mut self.cache {
+            if let Err(e) = layer.retain(keep) {
+                failed = Some(e.to_string());
+            }
+        }
+        if let Some(message) = failed {
+            tracing::error!("cannot shrink the batch: {message}");
+            for mut seq in std::mem::take(&mut self.running) {
+                seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
+                self.release(&seq);
+            }
+            self.cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
+        }
+    }
+
+    /// Gives back a finished or abandoned sequence's reservation and counts how it ended.
+    fn release(&mut self, seq: &Sequence) {
+        self.reserved_bytes -= seq.reserved_bytes;
+        self.count_end(seq.finished);
+    }
+
+    fn count_end(&mut self, reason: Option<FinishReason>) {
+        let m = &mut self.metrics;
+        m.finished_total += 1;
+        match reason {
+            None | Some(FinishReason::Cancelled) => m.cancelled_total += 1,
+            Some(FinishReason::Error) => m.errors_total += 1,
+            Some(_) => {}
+        }
+    }
+
+    /// Advances waiting prompts by at most `prefill_chunk` tokens; returns tokens processed.
+    fn prefill_step(&mut self) -> usize {
+        let mut budget = self.config.prefill_chunk;
+        let mut processed = 0;
+        loop {
+            if self.prefilling.is_none() && !self.admit_next() {
+                break;
+            }
+            let Some(seq) = self.prefilling.as_mut() else { break };
+            let (cache, done) = seq.prefill.as_mut().expect("prefilling sequences hold a cache");
+            // All but the last prompt token; the last one is the row's first decode input.
+            let remaining = seq.request.prompt_ids.len() - 1 - *done;
+            if remaining > 0 {
+                if budget == 0 {
+                    break;
+                }
+                let n = remaining.min(budget);
+                let chunk = &seq.request.prompt_ids[*done..*done + n];
+                let ids = Array::from_slice(chunk, &[1, n as i32]);
+                let result = self.model.transformer.forward_hidden(&ids, cache).and_then(|h| Ok(h.eval()?));
+                if let Err(e) = result {
+                    let mut seq = self.prefilling.take().expect("present");
+                    seq.finish(FinishReason::Error, None, Some(format!("prefill failed: {e}")));
+                    self.release(&seq);
+                    continue;
+                }
+                *done += n;
+                budget -= n;
+                processed += n;
+                self.metrics.prompt_tokens_total += n as u64;
+                if *done + 1 < seq.request.prompt_ids.len() {
+                    continue;
+                }
+            }
+            self.join_batch();
+        }
+        processed
+    }
+
+    /// Moves the best waiting request into prefill if a batch slot and KV budget are free.
+    fn admit_next(&mut self) -> bool {
+        let Some(next) = self.waiting.front() else { return false };
+        if self.running.len() >= self.config.max_batch {
+            return false;
+        }
+        if self.reserved_bytes + next.reserved_bytes > self.info.kv_budget_bytes && !self.running.is_empty() {
+            return false;
+        }
+        let mut seq = self.waiting.pop_front().expect("checked");
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        self.reserved_bytes += seq.reserved_bytes;
+        seq.mark_admitted();
+        seq.prefill = Some((self.model.transformer.new_cache(), 0));
+        self.prefilling = Some(seq);
+        true
+    }
+
+    /// The prefilled sequence becomes the batch's last row.
+    fn join_batch(&mut self) {
+        let mut seq = self.prefilling.take().expect("a prefilled sequence");
+        let (cache, _) = seq.prefill.take().expect("prefill cache");
+        for (batch, row) in self.cache.iter_mut().zip(&cache) {
+            if let Err(e) = batch.push_row(row) {
+                // Rows already pushed for this sequence in earlier layers make the batch
+                // inconsistent: fail this request and rebuild nothing else.
+                tracing::error!("cannot add a row to the batch: {e}");
+                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
+                self.release(&seq);
+                let keep: Vec<usize> = (0..self.running.len()).collect();
+                self.cache.iter_mut().filter(|c| c.rows() > keep.len()).for_each(|c| {
+                    let _ = c.retain(&keep);
+                });
+                return;
+            }
+        }
+        seq.mark_joined();
+        self.running.push(seq);
+    }
+
+    fn publish_metrics(&mut self, prefilled: usize, decoded: usize, batch: usize) {
+        let now = Instant::now();
+        self.rates.record(now, prefilled, decoded);
+        let (prefill_rate, decode_rate) = self.rates.rates(now);
+        let memory = mlx::memory_stats();
+        let m = &mut self.metrics;
+        m.running = self.running.len();
+        m.queued = self.waiting.len() + usize::from(self.prefilling.is_some());
+        m.batch_size = batch;
+        m.prefill_tokens_per_sec = prefill_rate;
+        m.decode_tokens_per_sec = decode_rate;
+        m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
+        m.kv_bytes = self.cache.iter().map(BatchKvCache::nbytes).sum();
+        m.kv_reserved_bytes = self.reserved_bytes;
+        m.mlx_active_bytes = memory.active;
+        m.mlx_peak_bytes = memory.peak;
+        m.mlx_cache_bytes = memory.cache;
+        self.metrics_tx.send_replace(self.metrics.clone());
+    }
+
+    /// Cancels everything, frees the batch and MLX's cached buffers.
+    fn shut_down(mut self) {
+        let waiting: Vec<Sequence> = self.waiting.drain(..).collect();
+        for mut seq in waiting.into_iter().chain(self.prefilling.take()).chain(std::mem::take(&mut self.running)) {
+            seq.finish(FinishReason::Cancelled, None, None);
+            self.count_end(Some(FinishReason::Cancelled));
+        }
+        self.queued.store(0, Ordering::SeqCst);
+        self.cache.clear();
+        self.reserved_bytes = 0;
+        self.publish_metrics(0, 0, 0);
+        drop(self.model);
+        let _ = mlx_rs::memory::clear_cache();
+    }
+}

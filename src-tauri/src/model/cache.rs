@@ -1,0 +1,35 @@
+//! What attention needs from a key/value cache, whether it holds one sequence or a batch:
+//! where the new tokens sit (their RoPE positions), which keys each query may see, and the
+//! appended keys and values.
+
+use mlx_rs::Array;
+
+use crate::model::error::Result;
+use crate::model::layers::AttentionMask;
+
+/// RoPE positions of the first new token.
+pub enum Positions {
+    /// One sequence (or rows that are all aligned): the same offset everywhere.
+    Scalar(i32),
+    /// A batch: one offset per row (`[batch]` int32), and the largest of them.
+    Rows { offsets: Array, max: i32 },
+}
+
+impl Positions {
+    pub fn max(&self) -> i32 {
+        match self {
+            Positions::Scalar(o) => *o,
+            Positions::Rows { max, .. } => *max,
+        }
+    }
+}
+
+pub trait LayerCache {
+    /// The positions of the next tokens to be added.
+    fn positions(&self) -> Result<Positions>;
+    /// The mask for `new_tokens` queries over the cache after they are added, in layers with
+    /// attention window `window`.
+    fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask>;
+    /// Appends `[B, H, L, D]` keys/values and returns everything cached so far.
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+}

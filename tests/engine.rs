@@ -1,0 +1,412 @@
+//! The continuous-batching engine: batch equals single, cancellation, limits, errors,
+//! priorities, chunked prefill and a soak test.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream, SubmitError};
+use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::sampling::SamplingParams;
+
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    finish: Finish,
+    events_after_finish: usize,
+}
+
+fn collect(mut stream: RequestStream) -> Outcome {
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    let mut finish = None;
+    let mut events_after_finish = 0;
+    while let Some(event) = stream.blocking_recv() {
+        if finish.is_some() {
+            events_after_finish += 1;
+            continue;
+        }
+        match event {
+            Event::Delta { text: t, token, .. } => {
+                tokens.extend(token);
+                text.push_str(&t);
+            }
+            Event::Finish(f) => finish = Some(f),
+        }
+    }
+    Outcome { tokens, text, finish: finish.expect("exactly one finish event"), events_after_finish }
+}
+
+fn start(dir: &Path, config: EngineConfig) -> EngineHandle {
+    let path = dir.to_path_buf();
+    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
+}
+
+/// The metrics once the engine has nothing left to do (the last finish event can arrive a
+/// moment before the step that sent it publishes its metrics).
+fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
+    let mut metrics = engine.metrics();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = metrics.borrow_and_update().clone();
+        if m.running == 0 && m.queued == 0 {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "the engine did not go idle: {m:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn tiny_model(arch: Arch) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), arch, 21, None).unwrap();
+    dir
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    let mut r = Request::new(prompt, max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
+/// Prompts of different lengths (1 to 45 tokens) and output lengths.
+fn mixed_requests(n: usize) -> Vec<Request> {
+    (0..n)
+        .map(|i| {
+            let len = 1 + (i * 11) % 45;
+            let prompt = (0..len).map(|j| ((i * 31 + j * 7) % 250) as u32).collect();
+            greedy(prompt, 4 + (i * 5) % 17)
+        })
+        .collect()
+}
+
+/// Every request alone, then all of them joining a running batch at different steps.
+fn assert_batch_equals_single(engine: &EngineHandle, requests: &[Request]) {
+    let alone: Vec<Vec<u32>> = requests.iter().map(|r| collect(engine.submit(r.clone()).unwrap()).tokens).collect();
+    let mut streams: Vec<(usize, RequestStream)> = Vec::new();
+    let mut outcomes: HashMap<usize, Outcome> = HashMap::new();
+    for (i, request) in requests.iter().enumerate() {
+        streams.push((i, engine.submit(request.clone()).unwrap()));
+        if i % 3 == 2 {
+            // Let the batch run a few steps before the next ones join.
+            let (j, first) = streams.remove(0);
+            outcomes.insert(j, collect(first));
+        }
+    }
+    for (j, s) in streams {
+        outcomes.insert(j, collect(s));
+    }
+    for (i, expected) in alone.iter().enumerate() {
+        let got = &outcomes[&i];
+        assert_eq!(got.finish.reason, FinishReason::Length);
+        assert_eq!(&got.tokens, expected, "request {i} (prompt {} tokens) differs inside the batch", requests[i].prompt_ids.len());
+    }
+}
+
+#[test]
+fn batch_equals_single_for_every_architecture() {
+    let _mlx = common::mlx_lock();
+    for arch in Arch::ALL {
+        let dir = tiny_model(arch);
+        let engine = start(dir.path(), EngineConfig { prefill_chunk: 16, ..Default::default() });
+        assert_batch_equals_single(&engine, &mixed_requests(10));
+        let m = wait_idle(&engine);
+        assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0));
+        engine.shutdown();
+    }
+}
+
+#[test]
+fn batch_equals_single_on_smollm2() {
+    let _mlx = common::mlx_lock();
+    let engine = start(&common::smollm2_gguf(), EngineConfig::default());
+    let requests: Vec<Request> = (0..8)
+        .map(|i| {
+            let prompt = (0..(3 + i * 9)).map(|j| 100 + ((i * 131 + j * 17) % 5000) as u32).collect();
+            greedy(prompt, 4 + i * 2)
+        })
+        .collect();
+    assert_batch_equals_single(&engine, &requests);
+    engine.shutdown();
+}
+
+#[test]
+fn batch_size_follows_the_running_requests() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Llama);
+    let engine = start(dir.path(), EngineConfig::default());
+    let streams: Vec<RequestStream> = (0..6).map(|i| engine.submit(greedy(vec![1 + i, 2, 3], 40)).unwrap()).collect();
+    let mut metrics = engine.metrics();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut biggest = 0;
+    while Instant::now() < deadline && biggest < 6 {
+        biggest = biggest.max(metrics.borrow_and_update().batch_size);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(biggest, 6, "six requests decoded together");
+    for s in streams {
+        assert_eq!(collect(s).tokens.len(), 40);
+    }
+    let m = wait_idle(&engine);
+    assert_eq!((m.running, m.queued, m.kv_tokens), (0, 0, 0));
+    assert!(m.generated_tokens_total >= 240 && m.finished_total == 6, "{m:?}");
+}
+
+#[test]
+fn dropping_the_stream_cancels_and_frees_the_row() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Qwen3);
+    let engine = start(dir.path(), EngineConfig::default());
+    let mut doomed = engine.submit(greedy(vec![5; 20], 10_000)).unwrap();
+    let survivor = engine.submit(greedy(vec![7; 10], 60)).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(doomed.blocking_recv(), Some(Event::Delta { .. })));
+    }
+    drop(doomed);
+    let outcome = collect(survivor);
+    assert_eq!(outcome.tokens.len(), 60, "the other request is undisturbed");
+    let m = wait_idle(&engine);
+    assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0), "{m:?}");
+    assert_eq!(m.cancelled_total, 1);
+    assert!(m.generated_tokens_total < 1000, "the cancelled request stopped early: {m:?}");
+}
+
+#[test]
+fn full_queue_answers_busy_at_once() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Llama);
+    let engine = start(dir.path(), EngineConfig { max_batch: 1, max_queue: 2, ..Default::default() });
+    let mut running = engine.submit(greedy(vec![1, 2, 3], 10_000)).unwrap();
+    assert!(matches!(running.blocking_recv(), Some(Event::Delta { .. })), "the first request is running");
+    let waiting: Vec<RequestStream> = (0..2).map(|_| engine.submit(greedy(vec![4, 5], 3)).unwrap()).collect();
+    let started = Instant::now();
+    match engine.submit(greedy(vec![6], 3)) {
+        Err(SubmitError::Busy { queued }) => assert_eq!(queued, 2),
+        other => panic!("expected Busy, got {:?}", other.map(|s| s.id)),
+    }
+    assert!(started.elapsed() < Duration::from_millis(100), "busy is answered without waiting");
+    drop(running);
+    for w in waiting {
+        assert_eq!(collect(w).tokens.len(), 3);
+    }
+    assert!(engine.submit(greedy(vec![6], 3)).is_ok(), "room again");
+}
+
+#[test]
+fn invalid_requests_are_refused_at_submit() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Phi3);
+    let engine = start(dir.path(), EngineConfig { kv_budget_bytes: Some(256 << 10), ..Default::default() });
+    let ctx = engine.model_info().context_length;
+    assert!(matches!(engine.submit(greedy(vec![1; ctx], 1)), Err(SubmitError::PromptTooLong { limit, .. }) if limit == ctx));
+    assert!(matches!(engine.submit(greedy(vec![], 1)), Err(SubmitError::Invalid(_))));
+    assert!(matches!(engine.submit(greedy(vec![100_000], 1)), Err(SubmitError::Invalid(m)) if m.contains("vocabulary")));
+    let mut bad = greedy(vec![1], 1);
+    bad.params = SamplingParams { top_p: 2.0, ..Default::default() };
+    assert!(matches!(engine.submit(bad), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
+    // 400 tokens of KV for this model exceed a 256 KiB budget.
+    let per_token = engine.model_info().kv_bytes_per_token;
+    assert!(400 * per_token > 256 << 10);
+    assert!(matches!(engine.submit(greedy(vec![1; 10], 390)), Err(SubmitError::TooLarge { .. })));
+    engine.shutdown();
+    assert!(matches!(engine.submit(greedy(vec![1], 1)), Err(SubmitError::ShutDown)));
+}
+
+#[test]
+fn stop_strings_max_tokens_and_eos_on_smollm2() {
+    let _mlx = common::mlx_lock();
+    let gguf = common::smollm2_gguf();
+    let model = load_model(&gguf, &common::backend()).unwrap();
+    let text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = model.tokenizer.encode(text, false, true).unwrap();
+    drop(model);
+    let engine = start(&gguf, EngineConfig::default());
+    let request = |max_tokens: usize, stop: &[&str]| {
+        let mut r = Request::new(prompt.clone(), max_tokens);
+        r.stop = stop.iter().map(|s| s.to_string()).collect();
+        r
+    };
+    let eos = collect(engine.submit(request(40, &[])).unwrap());
+    assert_eq!(eos.finish.reason, FinishReason::Stop);
+    assert_eq!(eos.finish.stop, None);
+    assert!(eos.text.contains("Paris") && !eos.text.contains("<|im_end|>"), "{:?}", eos.text);
+    assert_eq!(eos.finish.usage.completion_tokens, eos.tokens.len());
+    assert_eq!(eos.finish.usage.prompt_tokens, prompt.len());
+
+    let stopped = collect(engine.submit(request(40, &["of Fr"])).unwrap());
+    assert_eq!((stopped.finish.reason, stopped.finish.stop.as_deref()), (FinishReason::Stop, Some("of Fr")));
+    assert!(eos.text.starts_with(&stopped.text) && !stopped.text.contains("of"), "{:?}", stopped.text);
+
+    let short = collect(engine.submit(request(3, &[])).unwrap());
+    assert_eq!((short.finish.reason, short.tokens.len()), (FinishReason::Length, 3));
+    assert!(eos.text.starts_with(&short.text));
+
+    let mut with_logprobs = request(5, &[]);
+    with_logprobs.logprobs = Some(3);
+    let mut stream = engine.submit(with_logprobs).unwrap();
+    while let Some(event) = stream.blocking_recv() {
+        if let Event::Delta { token: Some(token), logprob: Some(lp), .. } = event {
+            assert_eq!(lp.token, token);
+            assert_eq!(lp.top.len(), 3);
+            assert_eq!(lp.top[0].0, token, "greedy picks the most likely token");
+            assert!(lp.logprob <= 0.0 && (lp.logprob - lp.top[0].1).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn an_error_in_one_request_does_not_disturb_the_others() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Mistral);
+    let requests = mixed_requests(6);
+    let alone = {
+        let engine = start(dir.path(), EngineConfig::default());
+        requests.iter().map(|r| collect(engine.submit(r.clone()).unwrap()).tokens).collect::<Vec<_>>()
+    };
+    let fault: fastmlx::engine::FaultInjector =
+        std::sync::Arc::new(|id, generated| if id == 3 && generated == 2 { Err("injected failure".into()) } else { Ok(()) });
+    let engine = start(dir.path(), EngineConfig { fault_injector: Some(fault), ..Default::default() });
+    let streams: Vec<RequestStream> = requests.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
+    for (i, stream) in streams.into_iter().enumerate() {
+        let id = stream.id;
+        let outcome = collect(stream);
+        assert_eq!(outcome.events_after_finish, 0);
+        if id == 3 {
+            assert_eq!(outcome.finish.reason, FinishReason::Error);
+            assert_eq!(outcome.finish.error.as_deref(), Some("injected failure"));
+        } else {
+            assert_eq!(outcome.tokens, alone[i], "request {i} disturbed by another's failure");
+        }
+    }
+    assert_eq!(engine.snapshot().errors_total, 1);
+}
+
+#[test]
+fn higher_priority_starts_first() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Llama);
+    let engine = start(dir.path(), EngineConfig { max_batch: 1, ..Default::default() });
+    let mut blocker = engine.submit(greedy(vec![1, 2], 30)).unwrap();
+    assert!(matches!(blocker.blocking_recv(), Some(Event::Delta { .. })));
+    let low = engine.submit(greedy(vec![3, 4], 2)).unwrap();
+    let mut urgent = greedy(vec![5, 6], 2);
+    urgent.priority = 10;
+    let high = engine.submit(urgent).unwrap();
+    drop(blocker);
+    let (low, high) = (collect(low), collect(high));
+    assert!(high.finish.timings.queue < low.finish.timings.queue, "the urgent request waited less");
+}
+
+/// A long prompt is prefilled in chunks between decode steps: running rows keep streaming.
+#[test]
+fn a_long_prompt_does_not_freeze_running_streams() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Qwen2);
+    let engine = start(dir.path(), EngineConfig { prefill_chunk: 16, ..Default::default() });
+    let mut running = engine.submit(greedy(vec![9, 8, 7], 400)).unwrap();
+    assert!(matches!(running.blocking_recv(), Some(Event::Delta { .. })));
+    let mut long = engine.submit(greedy((0..480).map(|i| i % 250).collect(), 1)).unwrap();
+    // 480 prompt tokens at 16 per step: ~30 steps of prefill, each with a decode step for the
+    // running row first.
+    let mut tokens_meanwhile = 0;
+    loop {
+        match long.try_recv_now() {
+            Some(Event::Finish(_)) => break,
+            Some(_) => {}
+            None => {
+                if let Some(Event::Delta { .. }) = running.blocking_recv() {
+                    tokens_meanwhile += 1;
+                }
+            }
+        }
+    }
+    assert!(tokens_meanwhile >= 20, "the running stream got only {tokens_meanwhile} tokens during the long prefill");
+}
+
+#[test]
+fn shutdown_cancels_everything_cleanly() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Llama);
+    let engine = start(dir.path(), EngineConfig { max_batch: 2, ..Default::default() });
+    let streams: Vec<RequestStream> = (0..5).map(|i| engine.submit(greedy(vec![i + 1; 4], 5000)).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    engine.shutdown();
+    for s in streams {
+        let outcome = collect(s);
+        assert_eq!(outcome.finish.reason, FinishReason::Cancelled);
+    }
+}
+
+/// Hundreds of requests with random lengths, joins and cancellations: none lost, each finished
+/// exactly once, and memory back where it started.
+#[test]
+fn soak() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Qwen3);
+    let engine = start(dir.path(), EngineConfig { max_batch: 12, prefill_chunk: 64, ..Default::default() });
+    let _ = collect(engine.submit(greedy(vec![1, 2, 3], 4)).unwrap()); // warm-up
+    let baseline = engine.snapshot().mlx_active_bytes;
+    let mut rng = fastmlx::sampling::Rng::seeded(2024);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let engine = engine.clone();
+            let seed = rng.next_u64();
+            std::thread::spawn(move || {
+                let mut rng = fastmlx::sampling::Rng::seeded(seed);
+                let (mut finished, mut cancelled) = (0, 0);
+                for i in 0..75 {
+                    let len = 1 + (rng.next_u64() % 60) as usize;
+                    let prompt = (0..len).map(|_| (rng.next_u64() % 250) as u32).collect();
+                    let mut request = greedy(prompt, 1 + (rng.next_u64() % 30) as usize);
+                    request.params.temperature = if i % 2 == 0 { 0.0 } else { 0.8 };
+                    request.ignore_eos = i % 3 != 0;
+                    let mut stream = loop {
+                        match engine.submit(request.clone()) {
+                            Ok(s) => break s,
+                            Err(SubmitError::Busy { .. }) => std::thread::sleep(Duration::from_millis(2)),
+                            Err(e) => panic!("thread {t}: {e}"),
+                        }
+                    };
+                    if rng.next_u64() % 5 == 0 {
+                        // Cancel after a few events (or before any).
+                        for _ in 0..(rng.next_u64() % 4) {
+                            stream.blocking_recv();
+                        }
+                        drop(stream);
+                        cancelled += 1;
+                    } else {
+                        let outcome = collect(stream);
+                        assert_eq!(outcome.events_after_finish, 0);
+                        assert!(matches!(outcome.finish.reason, FinishReason::Stop | FinishReason::Length));
+                        assert_eq!(outcome.finish.usage.completion_tokens, outcome.tokens.len());
+                        finished += 1;
+                    }
+                    if rng.next_u64() % 4 == 0 {
+                        std::thread::sleep(Duration::from_millis(rng.next_u64() % 5));
+                    }
+                }
+                (finished, cancelled)
+            })
+        })
+        .collect();
+    let (mut finished, mut cancelled) = (0, 0);
+    for t in threads {
+        let (f, c) = t.join().unwrap();
+        finished += f;
+        cancelled += c;
+    }
+    assert_eq!(finished + cancelled, 300);
+    let m = wait_idle(&engine);
+    assert_eq!(m.requests_total, 301);
+    assert_eq!(m.finished_total, 301, "every request ended exactly once: {m:?}");
+    assert_eq!((m.kv_reserved_bytes, m.kv_bytes, m.kv_tokens), (0, 0, 0), "{m:?}");
+    assert!(m.cancelled_total <= cancelled as u64, "{m:?}");
+    assert!(
+        m.mlx_active_bytes <= baseline + (1 << 20),
+        "MLX memory did not return to its starting level: {} -> {}",
+        baseline,
+        m.mlx_active_bytes
+    );
+}
