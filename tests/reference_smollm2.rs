@@ -4,7 +4,7 @@
 
 mod common;
 
-use fastmlx::model::{load_model, LoadedModel};
+use fastmlx::model::{load_model_with, LoadOptions, LoadedModel, WeightFormat};
 use fastmlx::tokenizer::chat_template::RenderRequest;
 use serde_json::Value;
 
@@ -30,17 +30,31 @@ fn check_against_reference(model: &LoadedModel, reference: &Value) {
     assert!(mismatches.is_empty(), "greedy tokens differ from mlx-lm:\n{}", mismatches.join("\n"));
 }
 
+fn load(path: &std::path::Path, weights: WeightFormat) -> LoadedModel {
+    load_model_with(path, &common::backend(), &LoadOptions { weights }).unwrap()
+}
+
+/// Quantized weights kept packed (MLX's quantized kernels, the Metal path) vs mlx-lm on them.
 #[test]
-fn gguf_q4_1_matches_mlx_lm_token_for_token() {
+fn gguf_q4_1_packed_matches_mlx_lm_token_for_token() {
     let _mlx = common::mlx_lock();
-    let model = load_model(&common::smollm2_gguf(), &common::backend()).unwrap();
+    let model = load(&common::smollm2_gguf(), WeightFormat::Packed);
     check_against_reference(&model, &common::read_json("tests/data/reference/smollm2_q4_1_gguf.json"));
+}
+
+/// Quantized weights expanded to f32 at load (the CPU default) vs mlx-lm on the same
+/// expanded weights.
+#[test]
+fn gguf_q4_1_dense_matches_mlx_lm_token_for_token() {
+    let _mlx = common::mlx_lock();
+    let model = load(&common::smollm2_gguf(), WeightFormat::Dense);
+    check_against_reference(&model, &common::read_json("tests/data/reference/smollm2_q4_1_gguf_dense.json"));
 }
 
 #[test]
 fn mlx_4bit_export_matches_mlx_lm_token_for_token() {
     let _mlx = common::mlx_lock();
     let dir = common::setup_file(".cache/models/SmolLM2-135M-Instruct-mlx-4bit");
-    let model = load_model(&dir, &common::backend()).unwrap();
+    let model = load(&dir, WeightFormat::Packed);
     check_against_reference(&model, &common::read_json("tests/data/reference/smollm2_mlx_4bit.json"));
 }

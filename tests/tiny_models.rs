@@ -4,15 +4,16 @@
 mod common;
 
 use fastmlx::model::config::QuantSpec;
-use fastmlx::model::{load_model, synthetic, Arch, LoadedModel};
+use fastmlx::model::{load_model, load_model_with, synthetic, Arch, LoadOptions, LoadedModel, WeightFormat};
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
+/// A tiny model; quantized ones keep their weights packed (MLX's quantized kernels, as mlx-lm).
 fn tiny(arch: Arch, seed: u64, bits: Option<i32>) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
     let quant = bits.map(|bits| QuantSpec { group_size: 64, bits });
     synthetic::write_tiny_model(dir.path(), arch, seed, quant).unwrap();
-    let model = load_model(dir.path(), &common::backend()).unwrap();
+    let model = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     (dir, model)
 }
 
@@ -175,14 +176,31 @@ fn per_layer_quantization_override() {
         t.insert("lm_head.biases".into(), b);
     });
     // Without the override the 8-bit head does not fit the 4-bit default: a shape error.
-    let err = load_model(dir.path(), &common::backend()).err().expect("must not load");
+    let err = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).err().expect("must not load");
     assert!(err.to_string().contains("lm_head"), "{err}");
     edit_config(dir.path(), |c| {
         c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
         c["quantization_config"] = c["quantization"].clone();
     });
-    let mixed = load_model(dir.path(), &common::backend()).unwrap();
+    let mixed = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     let ids = [3u32, 1, 4, 1, 5];
     let corr = correlation(&logits_of(&mixed, &ids), &logits_of(&four_bit, &ids));
     assert!(corr > 0.99, "an 8-bit head on 4-bit weights: correlation {corr}");
+}
+
+/// On a CPU, quantized weights are expanded to f32 by default (MLX's CPU quantized matmul is
+/// slow and single-threaded); expanded or packed, the model computes the same function.
+#[test]
+fn quantized_weights_expand_on_cpu_and_match_the_packed_model() {
+    let _mlx = common::mlx_lock();
+    let (dir, packed) = tiny(Arch::Llama, 17, Some(8));
+    let auto = load_model(dir.path(), &common::backend()).unwrap();
+    let packed_bytes = packed.weights_bytes;
+    if !common::backend().gpu {
+        assert!(auto.weights_bytes > 3 * packed_bytes, "expanded: {} vs packed {packed_bytes}", auto.weights_bytes);
+    }
+    let ids = [9u32, 8, 7, 6, 5];
+    let (a, b) = (logits_of(&auto, &ids), logits_of(&packed, &ids));
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "expanded and packed weights differ by {worst}");
 }

@@ -26,7 +26,7 @@ MLX_DIR = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-4bit"
 
 
 def bench_prompt(n):  # as fastmlx's cli/bench_cmd.rs
-    return [1000 + (i * 7919) % 30000 for i in range(n)]
+    return [1000 + (i * 7919) % 30000 for i in range(n)]  # salt 0
 
 
 def once(model, prompt, gen_tokens):

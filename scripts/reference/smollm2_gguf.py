@@ -5,7 +5,9 @@ The Rust engine is compared token-for-token against the JSON this writes. Regene
 
     .cache/venv/bin/python scripts/reference/smollm2_gguf.py
 
-Writes tests/data/reference/smollm2_q4_1_gguf.json. Deterministic: greedy, CPU, float32.
+Writes tests/data/reference/smollm2_q4_1_gguf.json (quantized kernels, as stored) or, with
+--dense, smollm2_q4_1_gguf_dense.json (weights expanded to float32, OpenBLAS matmuls).
+Deterministic: greedy, CPU, float32.
 
 Independence from the Rust side, on purpose:
   * tokenizer: built by transformers' own GGUF converter, not ours;
@@ -16,6 +18,7 @@ Independence from the Rust side, on purpose:
 
 import hashlib
 import json
+import os
 import platform
 import sys
 import types
@@ -33,6 +36,7 @@ from mlx_lm.utils import infer_quant_config
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = ROOT / "tests/data/reference/smollm2_q4_1_gguf.json"
+OUT_DENSE = ROOT / "tests/data/reference/smollm2_q4_1_gguf_dense.json"
 N_NEW = 64  # forced length; EOS does not stop generation so the comparison stays long
 
 # Varied on purpose: default vs explicit system prompt, multi-turn, non-ASCII, code, digits.
@@ -160,9 +164,31 @@ def model_args(md: dict, weights: dict, rope_traditional: bool) -> llama.ModelAr
     )
 
 
-def gguf_model(path: Path):
-    """mlx-lm's own llama Model with the GGUF's quantized weights, computing in float32."""
+def dequantized(weights: dict) -> dict:
+    """Every packed (weight, scales, biases) triple expanded to one float32 matrix with MLX's own
+    dequantize: the dense weights FastMLX computes with on a CPU (`WeightFormat::Dense`)."""
+    out = {}
+    for k, v in weights.items():
+        if k.endswith(".scales") or k.endswith(".biases"):
+            continue
+        prefix = k[: -len(".weight")] if k.endswith(".weight") else None
+        if prefix and f"{prefix}.scales" in weights:
+            scales, biases = weights[f"{prefix}.scales"], weights[f"{prefix}.biases"]
+            bits = v.shape[-1] * 32 // (scales.shape[-1] * GGML_GROUP)
+            v = mx.dequantize(v, scales.astype(mx.float32), biases.astype(mx.float32), group_size=GGML_GROUP, bits=bits)
+        out[k] = v
+    return out
+
+
+GGML_GROUP = 32  # every GGUF block type MLX reads is 32 values wide
+
+
+def gguf_model(path: Path, dense: bool = False):
+    """mlx-lm's own llama Model with the GGUF's weights (packed, or expanded when `dense`),
+    computing in float32."""
     weights, md = mx.load(str(path), return_metadata=True)
+    if dense:
+        weights = dequantized(weights)
     # GGUF's permuted Q/K rows pair adjacent dims: that is the traditional (interleaved) rope.
     args = model_args(md, weights, rope_traditional=True)
     # mx.load gives f16 scales/biases; the Rust engine computes in f32 on x86 (f16 is slow
@@ -228,16 +254,22 @@ def write(out: Path, header: dict, results: list):
 
 
 def main():
+    dense = "--dense" in sys.argv
+    if dense and "libopenblas" not in os.environ.get("LD_PRELOAD", ""):
+        # Dense f32 matmuls go through BLAS: use the same OpenBLAS FastMLX links, not the
+        # wheel's reference BLAS, so both sum in the same order.
+        env = dict(os.environ, LD_PRELOAD="libopenblas.so.0")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     mx.set_default_device(mx.cpu)
     tokenizer = gguf_tokenizer(GGUF)
-    model, md, args = gguf_model(GGUF)
+    model, md, args = gguf_model(GGUF, dense=dense)
     template = md["tokenizer.chat_template"]
     assert tokenizer.chat_template in (None, template), "transformers read another chat template"
     header = {
         "description": "Greedy decoding with mlx-lm's llama Model and generate_step on the Q4_1 "
         "GGUF (quantized weights as stored; scales, biases and norms in float32; GGUF Q/K row "
         "order kept with rope_traditional=True). Tokenizer: transformers' GGUF converter.",
-        "regenerate": ".cache/venv/bin/python scripts/reference/smollm2_gguf.py",
+        "regenerate": ".cache/venv/bin/python scripts/reference/smollm2_gguf.py" + (" --dense" if dense else ""),
         "model_file": GGUF.name,
         "model_sha256": hashlib.sha256(GGUF.read_bytes()).hexdigest(),
         "compute_dtype": "float32",
@@ -245,7 +277,12 @@ def main():
         "rope_traditional": args.rope_traditional,
         "eos_token_id": md["tokenizer.ggml.eos_token_id"].item(),
     }
-    write(OUT, header, run_cases(model, tokenizer, template))
+    if dense:
+        header["description"] += (
+            " Dense variant: the packed weights expanded to float32 with mx.dequantize and used as"
+            " plain Linear/Embedding layers, matmuls through OpenBLAS (LD_PRELOAD)."
+        )
+    write(OUT_DENSE if dense else OUT, header, run_cases(model, tokenizer, template))
 
 
 if __name__ == "__main__":

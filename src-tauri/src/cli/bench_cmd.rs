@@ -1,12 +1,14 @@
-//! `fastmlx bench`: single-stream prompt and decode speed, the figures `scripts/bench.sh`
-//! puts next to mlx-lm's on the same model and machine.
+//! `fastmlx bench`: single-stream speed (`generate`, the figures `scripts/bench.sh` puts next
+//! to mlx-lm's) and the batching engine under concurrent load (`--concurrency 1,4,8,16,32`).
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use crate::engine::{EngineConfig, EngineHandle, Event, Request};
 use crate::generate::{generate, GenerateRequest};
-use crate::mlx::Backend;
+use crate::mlx::{self, Backend};
 use crate::model::load_model;
 use crate::sampling::SamplingParams;
 
@@ -22,19 +24,35 @@ pub struct BenchArgs {
     /// Timed runs after one warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Drive the batching engine with this many concurrent clients (comma-separated levels)
+    /// instead of timing a single stream.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// With --concurrency: requests each client sends, one after the other.
+    #[arg(long, default_value_t = 2)]
+    requests_per_client: usize,
 }
 
-/// Prompt ids the Python side (scripts/reference/bench_mlx_lm.py) builds the same way.
-pub fn bench_prompt(n: usize) -> Vec<u32> {
-    (0..n).map(|i| 1000 + (i as u32 * 7919) % 30000).collect()
+/// Prompt ids the Python side (scripts/reference/bench_mlx_lm.py) builds the same way;
+/// `salt` makes concurrent prompts differ.
+pub fn bench_prompt(n: usize, salt: usize) -> Vec<u32> {
+    (0..n).map(|i| 1000 + ((i + salt * 7) as u32 * 7919) % 30000).collect()
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.concurrency.is_empty() {
+        single_stream(&args)
+    } else {
+        concurrent(&args)
+    }
+}
+
+fn single_stream(args: &BenchArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
-    let path = super::resolve_model_path(args.model)?;
+    let path = super::resolve_model_path(args.model.clone())?;
     let model = load_model(&path, &backend)?;
     let request = GenerateRequest {
-        prompt_ids: bench_prompt(args.prompt_tokens),
+        prompt_ids: bench_prompt(args.prompt_tokens, 0),
         params: SamplingParams::greedy(),
         max_tokens: args.gen_tokens,
         stop: vec![],
@@ -54,16 +72,99 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "fastmlx  {:<40} prompt {:>5} tok: {:>8.1} tok/s | decode {:>4} tok: {:>7.1} tok/s | peak {:.0} MB | {}",
         model.name,
         args.prompt_tokens,
-        median(&mut prompt_tps),
+        percentile(&mut prompt_tps, 50.0),
         args.gen_tokens,
-        median(&mut decode_tps),
+        percentile(&mut decode_tps, 50.0),
         peak as f64 / 1e6,
         backend.name(),
     );
     Ok(())
 }
 
-fn median(values: &mut [f64]) -> f64 {
+/// What one request saw.
+struct Trace {
+    ttft: Duration,
+    gaps: Vec<Duration>,
+    tokens: usize,
+}
+
+fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
+    let path = super::resolve_model_path(args.model.clone())?;
+    let max_batch = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let engine = EngineHandle::start(EngineConfig { max_batch, ..Default::default() }, move || {
+        load_model(&path, &Backend::init())
+    })?;
+    println!(
+        "engine   {} | prompt {} tok, {} generated tok per request, {} requests per client",
+        engine.model_info().name,
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.requests_per_client
+    );
+    run_level(&engine, args, 1, 1); // warm-up
+    for &clients in &args.concurrency {
+        mlx::reset_peak_memory();
+        let started = Instant::now();
+        let traces = run_level(&engine, args, clients, args.requests_per_client);
+        let wall = started.elapsed().as_secs_f64();
+        let peak = engine.snapshot().mlx_peak_bytes;
+        let tokens: usize = traces.iter().map(|t| t.tokens).sum();
+        let mut ttft: Vec<f64> = traces.iter().map(|t| t.ttft.as_secs_f64() * 1e3).collect();
+        let mut itl: Vec<f64> = traces.iter().flat_map(|t| t.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
+        println!(
+            "concurrency {clients:>3}: {:>7.1} output tok/s | TTFT p50 {:>7.0} ms p95 {:>7.0} ms | ITL p50 {:>6.1} ms p95 {:>6.1} ms | peak {:.0} MB",
+            tokens as f64 / wall,
+            percentile(&mut ttft, 50.0),
+            percentile(&mut ttft, 95.0),
+            percentile(&mut itl, 50.0),
+            percentile(&mut itl, 95.0),
+            peak as f64 / 1e6
+        );
+    }
+    engine.shutdown();
+    Ok(())
+}
+
+/// `clients` threads each send `per_client` requests one after the other.
+fn run_level(engine: &EngineHandle, args: &BenchArgs, clients: usize, per_client: usize) -> Vec<Trace> {
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let engine = engine.clone();
+            let (prompt_tokens, gen_tokens) = (args.prompt_tokens, args.gen_tokens);
+            std::thread::spawn(move || {
+                (0..per_client)
+                    .map(|r| {
+                        let mut request = Request::new(bench_prompt(prompt_tokens, c * 1000 + r), gen_tokens);
+                        request.ignore_eos = true;
+                        let started = Instant::now();
+                        let mut stream = engine.submit(request).expect("bench requests fit");
+                        let mut last = None;
+                        let mut trace = Trace { ttft: Duration::ZERO, gaps: Vec::new(), tokens: 0 };
+                        while let Some(event) = stream.blocking_recv() {
+                            if let Event::Delta { token: Some(_), .. } = event {
+                                let now = Instant::now();
+                                match last {
+                                    None => trace.ttft = now - started,
+                                    Some(prev) => trace.gaps.push(now - prev),
+                                }
+                                last = Some(now);
+                                trace.tokens += 1;
+                            }
+                        }
+                        trace
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    threads.into_iter().flat_map(|t| t.join().expect("bench client")).collect()
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    let rank = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
+    values[rank.min(values.len() - 1)]
 }

@@ -17,5 +17,5 @@ pub use error::ModelError;
 pub use batch_cache::BatchKvCache;
 pub use cache::{LayerCache, Positions};
 pub use kv_cache::KvCache;
-pub use load::{load_model, LoadedModel};
+pub use load::{load_model, load_model_with, LoadOptions, LoadedModel, WeightFormat};
 pub use transformer::Transformer;

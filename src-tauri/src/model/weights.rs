@@ -28,11 +28,13 @@ pub struct Weights {
     pub quant: QuantConfig,
     /// Floating-point tensors are converted to this dtype.
     pub dtype: Dtype,
+    /// Quantized layers are dequantized to `dtype` instead of kept packed.
+    pub expand_quantized: bool,
 }
 
 impl Weights {
     pub fn new(tensors: HashMap<String, Array>, source: PathBuf, quant: QuantConfig, dtype: Dtype) -> Weights {
-        Weights { tensors, source, quant, dtype }
+        Weights { tensors, source, quant, dtype, expand_quantized: false }
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -106,6 +108,9 @@ impl Weights {
     pub fn linear(&mut self, prefix: &str, outputs: i32, inputs: i32, bias: bool) -> Result<Linear> {
         let bias = if bias { Some(self.take_float(&format!("{prefix}.bias"), &[outputs])?) } else { None };
         match self.quantized_parts(prefix, outputs, inputs)? {
+            Some((weight, scales, biases, quant)) if self.expand_quantized => {
+                Ok(Linear::Dense { weight: dequantize(&weight, &scales, &biases, quant)?, bias })
+            }
             Some((weight, scales, biases, quant)) => Ok(Linear::Quantized { weight, scales, biases, bias, quant }),
             None => Ok(Linear::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[outputs, inputs])?, bias }),
         }
@@ -113,6 +118,9 @@ impl Weights {
 
     pub fn embedding(&mut self, prefix: &str, vocab: i32, hidden: i32) -> Result<Embedding> {
         match self.quantized_parts(prefix, vocab, hidden)? {
+            Some((weight, scales, biases, quant)) if self.expand_quantized => {
+                Ok(Embedding::Dense { weight: dequantize(&weight, &scales, &biases, quant)? })
+            }
             Some((weight, scales, biases, quant)) => Ok(Embedding::Quantized { weight, scales, biases, quant }),
             None => Ok(Embedding::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[vocab, hidden])? }),
         }
@@ -164,4 +172,9 @@ impl Weights {
     fn quant_error(&self, prefix: &str, message: impl Into<String>) -> ModelError {
         ModelError::Quantization { path: self.source.clone(), name: prefix.to_string(), message: message.into() }
     }
+}
+
+/// The dense matrix a packed one stands for (in the dtype of its scales).
+fn dequantize(weight: &Array, scales: &Array, biases: &Array, quant: QuantSpec) -> Result<Array> {
+    Ok(mlx_rs::ops::dequantize(weight, scales, biases, quant.group_size, quant.bits)?)
 }

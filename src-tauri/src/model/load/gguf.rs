@@ -19,7 +19,7 @@ use crate::tokenizer::{tokenizer_from_gguf_metadata, ChatTemplate, GgufTokenizer
 /// GGUF's quantized blocks are 32 values wide for every type MLX reads.
 const GGUF_GROUP_SIZE: i32 = 32;
 
-pub fn load(path: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+pub fn load(path: &Path, backend: &Backend, options: &super::LoadOptions) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     check_gguf_header(path)?;
     let file = GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     let meta = Metadata { file: &file, path };
@@ -38,6 +38,7 @@ pub fn load(path: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, O
         QuantConfig { infer_bits_with_group: Some(GGUF_GROUP_SIZE), ..Default::default() },
         backend.compute_dtype(Dtype::Float16),
     );
+    weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
     // Llama 3.1 GGUFs carry their rope scaling as precomputed per-pair factors.
     let mut config = config;
     if let Some(factors) = weights.remove("rope_freqs.weight") {

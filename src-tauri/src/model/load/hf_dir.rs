@@ -17,7 +17,7 @@ use crate::model::weights::{QuantConfig, Weights};
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-pub fn load(dir: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+pub fn load(dir: &Path, backend: &Backend, options: &super::LoadOptions) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     let config_path = dir.join("config.json");
     let raw = read_json(&config_path)?;
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
@@ -31,6 +31,7 @@ pub fn load(dir: &Path, backend: &Backend) -> Result<(Transformer, Tokenizer, Op
     let stored = stored_dtype(&raw, &tensors);
     let quant = quant_config(&raw, &config_path)?;
     let mut weights = Weights::new(tensors, dir.to_path_buf(), quant, backend.compute_dtype(stored));
+    weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
     weights.rename_all(|name| (!arch::is_unused_tensor(name)).then(|| name.to_string()));
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");

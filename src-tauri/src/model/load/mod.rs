@@ -11,6 +11,25 @@ use crate::model::error::{ModelError, Result};
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
+/// How quantized checkpoints are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// Packed on a GPU; on a CPU expanded to the compute dtype when that fits comfortably in
+    /// memory (a quarter of it), because MLX's CPU quantized matmul is a slow single-threaded
+    /// kernel while dense matmuls go through a multi-threaded BLAS.
+    #[default]
+    Auto,
+    /// Keep quantized weights packed (MLX's quantized kernels).
+    Packed,
+    /// Expand quantized weights to the compute dtype at load.
+    Dense,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    pub weights: WeightFormat,
+}
+
 /// Everything needed to generate text with a model.
 pub struct LoadedModel {
     /// A display name: the folder or file name.
@@ -26,6 +45,10 @@ pub struct LoadedModel {
 
 /// Loads the model at `path` (a folder with `config.json`, or a `.gguf` file).
 pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
+    load_model_with(path, backend, &LoadOptions::default())
+}
+
+pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) -> Result<LoadedModel> {
     if !path.exists() {
         return Err(ModelError::NotFound { path: path.to_path_buf() });
     }
@@ -34,9 +57,9 @@ pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| path.display().to_string());
     let (transformer, tokenizer, chat_template) = if path.is_dir() {
-        hf_dir::load(path, backend)?
+        hf_dir::load(path, backend, options)?
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        gguf::load(path, backend)?
+        gguf::load(path, backend, options)?
     } else {
         return Err(ModelError::Config {
             path: path.to_path_buf(),
@@ -45,4 +68,17 @@ pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
     };
     let weights_bytes = transformer.materialize().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     Ok(LoadedModel { name, path: path.to_path_buf(), transformer, tokenizer, chat_template, weights_bytes })
+}
+
+/// Whether to expand quantized weights of a model with `parameters` parameters.
+pub(crate) fn expand_quantized(options: &LoadOptions, backend: &Backend, parameters: u64) -> bool {
+    match options.weights {
+        WeightFormat::Packed => false,
+        WeightFormat::Dense => true,
+        WeightFormat::Auto => {
+            let dense_bytes = parameters * 4;
+            let memory = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+            !backend.gpu && dense_bytes <= memory / 4
+        }
+    }
 }
