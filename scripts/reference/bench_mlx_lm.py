@@ -10,6 +10,7 @@ time after the first. Median of --runs after one warm-up.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -54,11 +55,19 @@ def bench(name, model, args):
 
 
 def main():
+    if "libopenblas" not in os.environ.get("LD_PRELOAD", ""):
+        # Dense f32 matmuls: the same OpenBLAS FastMLX links, not the wheel's reference BLAS.
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, LD_PRELOAD="libopenblas.so.0"))
     p = argparse.ArgumentParser()
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--skip-packed", action="store_true", help="skip the (slow) packed-weight runs")
     args = p.parse_args()
+    model, _, _ = gguf_model(GGUF, dense=True)
+    bench(GGUF.stem + " (f32)", model, args)
+    if args.skip_packed:
+        return
     model, _, _ = gguf_model(GGUF)
     bench(GGUF.stem, model, args)
     if MLX_DIR.exists():

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2_gguf import GGUF, ROOT, gguf_tokenizer, hf_name, model_args  # noqa: E402
 
 DEFAULT_OUT = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-4bit"
+DEFAULT_OUT_F32 = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-f32"
 GGML_BLOCK = 32  # QK4_1 == QK8_0 == 32 values per block, i.e. MLX group size
 
 
@@ -61,7 +62,11 @@ def float_weights(args: llama.ModelArgs, raw: dict) -> dict:
 
 
 def main():
-    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+    # --f32: no re-quantization, the float32 expansion of the GGUF (the "f32 conversion" the
+    # server benchmark runs mlx-lm on).
+    f32 = "--f32" in sys.argv
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out_dir = Path(paths[0]) if paths else (DEFAULT_OUT_F32 if f32 else DEFAULT_OUT)
     mx.set_default_device(mx.cpu)
     raw, md = mx.load(str(GGUF), return_metadata=True)
     args = model_args(md, raw, rope_traditional=False)  # HF layout: non-interleaved rope
@@ -95,7 +100,8 @@ def main():
         "torch_dtype": "float32",
     }
     # mlx-lm's own quantizer, as mlx_lm.convert -q uses; adds "quantization"(+"_config").
-    model, config = quantize_model(model, config, group_size=64, bits=4)
+    if not f32:
+        model, config = quantize_model(model, config, group_size=64, bits=4)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_model(out_dir, model)  # model.safetensors + model.safetensors.index.json

@@ -9,11 +9,14 @@ use clap::Args;
 use crate::engine::{EngineConfig, EngineHandle, Event, Request};
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
-use crate::model::load_model;
+use crate::model::load_model_with;
 use crate::sampling::SamplingParams;
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// How quantized weights are held in memory.
+    #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
+    weights: super::WeightsArg,
     /// A model folder or .gguf file [default: SmolLM2-135M-Instruct]
     #[arg(long, short)]
     model: Option<PathBuf>,
@@ -50,7 +53,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 fn single_stream(args: &BenchArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
-    let model = load_model(&path, &backend)?;
+    let model = load_model_with(&path, &backend, &args.weights.load_options())?;
     let request = GenerateRequest {
         prompt_ids: bench_prompt(args.prompt_tokens, 0),
         params: SamplingParams::greedy(),
@@ -91,8 +94,9 @@ struct Trace {
 fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
     let path = super::resolve_model_path(args.model.clone())?;
     let max_batch = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let options = args.weights.load_options();
     let engine = EngineHandle::start(EngineConfig { max_batch, ..Default::default() }, move || {
-        load_model(&path, &Backend::init())
+        load_model_with(&path, &Backend::init(), &options)
     })?;
     println!(
         "engine   {} | prompt {} tok, {} generated tok per request, {} requests per client",

@@ -11,12 +11,15 @@ use serde_json::json;
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
 use crate::model::config::QuantSpec;
-use crate::model::{load_model, synthetic, Arch};
+use crate::model::{load_model_with, synthetic, Arch};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::chat_template::RenderRequest;
 
 #[derive(Args)]
 pub struct GenerateArgs {
+    /// How quantized weights are held in memory.
+    #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
+    weights: super::WeightsArg,
     /// A model folder (Hugging Face / MLX layout) or a .gguf file [default: SmolLM2-135M-Instruct]
     #[arg(long, short)]
     model: Option<PathBuf>,
@@ -56,7 +59,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model)?;
     let load_started = Instant::now();
-    let model = load_model(&path, &backend).with_context(|| format!("loading {}", path.display()))?;
+    let model = load_model_with(&path, &backend, &args.weights.load_options()).with_context(|| format!("loading {}", path.display()))?;
     eprintln!(
         "loaded {} ({:?}, {} layers) on {} in {:.2}s",
         model.name,

@@ -10,6 +10,30 @@ use clap::{Parser, Subcommand};
 
 pub use model_path::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE};
 
+/// `--weights`: how quantized weights are held (see [`crate::model::WeightFormat`]).
+#[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
+pub enum WeightsArg {
+    /// Packed on a GPU, expanded to f32 on a CPU when memory allows.
+    #[default]
+    Auto,
+    /// Keep quantized weights packed (MLX's quantized kernels).
+    Packed,
+    /// Expand quantized weights at load.
+    Dense,
+}
+
+impl WeightsArg {
+    pub fn load_options(self) -> crate::model::LoadOptions {
+        use crate::model::WeightFormat;
+        let weights = match self {
+            WeightsArg::Auto => WeightFormat::Auto,
+            WeightsArg::Packed => WeightFormat::Packed,
+            WeightsArg::Dense => WeightFormat::Dense,
+        };
+        crate::model::LoadOptions { weights }
+    }
+}
+
 #[derive(Parser)]
 #[command(name = "fastmlx", version, about = "Local LLM server for Apple Silicon, on MLX")]
 struct Cli {
