@@ -30,7 +30,7 @@ fn collect(mut stream: RequestStream) -> Outcome {
         }
         match event {
             Event::Delta { text: t, token, .. } => {
-                tokens.extend(token);
+                tokens.push(token);
                 text.push_str(&t);
             }
             Event::Finish(f) => finish = Some(f),
@@ -247,7 +247,7 @@ fn stop_strings_max_tokens_and_eos_on_smollm2() {
     with_logprobs.logprobs = Some(3);
     let mut stream = engine.submit(with_logprobs).unwrap();
     while let Some(event) = stream.blocking_recv() {
-        if let Event::Delta { token: Some(token), logprob: Some(lp), .. } = event {
+        if let Event::Delta { token, logprob: Some(lp), .. } = event {
             assert_eq!(lp.token, token);
             assert_eq!(lp.top.len(), 3);
             assert_eq!(lp.top[0].0, token, "greedy picks the most likely token");

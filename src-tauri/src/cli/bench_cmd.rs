@@ -145,7 +145,7 @@ fn run_level(engine: &EngineHandle, args: &BenchArgs, clients: usize, per_client
                         let mut last = None;
                         let mut trace = Trace { ttft: Duration::ZERO, gaps: Vec::new(), tokens: 0 };
                         while let Some(event) = stream.blocking_recv() {
-                            if let Event::Delta { token: Some(_), .. } = event {
+                            if let Event::Delta { .. } = event {
                                 let now = Instant::now();
                                 match last {
                                     None => trace.ttft = now - started,

@@ -40,13 +40,7 @@ impl Request {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub token: u32,
-    pub logprob: f32,
-    /// The most likely tokens at this step, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
+pub use crate::generate::TokenLogprob;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -92,9 +86,8 @@ pub struct Finish {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// One generated token and the text that became final with it (often all of its text;
-    /// empty while a stop string or a character is still incomplete). `token` is `None` only
-    /// for text released at the end without a new token.
-    Delta { text: String, token: Option<u32>, logprob: Option<TokenLogprob> },
+    /// empty while a stop string or a character is still incomplete).
+    Delta { text: String, token: u32, logprob: Option<TokenLogprob> },
     /// Always the last event, exactly once per request.
     Finish(Finish),
 }

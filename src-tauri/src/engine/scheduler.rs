@@ -15,7 +15,7 @@ use super::handle::{EngineConfig, ModelInfo};
 use super::memory::default_kv_budget;
 use super::metrics::{Metrics, RateWindow};
 use super::request::{Event, FinishReason, Request, RequestId};
-use super::sequence::{Sequence, Step};
+use super::sequence::Sequence;
 use crate::mlx;
 use crate::model::{BatchKvCache, LoadedModel};
 
@@ -175,9 +175,8 @@ impl Scheduler {
         let mut logits = logits;
         for (i, row) in logits.chunks_mut(vocab).enumerate() {
             let seq = &mut self.running[i];
-            match seq.on_logits(row, &self.model.tokenizer, fault.as_ref()) {
-                Step::Continue => keep.push(i),
-                Step::Finished => {}
+            if seq.on_logits(row, &self.model.tokenizer, fault.as_ref()) {
+                keep.push(i);
             }
         }
         self.metrics.generated_tokens_total += rows as u64;

@@ -1,27 +1,20 @@
-//! One request inside the engine: its sampler, detokenizer and stop matcher, and where it is
-//! in its life (waiting, prefilling, running).
+//! One request inside the engine: its [`Continuation`] (sampling, detokenization, stops), its
+//! event stream, and where it is in its life (waiting, prefilling, running).
 
 use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};
+use super::request::{Event, Finish, FinishReason, Request, RequestId, Timings, Usage};
+use crate::generate::{Continuation, ContinuationSpec, Ended};
 use crate::model::KvCache;
-use crate::sampling::{top_logprobs, Sampler, StopMatch, StopMatcher};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 pub(crate) struct Sequence {
     pub id: RequestId,
     pub request: Request,
     events: UnboundedSender<Event>,
-    sampler: Sampler,
-    decoder: StreamDecoder,
-    stops: StopMatcher,
-    /// Prompt and output, for the repetition penalty.
-    history: Vec<u32>,
-    pub generated: usize,
-    /// Tokens allowed (`max_tokens` capped by the context window).
-    pub max_tokens: usize,
+    continuation: Continuation,
     /// KV bytes reserved for this request while it is admitted.
     pub reserved_bytes: usize,
     /// During prefill: the sequence's own cache and how many prompt tokens it holds.
@@ -36,29 +29,26 @@ pub(crate) struct Sequence {
     first_token: Option<Instant>,
 }
 
-/// What a sampled token did to the sequence.
-pub(crate) enum Step {
-    Continue,
-    Finished,
-}
-
 impl Sequence {
     pub fn new(id: RequestId, request: Request, events: UnboundedSender<Event>, context_length: usize, kv_bytes_per_token: usize) -> Sequence {
         let max_tokens = request.max_tokens.min(context_length - request.prompt_ids.len());
+        let spec = ContinuationSpec {
+            params: request.params.clone(),
+            max_tokens,
+            stop: request.stop.clone(),
+            stop_token_ids: request.stop_token_ids.clone(),
+            ignore_eos: request.ignore_eos,
+            logprobs: request.logprobs,
+        };
         Sequence {
             id,
-            sampler: Sampler::new(request.params.clone()),
-            decoder: StreamDecoder::new(true),
-            stops: StopMatcher::new(request.stop.clone()),
-            history: request.prompt_ids.clone(),
-            generated: 0,
-            max_tokens,
+            continuation: Continuation::new(&request.prompt_ids, spec),
             reserved_bytes: (request.prompt_ids.len() + max_tokens) * kv_bytes_per_token,
             prefill: None,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
+            finished: None,
             request,
             events,
-            finished: None,
             arrived: Instant::now(),
             admitted: None,
             joined: None,
@@ -71,10 +61,6 @@ impl Sequence {
         self.events.is_closed()
     }
 
-    pub fn prompt_len(&self) -> usize {
-        self.request.prompt_ids.len()
-    }
-
     pub fn mark_admitted(&mut self) {
         self.admitted = Some(Instant::now());
     }
@@ -83,62 +69,32 @@ impl Sequence {
         self.joined = Some(Instant::now());
     }
 
-    /// Takes this step's logits row, samples, and emits what became final.
-    pub fn on_logits(&mut self, logits: &mut [f32], tokenizer: &Tokenizer, fault: Option<&super::FaultInjector>) -> Step {
-        let recent_from = self.history.len().saturating_sub(self.request.params.repetition_context);
-        let sampled = self.sampler.sample(logits, &self.history[recent_from..]);
-        let top = self.request.logprobs.filter(|&n| n > 0).map(|n| top_logprobs(logits, n));
-        let token = sampled.token;
-        self.generated += 1;
-        self.history.push(token);
-        self.next_input = token;
+    /// Takes this step's logits row and emits what became final; true while it goes on.
+    pub fn on_logits(&mut self, logits: &mut [f32], tokenizer: &Tokenizer, fault: Option<&super::FaultInjector>) -> bool {
         self.first_token.get_or_insert_with(Instant::now);
-        if let Some(Err(message)) = fault.map(|f| f(self.id, self.generated)) {
-            self.finish(FinishReason::Error, None, Some(message));
-            return Step::Finished;
-        }
-        let logprob = self.request.logprobs.map(|_| TokenLogprob { token, logprob: sampled.logprob, top: top.unwrap_or_default() });
-
-        let is_stop_token = !self.request.ignore_eos && (tokenizer.is_eos(token) || self.request.stop_token_ids.contains(&token));
-        if is_stop_token {
-            let text = self.release_held_text(tokenizer);
-            self.send(Event::Delta { text, token: Some(token), logprob });
-            self.finish(FinishReason::Stop, None, None);
-            return Step::Finished;
-        }
-        let piece = match self.decoder.push(tokenizer, token) {
-            Ok(piece) => piece.unwrap_or_default(),
+        let produced = match self.continuation.push_logits(logits, tokenizer) {
+            Ok(produced) => produced,
             Err(e) => {
                 self.finish(FinishReason::Error, None, Some(e.to_string()));
-                return Step::Finished;
+                return false;
             }
         };
-        match self.stops.push(&piece) {
-            StopMatch::Continue(text) => self.send(Event::Delta { text, token: Some(token), logprob }),
-            StopMatch::Stopped { text, stop } => {
-                self.send(Event::Delta { text, token: Some(token), logprob });
-                self.finish(FinishReason::Stop, Some(stop), None);
-                return Step::Finished;
-            }
+        self.next_input = produced.token;
+        if let Some(Err(message)) = fault.map(|f| f(self.id, self.continuation.generated())) {
+            self.finish(FinishReason::Error, None, Some(message));
+            return false;
         }
-        if self.generated >= self.max_tokens {
-            let text = self.release_held_text(tokenizer);
-            if !text.is_empty() {
-                // Text held back for a stop string that never came; no new token with it.
-                self.send(Event::Delta { text, token: None, logprob: None });
+        self.send(Event::Delta { text: produced.text, token: produced.token, logprob: produced.logprob });
+        match produced.ended {
+            None => true,
+            Some(Ended::Stop { stop }) => {
+                self.finish(FinishReason::Stop, stop, None);
+                false
             }
-            self.finish(FinishReason::Length, None, None);
-            return Step::Finished;
-        }
-        Step::Continue
-    }
-
-    /// Text still held by the detokenizer and the stop matcher, at the end of generation.
-    fn release_held_text(&mut self, tokenizer: &Tokenizer) -> String {
-        let tail = self.decoder.flush(tokenizer).ok().flatten().unwrap_or_default();
-        match self.stops.push(&tail) {
-            StopMatch::Continue(text) => text + &self.stops.finish(),
-            StopMatch::Stopped { text, .. } => text,
+            Some(Ended::Length) => {
+                self.finish(FinishReason::Length, None, None);
+                false
+            }
         }
     }
 
@@ -161,7 +117,7 @@ impl Sequence {
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrived)).unwrap_or_default(),
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
         };
-        let usage = Usage { prompt_tokens: self.prompt_len(), completion_tokens: self.generated };
+        let usage = Usage { prompt_tokens: self.request.prompt_ids.len(), completion_tokens: self.continuation.generated() };
         self.send(Event::Finish(Finish { reason, stop, error, usage, timings }));
     }
 }

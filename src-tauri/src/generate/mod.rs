@@ -7,10 +7,14 @@ use std::time::{Duration, Instant};
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
+mod continuation;
+
+pub use continuation::{Continuation, ContinuationSpec, Ended, Produced, TokenLogprob};
+
 use crate::mlx;
 use crate::model::{KvCache, LoadedModel, ModelError};
-use crate::sampling::{Sampler, SamplingParams, StopMatch, StopMatcher};
-use crate::tokenizer::{StreamDecoder, TokenizerError};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::TokenizerError;
 
 /// Prompt tokens run through the model per forward pass during prefill (as mlx-lm's
 /// `prefill_step_size`): bounds the activation memory of long prompts.
@@ -114,62 +118,30 @@ pub fn generate(model: &LoadedModel, request: &GenerateRequest, mut on_text: imp
     stats.prefill_time = started.elapsed();
 
     let decode_started = Instant::now();
-    let mut sampler = Sampler::new(request.params.clone());
-    let mut decoder = StreamDecoder::new(true);
-    let mut stops = StopMatcher::new(request.stop.clone());
-    let mut history: Vec<u32> = prompt.clone();
+    let max_tokens = request.max_tokens.min(limit - prompt.len());
+    let spec = ContinuationSpec {
+        params: request.params.clone(),
+        max_tokens,
+        stop: request.stop.clone(),
+        ignore_eos: request.ignore_eos,
+        ..Default::default()
+    };
+    let mut continuation = Continuation::new(prompt, spec);
     let mut tokens = Vec::new();
     let mut text = String::new();
-    let mut emit = |piece: &str, text: &mut String| {
-        if !piece.is_empty() {
-            on_text(piece);
-            text.push_str(piece);
+    let finish = loop {
+        let produced = continuation.push_logits(&mut logits, &model.tokenizer)?;
+        tokens.push(produced.token);
+        if !produced.text.is_empty() {
+            on_text(&produced.text);
+            text.push_str(&produced.text);
+        }
+        match produced.ended {
+            Some(Ended::Stop { .. }) => break FinishReason::Stop,
+            Some(Ended::Length) => break FinishReason::Length,
+            None => logits = next_logits(model, produced.token, &mut cache)?,
         }
     };
-    let max_tokens = request.max_tokens.min(limit - prompt.len());
-    let mut finish = FinishReason::Length;
-    let mut stop_string_hit = false;
-    while tokens.len() < max_tokens {
-        let recent_from = history.len().saturating_sub(request.params.repetition_context);
-        let token = sampler.sample(&mut logits, &history[recent_from..]).token;
-        tokens.push(token);
-        history.push(token);
-        if !request.ignore_eos && model.tokenizer.is_eos(token) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if let Some(piece) = decoder.push(&model.tokenizer, token)? {
-            match stops.push(&piece) {
-                StopMatch::Continue(t) => emit(&t, &mut text),
-                StopMatch::Stopped { text: t, .. } => {
-                    emit(&t, &mut text);
-                    finish = FinishReason::Stop;
-                    stop_string_hit = true;
-                    break;
-                }
-            }
-        }
-        if tokens.len() < max_tokens {
-            logits = next_logits(model, token, &mut cache)?;
-        }
-    }
-    if !stop_string_hit {
-        // Text held back for a possible stop string or an incomplete character is released.
-        if let Some(piece) = decoder.flush(&model.tokenizer)? {
-            match stops.push(&piece) {
-                StopMatch::Continue(t) => emit(&t, &mut text),
-                StopMatch::Stopped { text: t, .. } => {
-                    emit(&t, &mut text);
-                    stop_string_hit = true;
-                    finish = FinishReason::Stop;
-                }
-            }
-        }
-        if !stop_string_hit {
-            let rest = stops.finish();
-            emit(&rest, &mut text);
-        }
-    }
     stats.generated_tokens = tokens.len();
     stats.decode_time = decode_started.elapsed();
     stats.peak_memory = mlx::memory_stats().peak;

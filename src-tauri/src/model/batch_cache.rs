@@ -3,19 +3,18 @@
 //! padding. Rows join with their own prefilled [`KvCache`] and leave when they finish; the
 //! padding all remaining rows share is trimmed away. (mlx-lm's `BatchKVCache` is the model.)
 
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kv_cache::{grow_buffer, KvCache, STEP};
+use crate::model::kv_cache::{Buffers, KvCache};
 use crate::model::layers::AttentionMask;
 
 #[derive(Default)]
 pub struct BatchKvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    buffers: Buffers,
     /// Columns written so far; every row's next token goes to column `idx`.
     idx: i32,
     /// Per row: the columns before its first token.
@@ -42,7 +41,7 @@ impl BatchKvCache {
     }
 
     pub fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+        self.buffers.nbytes()
     }
 
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
@@ -50,17 +49,12 @@ impl BatchKvCache {
         let contents = row.contents()?;
         let n = row.offset();
         let rows = self.rows() as i32;
-        let (batch_k, batch_v) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if self.idx > 0 => {
-                (Some(k.try_index((.., .., ..self.idx, ..))?), Some(v.try_index((.., .., ..self.idx, ..))?))
-            }
-            _ => (None, None),
-        };
+        let (batch_k, batch_v) = self.buffers.prefix(self.idx)?.unzip();
         let Some((row_k, row_v)) = contents else {
             // An empty row (a one-token prompt): all padding so far.
             if let (Some(k), Some(v)) = (batch_k, batch_v) {
-                self.keys = Some(concatenate(&[k.clone(), zeros_like_rows(&k, 1, self.idx)?], 0)?);
-                self.values = Some(concatenate(&[v.clone(), zeros_like_rows(&v, 1, self.idx)?], 0)?);
+                self.buffers.keys = Some(concatenate(&[k.clone(), zeros_like_rows(&k, 1, self.idx)?], 0)?);
+                self.buffers.values = Some(concatenate(&[v.clone(), zeros_like_rows(&v, 1, self.idx)?], 0)?);
             }
             self.left_padding.push(self.idx);
             return Ok(());
@@ -87,14 +81,14 @@ impl BatchKvCache {
             // Rows that hold nothing yet (one-token prompts): zeros of the row's shape.
             _ if rows > 0 => (zeros_like_rows(&row_k, rows, self.idx)?, zeros_like_rows(&row_v, rows, self.idx)?),
             _ => {
-                self.keys = Some(row_k);
-                self.values = Some(row_v);
+                self.buffers.keys = Some(row_k);
+                self.buffers.values = Some(row_v);
                 self.left_padding.push(self.idx - n);
                 return Ok(());
             }
         };
-        self.keys = Some(concatenate(&[k, row_k], 0)?);
-        self.values = Some(concatenate(&[v, row_v], 0)?);
+        self.buffers.keys = Some(concatenate(&[k, row_k], 0)?);
+        self.buffers.values = Some(concatenate(&[v, row_v], 0)?);
         self.left_padding.push(self.idx - n);
         Ok(())
     }
@@ -107,7 +101,7 @@ impl BatchKvCache {
         }
         let padding: Vec<i32> = keep.iter().map(|&r| self.left_padding[r]).collect();
         let trim = padding.iter().copied().min().unwrap_or(0);
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+        if let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) {
             let index = Array::from_slice(&keep.iter().map(|&r| r as i32).collect::<Vec<_>>(), &[keep.len() as i32]);
             let (k, v) = (k.take_axis(&index, 0)?, v.take_axis(&index, 0)?);
             let (k, v) = if trim > 0 {
@@ -115,8 +109,8 @@ impl BatchKvCache {
             } else {
                 (k, v)
             };
-            self.keys = Some(k);
-            self.values = Some(v);
+            self.buffers.keys = Some(k);
+            self.buffers.values = Some(v);
         }
         self.idx -= trim;
         self.left_padding = padding.into_iter().map(|p| p - trim).collect();
@@ -164,21 +158,9 @@ impl LayerCache for BatchKvCache {
     }
 
     fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let new = keys.dim(2);
-        let needed = self.idx + new;
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if needed > capacity {
-            let grow = (new + STEP - 1) / STEP * STEP;
-            self.keys = Some(grow_buffer(self.keys.take(), keys, self.idx, grow)?);
-            self.values = Some(grow_buffer(self.values.take(), values, self.idx, grow)?);
-        }
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            unreachable!("buffers allocated above");
-        };
-        k.try_index_mut((.., .., self.idx..needed, ..), keys)?;
-        v.try_index_mut((.., .., self.idx..needed, ..), values)?;
-        self.idx = needed;
-        Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
+        let out = self.buffers.write(self.idx, keys, values)?;
+        self.idx += keys.dim(2);
+        Ok(out)
     }
 }
 

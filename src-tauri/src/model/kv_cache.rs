@@ -10,12 +10,53 @@ use crate::model::error::Result;
 use crate::model::layers::AttentionMask;
 
 /// Buffers grow by this many positions at a time (as mlx-lm's `KVCache.step`).
-pub(crate) const STEP: i32 = 256;
+const STEP: i32 = 256;
 
+/// Key and value buffers `[B, H, capacity, D]` that grow in steps of [`STEP`] columns.
+#[derive(Default)]
+pub(crate) struct Buffers {
+    pub keys: Option<Array>,
+    pub values: Option<Array>,
+}
+
+impl Buffers {
+    /// Writes `keys`/`values` (`[B, H, L, D]`) at columns `at..at + L`, growing the buffers if
+    /// needed, and returns columns `..at + L`.
+    pub fn write(&mut self, at: i32, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let new = keys.dim(2);
+        let needed = at + new;
+        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
+        if needed > capacity {
+            let grow = (new + STEP - 1) / STEP * STEP;
+            self.keys = Some(grow_buffer(self.keys.take(), keys, at, grow)?);
+            self.values = Some(grow_buffer(self.values.take(), values, at, grow)?);
+        }
+        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
+            unreachable!("buffers allocated above");
+        };
+        k.try_index_mut((.., .., at..needed, ..), keys)?;
+        v.try_index_mut((.., .., at..needed, ..), values)?;
+        Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
+    }
+
+    /// Columns `..len` of both buffers (`None` while empty).
+    pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if len > 0 => Ok(Some((k.try_index((.., .., ..len, ..))?, v.try_index((.., .., ..len, ..))?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// Allocated bytes (capacity, not just the used part).
+    pub fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+    }
+}
+
+/// The key/value cache of one sequence (batch of 1), for one layer.
 #[derive(Default)]
 pub struct KvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    buffers: Buffers,
     /// Positions written so far: the RoPE offset of the next token.
     offset: i32,
 }
@@ -31,37 +72,18 @@ impl KvCache {
 
     /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything cached so far.
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let new = keys.dim(2);
-        let needed = self.offset + new;
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if needed > capacity {
-            let grow = (new + STEP - 1) / STEP * STEP;
-            self.keys = Some(grow_buffer(self.keys.take(), keys, self.offset, grow)?);
-            self.values = Some(grow_buffer(self.values.take(), values, self.offset, grow)?);
-        }
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            unreachable!("buffers allocated above");
-        };
-        let range = self.offset..needed;
-        k.try_index_mut((.., .., range.clone(), ..), keys)?;
-        v.try_index_mut((.., .., range, ..), values)?;
-        self.offset = needed;
-        Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
+        let out = self.buffers.write(self.offset, keys, values)?;
+        self.offset += keys.dim(2);
+        Ok(out)
     }
 
     /// The cached keys and values, `[1, H, offset, D]` each (`None` while empty).
     pub fn contents(&self) -> Result<Option<(Array, Array)>> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if self.offset > 0 => {
-                Ok(Some((k.try_index((.., .., ..self.offset, ..))?, v.try_index((.., .., ..self.offset, ..))?)))
-            }
-            _ => Ok(None),
-        }
+        self.buffers.prefix(self.offset)
     }
 
-    /// Bytes held by the buffers (allocated capacity, not just the used part).
     pub fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+        self.buffers.nbytes()
     }
 }
 
@@ -96,7 +118,7 @@ fn window_mask(len: i32, offset: i32, window: i32) -> Result<Array> {
 }
 
 /// A buffer with `grow` more positions than `used`, keeping the first `used` of `old`.
-pub(crate) fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
+fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
     let shape = like.shape();
     let fresh = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?;
     Ok(match old {
