@@ -7,6 +7,7 @@
 //! - [`sampling`]: token choice and stop strings;
 //! - [`generate`]: one prompt to text, single stream (the reference path);
 //! - [`engine`]: the continuous-batching engine serving every caller at once;
+//! - [`server`]: the OpenAI-compatible HTTP API over the engine;
 //! - [`cli`]: the `fastmlx` command line.
 
 pub mod cli;
@@ -15,4 +16,5 @@ pub mod generate;
 pub mod mlx;
 pub mod model;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;

@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod generate_cmd;
 mod model_path;
+mod serve_cmd;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout, then print speed and memory.
     Generate(generate_cmd::GenerateArgs),
+    /// Serve the OpenAI-compatible API on localhost.
+    Serve(serve_cmd::ServeArgs),
     /// Measure single-stream prompt and decode speed.
     Bench(bench_cmd::BenchArgs),
     /// Write a tiny random-weight model (for tests and experiments).
@@ -62,6 +65,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate_cmd::run(args),
+        Command::Serve(args) => serve_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::MakeTestModel(args) => generate_cmd::make_test_model(args),
     };

@@ -38,9 +38,12 @@ impl Default for EngineConfig {
 }
 
 /// What callers need to know about the loaded model to build valid requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ModelInfo {
     pub name: String,
+    /// The model's tokenizer and chat template, for callers that tokenize themselves.
+    pub tokenizer: Arc<crate::tokenizer::Tokenizer>,
+    pub chat_template: Option<Arc<crate::tokenizer::ChatTemplate>>,
     pub context_length: usize,
     pub vocab_size: usize,
     pub kv_bytes_per_token: usize,

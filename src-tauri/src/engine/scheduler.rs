@@ -47,6 +47,8 @@ impl Scheduler {
         let t = &model.transformer;
         let info = ModelInfo {
             name: model.name.clone(),
+            tokenizer: model.tokenizer.clone(),
+            chat_template: model.chat_template.clone(),
             context_length: t.config.max_position_embeddings,
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),

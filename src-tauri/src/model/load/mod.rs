@@ -5,6 +5,7 @@ mod gguf;
 mod hf_dir;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::mlx::Backend;
 use crate::model::error::{ModelError, Result};
@@ -36,9 +37,10 @@ pub struct LoadedModel {
     pub name: String,
     pub path: PathBuf,
     pub transformer: Transformer,
-    pub tokenizer: Tokenizer,
+    /// Shared with the HTTP tier, which tokenizes requests before they reach the engine.
+    pub tokenizer: Arc<Tokenizer>,
     /// `None` when the model ships no chat template (a base model).
-    pub chat_template: Option<ChatTemplate>,
+    pub chat_template: Option<Arc<ChatTemplate>>,
     /// Bytes the weights take in memory.
     pub weights_bytes: usize,
 }
@@ -67,7 +69,14 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
         });
     };
     let weights_bytes = transformer.materialize().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
-    Ok(LoadedModel { name, path: path.to_path_buf(), transformer, tokenizer, chat_template, weights_bytes })
+    Ok(LoadedModel {
+        name,
+        path: path.to_path_buf(),
+        transformer,
+        tokenizer: Arc::new(tokenizer),
+        chat_template: chat_template.map(Arc::new),
+        weights_bytes,
+    })
 }
 
 /// Whether to expand quantized weights of a model with `parameters` parameters.

@@ -1,0 +1,106 @@
+//! `fastmlx serve`: the OpenAI-compatible API on localhost, fed by the batching engine.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::engine::{EngineConfig, EngineHandle};
+use crate::mlx::Backend;
+use crate::model::load_model_with;
+use crate::server::{app, AppState, ServerConfig};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A model folder or .gguf file [default: SmolLM2-135M-Instruct]
+    #[arg(long, short, env = "FASTMLX_MODEL")]
+    model: Option<PathBuf>,
+    /// Address to listen on; anything but loopback exposes the server to the network.
+    #[arg(long, env = "FASTMLX_HOST", default_value = "127.0.0.1")]
+    host: IpAddr,
+    #[arg(long, env = "FASTMLX_PORT", default_value_t = 8080)]
+    port: u16,
+    /// Require this key (Authorization: Bearer <key> or x-api-key) on every API call.
+    #[arg(long, env = "FASTMLX_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Rows decoded together at most.
+    #[arg(long, env = "FASTMLX_MAX_BATCH", default_value_t = 32)]
+    max_batch: usize,
+    /// Requests waiting at most before new ones get 429.
+    #[arg(long, env = "FASTMLX_MAX_QUEUE", default_value_t = 256)]
+    max_queue: usize,
+    /// Another host name the server answers to (repeatable).
+    #[arg(long = "allowed-host", env = "FASTMLX_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Another browser origin allowed by CORS (repeatable).
+    #[arg(long = "allowed-origin", env = "FASTMLX_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// How quantized weights are held in memory.
+    #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
+    weights: super::WeightsArg,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let path = super::resolve_model_path(args.model.clone())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(args, path))
+}
+
+async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
+    let options = args.weights.load_options();
+    let engine_config = EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, ..Default::default() };
+    let load_path = path.clone();
+    let engine = tokio::task::spawn_blocking(move || {
+        EngineHandle::start(engine_config, move || load_model_with(&load_path, &Backend::init(), &options))
+    })
+    .await?
+    .with_context(|| format!("loading {}", path.display()))?;
+
+    let mut config = ServerConfig { api_key: args.api_key.filter(|k| !k.is_empty()), ..Default::default() };
+    if !args.host.is_loopback() && !args.host.is_unspecified() {
+        config.allowed_hosts.push(args.host.to_string());
+    }
+    config.allowed_hosts.extend(args.allowed_hosts);
+    config.allowed_origins.extend(args.allowed_origins);
+    config.allowed_origins.push(format!("http://localhost:{}", args.port));
+    config.allowed_origins.push(format!("http://127.0.0.1:{}", args.port));
+
+    let listener = tokio::net::TcpListener::bind((args.host, args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let address = listener.local_addr()?;
+    let state = AppState::new(engine.clone(), config);
+    eprintln!("FastMLX serving {} at http://{address}/v1", state.model_id());
+    let shutdown_engine = engine.clone();
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!("shutting down");
+            // Ends every running stream (each gets its finish), so connections can close.
+            let _ = tokio::task::spawn_blocking(move || shutdown_engine.shutdown()).await;
+        })
+        .await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}

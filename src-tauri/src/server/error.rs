@@ -1,0 +1,94 @@
+//! The API's one error type, mapped to HTTP in one place: OpenAI's envelope
+//! `{"error": {"message", "type", "param", "code"}}` with the right status, as a JSON response
+//! or as an SSE event mid-stream.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::engine::SubmitError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: invalid_request_error, authentication_error, not_found_error, ...
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: None }
+    }
+
+    /// 400 about one parameter.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "a valid API key is required (Authorization: Bearer <key> or x-api-key)")
+        }
+    }
+
+    pub fn model_not_found(model: &str) -> ApiError {
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", format!("the model {model:?} does not exist or is not loaded"))
+        }
+    }
+
+    pub fn not_found(what: &str) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found_error", format!("{what} not found"))
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            SubmitError::Busy { .. } => ApiError {
+                code: Some("server_busy"),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+            },
+            SubmitError::PromptTooLong { .. } => ApiError {
+                param: Some("messages".into()),
+                code: Some("context_length_exceeded"),
+                ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+            },
+            SubmitError::TooLarge { .. } => ApiError {
+                param: Some("max_tokens".into()),
+                ..ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message)
+            },
+            SubmitError::Invalid(_) => ApiError::bad_request(message),
+            SubmitError::ShutDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The OpenAI-compatible HTTP API (axum), fed by the batching engine. It knows nothing of the
+//! desktop shell: [`app`] is the router the `serve` command and the app both mount.
+
+mod error;
+mod extract;
+mod metrics;
+mod openai;
+mod security;
+mod sse;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue, Method};
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+pub use error::ApiError;
+
+use crate::engine::EngineHandle;
+
+/// Settings of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Required on every API call when set.
+    pub api_key: Option<String>,
+    /// Host names the server answers to (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed by CORS (the app's own are always allowed).
+    pub allowed_origins: Vec<String>,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Most tokens a request may ask for.
+    pub max_tokens_limit: usize,
+    /// Most stop strings, and their longest length.
+    pub max_stop_strings: usize,
+    pub max_stop_length: usize,
+    /// Most messages in one chat request.
+    pub max_messages: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_key: None,
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_origins: Vec::new(),
+            max_body_bytes: 8 << 20,
+            max_tokens_limit: 32768,
+            max_stop_strings: 16,
+            max_stop_length: 256,
+            max_messages: 2048,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub config: Arc<ServerConfig>,
+    /// Unix time the model was loaded (`created` in model listings).
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn new(engine: EngineHandle, config: ServerConfig) -> AppState {
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        AppState { engine, config: Arc::new(config), created }
+    }
+
+    /// The id the API knows the model by.
+    pub fn model_id(&self) -> &str {
+        &self.engine.model_info().name
+    }
+}
+
+/// The whole API as one router.
+pub fn app(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/models", get(openai::models::list))
+        .route("/v1/models/{*id}", get(openai::models::get_one))
+        .route("/v1/chat/completions", post(openai::chat::completions))
+        .route("/v1/completions", post(openai::completions::completions))
+        .route("/metrics", get(metrics::prometheus))
+        .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(cors(&state.config))
+        .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
+        .with_state(state)
+}
+
+async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok", "model": state.model_id()}))
+}
+
+fn cors(config: &ServerConfig) -> CorsLayer {
+    let mut origins = vec!["tauri://localhost".to_string(), "http://tauri.localhost".to_string()];
+    origins.extend(config.allowed_origins.iter().cloned());
+    let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, "x-api-key".parse().expect("valid header name")])
+}

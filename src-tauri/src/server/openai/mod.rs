@@ -1,0 +1,176 @@
+//! OpenAI's API: models, chat completions, completions. Validation and tokenization happen
+//! here, before anything reaches the engine's queue.
+
+pub mod chat;
+pub mod completions;
+pub mod models;
+
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::engine::{Event, Finish, FinishReason, Request, RequestStream, TokenLogprob};
+use crate::sampling::SamplingParams;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopParam {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// The parameters chat and text completions share. Unknown fields are ignored (clients send
+/// many: `user`, `prompt_cache_key`, `parallel_tool_calls`, ...).
+#[derive(Debug, Deserialize, Default)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopParam>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+}
+
+impl CommonParams {
+    pub fn streaming(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// The engine request for `prompt_ids`, after checking every parameter.
+    pub fn to_request(&self, state: &AppState, prompt_ids: Vec<u32>, logprobs: Option<usize>) -> Result<Request, ApiError> {
+        check_model(state, self.model.as_deref())?;
+        let config = &state.config;
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopParam::One(s)) => vec![s.clone()],
+            Some(StopParam::Many(v)) => v.clone(),
+        };
+        if stop.len() > config.max_stop_strings {
+            return Err(ApiError::invalid("stop", format!("at most {} stop strings are allowed", config.max_stop_strings)));
+        }
+        if stop.iter().any(|s| s.chars().count() > config.max_stop_length) {
+            return Err(ApiError::invalid("stop", format!("stop strings may be at most {} characters", config.max_stop_length)));
+        }
+        let info = state.engine.model_info();
+        let room = info.context_length.saturating_sub(prompt_ids.len());
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            Some(0) => return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
+            Some(n) if n as usize > config.max_tokens_limit => {
+                return Err(ApiError::invalid("max_tokens", format!("max_tokens may be at most {}", config.max_tokens_limit)))
+            }
+            Some(n) => n as usize,
+            None => room.min(config.max_tokens_limit),
+        };
+        let defaults = SamplingParams::default();
+        let params = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            top_k: self.top_k.unwrap_or(0) as usize,
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed: self.seed.map(|s| s as u64),
+            ..defaults
+        };
+        if let Err(message) = params.validate() {
+            let param = message.split_whitespace().next().unwrap_or("parameters").to_string();
+            return Err(ApiError::invalid(&param, message));
+        }
+        let mut request = Request::new(prompt_ids, max_tokens.max(1));
+        request.params = params;
+        request.stop = stop;
+        request.logprobs = logprobs;
+        Ok(request)
+    }
+}
+
+/// A request naming another model than the loaded one gets a 404.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if !m.is_empty() && m != state.model_id() => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+/// A whole generation, for non-streaming responses.
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Finish,
+}
+
+pub async fn collect(mut stream: RequestStream) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(event) = stream.recv().await {
+        match event {
+            Event::Delta { text: t, logprob, .. } => {
+                text.push_str(&t);
+                logprobs.extend(logprob);
+            }
+            Event::Finish(finish) => {
+                return match finish.reason {
+                    FinishReason::Error => Err(ApiError::internal(finish.error.unwrap_or_else(|| "generation failed".into()))),
+                    FinishReason::Cancelled => Err(ApiError::new(
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "server_error",
+                        "the request was cancelled: the server is shutting down",
+                    )),
+                    _ => Ok(Collected { text, logprobs, finish }),
+                };
+            }
+        }
+    }
+    Err(ApiError::internal("the engine stopped before the request finished"))
+}
+
+/// OpenAI's name for how a generation ended.
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled | FinishReason::Error => "stop",
+    }
+}
+
+pub fn usage_json(finish: &Finish) -> serde_json::Value {
+    let u = finish.usage;
+    serde_json::json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                       "total_tokens": u.prompt_tokens + u.completion_tokens})
+}
+
+/// The error payload sent as an SSE event when generation fails mid-stream.
+pub fn stream_error(finish: &Finish) -> Option<serde_json::Value> {
+    match finish.reason {
+        FinishReason::Error => Some(ApiError::internal(finish.error.clone().unwrap_or_else(|| "generation failed".into())).body()),
+        _ => None,
+    }
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

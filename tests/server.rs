@@ -1,0 +1,277 @@
+//! The HTTP API's router (`app()` + oneshot requests) on a tiny model: every endpoint, the
+//! streaming format, and every error path answering in OpenAI's envelope.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use fastmlx::engine::{EngineConfig, EngineHandle};
+use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::server::{app, AppState, ServerConfig};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    engine: EngineHandle,
+    state: AppState,
+}
+
+fn harness(engine_config: EngineConfig, config: ServerConfig) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Qwen2, 5, None).unwrap();
+    let path = dir.path().to_path_buf();
+    let engine = EngineHandle::start(engine_config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap();
+    let state = AppState::new(engine.clone(), config);
+    Harness { _dir: dir, engine, state }
+}
+
+fn default_harness() -> Harness {
+    harness(EngineConfig::default(), ServerConfig::default())
+}
+
+fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(uri).header(header::HOST, "localhost:8080").header(header::CONTENT_TYPE, "application/json").body(body.into()).unwrap()
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).header(header::HOST, "127.0.0.1:8080").body(Body::empty()).unwrap()
+}
+
+async fn send(h: &Harness, request: Request<Body>) -> (StatusCode, String) {
+    let response = app(h.state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).to_string())
+}
+
+async fn send_json(h: &Harness, request: Request<Body>) -> (StatusCode, Value) {
+    let (status, body) = send(h, request).await;
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}")))
+}
+
+fn chat(extra: Value) -> String {
+    let mut body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body.to_string()
+}
+
+/// `data:` payloads of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_and_models() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let id = h.state.model_id().to_string();
+    let (status, body) = send_json(&h, get("/health")).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let (status, body) = send_json(&h, get("/v1/models")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], id.as_str());
+    assert_eq!(body["data"][0]["object"], "model");
+    assert!(body["data"][0]["created"].as_u64().is_some() && body["data"][0]["owned_by"].is_string());
+    let (status, body) = send_json(&h, get(&format!("/v1/models/{id}"))).await;
+    assert_eq!((status, body["id"].as_str()), (StatusCode::OK, Some(id.as_str())));
+    let (status, body) = send_json(&h, get("/v1/models/gpt-4o")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("model_not_found")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_completion_non_streaming() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"logprobs": true, "top_logprobs": 2})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string());
+    assert!(matches!(choice["finish_reason"].as_str(), Some("stop" | "length")));
+    let usage = &body["usage"];
+    let (p, c, t) = (usage["prompt_tokens"].as_u64().unwrap(), usage["completion_tokens"].as_u64().unwrap(), usage["total_tokens"].as_u64().unwrap());
+    assert!(p > 0 && c > 0 && c <= 8 && t == p + c, "{usage}");
+    let lp = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lp.len() as u64, c);
+    assert_eq!(lp[0]["top_logprobs"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_completion_streaming_with_usage() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let request = chat(json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 6}));
+    let response = app(h.state.clone()).oneshot(post("/v1/chat/completions", request)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"));
+    let body = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let data = sse_data(&body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant", "the first delta carries the role");
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+    }
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    assert!(usage["usage"]["prompt_tokens"].as_u64().unwrap() > 0 && usage["usage"]["total_tokens"].as_u64().is_some());
+    // Same text as the non-streaming answer (greedy).
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let (_, whole) = send_json(&h, post("/v1/chat/completions", chat(json!({"max_tokens": 6})))).await;
+    assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_completion_honours_special_tokens_and_streams() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    // "<|im_start|>" is one special token in the tiny model's vocabulary: 1 + 3 bytes.
+    let body = json!({"prompt": "<|im_start|>abc", "max_tokens": 4, "temperature": 0}).to_string();
+    let (status, json) = send_json(&h, post("/v1/completions", body)).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["object"], "text_completion");
+    assert_eq!(json["usage"]["prompt_tokens"], 4);
+    assert_eq!(json["usage"]["completion_tokens"], 4);
+    let body = json!({"prompt": [257, 97], "max_tokens": 3, "stream": true, "temperature": 0}).to_string();
+    let (status, text) = send(&h, post("/v1/completions", body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_the_openai_envelope() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig::default(), ServerConfig { max_body_bytes: 64 << 10, ..Default::default() });
+    let id = h.state.model_id().to_string();
+    let long_prompt: Vec<u32> = vec![5; 600];
+    let cases: Vec<(&str, Request<Body>, StatusCode, Option<&str>)> = vec![
+        ("malformed JSON", post("/v1/chat/completions", "{\"messages\": ["), StatusCode::BAD_REQUEST, None),
+        ("not JSON at all", post("/v1/chat/completions", "hello"), StatusCode::BAD_REQUEST, None),
+        ("wrong type", post("/v1/chat/completions", chat(json!({"temperature": "hot"}))), StatusCode::BAD_REQUEST, Some("temperature")),
+        ("huge value", post("/v1/chat/completions", chat(json!({"max_tokens": 1e30}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        ("too many tokens", post("/v1/chat/completions", chat(json!({"max_tokens": 10_000_000}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        ("negative tokens", post("/v1/chat/completions", chat(json!({"max_tokens": -1}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        ("invalid UTF-8", post("/v1/chat/completions", vec![b'{', 0xff, 0xfe, b'}']), StatusCode::BAD_REQUEST, None),
+        ("unknown model", post("/v1/chat/completions", chat(json!({"model": "gpt-4o"}))), StatusCode::NOT_FOUND, Some("model")),
+        ("empty messages", post("/v1/chat/completions", json!({"messages": []}).to_string()), StatusCode::BAD_REQUEST, Some("messages")),
+        ("missing messages", post("/v1/chat/completions", json!({"model": id}).to_string()), StatusCode::BAD_REQUEST, None),
+        ("bad role", post("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string()), StatusCode::BAD_REQUEST, Some("messages[0]")),
+        ("image part", post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string()), StatusCode::BAD_REQUEST, Some("messages[0]")),
+        ("n = 2", post("/v1/chat/completions", chat(json!({"n": 2}))), StatusCode::BAD_REQUEST, Some("n")),
+        ("top_p out of range", post("/v1/chat/completions", chat(json!({"top_p": 3}))), StatusCode::BAD_REQUEST, Some("top_p")),
+        ("too many stops", post("/v1/chat/completions", chat(json!({"stop": vec!["x"; 40]}))), StatusCode::BAD_REQUEST, Some("stop")),
+        ("prompt too long", post("/v1/completions", json!({"prompt": long_prompt}).to_string()), StatusCode::BAD_REQUEST, Some("messages")),
+        ("token outside vocabulary", post("/v1/completions", json!({"prompt": [1, 99999]}).to_string()), StatusCode::BAD_REQUEST, None),
+        ("body too large", post("/v1/completions", json!({"prompt": "x".repeat(100_000)}).to_string()), StatusCode::PAYLOAD_TOO_LARGE, None),
+        ("unknown route", get("/v1/nothing"), StatusCode::NOT_FOUND, None),
+    ];
+    for (label, request, status, param) in cases {
+        let (got, body) = send(&h, request).await;
+        assert_eq!(got, status, "{label}: {body}");
+        let json: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{label}: not our JSON envelope: {body}"));
+        let error = &json["error"];
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{label}: {body}");
+        assert!(error["type"].is_string(), "{label}: {body}");
+        if let Some(param) = param {
+            assert_eq!(error["param"].as_str(), Some(param), "{label}: {body}");
+        }
+    }
+    // The engine is still serving after all that.
+    let (status, _) = send_json(&h, post("/v1/chat/completions", chat(json!({})))).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_allow_list_and_api_key() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("s3cret".into()), ..Default::default() });
+    let with = |host: &str, auth: Option<(&str, &str)>| {
+        let mut r = Request::get("/v1/models").header(header::HOST, host);
+        if let Some((k, v)) = auth {
+            r = r.header(k, v);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let (status, body) = send_json(&h, with("evil.example:8080", Some(("authorization", "Bearer s3cret")))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "DNS rebinding: {body}");
+    let (status, body) = send_json(&h, with("localhost:8080", None)).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (StatusCode::UNAUTHORIZED, Some("authentication_error")));
+    let (status, _) = send_json(&h, with("localhost:8080", Some(("authorization", "Bearer wrong")))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = send_json(&h, with("localhost:8080", Some(("authorization", "Bearer s3cret")))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send_json(&h, with("[::1]:8080", Some(("x-api-key", "s3cret")))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send_json(&h, with("localhost", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Health checks need no key.
+    let (status, _) = send_json(&h, get("/health")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn busy_engine_answers_429() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig { max_batch: 1, max_queue: 1, ..Default::default() }, ServerConfig::default());
+    let long = || post("/v1/completions", json!({"prompt": "ab", "max_tokens": 5000, "stream": true}).to_string());
+    let first = app(h.state.clone()).oneshot(long()).await.unwrap();
+    let mut first_body = first.into_body();
+    let _ = first_body.frame().await; // running
+    let second = app(h.state.clone()).oneshot(long()).await.unwrap(); // queued
+    let (status, body) = send_json(&h, long()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "server_busy");
+    drop(second);
+    drop(first_body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_disconnect_cancels_the_generation() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let request = post("/v1/chat/completions", chat(json!({"stream": true, "max_tokens": 10_000})));
+    let response = app(h.state.clone()).oneshot(request).await.unwrap();
+    let mut body = response.into_body();
+    for _ in 0..3 {
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body); // the client goes away
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = h.engine.snapshot();
+        if m.cancelled_total == 1 && m.running == 0 {
+            // The tiny model's window (512) would allow ~500 tokens; it stopped long before.
+            assert!(m.generated_tokens_total < 100, "stopped early: {m:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not cancelled: {m:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_metrics() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let _ = send_json(&h, post("/v1/chat/completions", chat(json!({})))).await;
+    let (status, text) = send(&h, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("# TYPE fastmlx_requests_total counter"));
+    let line = text.lines().find(|l| l.starts_with("fastmlx_requests_total ")).unwrap();
+    assert_eq!(line, "fastmlx_requests_total 1");
+}
