@@ -8,6 +8,7 @@
 # With --test, also what the test suite needs:
 #   - a Python venv (.cache/venv) with the pinned reference tools (mlx, mlx-lm, transformers)
 #     and the real client libraries the API is tested with (openai, pytest)
+#   - the openai npm package (tests/clients/node_modules)
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
@@ -119,6 +120,19 @@ if ((FOR_TESTS)); then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
       --find-links "$DL" -r "$REQS" -r "$CLIENT_REQS" >&2
     echo "$REQS_SUM" > "$VENV/.requirements"
+  fi
+  CLIENTS="$ROOT/tests/clients"
+  if ! command -v npm >/dev/null; then
+    say "installing Node.js"
+    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  LOCK_SUM="$(sha256_of "$CLIENTS/package-lock.json")"
+  if [[ "$(cat "$CLIENTS/node_modules/.lock-sum" 2>/dev/null)" != "$LOCK_SUM" ]]; then
+    say "installing the npm client libraries"
+    (cd "$CLIENTS" && npm ci --silent --no-audit --no-fund >&2)
+    echo "$LOCK_SUM" > "$CLIENTS/node_modules/.lock-sum"
   fi
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"
   if [[ ! -f "$MLX_MODEL/.ok" ]]; then

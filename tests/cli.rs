@@ -56,3 +56,29 @@ fn bad_input_is_a_clear_error_not_a_crash() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
 }
+
+/// Settings come from flags, then `FASTMLX_*` variables, then the config file.
+#[test]
+fn config_file_is_below_environment_and_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "model = \"/from/file\"\n").unwrap();
+    let run = |env_model: Option<&str>, flag: Option<&str>| {
+        let mut cmd = fastmlx();
+        cmd.arg("generate").env("FASTMLX_CONFIG", &config).env_remove("FASTMLX_MODEL");
+        if let Some(m) = env_model {
+            cmd.env("FASTMLX_MODEL", m);
+        }
+        if let Some(m) = flag {
+            cmd.args(["-m", m]);
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stderr).to_string()
+    };
+    assert!(run(None, None).contains("/from/file"));
+    assert!(run(Some("/from/env"), None).contains("/from/env"));
+    assert!(run(Some("/from/env"), Some("/from/flag")).contains("/from/flag"));
+    std::fs::write(&config, "port = [1, {x = 2}]\n").unwrap();
+    let out = fastmlx().arg("generate").env("FASTMLX_CONFIG", &config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config file"));
+}

@@ -410,3 +410,14 @@ fn soak() {
         m.mlx_active_bytes
     );
 }
+
+#[test]
+fn context_cap_limits_prompt_and_output() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny_model(Arch::Llama);
+    let engine = start(dir.path(), EngineConfig { max_context: Some(40), ..Default::default() });
+    assert_eq!(engine.model_info().context_length, 40);
+    assert!(matches!(engine.submit(greedy(vec![1; 40], 1)), Err(SubmitError::PromptTooLong { limit: 40, .. })));
+    let outcome = collect(engine.submit(greedy(vec![1; 30], 100)).unwrap());
+    assert_eq!((outcome.finish.reason, outcome.tokens.len()), (FinishReason::Length, 10), "output stops at the cap");
+}

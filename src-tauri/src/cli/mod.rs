@@ -1,6 +1,7 @@
 //! The `fastmlx` command line.
 
 mod bench_cmd;
+mod config_file;
 mod generate_cmd;
 mod model_path;
 mod serve_cmd;
@@ -62,6 +63,10 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = config_file::apply() {
+        eprintln!("error: config file: {e:#}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate_cmd::run(args),

@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// Requests waiting at most before new ones get 429.
     #[arg(long, env = "FASTMLX_MAX_QUEUE", default_value_t = 256)]
     max_queue: usize,
+    /// Limit the context window (prompt + output tokens) below the model's own.
+    #[arg(long, env = "FASTMLX_CTX")]
+    ctx: Option<usize>,
     /// Another host name the server answers to (repeatable).
     #[arg(long = "allowed-host", env = "FASTMLX_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
@@ -49,7 +52,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
     let options = args.weights.load_options();
-    let engine_config = EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, ..Default::default() };
+    let engine_config =
+        EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, max_context: args.ctx, ..Default::default() };
     let load_path = path.clone();
     let engine = tokio::task::spawn_blocking(move || {
         EngineHandle::start(engine_config, move || load_model_with(&load_path, &Backend::init(), &options))

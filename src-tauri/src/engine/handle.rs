@@ -25,6 +25,8 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prompt tokens prefilled per step: bounds how long a long prompt stalls running rows.
     pub prefill_chunk: usize,
+    /// Cap on the context window (prompt + output), below the model's own.
+    pub max_context: Option<usize>,
     /// Bytes of KV cache admitted requests may reserve (prompt + max tokens each);
     /// `None`: derived from the machine's memory and the model's size.
     pub kv_budget_bytes: Option<usize>,
@@ -33,7 +35,14 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch: 32, max_queue: 256, prefill_chunk: 512, kv_budget_bytes: None, fault_injector: None }
+        EngineConfig {
+            max_batch: 32,
+            max_queue: 256,
+            prefill_chunk: 512,
+            max_context: None,
+            kv_budget_bytes: None,
+            fault_injector: None,
+        }
     }
 }
 

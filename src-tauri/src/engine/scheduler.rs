@@ -49,7 +49,7 @@ impl Scheduler {
             name: model.name.clone(),
             tokenizer: model.tokenizer.clone(),
             chat_template: model.chat_template.clone(),
-            context_length: t.config.max_position_embeddings,
+            context_length: config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings)),
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
