@@ -83,7 +83,7 @@ impl Scheduler {
     pub fn run(mut self, inbox: Receiver<Command>) {
         loop {
             if self.is_idle() {
-                self.publish_metrics(0, 0, 0);
+                self.publish_metrics(0, 0);
                 // Nothing to do: sleep until a command arrives.
                 match inbox.recv() {
                     Ok(command) => {
@@ -130,10 +130,9 @@ impl Scheduler {
     pub(crate) fn step(&mut self) {
         self.reap_abandoned();
         let decoded = if self.running.is_empty() { 0 } else { self.decode_step() };
-        let batch = decoded;
         let prefilled = self.prefill_step();
         self.metrics.step += 1;
-        self.publish_metrics(prefilled, decoded, batch);
+        self.publish_metrics(prefilled, decoded);
     }
 
     /// Requests whose caller went away are dropped wherever they are.
@@ -319,7 +318,8 @@ impl Scheduler {
         self.running.push(seq);
     }
 
-    fn publish_metrics(&mut self, prefilled: usize, decoded: usize, batch: usize) {
+    /// `decoded`: rows decoded this step (one token each), i.e. its batch size.
+    fn publish_metrics(&mut self, prefilled: usize, decoded: usize) {
         let now = Instant::now();
         self.rates.record(now, prefilled, decoded);
         let (prefill_rate, decode_rate) = self.rates.rates(now);
@@ -327,7 +327,7 @@ impl Scheduler {
         let m = &mut self.metrics;
         m.running = self.running.len();
         m.queued = self.waiting.len() + usize::from(self.prefilling.is_some());
-        m.batch_size = batch;
+        m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
         m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
@@ -349,7 +349,7 @@ impl Scheduler {
         self.queued.store(0, Ordering::SeqCst);
         self.cache.clear();
         self.reserved_bytes = 0;
-        self.publish_metrics(0, 0, 0);
+        self.publish_metrics(0, 0);
         drop(self.model);
         let _ = mlx_rs::memory::clear_cache();
     }

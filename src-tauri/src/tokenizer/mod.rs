@@ -5,7 +5,7 @@ mod from_gguf;
 mod pyjson;
 mod stream;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use from_gguf::{tokenizer_from_gguf_metadata, GgufTokenizerMetadata};
@@ -97,9 +97,4 @@ impl Tokenizer {
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
     }
-}
-
-/// Where a tokenizer's files were read from, for error messages.
-pub fn tokenizer_path(dir: &Path) -> PathBuf {
-    dir.join("tokenizer.json")
 }
