@@ -275,3 +275,50 @@ async fn prometheus_metrics() {
     let line = text.lines().find(|l| l.starts_with("fastmlx_requests_total ")).unwrap();
     assert_eq!(line, "fastmlx_requests_total 1");
 }
+
+/// A model whose template takes tools (Qwen 2.5's): tool definitions, an assistant tool call
+/// (arguments as a JSON string, as OpenAI clients send them) and a `role: tool` result render
+/// and run, streaming or not; `tool_choice: "none"` leaves the tools out of the prompt.
+#[tokio::test(flavor = "multi_thread")]
+async fn tools_round_trip_renders_with_a_tool_template() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Qwen2, 5, None).unwrap();
+    let template = std::fs::read_to_string(common::root().join("tests/data/chat_templates/qwen2.5.jinja")).unwrap();
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = Value::String(template);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    // Byte-level tokens make the tool prompt long: give the tiny model a longer window.
+    let model_config = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&model_config).unwrap()).unwrap();
+    c["max_position_embeddings"] = json!(4096);
+    std::fs::write(&model_config, c.to_string()).unwrap();
+    let path = dir.path().to_path_buf();
+    let engine = EngineHandle::start(EngineConfig::default(), move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap();
+    let h = Harness { _dir: dir, engine: engine.clone(), state: AppState::new(engine, ServerConfig::default()) };
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_abc123def", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_abc123def", "content": "18 C, sunny"},
+    ]);
+    let prompt_tokens = |body: &Value| body["usage"]["prompt_tokens"].as_u64().unwrap();
+    let request = |extra: Value| {
+        let mut body = json!({"messages": messages, "tools": tools, "max_tokens": 4, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post("/v1/chat/completions", body.to_string())
+    };
+    let (status, with_tools) = send_json(&h, request(json!({"tool_choice": "auto"}))).await;
+    assert_eq!(status, StatusCode::OK, "{with_tools}");
+    let (status, without) = send_json(&h, request(json!({"tool_choice": "none"}))).await;
+    assert_eq!(status, StatusCode::OK, "{without}");
+    assert!(prompt_tokens(&with_tools) > prompt_tokens(&without) + 50, "the tool definitions are in the prompt only with tools on");
+    let (status, text) = send(&h, request(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
+}

@@ -202,11 +202,21 @@ impl EngineHandle {
     }
 
     /// Cancels every request (each gets its `Cancelled` finish), frees the model and MLX's
-    /// memory, and waits for the engine thread to end.
+    /// memory, and waits for the engine thread to end. Also done when the last handle is
+    /// dropped, so the thread never outlives its users (MLX must not be torn down at process
+    /// exit under a running engine).
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
         if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.thread) == 1 {
+            self.shutdown();
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod completions;
 pub mod models;
+pub mod tool_calls;
 
 use serde::Deserialize;
 
