@@ -233,12 +233,12 @@ mod tests {
     #[test]
     fn penalties_change_the_greedy_choice() {
         let mut s = Sampler::new(params(|p| p.repetition_penalty = 2.0));
-        assert_eq!(s.sample(&mut vec![2.0, 1.5], &[0]).token, 1, "2.0/2 < 1.5");
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[0]).token, 1, "2.0/2 < 1.5");
         let mut s = Sampler::new(params(|p| p.presence_penalty = 1.0));
-        assert_eq!(s.sample(&mut vec![2.0, 1.5], &[]).token, 0);
-        assert_eq!(s.sample(&mut vec![2.0, 1.5], &[]).token, 1, "token 0 now penalised by 1.0");
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[]).token, 0);
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[]).token, 1, "token 0 now penalised by 1.0");
         let mut s = Sampler::new(params(|p| p.frequency_penalty = 0.3));
-        let picks: Vec<u32> = (0..4).map(|_| s.sample(&mut vec![2.0, 1.5], &[]).token).collect();
+        let picks: Vec<u32> = (0..4).map(|_| s.sample(&mut [2.0, 1.5], &[]).token).collect();
         assert_eq!(picks, vec![0, 0, 1, 0], "2.0-0.6=1.4 < 1.5, then 1.5-0.3=1.2 < 1.4");
     }
 

@@ -63,7 +63,7 @@ fn write_value(out: &mut String, value: &Value, options: &PyJsonOptions, depth: 
         ValueKind::Map => {
             let mut keys: Vec<Value> = value.try_iter()?.collect();
             if options.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(|k| k.to_string());
             }
             if keys.is_empty() {
                 out.push_str("{}");

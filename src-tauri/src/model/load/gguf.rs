@@ -140,7 +140,7 @@ impl Metadata<'_> {
 
     fn ints(&self, key: &str) -> Result<Vec<i32>> {
         match self.array(key)? {
-            Some(a) => a.as_dtype(Dtype::Int32).and_then(|a| Ok(a.as_slice::<i32>().to_vec())).map_err(|e| self.err(key, e)),
+            Some(a) => a.as_dtype(Dtype::Int32).map(|a| a.as_slice::<i32>().to_vec()).map_err(|e| self.err(key, e)),
             None => Ok(Vec::new()),
         }
     }

@@ -102,7 +102,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let mut parser = tool_format.map(ToolCallParser::new);
     let mut calls_sent = 0;
     // Text and tool calls as delta chunks; calls stream as one fragment each (name and arguments).
-    let mut deltas = move |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<Value> {
+    let deltas = |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<Value> {
         pieces
             .into_iter()
             .filter_map(|piece| match piece {
