@@ -41,10 +41,6 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.tensors.keys()
-    }
-
     pub fn remove(&mut self, name: &str) -> Option<Array> {
         self.tensors.remove(name)
     }

@@ -59,11 +59,6 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Whether the template reads a `tools` variable (so the model was trained with tools).
-    pub fn supports_tools(&self) -> bool {
-        self.source.contains("tools")
-    }
-
     pub fn render(&self, request: &RenderRequest) -> Result<String, TemplateError> {
         // As transformers: special tokens that are set, then the caller's extras, then the
         // messages with their null-valued keys dropped, `tools` and `documents` always present.

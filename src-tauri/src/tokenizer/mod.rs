@@ -77,18 +77,6 @@ impl Tokenizer {
         Ok(self.inner.decode(ids, skip_special_tokens)?)
     }
 
-    pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
-    }
-
-    pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
-    }
-
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)
     }

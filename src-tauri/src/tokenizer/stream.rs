@@ -34,15 +34,9 @@ impl StreamDecoder {
         if now.len() <= before.len() || now.ends_with(REPLACEMENT) || now.ends_with(ZERO_WIDTH_JOINER) {
             return Ok(None);
         }
-        let Some(delta) = now.strip_prefix(before.as_str()) else {
-            // The context decoded differently once more tokens came (rare normalisations):
-            // emit the part after the longest common prefix on a char boundary.
-            let common = common_prefix_len(&before, &now);
-            let delta = now[common..].to_string();
-            self.advance();
-            return Ok(Some(delta));
-        };
-        let delta = delta.to_string();
+        // Normally `now` extends `before`; if the context decoded differently once more tokens
+        // came (rare normalisations), emit what follows their common prefix.
+        let delta = now[common_prefix_len(&before, &now)..].to_string();
         self.advance();
         Ok(Some(delta))
     }

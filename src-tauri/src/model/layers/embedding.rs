@@ -43,10 +43,4 @@ impl Embedding {
             Embedding::Quantized { weight, scales, biases, .. } => vec![weight, scales, biases],
         }
     }
-
-    pub fn vocab_size(&self) -> i32 {
-        match self {
-            Embedding::Dense { weight } | Embedding::Quantized { weight, .. } => weight.dim(0),
-        }
-    }
 }

@@ -35,18 +35,4 @@ impl Linear {
         }
     }
 
-    /// Rows of the weight matrix (output features).
-    pub fn out_features(&self) -> i32 {
-        match self {
-            Linear::Dense { weight, .. } | Linear::Quantized { weight, .. } => weight.dim(0),
-        }
-    }
-
-    /// Input features (unpacked for quantized weights).
-    pub fn in_features(&self) -> i32 {
-        match self {
-            Linear::Dense { weight, .. } => weight.dim(1),
-            Linear::Quantized { weight, quant, .. } => weight.dim(1) * 32 / quant.bits,
-        }
-    }
 }

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::tool_calls::{Piece, ToolCall, ToolCallParser, ToolFormat};
-use super::{collect, finish_reason, now, stream_error, usage_json, CommonParams};
+use super::{closing_chunks, collect, finish_reason, now, stream_error, usage_json, CommonParams};
 use crate::engine::{Event, TokenLogprob};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
@@ -138,13 +138,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             let rest = parser.as_mut().map(ToolCallParser::finish).unwrap_or_default();
             let mut out: Vec<Value> = deltas(rest, &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(finish.reason) };
-            out.push(chunk(json!({}), Some(reason), None));
-            if include_usage {
-                let mut usage = chunk(json!({}), None, None);
-                usage["choices"] = json!([]);
-                usage["usage"] = usage_json(&finish);
-                out.push(usage);
-            }
+            out.extend(closing_chunks(chunk(json!({}), Some(reason), None), &finish, include_usage));
             out
         }
     });

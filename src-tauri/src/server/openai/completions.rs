@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{collect, finish_reason, now, stream_error, usage_json, CommonParams};
+use super::{closing_chunks, collect, finish_reason, now, stream_error, usage_json, CommonParams};
 use crate::engine::Event;
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
@@ -99,14 +99,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             if let Some(error) = stream_error(&finish) {
                 return vec![error];
             }
-            let mut out = vec![chunk("", Some(finish_reason(finish.reason)), None)];
-            if include_usage {
-                let mut usage = chunk("", None, None);
-                usage["choices"] = json!([]);
-                usage["usage"] = usage_json(&finish);
-                out.push(usage);
-            }
-            out
+            closing_chunks(chunk("", Some(finish_reason(finish.reason)), None), &finish, include_usage)
         }
     });
     Ok(sse.into_response())

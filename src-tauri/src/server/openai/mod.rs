@@ -164,6 +164,19 @@ pub fn usage_json(finish: &Finish) -> serde_json::Value {
                        "total_tokens": u.prompt_tokens + u.completion_tokens})
 }
 
+/// The last chunks of a stream: `last` (carrying the finish reason) and, when asked with
+/// `stream_options.include_usage`, a copy of it with no choices and the usage.
+pub fn closing_chunks(last: serde_json::Value, finish: &Finish, include_usage: bool) -> Vec<serde_json::Value> {
+    let mut out = vec![last];
+    if include_usage {
+        let mut usage = out[0].clone();
+        usage["choices"] = serde_json::json!([]);
+        usage["usage"] = usage_json(finish);
+        out.push(usage);
+    }
+    out
+}
+
 /// The error payload sent as an SSE event when generation fails mid-stream.
 pub fn stream_error(finish: &Finish) -> Option<serde_json::Value> {
     match finish.reason {
