@@ -325,3 +325,64 @@ async fn tools_round_trip_renders_with_a_tool_template() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
 }
+
+/// A random model wants nothing in particular: every answer it gives under a JSON Schema
+/// is still a valid document, streamed or not.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_schema_answers_of_a_random_model_validate() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let schema = json!({"type": "object", "properties": {
+        "mood": {"enum": ["happy", "sad"]}, "n": {"type": "integer", "minimum": -5, "maximum": 300},
+        "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b", null]}, "maxItems": 2}},
+        "required": ["mood", "n", "ok"], "additionalProperties": false});
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for seed in 0..6 {
+        let stream = seed % 2 == 1;
+        let body = chat(json!({"temperature": 1.0, "seed": seed, "max_tokens": 300, "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}));
+        let (status, text) = send(&h, post("/v1/chat/completions", body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let (content, finish) = if stream {
+            let chunks: Vec<Value> = sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+            let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+            (content, chunks.last().unwrap()["choices"][0]["finish_reason"].clone())
+        } else {
+            let body: Value = serde_json::from_str(&text).unwrap();
+            (body["choices"][0]["message"]["content"].as_str().unwrap().to_string(), body["choices"][0]["finish_reason"].clone())
+        };
+        assert_eq!(finish, json!("stop"), "seed {seed}: {content:?}");
+        let value: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("seed {seed}: {content:?}: {e}"));
+        assert!(validator.is_valid(&value), "seed {seed}: {content}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_tool_calls_from_a_random_model() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness();
+    let tools = json!([
+        {"type": "function", "function": {"name": "set_light", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}},
+        {"type": "function", "function": {"name": "get_time"}}]);
+    let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"tools": tools, "tool_choice": "required", "temperature": 1.0, "seed": 3, "max_tokens": 200})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    assert!(choice["message"]["content"].is_null());
+    for call in choice["message"]["tool_calls"].as_array().unwrap() {
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match call["function"]["name"].as_str().unwrap() {
+            "set_light" => assert!(args["on"].is_boolean(), "{args}"),
+            "get_time" => assert!(args.is_object()),
+            other => panic!("no such tool {other}"),
+        }
+    }
+    let named = json!({"type": "function", "function": {"name": "set_light"}});
+    let (status, text) = send(&h, post("/v1/chat/completions", chat(json!({"tools": tools, "tool_choice": named, "stream": true, "temperature": 1.0, "seed": 4, "max_tokens": 200})))).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks: Vec<Value> = sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let calls: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert_eq!(calls[0]["function"]["name"], "set_light");
+    let args: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
+    assert!(serde_json::from_str::<Value>(&args).unwrap()["on"].is_boolean(), "{args}");
+}

@@ -5,12 +5,14 @@
 //! - [`model`]: architectures, weights, KV cache, loading from folders and GGUF files;
 //! - [`tokenizer`]: tokenizers, chat templates, streaming detokenization;
 //! - [`sampling`]: token choice and stop strings;
+//! - [`constrain`]: JSON and JSON Schema grammars for constrained decoding;
 //! - [`generate`]: one prompt to text, single stream (the reference path);
 //! - [`engine`]: the continuous-batching engine serving every caller at once;
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine;
 //! - [`cli`]: the `fastmlx` command line.
 
 pub mod cli;
+pub mod constrain;
 pub mod engine;
 pub mod generate;
 pub mod mlx;

@@ -160,7 +160,7 @@ impl EngineHandle {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio_mpsc::unbounded_channel();
-        if self.commands.send(Command::Submit { id, request, events: tx }).is_err() {
+        if self.commands.send(Command::Submit { id, request: Box::new(request), events: tx }).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }

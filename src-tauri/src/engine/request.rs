@@ -1,7 +1,9 @@
 //! What callers send to the engine and what they get back.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::constrain::Grammar;
 use crate::sampling::SamplingParams;
 
 pub type RequestId = u64;
@@ -23,6 +25,10 @@ pub struct Request {
     pub priority: i32,
     /// Report each token's log-probability and this many top alternatives (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// The output must match this grammar (constrained decoding).
+    pub grammar: Option<Arc<Grammar>>,
+    /// Special tokens that appear in the output text (tool-call markers); others never do.
+    pub special_text_tokens: Vec<u32>,
 }
 
 impl Request {
@@ -36,6 +42,8 @@ impl Request {
             ignore_eos: false,
             priority: 0,
             logprobs: None,
+            grammar: None,
+            special_text_tokens: Vec::new(),
         }
     }
 }

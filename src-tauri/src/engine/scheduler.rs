@@ -20,7 +20,7 @@ use crate::mlx;
 use crate::model::{BatchKvCache, LoadedModel};
 
 pub(crate) enum Command {
-    Submit { id: RequestId, request: Request, events: UnboundedSender<Event> },
+    Submit { id: RequestId, request: Box<Request>, events: UnboundedSender<Event> },
     Shutdown,
 }
 
@@ -114,7 +114,7 @@ impl Scheduler {
         match command {
             Command::Submit { id, request, events } => {
                 self.metrics.requests_total += 1;
-                let seq = Sequence::new(id, request, events, self.info.context_length, self.info.kv_bytes_per_token);
+                let seq = Sequence::new(id, *request, events, self.info.context_length, self.info.kv_bytes_per_token);
                 let at = self
                     .waiting
                     .iter()

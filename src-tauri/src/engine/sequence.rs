@@ -39,6 +39,8 @@ impl Sequence {
             stop_token_ids: request.stop_token_ids.clone(),
             ignore_eos: request.ignore_eos,
             logprobs: request.logprobs,
+            grammar: request.grammar.clone(),
+            special_text_tokens: request.special_text_tokens.clone(),
         };
         Sequence {
             id,

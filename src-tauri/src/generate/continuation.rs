@@ -2,8 +2,19 @@
 //! generator, or a row of the batching engine): sampling with the request's parameters, EOS and
 //! stop tokens, streaming detokenization, stop strings, the token limit, logprobs.
 
+use std::sync::Arc;
+
+use crate::constrain::{Grammar, TokenConstraint};
 use crate::sampling::{top_logprobs, Sampler, SamplingParams, StopMatch, StopMatcher};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContinuationError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("no token of this model's vocabulary can continue the constrained output")]
+    NoAllowedToken,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
@@ -42,6 +53,11 @@ pub struct ContinuationSpec {
     pub ignore_eos: bool,
     /// `Some(n)`: report each token's logprob and the `n` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// The output must match this grammar (JSON, a JSON Schema).
+    pub grammar: Option<Arc<Grammar>>,
+    /// Special tokens whose text is part of the output (tool-call markers such as Mistral's
+    /// `[TOOL_CALLS]`); other special tokens are not shown.
+    pub special_text_tokens: Vec<u32>,
 }
 
 pub struct Continuation {
@@ -49,6 +65,8 @@ pub struct Continuation {
     sampler: Sampler,
     decoder: StreamDecoder,
     stops: StopMatcher,
+    /// Built on the first token (it needs the tokenizer's token bytes).
+    constraint: Option<TokenConstraint>,
     /// Prompt and output, for the repetition penalty.
     history: Vec<u32>,
     generated: usize,
@@ -60,6 +78,7 @@ impl Continuation {
             sampler: Sampler::new(spec.params.clone()),
             decoder: StreamDecoder::new(true),
             stops: StopMatcher::new(spec.stop.clone()),
+            constraint: None,
             history: prompt.to_vec(),
             generated: 0,
             spec,
@@ -71,9 +90,20 @@ impl Continuation {
     }
 
     /// Chooses the next token from `logits` (modified in place by the penalties) and advances.
-    pub fn push_logits(&mut self, logits: &mut [f32], tokenizer: &Tokenizer) -> Result<Produced, TokenizerError> {
+    pub fn push_logits(&mut self, logits: &mut [f32], tokenizer: &Tokenizer) -> Result<Produced, ContinuationError> {
         let recent_from = self.history.len().saturating_sub(self.spec.params.repetition_context);
-        let sampled = self.sampler.sample(logits, &self.history[recent_from..]);
+        let recent = &self.history[recent_from..];
+        if let (Some(grammar), None) = (&self.spec.grammar, &self.constraint) {
+            self.constraint = Some(TokenConstraint::new(grammar.clone(), tokenizer.token_bytes(), tokenizer.eos_ids.clone()));
+        }
+        let sampled = match &mut self.constraint {
+            None => self.sampler.sample(logits, recent),
+            Some(constraint) => {
+                let sampled = self.sampler.sample_constrained(logits, recent, constraint).ok_or(ContinuationError::NoAllowedToken)?;
+                constraint.advance(sampled.token);
+                sampled
+            }
+        };
         let token = sampled.token;
         let logprob = self.spec.logprobs.map(|n| TokenLogprob {
             token,
@@ -88,7 +118,14 @@ impl Continuation {
             let text = self.release_held_text(tokenizer)?;
             return Ok(Produced { token, text, logprob, ended: Some(Ended::Stop { stop: None }) });
         }
-        let piece = self.decoder.push(tokenizer, token)?.unwrap_or_default();
+        let piece = if self.spec.special_text_tokens.contains(&token) {
+            // The decoder skips special tokens: emit what it holds, then the marker itself.
+            let held = self.decoder.flush(tokenizer)?.unwrap_or_default();
+            self.decoder = StreamDecoder::new(true);
+            held + &tokenizer.decode(&[token], false)?
+        } else {
+            self.decoder.push(tokenizer, token)?.unwrap_or_default()
+        };
         let (mut text, mut ended) = match self.stops.push(&piece) {
             StopMatch::Continue(text) => (text, None),
             StopMatch::Stopped { text, stop } => (text, Some(Ended::Stop { stop: Some(stop) })),
@@ -108,5 +145,60 @@ impl Continuation {
             StopMatch::Continue(text) => text + &self.stops.finish(),
             StopMatch::Stopped { text, .. } => text,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::synthetic;
+
+    /// The tiny models' byte-level tokenizer: ids 0-255 are bytes, 256 `<|endoftext|>`,
+    /// 257 `<|im_start|>`, 258 `<|im_end|>` (EOS).
+    fn tokenizer() -> Tokenizer {
+        let inner: tokenizers::Tokenizer = synthetic::tokenizer_json().to_string().parse().unwrap();
+        Tokenizer::new(inner, None, Some("<|im_end|>".into()), &[], None)
+    }
+
+    /// Logits that make `token` the greedy choice, with `runner_up` second.
+    fn logits_for(token: u32, runner_up: u32) -> Vec<f32> {
+        let mut logits = vec![0.0; 259];
+        logits[token as usize] = 10.0;
+        logits[runner_up as usize] = 5.0;
+        logits
+    }
+
+    fn byte_id(tokenizer: &Tokenizer, c: char) -> u32 {
+        tokenizer.encode(&c.to_string(), false, false).unwrap()[0]
+    }
+
+    #[test]
+    fn special_text_tokens_are_emitted_others_are_not() {
+        let t = tokenizer();
+        let spec = |special_text_tokens| ContinuationSpec { max_tokens: 10, special_text_tokens, ..Default::default() };
+        let run = |spec: ContinuationSpec| {
+            let mut c = Continuation::new(&[1], spec);
+            [byte_id(&t, 'a'), 257, byte_id(&t, 'b')].iter().map(|&tok| c.push_logits(&mut logits_for(tok, 0), &t).unwrap().text).collect::<String>()
+        };
+        assert_eq!(run(spec(vec![])), "ab");
+        assert_eq!(run(spec(vec![257])), "a<|im_start|>b");
+    }
+
+    #[test]
+    fn a_grammar_overrides_the_likeliest_token_and_ends_with_eos() {
+        let t = tokenizer();
+        let grammar = Arc::new(Grammar::from_schema(&serde_json::json!({"enum": [true]})).unwrap());
+        let mut c = Continuation::new(&[1], ContinuationSpec { max_tokens: 10, grammar: Some(grammar), ..Default::default() });
+        let mut text = String::new();
+        // The model wants "x" (then "t") every time; the grammar allows only `true`, then EOS.
+        for _ in 0..5 {
+            let produced = c.push_logits(&mut logits_for(byte_id(&t, 'x'), byte_id(&t, 't')), &t).unwrap();
+            text.push_str(&produced.text);
+            if produced.ended.is_some() {
+                assert_eq!(produced.token, 258, "EOS once the document is complete");
+                break;
+            }
+        }
+        assert_eq!(text, "true");
     }
 }

@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 mod continuation;
 
-pub use continuation::{Continuation, ContinuationSpec, Ended, Produced, TokenLogprob};
+pub use continuation::{Continuation, ContinuationError, ContinuationSpec, Ended, Produced, TokenLogprob};
 
 use crate::mlx;
 use crate::model::{KvCache, LoadedModel, ModelError};
@@ -79,6 +79,8 @@ pub enum GenerateError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Continuation(#[from] ContinuationError),
 }
 
 impl From<mlx_rs::error::Exception> for GenerateError {

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use super::{Rng, SamplingParams};
+use crate::constrain::TokenConstraint;
 
 /// The chosen token and its log-probability under the model (after penalties, before
 /// temperature and truncation), as OpenAI's `logprobs` reports it.
@@ -34,9 +35,34 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> Sampled {
         self.apply_penalties(logits, recent);
         let log_z = log_sum_exp(logits);
-        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits) };
+        let token = self.choose(logits);
         self.record(token);
         Sampled { token, logprob: logits[token as usize] - log_z }
+    }
+
+    /// As [`Sampler::sample`], restricted to the tokens `constraint` allows: the usual choice
+    /// when it is allowed (almost always, and cheap to check), otherwise a choice among the
+    /// allowed tokens with the others masked out. `None` when no token is allowed.
+    pub fn sample_constrained(&mut self, logits: &mut [f32], recent: &[u32], constraint: &TokenConstraint) -> Option<Sampled> {
+        self.apply_penalties(logits, recent);
+        let mut token = self.choose(logits);
+        if !constraint.allows(token) {
+            if constraint.mask(logits) == 0 {
+                return None;
+            }
+            token = self.choose(logits);
+        }
+        let log_z = log_sum_exp(logits);
+        self.record(token);
+        Some(Sampled { token, logprob: logits[token as usize] - log_z })
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> u32 {
+        if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        }
     }
 
     /// Counts a token as generated (for the presence/frequency penalties) without sampling it.

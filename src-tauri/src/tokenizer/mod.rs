@@ -4,12 +4,15 @@ pub mod chat_template;
 mod from_gguf;
 mod pyjson;
 mod stream;
+mod token_bytes;
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use from_gguf::{tokenizer_from_gguf_metadata, GgufTokenizerMetadata};
 pub use stream::StreamDecoder;
+pub use token_bytes::TokenBytes;
 
 #[derive(Debug, thiserror::Error)]
 #[error("tokenizer: {0}")]
@@ -34,6 +37,8 @@ pub struct Tokenizer {
     /// Prepend BOS to raw prompts (tokenizers' post-processor does it for `tokenizer.json`
     /// models; GGUF says so in `tokenizer.ggml.add_bos_token`).
     add_bos_id: Option<u32>,
+    /// Built on first use (constrained decoding).
+    token_bytes: OnceLock<Arc<TokenBytes>>,
 }
 
 impl Tokenizer {
@@ -52,7 +57,7 @@ impl Tokenizer {
                 eos_ids.push(*id);
             }
         }
-        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id }
+        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id, token_bytes: OnceLock::new() }
     }
 
     pub fn from_file(path: &Path) -> Result<tokenizers::Tokenizer, TokenizerError> {
@@ -81,8 +86,18 @@ impl Tokenizer {
         self.eos_ids.contains(&id)
     }
 
+    /// The id of a token given by its text (`[TOOL_CALLS]`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Whether `id` is a special (control) token, never shown as text.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+    }
+
+    /// The bytes of every token (for grammars), built once.
+    pub fn token_bytes(&self) -> Arc<TokenBytes> {
+        self.token_bytes.get_or_init(|| Arc::new(TokenBytes::build(&self.inner))).clone()
     }
 }

@@ -4,11 +4,14 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use super::tool_calls::{Piece, ToolCall, ToolCallParser, ToolFormat};
+use super::answer::{AnswerParser, Piece};
+use super::reasoning::ReasoningSplitter;
+use super::structured::{answer_shape, ToolMode};
+use super::tool_calls::ToolCall;
 use super::{closing_chunks, collect, finish_reason, now, stream_error, usage_json, CommonParams};
-use crate::engine::{Event, TokenLogprob};
+use crate::engine::{Event, FinishReason, TokenLogprob};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
@@ -20,9 +23,12 @@ pub struct ChatRequest {
     pub messages: Vec<Value>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    /// Extra chat-template variables (vLLM's name), e.g. `{"enable_thinking": false}` for Qwen 3.
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
@@ -30,60 +36,67 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let common: CommonParams = parse(&body)?;
     let info = state.engine.model_info().clone();
     let messages = normalize_messages(&request.messages, state.config.max_messages)?;
-    if let Some(format) = &request.response_format {
-        match format.get("type").and_then(Value::as_str) {
-            None | Some("text") => {}
-            Some(other) => {
-                return Err(ApiError::invalid("response_format", format!("response_format {other:?} is not supported yet")))
-            }
-        }
-    }
     let template = info
         .chat_template
         .as_ref()
         .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt"))?;
-    // `tool_choice: "none"`: the model is not shown the tools. Otherwise they go into the
-    // prompt and calls are parsed out of the answer in the template's own format.
-    let tools_off = request.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
-    let tools = request.tools.as_deref().filter(|t| !t.is_empty() && !tools_off);
-    let tool_format = tools.and_then(|_| ToolFormat::of_template(template.source()));
-    let text = template
-        .render(&RenderRequest { messages: &messages, tools, add_generation_prompt: true, ..Default::default() })
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
+    let shape = answer_shape(
+        request.tools.as_deref(),
+        request.tool_choice.as_ref(),
+        request.parallel_tool_calls,
+        request.response_format.as_ref(),
+        template.source(),
+    )?;
+    let render = RenderRequest {
+        messages: &messages,
+        tools: shape.prompt_tools,
+        add_generation_prompt: true,
+        extra: request.chat_template_kwargs.clone().unwrap_or_default(),
+    };
+    let text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
     let top = request.top_logprobs.unwrap_or(0) as usize;
     if top > 20 {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs may be at most 20"));
     }
     let logprobs = request.logprobs.unwrap_or(false).then_some(top);
-    let engine_request = common.to_request(&state, prompt_ids, logprobs)?;
+    let mut engine_request = common.to_request(&state, prompt_ids, logprobs)?;
+    if let ToolMode::Auto(format) = shape.mode {
+        engine_request.special_text_tokens = format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
+    }
+    // A grammar decides the whole answer; a think block would break it.
+    let reasoning = || if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
+    let mut parser = AnswerParser::new(&shape.mode, reasoning());
+    engine_request.grammar = shape.grammar.clone();
     let stream = state.engine.submit(engine_request)?;
     let id = format!("chatcmpl-{}", stream.id);
     let model = state.model_id().to_string();
     let created = now();
     let tokenizer = info.tokenizer.clone();
+    let forced_name = match &shape.mode {
+        ToolMode::Named(name) => Some(name.clone()),
+        _ => None,
+    };
+    let finish_of = move |reason: FinishReason, calls: bool| match reason {
+        FinishReason::Stop if calls && forced_name.is_none() => "tool_calls",
+        other => finish_reason(other),
+    };
 
     if !common.streaming() {
         let done = collect(stream).await?;
         let logprobs = logprobs.map(|_| json!({"content": done.logprobs.iter().map(|l| logprob_json(&tokenizer, l)).collect::<Vec<_>>()}));
-        let (content, calls) = match tool_format {
-            Some(format) => {
-                let mut parser = ToolCallParser::new(format);
-                let mut pieces = parser.push(&done.text);
-                pieces.extend(parser.finish());
-                split_pieces(pieces)
-            }
-            None => (done.text, Vec::new()),
-        };
-        let mut message = json!({"role": "assistant", "content": content});
-        let mut finish = finish_reason(done.finish.reason);
-        if !calls.is_empty() {
-            message["tool_calls"] = Value::Array(calls.iter().enumerate().map(|(i, c)| tool_call_json(i, c, false)).collect());
-            if content_is_empty(&message) {
-                message["content"] = Value::Null;
-            }
-            finish = "tool_calls";
+        let mut pieces = parser.push(&done.text);
+        pieces.extend(parser.finish());
+        let answer = Answer::from_pieces(pieces, &shape.mode);
+        let mut message = json!({"role": "assistant", "content": answer.content});
+        if !answer.reasoning.is_empty() {
+            message["reasoning_content"] = json!(answer.reasoning);
         }
+        if !answer.calls.is_empty() {
+            message["tool_calls"] = Value::Array(answer.calls.iter().enumerate().map(|(i, c)| tool_call_json(i, c, &call_id(), false)).collect());
+        }
+        let finish = finish_of(done.finish.reason, !answer.calls.is_empty());
         return Ok(Json(json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
@@ -97,20 +110,25 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
     };
-    let first = vec![chunk(json!({"role": "assistant", "content": ""}), None, None)];
+    let mut first = vec![chunk(json!({"role": "assistant", "content": ""}), None, None)];
+    // A named function: its call opens the stream, the arguments follow as they are generated.
+    let forced_id = call_id();
+    if let ToolMode::Named(name) = &shape.mode {
+        let head = ToolCall { name: name.clone(), arguments: String::new() };
+        first.push(chunk(json!({"tool_calls": [tool_call_json(0, &head, &forced_id, true)]}), None, None));
+    }
     let want_logprobs = logprobs.is_some();
-    let mut parser = tool_format.map(ToolCallParser::new);
-    let mut calls_sent = 0;
-    // Text and tool calls as delta chunks; calls stream as one fragment each (name and arguments).
-    let deltas = |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<Value> {
+    let mut calls_sent = usize::from(matches!(shape.mode, ToolMode::Named(_)));
+    let deltas = move |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<Value> {
         pieces
             .into_iter()
-            .filter_map(|piece| match piece {
-                Piece::Text(t) if t.is_empty() => None,
-                Piece::Text(t) => Some(json!({"content": t})),
+            .map(|piece| match piece {
+                Piece::Text(t) => json!({"content": t}),
+                Piece::Reasoning(t) => json!({"reasoning_content": t}),
+                Piece::Arguments(t) => json!({"tool_calls": [{"index": 0, "function": {"arguments": t}}]}),
                 Piece::Call(call) => {
                     *calls_sent += 1;
-                    Some(json!({"tool_calls": [tool_call_json(*calls_sent - 1, &call, true)]}))
+                    json!({"tool_calls": [tool_call_json(*calls_sent - 1, &call, &call_id(), true)]})
                 }
             })
             .collect()
@@ -118,11 +136,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let sse = stream_events(stream, first, move |event| match event {
         Event::Delta { text, logprob, .. } => {
             let lp = logprob.filter(|_| want_logprobs).map(|l| json!({"content": [logprob_json(&tokenizer, &l)]}));
-            let pieces = match parser.as_mut() {
-                Some(p) => p.push(&text),
-                None => vec![Piece::Text(text)],
-            };
-            let mut out: Vec<Value> = deltas(pieces, &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let mut out: Vec<Value> = deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             if let Some(lp) = lp {
                 match out.last_mut() {
                     Some(last) => last["choices"][0]["logprobs"] = lp,
@@ -135,9 +149,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             if let Some(error) = stream_error(&finish) {
                 return vec![error];
             }
-            let rest = parser.as_mut().map(ToolCallParser::finish).unwrap_or_default();
-            let mut out: Vec<Value> = deltas(rest, &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
-            let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(finish.reason) };
+            let mut out: Vec<Value> = deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let reason = finish_of(finish.reason, calls_sent > 0);
             out.extend(closing_chunks(chunk(json!({}), Some(reason), None), &finish, include_usage));
             out
         }
@@ -145,26 +158,42 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     Ok(sse.into_response())
 }
 
-/// Text pieces joined, and the calls.
-fn split_pieces(pieces: Vec<Piece>) -> (String, Vec<ToolCall>) {
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    for piece in pieces {
-        match piece {
-            Piece::Text(t) => text.push_str(&t),
-            Piece::Call(c) => calls.push(c),
-        }
-    }
-    (text.trim().to_string(), calls)
+/// A whole answer: text, reasoning and calls.
+struct Answer {
+    content: Value,
+    reasoning: String,
+    calls: Vec<ToolCall>,
 }
 
-fn content_is_empty(message: &Value) -> bool {
-    message["content"].as_str().is_none_or(str::is_empty)
+impl Answer {
+    fn from_pieces(pieces: Vec<Piece>, mode: &ToolMode) -> Answer {
+        let (mut text, mut reasoning, mut arguments, mut calls) = (String::new(), String::new(), String::new(), Vec::new());
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::Reasoning(t) => reasoning.push_str(&t),
+                Piece::Arguments(t) => arguments.push_str(&t),
+                Piece::Call(c) => calls.push(c),
+            }
+        }
+        if let ToolMode::Named(name) = mode {
+            calls.push(ToolCall { name: name.clone(), arguments });
+        }
+        // With calls, surrounding whitespace is noise and an empty content is null (OpenAI's shape).
+        let content = if calls.is_empty() {
+            Value::String(text)
+        } else if text.trim().is_empty() {
+            Value::Null
+        } else {
+            Value::String(text.trim().to_string())
+        };
+        Answer { content, reasoning, calls }
+    }
 }
 
 /// OpenAI's tool call object (with its `index` when streamed).
-fn tool_call_json(index: usize, call: &ToolCall, streaming: bool) -> Value {
-    let mut value = json!({"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
+fn tool_call_json(index: usize, call: &ToolCall, id: &str, streaming: bool) -> Value {
+    let mut value = json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
     if streaming {
         value["index"] = json!(index);
     }
@@ -218,6 +247,27 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
                 }
             }
             Ok(Value::Object(m))
+        })
+        .collect()
+}
+
+/// For templates that know nothing of tool calls: an assistant turn's calls become its text (the
+/// JSON list `tool_choice: "required"` has the model write), so that the model sees what it
+/// called before the `tool` turns that answer it.
+fn inline_tool_calls(messages: Vec<Value>) -> Vec<Value> {
+    messages
+        .into_iter()
+        .map(|mut m| {
+            let Some(Value::Array(calls)) = m.get("tool_calls").cloned() else { return m };
+            let listed: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"name": c.pointer("/function/name").cloned().unwrap_or(Value::Null), "arguments": c.pointer("/function/arguments").cloned().unwrap_or(json!({}))}))
+                .collect();
+            let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+            let calls_text = Value::Array(listed).to_string();
+            m["content"] = Value::String(if text.is_empty() { calls_text } else { format!("{text}\n{calls_text}") });
+            m.as_object_mut().map(|o| o.remove("tool_calls"));
+            m
         })
         .collect()
 }

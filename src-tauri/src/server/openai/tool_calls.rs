@@ -4,13 +4,20 @@
 //!
 //! - Hermes style (Qwen 2.5/3 and most tool-tuned models): `<tool_call>{"name": .., "arguments": {..}}</tool_call>`,
 //!   possibly several, possibly after some text.
-//! - Llama 3.x JSON tool calling: the whole answer is `{"name": .., "parameters": {..}}`.
+//! - Mistral: the special token `[TOOL_CALLS]`, then a JSON list of calls (v3 tokenizers) or
+//!   `name[ARGS]{..}` per call (v11+, `[CALL_ID]id` in between in some).
+//! - Llama 3.x JSON tool calling: the whole answer is `{"name": .., "parameters": {..}}`, maybe
+//!   after the special token `<|python_tag|>`, several calls separated by `;`.
+//!
+//! The markers that are special tokens only reach this parser if the request asks the engine to
+//! keep their text ([`ToolFormat::marker_tokens`]).
 
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
+    Mistral,
     LlamaJson,
 }
 
@@ -19,10 +26,21 @@ impl ToolFormat {
     pub fn of_template(source: &str) -> Option<ToolFormat> {
         if source.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
+        } else if source.contains("[TOOL_CALLS]") {
+            Some(ToolFormat::Mistral)
         } else if source.contains("<|python_tag|>") || source.contains("\"parameters\"") || source.contains("ipython") {
             Some(ToolFormat::LlamaJson)
         } else {
             None
+        }
+    }
+
+    /// Special tokens of this format whose text the parser must see.
+    pub fn marker_tokens(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &[],
+            ToolFormat::Mistral => &[MISTRAL_CALLS, "[ARGS]", "[CALL_ID]"],
+            ToolFormat::LlamaJson => &[PYTHON_TAG],
         }
     }
 }
@@ -42,6 +60,8 @@ pub enum Piece {
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 pub struct ToolCallParser {
     format: ToolFormat,
@@ -62,6 +82,7 @@ impl ToolCallParser {
         self.pending.push_str(text);
         match self.format {
             ToolFormat::Hermes => self.push_hermes(),
+            ToolFormat::Mistral => self.push_mistral(),
             ToolFormat::LlamaJson => self.push_llama(),
         }
     }
@@ -72,14 +93,17 @@ impl ToolCallParser {
         if rest.is_empty() {
             return Vec::new();
         }
-        let candidate = match self.format {
-            ToolFormat::Hermes if self.in_call => Some(&rest[..]),
-            ToolFormat::LlamaJson if rest.trim_start().starts_with('{') => Some(rest.trim()),
+        let calls = match self.format {
+            ToolFormat::Hermes if self.in_call => parse_call(&rest).map(|c| vec![c]),
+            ToolFormat::Mistral if self.in_call => parse_mistral(&rest),
+            ToolFormat::LlamaJson if self.in_call => parse_llama(rest.trim_start().trim_start_matches(PYTHON_TAG)),
             _ => None,
         };
-        match candidate.and_then(parse_call) {
-            Some(call) => vec![Piece::Call(call)],
+        match calls {
+            Some(calls) => calls.into_iter().map(Piece::Call).collect(),
             None if self.in_call && self.format == ToolFormat::Hermes => vec![Piece::Text(format!("{OPEN}{rest}"))],
+            None if self.in_call && self.format == ToolFormat::Mistral => vec![Piece::Text(format!("{MISTRAL_CALLS}{rest}"))],
+            None if self.format == ToolFormat::LlamaJson => vec![Piece::Text(rest.trim_start().trim_start_matches(PYTHON_TAG).to_string())],
             None => vec![Piece::Text(rest)],
         }
     }
@@ -117,14 +141,33 @@ impl ToolCallParser {
         }
     }
 
+    /// Text up to `[TOOL_CALLS]`; after it, everything is read to the end.
+    fn push_mistral(&mut self) -> Vec<Piece> {
+        if self.in_call {
+            return Vec::new();
+        }
+        if let Some(start) = self.pending.find(MISTRAL_CALLS) {
+            let text: String = self.pending.drain(..start + MISTRAL_CALLS.len()).collect();
+            self.in_call = true;
+            let text = &text[..start];
+            return if text.trim().is_empty() { Vec::new() } else { vec![Piece::Text(text.to_string())] };
+        }
+        let keep = (1..MISTRAL_CALLS.len()).rev().find(|&n| self.pending.ends_with(&MISTRAL_CALLS[..n])).unwrap_or(0);
+        let emit_to = self.pending.len() - keep;
+        if emit_to == 0 {
+            return Vec::new();
+        }
+        vec![Piece::Text(self.pending.drain(..emit_to).collect())]
+    }
+
     fn push_llama(&mut self) -> Vec<Piece> {
         if self.at_start {
             let trimmed = self.pending.trim_start();
-            if trimmed.is_empty() {
+            if trimmed.is_empty() || PYTHON_TAG.starts_with(trimmed) && trimmed.len() < PYTHON_TAG.len() {
                 return Vec::new();
             }
             self.at_start = false;
-            if trimmed.starts_with('{') {
+            if trimmed.starts_with('{') || trimmed.starts_with(PYTHON_TAG) {
                 // Possibly a call: read to the end (a short JSON object) before deciding.
                 self.in_call = true;
                 return Vec::new();
@@ -139,7 +182,47 @@ impl ToolCallParser {
 
 /// `{"name": .., "arguments" | "parameters": {..} | "<json text>"}`.
 fn parse_call(text: &str) -> Option<ToolCall> {
-    let value: Value = serde_json::from_str(text.trim()).ok()?;
+    call_from_value(&serde_json::from_str(text.trim()).ok()?)
+}
+
+/// What follows `[TOOL_CALLS]`: `[{call}, ..]`, or `name[ARGS]{..}` (with `[CALL_ID]id` before
+/// `[ARGS]` in some versions), repeated after further `[TOOL_CALLS]` markers.
+fn parse_mistral(text: &str) -> Option<Vec<ToolCall>> {
+    let text = text.trim();
+    if text.starts_with('[') {
+        let calls: Vec<Value> = serde_json::from_str(text).ok()?;
+        return calls.iter().map(call_from_value).collect::<Option<Vec<_>>>().filter(|c| !c.is_empty());
+    }
+    text.split(MISTRAL_CALLS)
+        .filter(|part| !part.trim().is_empty())
+        .map(|part| {
+            let (name, arguments) = part.split_once("[ARGS]")?;
+            let name = name.split("[CALL_ID]").next()?.trim();
+            let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
+            (!name.is_empty() && arguments.is_object()).then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
+        })
+        .collect::<Option<Vec<_>>>()
+        .filter(|c| !c.is_empty())
+}
+
+/// One or more JSON calls separated by `;`.
+fn parse_llama(text: &str) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start_matches(|c: char| c == ';' || c.is_whitespace());
+        if rest.is_empty() {
+            break;
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let value = values.next()?.ok()?;
+        calls.push(call_from_value(&value)?);
+        rest = &rest[values.byte_offset()..];
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
+pub(crate) fn call_from_value(value: &Value) -> Option<ToolCall> {
     let name = value.get("name")?.as_str()?.to_string();
     let arguments = match value.get("arguments").or_else(|| value.get("parameters")) {
         None | Some(Value::Null) => "{}".to_string(),
@@ -202,12 +285,31 @@ mod tests {
     }
 
     #[test]
+    fn mistral_calls_after_the_marker_token() {
+        let out = run(ToolFormat::Mistral, &["[TOOL", "_CALLS]", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, ", "{\"name\": \"b\", \"arguments\": {}}]"]);
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Rome"}"#), call("b", "{}")]);
+        let out = run(ToolFormat::Mistral, &["Sure. ", "[TOOL_CALLS]", "get_weather", "[ARGS]", "{\"city\": \"Rome\"}", "[TOOL_CALLS]", "b[CALL_ID]a1b2c3d4e[ARGS]{}"]);
+        assert_eq!(out, vec![Piece::Text("Sure. ".into()), call("get_weather", r#"{"city":"Rome"}"#), call("b", "{}")]);
+        assert_eq!(run(ToolFormat::Mistral, &["[TOOL_CALLS]", "oops"]), vec![Piece::Text("[TOOL_CALLS]oops".into())]);
+        assert_eq!(run(ToolFormat::Mistral, &["[not a call]"]), vec![Piece::Text("[not a call]".into())]);
+    }
+
+    #[test]
+    fn llama_python_tag_and_several_calls() {
+        let out = run(ToolFormat::LlamaJson, &["<|python", "_tag|>", "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}"]);
+        assert_eq!(out, vec![call("a", r#"{"x":1}"#), call("b", "{}")]);
+        let out = run(ToolFormat::LlamaJson, &["<|python_tag|>", "brave_search.call(query=\"x\")"]);
+        assert_eq!(out, vec![Piece::Text("brave_search.call(query=\"x\")".into())]);
+    }
+
+    #[test]
     fn formats_from_templates() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
         let of = |f: &str| ToolFormat::of_template(&std::fs::read_to_string(dir.join(f)).unwrap());
         assert_eq!(of("qwen2.5.jinja"), Some(ToolFormat::Hermes));
         assert_eq!(of("qwen3.jinja"), Some(ToolFormat::Hermes));
         assert_eq!(of("llama3.1.jinja"), Some(ToolFormat::LlamaJson));
+        assert_eq!(of("mistral-v0.3.jinja"), Some(ToolFormat::Mistral));
         assert_eq!(of("smollm2.jinja"), None);
     }
 }

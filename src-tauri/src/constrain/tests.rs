@@ -1,0 +1,194 @@
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{Grammar, Matcher};
+use crate::sampling::Rng;
+
+fn matcher(schema: &Value) -> Matcher {
+    Matcher::new(Arc::new(Grammar::from_schema(schema).expect("schema compiles")))
+}
+
+/// Whether `text` is a complete document of `schema`.
+fn matches(schema: &Value, text: &str) -> bool {
+    let mut m = matcher(schema);
+    m.advance(text.as_bytes()) && m.is_complete()
+}
+
+/// Whether `text` can still become one.
+fn prefix_ok(schema: &Value, text: &str) -> bool {
+    matcher(schema).advance(text.as_bytes())
+}
+
+#[test]
+fn any_object_accepts_json_objects_only() {
+    let m = || Matcher::new(Arc::new(Grammar::any_object()));
+    for text in [r#"{}"#, r#"{"a": [1, 2.5e3, -0.1, true, null, {"b": "c\n\u00e9"}]}"#, "{\n  \"x\": \"é ✓\"\n}\n"] {
+        let mut matcher = m();
+        assert!(matcher.advance(text.as_bytes()) && matcher.is_complete(), "{text}");
+    }
+    for text in ["[1]", "\"s\"", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1,}", "{'a': 1}", "{\"a\": tru}", "{\"a\":\"\x01\"}", "{} x"] {
+        let mut matcher = m();
+        assert!(!(matcher.advance(text.as_bytes()) && matcher.is_complete()), "{text:?} accepted");
+    }
+}
+
+#[test]
+fn properties_in_order_required_ones_present() {
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+                        "required": ["name", "age"]});
+    assert!(matches(&schema, r#"{"name": "Ann", "age": 41}"#));
+    assert!(matches(&schema, r#"{"name":"Ann","age":41,"tags":["a","b"]}"#));
+    assert!(!matches(&schema, r#"{"name": "Ann"}"#), "age is required");
+    assert!(!prefix_ok(&schema, r#"{"age": 41"#), "name must come first");
+    assert!(!prefix_ok(&schema, r#"{"name": "Ann", "other""#), "no other keys");
+    assert!(!prefix_ok(&schema, r#"{"name": 3"#), "name is a string");
+    assert!(!prefix_ok(&schema, r#"{"name": "A", "age": 4.5"#), "age is an integer");
+    assert!(!prefix_ok(&schema, r#"{"name": "A", "age": 4, "tags": ["a",]"#));
+}
+
+#[test]
+fn optional_properties_may_be_skipped_but_not_reordered() {
+    let schema = json!({"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "required": ["c"]});
+    assert!(matches(&schema, r#"{"c": 1}"#));
+    assert!(matches(&schema, r#"{"a": 1, "c": 3}"#));
+    assert!(matches(&schema, r#"{"b": 2, "c": 3}"#));
+    assert!(!prefix_ok(&schema, r#"{"c": 3, "a""#));
+    assert!(!matches(&schema, r#"{"a": 1}"#));
+}
+
+#[test]
+fn enums_consts_unions_and_nullable() {
+    let schema = json!({"type": "object", "properties": {
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "v": {"const": {"k": [1, 2]}},
+        "x": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
+        "y": {"type": ["boolean", "null"]},
+        "z": {"type": "string", "nullable": true}},
+        "required": ["unit", "v", "x", "y", "z"]});
+    assert!(matches(&schema, r#"{"unit": "celsius", "v": {"k":[1,2]}, "x": 12, "y": null, "z": null}"#));
+    assert!(matches(&schema, r#"{"unit": "fahrenheit", "v": {"k":[1,2]}, "x": "ab", "y": true, "z": "s"}"#));
+    assert!(!prefix_ok(&schema, r#"{"unit": "kelvin""#));
+    assert!(!prefix_ok(&schema, r#"{"unit": "celsius", "v": {"k":[1,3]"#));
+    assert!(!prefix_ok(&schema, r#"{"unit": "celsius", "v": {"k":[1,2]}, "x": "abc""#));
+}
+
+#[test]
+fn integer_bounds_hold() {
+    let schema = json!({"type": "integer", "minimum": 5, "maximum": 120});
+    for ok in ["5", "7", "99", "120"] {
+        assert!(matches(&schema, ok), "{ok}");
+    }
+    for bad in ["4", "0", "-1", "121", "1000", "05"] {
+        assert!(!matches(&schema, bad), "{bad}");
+    }
+    assert!(!prefix_ok(&schema, "130"), "too big already");
+    assert!(!prefix_ok(&schema, "0"), "0 < 5 and cannot grow");
+    assert!(prefix_ok(&schema, "1") && !matches(&schema, "1"), "1 may become 10..120");
+    let negative = json!({"type": "integer", "exclusiveMaximum": -2, "minimum": -30});
+    assert!(matches(&negative, "-3") && matches(&negative, "-30"));
+    assert!(!matches(&negative, "-2") && !matches(&negative, "-31") && !matches(&negative, "3"));
+}
+
+#[test]
+fn string_lengths_count_characters() {
+    let schema = json!({"type": "string", "minLength": 2, "maxLength": 3});
+    assert!(matches(&schema, r#""ab""#) && matches(&schema, r#""é✓x""#) && matches(&schema, r#""a\nb""#));
+    assert!(!matches(&schema, r#""a""#) && !matches(&schema, r#""abcd""#) && !matches(&schema, r#""\u00e9abc""#));
+    assert!(prefix_ok(&schema, "\"\u{e9}") && !matcher(&schema).advance(b"\"\xa9"), "a lone continuation byte");
+    assert!(!matcher(&schema).advance(b"\"\xc3a"), "a lead byte without its continuation");
+}
+
+#[test]
+fn arrays_with_bounds_and_tuples() {
+    let schema = json!({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2});
+    assert!(matches(&schema, "[1]") && matches(&schema, "[1, 2]"));
+    assert!(!matches(&schema, "[]") && !matches(&schema, "[1,2,3]"));
+    let tuple = json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": false});
+    assert!(matches(&tuple, r#"["a", true]"#) && matches(&tuple, r#"["a"]"#));
+    assert!(!matches(&tuple, r#"["a", true, 1]"#) && !matches(&tuple, "[true]"));
+}
+
+#[test]
+fn recursive_refs() {
+    let schema = json!({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+                        "$ref": "#/$defs/node"});
+    assert!(matches(&schema, r#"{"v": 1, "children": [{"v": 2}, {"v": 3, "children": []}]}"#));
+    assert!(!prefix_ok(&schema, r#"{"v": 1, "children": [{"w""#));
+}
+
+#[test]
+fn whitespace_is_bounded() {
+    let schema = json!({"type": "object"});
+    assert!(matches(&schema, "{\n  \"a\" : 1 \n}"));
+    let many = format!("{{{}", " ".repeat(25));
+    assert!(!prefix_ok(&schema, &many), "a run of 25 spaces is refused");
+    assert!(prefix_ok(&schema, "{\r\n\t\t") && !prefix_ok(&schema, "{\n\n") && !prefix_ok(&schema, "{\n \r"), "one line break per run");
+    assert!(!matches(&schema, "{}   "), "at most two bytes after the document");
+}
+
+#[test]
+fn unsupported_or_broken_schemas_are_refused_with_reasons() {
+    for (schema, expect) in [
+        (json!({"type": "string", "pattern": "^a"}), "pattern"),
+        (json!({"type": "number", "minimum": 0.5}), "minimum"),
+        (json!({"$ref": "https://example.com/s.json"}), "local"),
+        (json!({"$ref": "#/$defs/missing"}), "points nowhere"),
+        (json!({"type": "strin"}), "unknown type"),
+        (json!({"properties": {"a": {}}, "required": ["b"]}), "\"b\""),
+        (json!({"allOf": [{"type": "object"}, {"required": []}]}), "allOf"),
+        (json!(false), "matches nothing"),
+        (json!({"type": "integer", "minimum": 5, "maximum": 4}), "no integer"),
+        (json!("object"), "must be an object"),
+    ] {
+        let err = Grammar::from_schema(&schema).expect_err(&schema.to_string()).to_string();
+        assert!(err.contains(expect), "{schema}: {err}");
+    }
+}
+
+/// Random documents walked byte by byte through the matcher (any byte it allows, from an
+/// alphabet that covers JSON) are complete, parse, and validate against the schema.
+#[test]
+fn random_walks_produce_valid_documents() {
+    let schemas = [
+        json!({"type": "object"}),
+        json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "n": {"type": "integer", "minimum": -3, "maximum": 250},
+               "kind": {"enum": ["a", "b", 3, null]}, "list": {"type": "array", "items": {"type": "number"}, "maxItems": 3},
+               "opt": {"type": ["string", "null"]}}, "required": ["name", "n", "kind"]}),
+        json!({"type": "array", "items": {"anyOf": [{"type": "boolean"}, {"type": "object", "properties": {"x": {"type": "integer", "exclusiveMinimum": 10}}, "required": ["x"]}]}, "minItems": 2}),
+    ];
+    let alphabet: Vec<u8> = b"{}[]\":,0123456789-.eE+ \nabcdefghijklmnopqrstuvwxyz\\/\xc3\xa9".to_vec();
+    let mut rng = Rng::seeded(11);
+    for schema in &schemas {
+        let validator = jsonschema::validator_for(schema).expect("valid schema");
+        let grammar = Arc::new(if schema == &json!({"type": "object"}) { Grammar::any_object() } else { Grammar::from_schema(schema).unwrap() });
+        let mut produced = 0;
+        for _ in 0..300 {
+            let mut m = Matcher::new(grammar.clone());
+            let mut text = Vec::new();
+            for _ in 0..400 {
+                if m.is_complete() && rng.next_f64() < 0.3 {
+                    break;
+                }
+                let options: Vec<u8> = alphabet.iter().copied().filter(|b| m.accepts(&[*b])).collect();
+                if options.is_empty() {
+                    break;
+                }
+                // Prefer closing brackets and quotes a little so that documents end.
+                let closing: Vec<u8> = options.iter().copied().filter(|b| b"}]\"".contains(b)).collect();
+                let pool = if !closing.is_empty() && rng.next_f64() < 0.25 { &closing } else { &options };
+                let b = pool[(rng.next_u64() % pool.len() as u64) as usize];
+                assert!(m.advance(&[b]));
+                text.push(b);
+            }
+            if !m.is_complete() {
+                continue;
+            }
+            produced += 1;
+            let text = String::from_utf8(text).expect("strings hold whole UTF-8 characters");
+            let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
+            assert!(validator.is_valid(&value), "{text} does not validate against {schema}");
+        }
+        assert!(produced > 20, "only {produced} complete documents for {schema}");
+    }
+}

@@ -1,0 +1,129 @@
+//! The answer as it streams, split into what OpenAI's chat API reports separately: reasoning,
+//! text, and tool calls (parsed in the template's format, or the forced ones of
+//! [`ToolMode::Named`]/[`ToolMode::Required`]).
+
+use serde_json::Value;
+
+use super::reasoning::{Part, ReasoningSplitter};
+use super::structured::ToolMode;
+use super::tool_calls::{self, call_from_value, ToolCall, ToolCallParser};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Text(String),
+    Reasoning(String),
+    /// A complete tool call.
+    Call(ToolCall),
+    /// More of the arguments of the one call a named `tool_choice` forces.
+    Arguments(String),
+}
+
+enum Tools {
+    Off,
+    Parse(ToolCallParser),
+    Named,
+    /// The JSON list of calls, read to the end.
+    Required(String),
+}
+
+pub struct AnswerParser {
+    reasoning: Option<ReasoningSplitter>,
+    tools: Tools,
+}
+
+impl AnswerParser {
+    pub fn new(mode: &ToolMode, reasoning: Option<ReasoningSplitter>) -> AnswerParser {
+        let tools = match mode {
+            ToolMode::Off => Tools::Off,
+            ToolMode::Auto(format) => Tools::Parse(ToolCallParser::new(*format)),
+            ToolMode::Named(_) => Tools::Named,
+            ToolMode::Required => Tools::Required(String::new()),
+        };
+        AnswerParser { reasoning, tools }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let parts = match self.reasoning.as_mut() {
+            Some(r) => r.push(text),
+            None => vec![Part::Answer(text.to_string())],
+        };
+        self.route(parts)
+    }
+
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
+        let mut out = self.route(parts);
+        match &mut self.tools {
+            Tools::Off | Tools::Named => {}
+            Tools::Parse(parser) => out.extend(parser.finish().into_iter().map(from_tool_piece)),
+            Tools::Required(buffer) => {
+                let text = std::mem::take(buffer);
+                match parse_call_list(&text) {
+                    Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
+                    None if text.is_empty() => {}
+                    None => out.push(Piece::Text(text)),
+                }
+            }
+        }
+        out
+    }
+
+    fn route(&mut self, parts: Vec<Part>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Reasoning(t) => out.push(Piece::Reasoning(t)),
+                Part::Answer(t) => match &mut self.tools {
+                    Tools::Off => out.push(Piece::Text(t)),
+                    Tools::Parse(parser) => out.extend(parser.push(&t).into_iter().map(from_tool_piece)),
+                    Tools::Named => out.push(Piece::Arguments(t)),
+                    Tools::Required(buffer) => buffer.push_str(&t),
+                },
+            }
+        }
+        out.retain(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) | Piece::Arguments(t) if t.is_empty()));
+        out
+    }
+}
+
+fn from_tool_piece(piece: tool_calls::Piece) -> Piece {
+    match piece {
+        tool_calls::Piece::Text(t) => Piece::Text(t),
+        tool_calls::Piece::Call(c) => Piece::Call(c),
+    }
+}
+
+/// `[{"name": .., "arguments": {..}}, ..]`, as the grammar of `tool_choice: "required"` makes it.
+fn parse_call_list(text: &str) -> Option<Vec<ToolCall>> {
+    let calls: Vec<Value> = serde_json::from_str(text).ok()?;
+    calls.iter().map(call_from_value).collect::<Option<Vec<_>>>().filter(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::openai::tool_calls::ToolFormat;
+
+    fn run(mode: ToolMode, thinking: Option<bool>, pieces: &[&str]) -> Vec<Piece> {
+        let mut p = AnswerParser::new(&mode, thinking.map(ReasoningSplitter::new));
+        let mut out: Vec<Piece> = pieces.iter().flat_map(|t| p.push(t)).collect();
+        out.extend(p.finish());
+        out
+    }
+
+    #[test]
+    fn reasoning_then_a_hermes_call() {
+        let out = run(ToolMode::Auto(ToolFormat::Hermes), Some(false), &["<think>need weather</think>\n\n", "<tool_call>{\"name\": \"w\", \"arguments\": {}}</tool_call>"]);
+        assert_eq!(out, vec![Piece::Reasoning("need weather".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() })]);
+    }
+
+    #[test]
+    fn forced_calls() {
+        let out = run(ToolMode::Named("w".into()), None, &["{\"city\":", " \"Oslo\"}"]);
+        assert_eq!(out, vec![Piece::Arguments("{\"city\":".into()), Piece::Arguments(" \"Oslo\"}".into())]);
+        let out = run(ToolMode::Required, None, &["[{\"name\": \"w\", ", "\"arguments\": {\"city\": \"Oslo\"}}]"]);
+        assert_eq!(out, vec![Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })]);
+        let out = run(ToolMode::Required, None, &["[{\"name\": \"w\""]);
+        assert_eq!(out, vec![Piece::Text("[{\"name\": \"w\"".into())], "cut short: the text as it is");
+    }
+}

@@ -1,0 +1,186 @@
+//! What shape the answer must take, from `tools`, `tool_choice`, `parallel_tool_calls` and
+//! `response_format`: free text (tool calls parsed from it in the template's format), JSON or
+//! JSON valid against a schema, or tool calls the model is made to write. The last two are
+//! enforced by a grammar (constrained decoding).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::tool_calls::ToolFormat;
+use crate::constrain::Grammar;
+use crate::server::ApiError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolMode {
+    /// No tools, or `tool_choice: "none"`, or a JSON `response_format`.
+    Off,
+    /// `tool_choice: "auto"`: calls parsed from the text in the template's own format.
+    Auto(ToolFormat),
+    /// A function named in `tool_choice`: the whole answer is its arguments.
+    Named(String),
+    /// `tool_choice: "required"`: the answer is a JSON list of `{"name", "arguments"}`.
+    Required,
+}
+
+pub struct AnswerShape<'a> {
+    /// The tools the prompt shows the model.
+    pub prompt_tools: Option<&'a [Value]>,
+    pub mode: ToolMode,
+    pub grammar: Option<Arc<Grammar>>,
+}
+
+pub fn answer_shape<'a>(
+    tools: Option<&'a [Value]>,
+    tool_choice: Option<&Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<&Value>,
+    template_source: &str,
+) -> Result<AnswerShape<'a>, ApiError> {
+    let tools = tools.filter(|t| !t.is_empty());
+    let functions = tools.map(|t| t.iter().enumerate().map(|(i, tool)| function_of(i, tool)).collect::<Result<Vec<_>, _>>()).transpose()?;
+    let choice = parse_tool_choice(tool_choice)?;
+    let format_grammar = response_format_grammar(response_format)?.map(Arc::new);
+    let Some(functions) = functions else {
+        return match choice {
+            Choice::Required | Choice::Named(_) => Err(ApiError::invalid("tool_choice", "tool_choice requires tools")),
+            Choice::Auto | Choice::None => Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar }),
+        };
+    };
+    let shape = |mode, grammar: Option<Grammar>| AnswerShape { prompt_tools: tools, mode, grammar: grammar.map(Arc::new) };
+    match choice {
+        Choice::None => Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar }),
+        Choice::Auto if format_grammar.is_some() => Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar }),
+        Choice::Auto => Ok(shape(ToolFormat::of_template(template_source).map_or(ToolMode::Off, ToolMode::Auto), None)),
+        Choice::Named(name) => {
+            let function = functions.iter().find(|f| f.name == name).ok_or_else(|| {
+                ApiError::invalid("tool_choice", format!("tool_choice names the function {name:?}, which is not among the tools"))
+            })?;
+            let grammar = Grammar::from_schema(&function.parameters).map_err(|e| schema_error(&function.name, e))?;
+            Ok(shape(ToolMode::Named(name), Some(grammar)))
+        }
+        Choice::Required => {
+            let alternatives: Vec<Value> = functions
+                .iter()
+                .map(|f| json!({"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters}, "required": ["name", "arguments"]}))
+                .collect();
+            let mut calls = json!({"type": "array", "items": {"anyOf": alternatives}, "minItems": 1});
+            if parallel_tool_calls == Some(false) {
+                calls["maxItems"] = json!(1);
+            }
+            let grammar = Grammar::from_schema(&calls).map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
+            Ok(shape(ToolMode::Required, Some(grammar)))
+        }
+    }
+}
+
+struct Function {
+    name: String,
+    parameters: Value,
+}
+
+fn function_of(index: usize, tool: &Value) -> Result<Function, ApiError> {
+    let param = format!("tools[{index}]");
+    let bad = |message: &str| ApiError::invalid(&param, format!("{param}: {message}"));
+    if tool.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(bad("only tools of type \"function\" are supported"));
+    }
+    let function = tool.get("function").filter(|f| f.is_object()).ok_or_else(|| bad("function must be an object"))?;
+    let name = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| bad("function.name must be a non-empty string"))?;
+    let parameters = match function.get("parameters") {
+        // No parameters: the function takes none.
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}, "additionalProperties": false}),
+        Some(p) if p.is_object() => p.clone(),
+        Some(_) => return Err(bad("function.parameters must be a JSON Schema object")),
+    };
+    Ok(Function { name: name.to_string(), parameters })
+}
+
+enum Choice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+fn parse_tool_choice(choice: Option<&Value>) -> Result<Choice, ApiError> {
+    let bad = || ApiError::invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    match choice {
+        None | Some(Value::Null) => Ok(Choice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(Choice::Auto),
+            "none" => Ok(Choice::None),
+            "required" | "any" => Ok(Choice::Required),
+            _ => Err(bad()),
+        },
+        Some(Value::Object(o)) => {
+            // {"type": "function", "function": {"name": ..}}, or the flat {"type": "function", "name": ..}.
+            let name = o.get("function").and_then(|f| f.get("name")).or_else(|| o.get("name")).and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(name)) => Ok(Choice::Named(name.to_string())),
+                _ => Err(bad()),
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ..}}`.
+fn response_format_grammar(format: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else { return Ok(None) };
+    let invalid = |message: String| ApiError::invalid("response_format", message);
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::any_object())),
+        Some("json_schema") => {
+            let spec = format.get("json_schema").filter(|s| s.is_object()).ok_or_else(|| invalid("response_format.json_schema must be an object".into()))?;
+            match spec.get("schema") {
+                None | Some(Value::Null) => Ok(Some(Grammar::any_object())),
+                Some(schema) => Grammar::from_schema(schema).map(Some).map_err(|e| invalid(format!("response_format.json_schema.schema: {e}"))),
+            }
+        }
+        Some(other) => Err(invalid(format!("response_format type {other:?} is not one of text, json_object, json_schema"))),
+        None => Err(invalid("response_format.type must be a string".into())),
+    }
+}
+
+fn schema_error(function: &str, e: crate::constrain::SchemaError) -> ApiError {
+    ApiError::invalid("tools", format!("the parameters of function {function:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<Value> {
+        vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})]
+    }
+
+    #[test]
+    fn modes_from_tool_choice() {
+        let t = tools();
+        let hermes = "<tool_call>";
+        let shape = |choice: Option<Value>| answer_shape(Some(&t), choice.as_ref(), None, None, hermes);
+        assert_eq!(shape(None).unwrap().mode, ToolMode::Auto(ToolFormat::Hermes));
+        assert!(shape(Some(json!("none"))).unwrap().prompt_tools.is_none());
+        let required = shape(Some(json!("required"))).unwrap();
+        assert_eq!(required.mode, ToolMode::Required);
+        assert!(required.grammar.is_some());
+        let named = shape(Some(json!({"type": "function", "function": {"name": "get_weather"}}))).unwrap();
+        assert_eq!(named.mode, ToolMode::Named("get_weather".into()));
+        assert_eq!(answer_shape(Some(&t), None, None, None, "plain").unwrap().mode, ToolMode::Off);
+    }
+
+    #[test]
+    fn bad_choices_and_formats_are_400s_naming_the_parameter() {
+        let t = tools();
+        let err = |r: Result<AnswerShape, ApiError>| r.err().expect("an error").body()["error"]["param"].as_str().unwrap_or_default().to_string();
+        assert_eq!(err(answer_shape(Some(&t), Some(&json!("sometimes")), None, None, "")), "tool_choice");
+        assert_eq!(err(answer_shape(Some(&t), Some(&json!({"type": "function", "function": {"name": "nope"}})), None, None, "")), "tool_choice");
+        assert_eq!(err(answer_shape(None, Some(&json!("required")), None, None, "")), "tool_choice");
+        assert_eq!(err(answer_shape(Some(&[json!({"type": "retrieval"})]), None, None, None, "")), "tools[0]");
+        assert_eq!(err(answer_shape(None, None, None, Some(&json!({"type": "xml"})), "")), "response_format");
+        let pattern = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}});
+        assert_eq!(err(answer_shape(None, None, None, Some(&pattern), "")), "response_format");
+    }
+}
