@@ -19,4 +19,5 @@ pub mod mlx;
 pub mod model;
 pub mod sampling;
 pub mod server;
+pub mod store;
 pub mod tokenizer;

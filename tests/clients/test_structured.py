@@ -59,7 +59,7 @@ def test_sampled_json_schema_answers_validate(client, server, seed):
 
 
 def test_json_object_streamed(client, server):
-    chunks = client.chat.completions.create(model=server["model"], messages=user("List two fruits."), temperature=0,
+    chunks = client.chat.completions.create(model=server["model"], messages=user("Give a JSON object with keys name and age for Bob, 30."), temperature=0,
                                             max_tokens=80, response_format={"type": "json_object"}, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert isinstance(json.loads(text), dict)

@@ -51,6 +51,8 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Measure single-stream prompt and decode speed.
     Bench(bench_cmd::BenchArgs),
+    /// Print the OpenAPI description of the HTTP API (docs/openapi.json).
+    Openapi,
     /// Write a tiny random-weight model (for tests and experiments).
     #[command(hide = true)]
     MakeTestModel(generate_cmd::MakeTestModelArgs),
@@ -72,6 +74,10 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => generate_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Openapi => {
+            print!("{}", crate::server::openapi::document_json());
+            Ok(())
+        }
         Command::MakeTestModel(args) => generate_cmd::make_test_model(args),
     };
     match result {

@@ -15,8 +15,11 @@ const LINE_BREAK: u8 = 0x80;
 const MAX_TRAILING_WHITESPACE: u8 = 2;
 /// Deeper nesting than this is refused (free-form values could otherwise nest without end).
 const MAX_DEPTH: usize = 64;
-/// Digits of a float's exponent.
-const MAX_EXPONENT_DIGITS: u64 = 2;
+/// Digits of a float's exponent (so that every number fits an f64: parsers refuse 1e999).
+const MAX_EXPONENT_DIGITS: u8 = 2;
+/// Digits of a number's integer or fraction part (what an f64 or i64 holds; a model repeating
+/// a digit must stop somewhere).
+const MAX_DIGITS: u8 = 16;
 /// Forks kept at most (alternatives sharing long prefixes are rare; this bounds the worst case).
 const MAX_STACKS: usize = 128;
 
@@ -74,7 +77,9 @@ enum Frame {
     /// The key of property `prop` of object `node` (its opening quote already read).
     Key { node: NodeId, prop: u32, pos: u32 },
     String { node: NodeId, chars: u32, escape: Escape },
-    Number { node: NodeId, state: Num, negative: bool, magnitude: u64 },
+    /// `magnitude`: an integer's value so far (for bounds); `digits`: digits in the current
+    /// part (integer, fraction or exponent).
+    Number { node: NodeId, state: Num, negative: bool, magnitude: u64, digits: u8 },
     /// `next`: the first property that may still come (properties are generated in order);
     /// with free-form keys, unused.
     Object { node: NodeId, state: ObjectState, next: u32 },
@@ -124,7 +129,7 @@ impl Matcher {
     pub fn is_complete(&self) -> bool {
         self.stacks.iter().any(|s| match s.frames.as_slice() {
             [] => true,
-            [Frame::Number { node, state, negative, magnitude }] => {
+            [Frame::Number { node, state, negative, magnitude, .. }] => {
                 state.is_complete() && self.number_rule(*node).is_some_and(|r| in_bounds(&r, *negative, *magnitude))
             }
             _ => false,
@@ -175,6 +180,23 @@ impl Matcher {
         };
         let between_tokens = matches!(top, Frame::Value(_) | Frame::Object { .. } | Frame::Array { .. });
         if between_tokens && is_whitespace(byte) {
+            // Pretty JSON has no space between a key and its colon, nor before a comma; so
+            // after a value, whitespace is only allowed where the closing bracket may follow.
+            let allowed = match top {
+                Frame::Object { state: ObjectState::AfterKey, .. } => false,
+                Frame::Object { node, state: ObjectState::AfterValue, next } => match self.grammar.node(node) {
+                    Node::Object(rule) => !rule.properties[next as usize..].iter().any(|p| p.required),
+                    _ => false,
+                },
+                Frame::Array { node, state: ArrayState::AfterItem, count } => match self.grammar.node(node) {
+                    Node::Array(rule) => count >= rule.min,
+                    _ => false,
+                },
+                _ => true,
+            };
+            if !allowed {
+                return;
+            }
             // `whitespace` counts the run's bytes; LINE_BREAK marks that it had its "\n".
             let (count, broke) = (stack.whitespace & !LINE_BREAK, stack.whitespace & LINE_BREAK != 0);
             let ok = count < MAX_WHITESPACE_RUN
@@ -189,6 +211,7 @@ impl Matcher {
             }
             return;
         }
+        let after_whitespace = stack.whitespace & !LINE_BREAK > 0;
         if between_tokens {
             stack.whitespace = 0;
         }
@@ -230,7 +253,7 @@ impl Matcher {
                     if !negative && !feasible(rule, false, magnitude, state == Num::Int) {
                         return;
                     }
-                    replace_top(&mut stack, Frame::Number { node, state, negative, magnitude });
+                    replace_top(&mut stack, Frame::Number { node, state, negative, magnitude, digits: u8::from(!negative) });
                     out.push(stack);
                 }
                 Node::Object(_) => {
@@ -305,9 +328,8 @@ impl Matcher {
                 replace_top(&mut stack, next);
                 out.push(stack);
             }
-            Frame::Number { node, state, negative, magnitude } => {
+            Frame::Number { node, state, negative, magnitude, digits } => {
                 let rule = self.number_rule(node).expect("number frames point at numbers");
-                let digit = byte.is_ascii_digit();
                 let next = match (state, byte) {
                     (Num::Minus, b'0') => Some(Num::Zero),
                     (Num::Minus, b'1'..=b'9') | (Num::Int, b'0'..=b'9') => Some(Num::Int),
@@ -320,21 +342,24 @@ impl Matcher {
                 };
                 match next {
                     Some(next) => {
+                        // Digits of the part this byte is in: the same part goes on counting.
+                        let digits = match (byte.is_ascii_digit(), next == state || (state == Num::Minus)) {
+                            (false, _) => 0,
+                            (true, true) => digits + 1,
+                            (true, false) => 1,
+                        };
+                        let limit = if next == Num::ExpDigits { MAX_EXPONENT_DIGITS } else { MAX_DIGITS };
+                        if digits > limit {
+                            return;
+                        }
                         let mut magnitude = magnitude;
-                        if next == Num::ExpDigits {
-                            // Floats count exponent digits here: two at most, so every number
-                            // fits an f64 (JSON parsers refuse 1e999).
-                            magnitude = if state == Num::ExpDigits { magnitude + 1 } else { 1 };
-                            if magnitude > MAX_EXPONENT_DIGITS {
-                                return;
-                            }
-                        } else if rule.integer && digit {
+                        if rule.integer && byte.is_ascii_digit() {
                             magnitude = magnitude.saturating_mul(10).saturating_add(u64::from(byte - b'0'));
                             if !feasible(&rule, negative, magnitude, next == Num::Int) {
                                 return;
                             }
                         }
-                        replace_top(&mut stack, Frame::Number { node, state: next, negative, magnitude });
+                        replace_top(&mut stack, Frame::Number { node, state: next, negative, magnitude, digits });
                         out.push(stack);
                     }
                     // The number ends here; the byte belongs to what encloses it.
@@ -383,7 +408,7 @@ impl Matcher {
                         stack.frames.push(Frame::Value(value));
                         self.feed(stack, byte, out);
                     }
-                    (ObjectState::AfterValue, b',') if free_form || (next as usize) < rule.properties.len() => {
+                    (ObjectState::AfterValue, b',') if !after_whitespace && (free_form || (next as usize) < rule.properties.len()) => {
                         set(&mut stack, ObjectState::AfterComma, next);
                         out.push(stack);
                     }
@@ -398,7 +423,7 @@ impl Matcher {
                         stack.frames.pop();
                         out.push(stack);
                     }
-                    (ArrayState::AfterItem, b',') if rule.max.is_none_or(|max| count < max) && rule.item(count as usize).is_some() => {
+                    (ArrayState::AfterItem, b',') if !after_whitespace && rule.max.is_none_or(|max| count < max) && rule.item(count as usize).is_some() => {
                         set(&mut stack, ArrayState::AfterComma, count);
                         out.push(stack);
                     }

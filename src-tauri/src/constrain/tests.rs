@@ -74,6 +74,13 @@ fn enums_consts_unions_and_nullable() {
 }
 
 #[test]
+fn numbers_have_bounded_digits() {
+    let schema = json!({"type": "number"});
+    assert!(matches(&schema, "1234567890123456") && matches(&schema, "-0.1234567890123456e-12"));
+    assert!(!prefix_ok(&schema, "12345678901234567") && !prefix_ok(&schema, "0.12345678901234567") && !prefix_ok(&schema, "1e123"));
+}
+
+#[test]
 fn integer_bounds_hold() {
     let schema = json!({"type": "integer", "minimum": 5, "maximum": 120});
     for ok in ["5", "7", "99", "120"] {
@@ -120,7 +127,12 @@ fn recursive_refs() {
 #[test]
 fn whitespace_is_bounded() {
     let schema = json!({"type": "object"});
-    assert!(matches(&schema, "{\n  \"a\" : 1 \n}"));
+    assert!(matches(&schema, "{\n  \"a\": [1,\n 2 ]\n}"));
+    assert!(!prefix_ok(&schema, "{\"a\" :"), "no space before a colon");
+    assert!(!prefix_ok(&schema, "{\"a\": 1 ,") && !prefix_ok(&schema, "[1\n,"), "nor before a comma");
+    let required = json!({"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]});
+    assert!(!prefix_ok(&required, "{\"a\": 1 "), "whitespace there would lead nowhere: no comma after it, no closing yet");
+    assert!(!prefix_ok(&json!({"type": "array", "minItems": 2}), "[1 "));
     let many = format!("{{{}", " ".repeat(25));
     assert!(!prefix_ok(&schema, &many), "a run of 25 spaces is refused");
     assert!(prefix_ok(&schema, "{\r\n\t\t") && !prefix_ok(&schema, "{\n\n") && !prefix_ok(&schema, "{\n \r"), "one line break per run");
@@ -172,6 +184,8 @@ fn random_walks_produce_valid_documents() {
                 }
                 let options: Vec<u8> = alphabet.iter().copied().filter(|b| m.accepts(&[*b])).collect();
                 if options.is_empty() {
+                    // Every accepted prefix must lead somewhere: no dead ends.
+                    assert!(m.is_complete(), "dead end after {:?}", String::from_utf8_lossy(&text));
                     break;
                 }
                 // Prefer closing brackets and quotes a little so that documents end.

@@ -21,6 +21,8 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Same seed, same parameters, same prompt: same output.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits (OpenAI's `logit_bias`; -100 bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -35,6 +37,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -64,6 +67,9 @@ impl SamplingParams {
         }
         if self.repetition_penalty <= 0.0 {
             return Err("repetition_penalty must be greater than 0".into());
+        }
+        if self.logit_bias.iter().any(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err("logit_bias values must be between -100 and 100".into());
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
             return Err("presence_penalty and frequency_penalty must be between -2 and 2".into());

@@ -72,6 +72,11 @@ impl Sampler {
 
     fn apply_penalties(&self, logits: &mut [f32], recent: &[u32]) {
         let p = &self.params;
+        for &(token, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let start = recent.len().saturating_sub(p.repetition_context);
             let mut seen: Vec<u32> = recent[start..].to_vec();
@@ -135,7 +140,8 @@ impl Sampler {
     }
 }
 
-/// The `n` most likely tokens and their log-probabilities, most likely first.
+/// The `n` most likely tokens and their log-probabilities, most likely first; tokens a grammar
+/// ruled out (logit -inf) are not among them.
 pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     let log_z = log_sum_exp(logits);
     let mut indices: Vec<u32> = (0..logits.len() as u32).collect();
@@ -147,7 +153,7 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     indices.select_nth_unstable_by(n - 1, by_logit_desc);
     indices.truncate(n);
     indices.sort_unstable_by(by_logit_desc);
-    indices.into_iter().map(|i| (i, logits[i as usize] - log_z)).collect()
+    indices.into_iter().filter(|&i| logits[i as usize].is_finite()).map(|i| (i, logits[i as usize] - log_z)).collect()
 }
 
 /// Index of the largest value (the first one on ties, as MLX's argmax).
@@ -263,6 +269,8 @@ mod tests {
         let mut s = Sampler::new(params(|p| p.presence_penalty = 1.0));
         assert_eq!(s.sample(&mut [2.0, 1.5], &[]).token, 0);
         assert_eq!(s.sample(&mut [2.0, 1.5], &[]).token, 1, "token 0 now penalised by 1.0");
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(0, -100.0)]));
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[]).token, 1, "logit_bias bans token 0");
         let mut s = Sampler::new(params(|p| p.frequency_penalty = 0.3));
         let picks: Vec<u32> = (0..4).map(|_| s.sample(&mut [2.0, 1.5], &[]).token).collect();
         assert_eq!(picks, vec![0, 0, 1, 0], "2.0-0.6=1.4 < 1.5, then 1.5-0.3=1.2 < 1.4");

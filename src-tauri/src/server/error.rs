@@ -4,8 +4,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
+use super::openai::types::{ErrorBody, ErrorDetail};
 use crate::engine::SubmitError;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +55,8 @@ impl ApiError {
     }
 
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        let detail = ErrorDetail { message: self.message.clone(), kind: self.kind, param: self.param.clone(), code: self.code };
+        serde_json::to_value(ErrorBody { error: detail }).expect("errors serialize")
     }
 }
 

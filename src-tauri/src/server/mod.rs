@@ -5,6 +5,7 @@ mod error;
 mod extract;
 mod metrics;
 mod openai;
+pub mod openapi;
 mod security;
 mod sse;
 
@@ -96,8 +97,8 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"status": "ok", "model": state.model_id()}))
+async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<openai::types::Health> {
+    axum::Json(openai::types::Health { status: "ok", model: state.model_id().to_string() })
 }
 
 fn cors(config: &ServerConfig) -> CorsLayer {

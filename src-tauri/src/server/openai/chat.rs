@@ -9,25 +9,44 @@ use serde_json::{json, Map, Value};
 use super::answer::{AnswerParser, Piece};
 use super::reasoning::ReasoningSplitter;
 use super::structured::{answer_shape, ToolMode};
-use super::tool_calls::ToolCall;
-use super::{closing_chunks, collect, finish_reason, now, stream_error, usage_json, CommonParams};
-use crate::engine::{Event, FinishReason, TokenLogprob};
+use super::tool_calls::ToolCall as ParsedCall;
+use super::types::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs, FunctionCall, FunctionCallDelta,
+    TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
+};
+use super::{collect, finish_reason, now, stream_error, to_json, CommonParams};
+use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
 use crate::tokenizer::chat_template::RenderRequest;
 use crate::tokenizer::Tokenizer;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
+    /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text or text parts, ...}`;
+    /// assistant turns may carry `tool_calls`, tool turns a `tool_call_id`.
+    #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Value>,
+    /// `[{"type": "function", "function": {"name", "description", "parameters": JSON Schema}}]`.
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
+    /// `"auto"` (default), `"none"`, `"required"`, or `{"type": "function", "function": {"name": ...}}`;
+    /// the last two are enforced by constrained decoding.
+    #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
+    /// `false`: at most one call with `tool_choice: "required"`.
     pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"name", "schema"}}`;
+    /// JSON answers are enforced by constrained decoding.
+    #[schema(value_type = Option<Object>)]
     pub response_format: Option<Value>,
+    /// Report each token's log-probability.
     pub logprobs: Option<bool>,
+    /// With `logprobs`: this many alternatives per token (at most 20).
     pub top_logprobs: Option<u32>,
     /// Extra chat-template variables (vLLM's name), e.g. `{"enable_thinking": false}` for Qwen 3.
+    #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
@@ -74,85 +93,92 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let model = state.model_id().to_string();
     let created = now();
     let tokenizer = info.tokenizer.clone();
-    let forced_name = match &shape.mode {
-        ToolMode::Named(name) => Some(name.clone()),
-        _ => None,
-    };
+    let forced = matches!(shape.mode, ToolMode::Named(_));
+    // A forced named call ends with "stop" (as OpenAI's); calls the model chose, with "tool_calls".
     let finish_of = move |reason: FinishReason, calls: bool| match reason {
-        FinishReason::Stop if calls && forced_name.is_none() => "tool_calls",
+        FinishReason::Stop if calls && !forced => "tool_calls",
         other => finish_reason(other),
     };
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let logprobs = logprobs.map(|_| json!({"content": done.logprobs.iter().map(|l| logprob_json(&tokenizer, l)).collect::<Vec<_>>()}));
+        let logprobs = logprobs.map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
         let mut pieces = parser.push(&done.text);
         pieces.extend(parser.finish());
         let answer = Answer::from_pieces(pieces, &shape.mode);
-        let mut message = json!({"role": "assistant", "content": answer.content});
-        if !answer.reasoning.is_empty() {
-            message["reasoning_content"] = json!(answer.reasoning);
-        }
-        if !answer.calls.is_empty() {
-            message["tool_calls"] = Value::Array(answer.calls.iter().enumerate().map(|(i, c)| tool_call_json(i, c, &call_id(), false)).collect());
-        }
         let finish = finish_of(done.finish.reason, !answer.calls.is_empty());
-        return Ok(Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-            "usage": usage_json(&done.finish),
-        }))
+        let message = AssistantMessage {
+            role: "assistant",
+            content: answer.content,
+            reasoning_content: (!answer.reasoning.is_empty()).then_some(answer.reasoning),
+            tool_calls: (!answer.calls.is_empty()).then(|| answer.calls.into_iter().map(|c| tool_call(c, call_id())).collect()),
+        };
+        return Ok(Json(ChatCompletion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: vec![ChatChoice { index: 0, message, logprobs, finish_reason: finish }],
+            usage: done.finish.usage.into(),
+        })
         .into_response());
     }
 
     let include_usage = common.include_usage();
-    let chunk = move |delta: Value, finish: Option<&str>, logprobs: Option<Value>| {
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+    let chunk = move |delta: ChatDelta, finish_reason: Option<&'static str>, logprobs: Option<ChatLogprobs>| ChatCompletionChunk {
+        id: id.clone(),
+        object: "chat.completion.chunk",
+        created,
+        model: model.clone(),
+        choices: vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason }],
+        usage: None,
     };
-    let mut first = vec![chunk(json!({"role": "assistant", "content": ""}), None, None)];
+    let mut first = vec![chunk(ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None, None)];
     // A named function: its call opens the stream, the arguments follow as they are generated.
-    let forced_id = call_id();
     if let ToolMode::Named(name) = &shape.mode {
-        let head = ToolCall { name: name.clone(), arguments: String::new() };
-        first.push(chunk(json!({"tool_calls": [tool_call_json(0, &head, &forced_id, true)]}), None, None));
+        first.push(chunk(call_delta(0, Some(call_id()), Some(name.clone()), String::new()), None, None));
     }
     let want_logprobs = logprobs.is_some();
-    let mut calls_sent = usize::from(matches!(shape.mode, ToolMode::Named(_)));
-    let deltas = move |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<Value> {
+    let mut calls_sent = usize::from(forced);
+    let deltas = move |pieces: Vec<Piece>, calls_sent: &mut usize| -> Vec<ChatDelta> {
         pieces
             .into_iter()
             .map(|piece| match piece {
-                Piece::Text(t) => json!({"content": t}),
-                Piece::Reasoning(t) => json!({"reasoning_content": t}),
-                Piece::Arguments(t) => json!({"tool_calls": [{"index": 0, "function": {"arguments": t}}]}),
+                Piece::Text(t) => ChatDelta { content: Some(t), ..Default::default() },
+                Piece::Reasoning(t) => ChatDelta { reasoning_content: Some(t), ..Default::default() },
+                Piece::Arguments(t) => call_delta(0, None, None, t),
                 Piece::Call(call) => {
                     *calls_sent += 1;
-                    json!({"tool_calls": [tool_call_json(*calls_sent - 1, &call, &call_id(), true)]})
+                    call_delta(*calls_sent - 1, Some(call_id()), Some(call.name), call.arguments)
                 }
             })
             .collect()
     };
-    let sse = stream_events(stream, first, move |event| match event {
+    let sse = stream_events(stream, first.iter().map(to_json).collect(), move |event| match event {
         Event::Delta { text, logprob, .. } => {
-            let lp = logprob.filter(|_| want_logprobs).map(|l| json!({"content": [logprob_json(&tokenizer, &l)]}));
-            let mut out: Vec<Value> = deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let lp = logprob.filter(|_| want_logprobs).map(|l| ChatLogprobs { content: vec![token_logprob(&tokenizer, &l)] });
+            let mut out: Vec<ChatCompletionChunk> = deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             if let Some(lp) = lp {
                 match out.last_mut() {
-                    Some(last) => last["choices"][0]["logprobs"] = lp,
-                    None => out.push(chunk(json!({"content": ""}), None, Some(lp))),
+                    Some(last) => last.choices[0].logprobs = Some(lp),
+                    None => out.push(chunk(ChatDelta { content: Some(String::new()), ..Default::default() }, None, Some(lp))),
                 }
             }
-            out
+            out.iter().map(to_json).collect()
         }
         Event::Finish(finish) => {
             if let Some(error) = stream_error(&finish) {
                 return vec![error];
             }
-            let mut out: Vec<Value> = deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
-            let reason = finish_of(finish.reason, calls_sent > 0);
-            out.extend(closing_chunks(chunk(json!({}), Some(reason), None), &finish, include_usage));
-            out
+            let mut out: Vec<ChatCompletionChunk> = deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
+            if include_usage {
+                let usage = ChatCompletionChunk { choices: Vec::new(), usage: Some(finish.usage.into()), ..last.clone() };
+                out.extend([last, usage]);
+            } else {
+                out.push(last);
+            }
+            out.iter().map(to_json).collect()
         }
     });
     Ok(sse.into_response())
@@ -160,9 +186,9 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
 
 /// A whole answer: text, reasoning and calls.
 struct Answer {
-    content: Value,
+    content: Option<String>,
     reasoning: String,
-    calls: Vec<ToolCall>,
+    calls: Vec<ParsedCall>,
 }
 
 impl Answer {
@@ -177,27 +203,27 @@ impl Answer {
             }
         }
         if let ToolMode::Named(name) = mode {
-            calls.push(ToolCall { name: name.clone(), arguments });
+            calls.push(ParsedCall { name: name.clone(), arguments });
         }
         // With calls, surrounding whitespace is noise and an empty content is null (OpenAI's shape).
         let content = if calls.is_empty() {
-            Value::String(text)
-        } else if text.trim().is_empty() {
-            Value::Null
+            Some(text)
         } else {
-            Value::String(text.trim().to_string())
+            Some(text.trim().to_string()).filter(|t| !t.is_empty())
         };
         Answer { content, reasoning, calls }
     }
 }
 
-/// OpenAI's tool call object (with its `index` when streamed).
-fn tool_call_json(index: usize, call: &ToolCall, id: &str, streaming: bool) -> Value {
-    let mut value = json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
-    if streaming {
-        value["index"] = json!(index);
-    }
-    value
+fn tool_call(call: ParsedCall, id: String) -> ToolCall {
+    ToolCall { id, kind: "function", function: FunctionCall { name: call.name, arguments: call.arguments } }
+}
+
+/// A streamed tool-call fragment: the first of a call has its id and name.
+fn call_delta(index: usize, id: Option<String>, name: Option<String>, arguments: String) -> ChatDelta {
+    let kind = id.as_ref().map(|_| "function");
+    let function = FunctionCallDelta { name, arguments: Some(arguments) };
+    ChatDelta { tool_calls: Some(vec![ToolCallDelta { index, id, kind, function }]), ..Default::default() }
 }
 
 /// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
@@ -285,12 +311,11 @@ fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
 }
 
 /// OpenAI's per-token logprob object.
-fn logprob_json(tokenizer: &Tokenizer, l: &TokenLogprob) -> Value {
-    let entry = |token: u32, logprob: f32| {
+fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
+    let top = |token: u32, logprob: f32| {
         let text = tokenizer.decode(&[token], false).unwrap_or_default();
-        json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+        TopLogprob { bytes: text.as_bytes().to_vec(), token: text, logprob }
     };
-    let mut value = entry(l.token, l.logprob);
-    value["top_logprobs"] = Value::Array(l.top.iter().map(|(t, lp)| entry(*t, *lp)).collect());
-    value
+    let chosen = top(l.token, l.logprob);
+    TokenLogprob { token: chosen.token, logprob: chosen.logprob, bytes: chosen.bytes, top_logprobs: l.top.iter().map(|(t, lp)| top(*t, *lp)).collect() }
 }

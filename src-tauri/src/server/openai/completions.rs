@@ -5,16 +5,17 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{closing_chunks, collect, finish_reason, now, stream_error, usage_json, CommonParams};
+use super::types::{Completion, CompletionChoice, CompletionLogprobs, Usage};
+use super::{collect, finish_reason, now, stream_error, to_json, CommonParams};
 use crate::engine::Event;
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
 
 /// `prompt`: text or token ids, alone or as a one-element list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -23,11 +24,15 @@ pub enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
+    /// Raw text (special tokens such as FIM markers are honoured; no chat template) or token ids.
     pub prompt: Prompt,
+    /// Report this many alternatives per token (at most 5), in the legacy format.
     pub logprobs: Option<u32>,
+    /// Not supported (send a FIM prompt with the model's markers); empty is accepted.
     pub suffix: Option<String>,
+    /// Not supported; `false` is accepted.
     pub echo: Option<bool>,
 }
 
@@ -62,44 +67,49 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let model = state.model_id().to_string();
     let created = now();
     let tokenizer = info.tokenizer.clone();
-    let logprobs_json = move |entries: &[crate::engine::TokenLogprob]| {
+    let legacy_logprobs = move |entries: &[crate::engine::TokenLogprob]| {
         let token = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
-        json!({
-            "tokens": entries.iter().map(|l| token(l.token)).collect::<Vec<_>>(),
-            "token_logprobs": entries.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-            "top_logprobs": entries.iter().map(|l| l.top.iter().map(|(t, lp)| (token(*t), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
-        })
+        CompletionLogprobs {
+            tokens: entries.iter().map(|l| token(l.token)).collect(),
+            token_logprobs: entries.iter().map(|l| l.logprob).collect(),
+            top_logprobs: entries.iter().map(|l| l.top.iter().map(|(t, lp)| (token(*t), *lp)).collect()).collect(),
+        }
+    };
+    let completion = move |text: String, finish_reason: Option<&'static str>, logprobs: Option<CompletionLogprobs>, usage: Option<Usage>| Completion {
+        id: id.clone(),
+        object: "text_completion",
+        created,
+        model: model.clone(),
+        choices: vec![CompletionChoice { index: 0, text, logprobs, finish_reason }],
+        usage,
     };
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let logprobs = top.map(|_| logprobs_json(&done.logprobs));
-        return Ok(Json(json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": done.text, "logprobs": logprobs, "finish_reason": finish_reason(done.finish.reason)}],
-            "usage": usage_json(&done.finish),
-        }))
-        .into_response());
+        let logprobs = top.map(|_| legacy_logprobs(&done.logprobs));
+        let reason = finish_reason(done.finish.reason);
+        return Ok(Json(completion(done.text, Some(reason), logprobs, Some(done.finish.usage.into()))).into_response());
     }
 
     let include_usage = common.include_usage();
-    let chunk = move |text: &str, finish: Option<&str>, logprobs: Option<Value>| {
-        json!({"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
-    };
     let sse = stream_events(stream, Vec::new(), move |event| match event {
         Event::Delta { text, logprob, .. } => {
-            let lp = top.and(logprob).map(|l| logprobs_json(std::slice::from_ref(&l)));
+            let lp = top.and(logprob).map(|l| legacy_logprobs(std::slice::from_ref(&l)));
             if text.is_empty() && lp.is_none() {
                 return Vec::new();
             }
-            vec![chunk(&text, None, lp)]
+            vec![to_json(&completion(text, None, lp, None))]
         }
         Event::Finish(finish) => {
             if let Some(error) = stream_error(&finish) {
                 return vec![error];
             }
-            closing_chunks(chunk("", Some(finish_reason(finish.reason)), None), &finish, include_usage)
+            let last = completion(String::new(), Some(finish_reason(finish.reason)), None, None);
+            let mut out = vec![to_json(&last)];
+            if include_usage {
+                out.push(to_json(&Completion { choices: Vec::new(), usage: Some(finish.usage.into()), ..last }));
+            }
+            out
         }
     });
     Ok(sse.into_response())

@@ -8,6 +8,7 @@ pub mod models;
 mod reasoning;
 mod structured;
 pub mod tool_calls;
+pub mod types;
 
 use serde::Deserialize;
 
@@ -17,38 +18,55 @@ use crate::engine::{Event, Finish, FinishReason, Request, RequestStream, TokenLo
 use crate::sampling::SamplingParams;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopParam {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct StreamOptions {
+    /// Send a last chunk with no choices and the usage.
     #[serde(default)]
     pub include_usage: Option<bool>,
 }
 
 /// The parameters chat and text completions share. Unknown fields are ignored (clients send
 /// many: `user`, `prompt_cache_key`, `parallel_tool_calls`, ...).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct CommonParams {
+    /// The served model's id (others get a 404); may be left out.
     pub model: Option<String>,
+    /// Most tokens to generate (default: what the context window leaves).
     pub max_tokens: Option<u64>,
+    /// The newer name of `max_tokens`; wins over it.
     pub max_completion_tokens: Option<u64>,
+    /// 0 to 100; 0 is greedy. Default 1.
     pub temperature: Option<f32>,
+    /// Nucleus sampling, in (0, 1].
     pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens (0 = all).
     pub top_k: Option<u32>,
+    /// Drop tokens less likely than min_p times the most likely one.
     pub min_p: Option<f32>,
+    /// -2 to 2.
     pub presence_penalty: Option<f32>,
+    /// -2 to 2.
     pub frequency_penalty: Option<f32>,
+    /// Divides the logits of recent tokens (1 = off).
     pub repetition_penalty: Option<f32>,
+    /// Same seed and parameters, same output.
     pub seed: Option<i64>,
+    /// Strings that end the generation (not included in the output).
     pub stop: Option<StopParam>,
+    /// Stream server-sent events.
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// Only 1 is supported.
     pub n: Option<u32>,
+    /// Token id (as a string) to a bias from -100 to 100 added to its logit.
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
 }
 
 impl CommonParams {
@@ -88,6 +106,12 @@ impl CommonParams {
             Some(n) => n as usize,
             None => room.min(config.max_tokens_limit),
         };
+        let mut logit_bias = Vec::new();
+        for (token, bias) in self.logit_bias.iter().flatten() {
+            let id = token.parse::<u32>().ok().filter(|&id| (id as usize) < info.vocab_size);
+            let id = id.ok_or_else(|| ApiError::invalid("logit_bias", format!("logit_bias key {token:?} is not a token id of this model")))?;
+            logit_bias.push((id, *bias));
+        }
         let defaults = SamplingParams::default();
         let params = SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
@@ -98,6 +122,7 @@ impl CommonParams {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             seed: self.seed.map(|s| s as u64),
+            logit_bias,
             ..defaults
         };
         if let Err(message) = params.validate() {
@@ -161,23 +186,9 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-pub fn usage_json(finish: &Finish) -> serde_json::Value {
-    let u = finish.usage;
-    serde_json::json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                       "total_tokens": u.prompt_tokens + u.completion_tokens})
-}
-
-/// The last chunks of a stream: `last` (carrying the finish reason) and, when asked with
-/// `stream_options.include_usage`, a copy of it with no choices and the usage.
-pub fn closing_chunks(last: serde_json::Value, finish: &Finish, include_usage: bool) -> Vec<serde_json::Value> {
-    let mut out = vec![last];
-    if include_usage {
-        let mut usage = out[0].clone();
-        usage["choices"] = serde_json::json!([]);
-        usage["usage"] = usage_json(finish);
-        out.push(usage);
-    }
-    out
+/// A response type as the JSON of one SSE event.
+pub fn to_json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("response types serialize")
 }
 
 /// The error payload sent as an SSE event when generation fails mid-stream.

@@ -1,0 +1,212 @@
+//! The shapes of what the OpenAI-compatible endpoints answer, as the handlers build them; the
+//! OpenAPI description (`server::openapi`) is generated from these and from the request types.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl From<crate::engine::Usage> for Usage {
+    fn from(u: crate::engine::Usage) -> Usage {
+        Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens, total_tokens: u.prompt_tokens + u.completion_tokens }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Model {
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    pub data: Vec<Model>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// Null when the answer is only tool calls.
+    pub content: Option<String>,
+    /// What a reasoning model thought (`<think>`), apart from the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A tool call as it streams: the first fragment has `id`, `type` and the name.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// One `data:` event of a streamed chat completion. With `stream_options.include_usage` the
+/// last one has no choices and carries the usage.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Logprobs of a text completion, in the legacy format.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Null in streamed chunks until the last.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A text completion, or one streamed chunk of one (same shape; `usage` only where known).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Completion {
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`, `server_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request parameter at fault, if one is.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+/// Every error, as a response body and as a mid-stream `data:` event.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: &'static str,
+    pub model: String,
+}

@@ -1,0 +1,6 @@
+//! The model store: models on disk (FastMLX's own folder, the Hugging Face cache, LM Studio's
+//! folder), downloads from the Hugging Face Hub, and which models are loaded. The CLI, the admin
+//! HTTP API and the desktop UI all go through it. Knows nothing of HTTP serving.
+
+pub mod download;
+pub mod hub;
