@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use fastmlx::engine::{EngineConfig, EngineHandle};
-use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::model::{synthetic, Arch};
 use fastmlx::server::{app, AppState, ServerConfig};
+use fastmlx::store::{Catalog, Residency, ResidencyConfig, StorePaths};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -21,19 +22,29 @@ struct Harness {
     _dir: tempfile::TempDir,
     engine: EngineHandle,
     state: AppState,
+    /// The id the API knows the model by.
+    id: String,
 }
 
-fn harness(engine_config: EngineConfig, config: ServerConfig) -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    synthetic::write_tiny_model(dir.path(), Arch::Qwen2, 5, None).unwrap();
-    let path = dir.path().to_path_buf();
-    let engine = EngineHandle::start(engine_config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap();
-    let state = AppState::new(engine.clone(), config);
-    Harness { _dir: dir, engine, state }
+/// The API over one tiny model loaded from `dir` (FastMLX's models folder in these tests).
+async fn harness_in(dir: tempfile::TempDir, engine_config: EngineConfig, config: ServerConfig) -> Harness {
+    let models_dir = dir.path().join("models");
+    let model = models_dir.join("tiny-qwen2");
+    if !model.exists() {
+        synthetic::write_tiny_model(&model, Arch::Qwen2, 5, None).unwrap();
+    }
+    let residency = Residency::new(Catalog::new(StorePaths::only(&models_dir)), ResidencyConfig { engine: engine_config, ..Default::default() });
+    let served = residency.load("tiny-qwen2", None).await.unwrap();
+    let state = AppState::new(residency, config);
+    Harness { _dir: dir, engine: served.engine, state, id: served.id }
 }
 
-fn default_harness() -> Harness {
-    harness(EngineConfig::default(), ServerConfig::default())
+async fn harness(engine_config: EngineConfig, config: ServerConfig) -> Harness {
+    harness_in(tempfile::tempdir().unwrap(), engine_config, config).await
+}
+
+async fn default_harness() -> Harness {
+    harness(EngineConfig::default(), ServerConfig::default()).await
 }
 
 fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
@@ -72,8 +83,8 @@ fn sse_data(body: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn health_and_models() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
-    let id = h.state.model_id().to_string();
+    let h = default_harness().await;
+    let id = h.id.clone();
     let (status, body) = send_json(&h, get("/health")).await;
     assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
     let (status, body) = send_json(&h, get("/v1/models")).await;
@@ -91,7 +102,7 @@ async fn health_and_models() {
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_completion_non_streaming() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"logprobs": true, "top_logprobs": 2})))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["object"], "chat.completion");
@@ -111,7 +122,7 @@ async fn chat_completion_non_streaming() {
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_completion_streaming_with_usage() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let request = chat(json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 6}));
     let response = app(h.state.clone()).oneshot(post("/v1/chat/completions", request)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -139,7 +150,7 @@ async fn chat_completion_streaming_with_usage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn text_completion_honours_special_tokens_and_streams() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     // "<|im_start|>" is one special token in the tiny model's vocabulary: 1 + 3 bytes.
     let body = json!({"prompt": "<|im_start|>abc", "max_tokens": 4, "temperature": 0}).to_string();
     let (status, json) = send_json(&h, post("/v1/completions", body)).await;
@@ -159,8 +170,8 @@ async fn text_completion_honours_special_tokens_and_streams() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_the_openai_envelope() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { max_body_bytes: 64 << 10, ..Default::default() });
-    let id = h.state.model_id().to_string();
+    let h = harness(EngineConfig::default(), ServerConfig { max_body_bytes: 64 << 10, ..Default::default() }).await;
+    let id = h.id.clone();
     let long_prompt: Vec<u32> = vec![5; 600];
     let cases: Vec<(&str, Request<Body>, StatusCode, Option<&str>)> = vec![
         ("malformed JSON", post("/v1/chat/completions", "{\"messages\": ["), StatusCode::BAD_REQUEST, None),
@@ -206,7 +217,7 @@ async fn bad_requests_get_the_openai_envelope() {
 #[tokio::test(flavor = "multi_thread")]
 async fn host_allow_list_and_api_key() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("s3cret".into()), ..Default::default() });
+    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("s3cret".into()), ..Default::default() }).await;
     let with = |host: &str, auth: Option<(&str, &str)>| {
         let mut r = Request::get("/v1/models").header(header::HOST, host);
         if let Some((k, v)) = auth {
@@ -234,7 +245,7 @@ async fn host_allow_list_and_api_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn busy_engine_answers_429() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig { max_batch: 1, max_queue: 1, ..Default::default() }, ServerConfig::default());
+    let h = harness(EngineConfig { max_batch: 1, max_queue: 1, ..Default::default() }, ServerConfig::default()).await;
     let long = || post("/v1/completions", json!({"prompt": "ab", "max_tokens": 5000, "stream": true}).to_string());
     let first = app(h.state.clone()).oneshot(long()).await.unwrap();
     let mut first_body = first.into_body();
@@ -250,7 +261,7 @@ async fn busy_engine_answers_429() {
 #[tokio::test(flavor = "multi_thread")]
 async fn client_disconnect_cancels_the_generation() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let request = post("/v1/chat/completions", chat(json!({"stream": true, "max_tokens": 10_000})));
     let response = app(h.state.clone()).oneshot(request).await.unwrap();
     let mut body = response.into_body();
@@ -274,13 +285,13 @@ async fn client_disconnect_cancels_the_generation() {
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_metrics() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let _ = send_json(&h, post("/v1/chat/completions", chat(json!({})))).await;
     let (status, text) = send(&h, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("# TYPE fastmlx_requests_total counter"));
-    let line = text.lines().find(|l| l.starts_with("fastmlx_requests_total ")).unwrap();
-    assert_eq!(line, "fastmlx_requests_total 1");
+    let line = text.lines().find(|l| l.starts_with("fastmlx_requests_total{")).unwrap();
+    assert_eq!(line, format!("fastmlx_requests_total{{model=\"{}\"}} 1", h.id));
 }
 
 /// A model whose template takes tools (Qwen 2.5's): tool definitions, an assistant tool call
@@ -290,20 +301,19 @@ async fn prometheus_metrics() {
 async fn tools_round_trip_renders_with_a_tool_template() {
     let _mlx = common::mlx_lock();
     let dir = tempfile::tempdir().unwrap();
-    synthetic::write_tiny_model(dir.path(), Arch::Qwen2, 5, None).unwrap();
+    let model = dir.path().join("models/tiny-qwen2");
+    synthetic::write_tiny_model(&model, Arch::Qwen2, 5, None).unwrap();
     let template = std::fs::read_to_string(common::root().join("tests/data/chat_templates/qwen2.5.jinja")).unwrap();
-    let config_path = dir.path().join("tokenizer_config.json");
+    let config_path = model.join("tokenizer_config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
     config["chat_template"] = Value::String(template);
     std::fs::write(&config_path, config.to_string()).unwrap();
     // Byte-level tokens make the tool prompt long: give the tiny model a longer window.
-    let model_config = dir.path().join("config.json");
+    let model_config = model.join("config.json");
     let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&model_config).unwrap()).unwrap();
     c["max_position_embeddings"] = json!(4096);
     std::fs::write(&model_config, c.to_string()).unwrap();
-    let path = dir.path().to_path_buf();
-    let engine = EngineHandle::start(EngineConfig::default(), move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap();
-    let h = Harness { _dir: dir, engine: engine.clone(), state: AppState::new(engine, ServerConfig::default()) };
+    let h = harness_in(dir, EngineConfig::default(), ServerConfig::default()).await;
     let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
     let messages = json!([
@@ -335,7 +345,7 @@ async fn tools_round_trip_renders_with_a_tool_template() {
 #[tokio::test(flavor = "multi_thread")]
 async fn json_schema_answers_of_a_random_model_validate() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let schema = json!({"type": "object", "properties": {
         "mood": {"enum": ["happy", "sad"]}, "n": {"type": "integer", "minimum": -5, "maximum": 300},
         "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b", null]}, "maxItems": 2}},
@@ -364,7 +374,7 @@ async fn json_schema_answers_of_a_random_model_validate() {
 #[tokio::test(flavor = "multi_thread")]
 async fn forced_tool_calls_from_a_random_model() {
     let _mlx = common::mlx_lock();
-    let h = default_harness();
+    let h = default_harness().await;
     let tools = json!([
         {"type": "function", "function": {"name": "set_light", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}},
         {"type": "function", "function": {"name": "get_time"}}]);

@@ -14,9 +14,12 @@ BINARY = Path(os.environ.get("FASTMLX_BIN", ROOT / "target/debug/fastmlx"))
 
 
 @pytest.fixture(scope="session")
-def server():
+def server(tmp_path_factory):
     log = open(ROOT / "target/client-tests-server.log", "w+")
-    proc = subprocess.Popen([str(BINARY), "serve", "--port", "0", "--max-batch", "16"], stdout=log, stderr=subprocess.STDOUT)
+    # Model discovery looks only at empty folders: the machine's own models stay out of the tests.
+    empty = tmp_path_factory.mktemp("no-models")
+    env = {**os.environ, "FASTMLX_MODELS_DIR": str(empty), "HF_HUB_CACHE": str(empty), "LMSTUDIO_MODELS_DIR": str(empty)}
+    proc = subprocess.Popen([str(BINARY), "serve", "--port", "0", "--max-batch", "16"], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = None
     deadline = time.time() + 120
     while url is None and time.time() < deadline:

@@ -86,7 +86,8 @@ def test_errors_are_the_sdks_own_exceptions(client, server):
 
 def metric(server, name):
     text = urllib.request.urlopen(server["base"] + "/metrics").read().decode()
-    return float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " ")))
+    # One series per loaded model: `name{model="..."} value`; the tests load one.
+    return float(next(l.rsplit(" ", 1)[1] for l in text.splitlines() if l.startswith(name + "{")))
 
 
 def test_closing_the_stream_cancels(client, server):

@@ -6,16 +6,22 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::engine::{EngineConfig, EngineHandle};
-use crate::mlx::Backend;
-use crate::model::load_model_with;
+use crate::engine::EngineConfig;
 use crate::server::{app, AppState, ServerConfig};
+use crate::store::{Catalog, Residency, ResidencyConfig, StorePaths};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// A model folder or .gguf file [default: SmolLM2-135M-Instruct]
+    /// The model to load first: a local model id (`fastmlx ls`), a folder or a .gguf file
+    /// [default: SmolLM2-135M-Instruct]. Requests naming another local model load it too.
     #[arg(long, short, env = "FASTMLX_MODEL")]
     model: Option<PathBuf>,
+    /// Unload a model after this many seconds without requests (default: keep it).
+    #[arg(long, env = "FASTMLX_KEEP_ALIVE")]
+    keep_alive: Option<u64>,
+    /// Memory (MB) all loaded models' weights and KV caches must fit in [default: 70% of RAM].
+    #[arg(long, env = "FASTMLX_MEMORY_BUDGET_MB")]
+    memory_budget_mb: Option<u64>,
     /// Address to listen on; anything but loopback exposes the server to the network.
     #[arg(long, env = "FASTMLX_HOST", default_value = "127.0.0.1")]
     host: IpAddr,
@@ -51,15 +57,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
-    let options = args.weights.load_options();
-    let engine_config =
-        EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, max_context: args.ctx, ..Default::default() };
-    let load_path = path.clone();
-    let engine = tokio::task::spawn_blocking(move || {
-        EngineHandle::start(engine_config, move || load_model_with(&load_path, &Backend::init(), &options))
-    })
-    .await?
-    .with_context(|| format!("loading {}", path.display()))?;
+    let mut residency_config = ResidencyConfig {
+        engine: EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, max_context: args.ctx, ..Default::default() },
+        load: args.weights.load_options(),
+        keep_alive: args.keep_alive.map(std::time::Duration::from_secs),
+        ..Default::default()
+    };
+    if let Some(mb) = args.memory_budget_mb {
+        residency_config.memory_budget = mb << 20;
+    }
+    let models = Residency::new(Catalog::new(StorePaths::from_env()), residency_config);
+    let first = models.load(&path.to_string_lossy(), None).await.with_context(|| format!("loading {}", path.display()))?;
+    models.spawn_idle_reaper();
 
     let mut config = ServerConfig { api_key: args.api_key.filter(|k| !k.is_empty()), ..Default::default() };
     if !args.host.is_loopback() && !args.host.is_unspecified() {
@@ -74,15 +83,15 @@ async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
-    let state = AppState::new(engine.clone(), config);
-    eprintln!("FastMLX serving {} at http://{address}/v1", state.model_id());
-    let shutdown_engine = engine.clone();
+    let state = AppState::new(models.clone(), config);
+    eprintln!("FastMLX serving {} at http://{address}/v1", first.id);
+    drop(first);
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
             eprintln!("shutting down");
             // Ends every running stream (each gets its finish), so connections can close.
-            let _ = tokio::task::spawn_blocking(move || shutdown_engine.shutdown()).await;
+            models.unload_all().await;
         })
         .await?;
     Ok(())

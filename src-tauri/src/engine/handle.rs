@@ -57,6 +57,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     pub kv_bytes_per_token: usize,
     pub kv_budget_bytes: usize,
+    /// Bytes the weights take in memory.
+    pub weights_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

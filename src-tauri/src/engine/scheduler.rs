@@ -53,6 +53,7 @@ impl Scheduler {
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
+            weights_bytes: model.weights_bytes,
         };
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };

@@ -17,5 +17,5 @@ pub use error::ModelError;
 pub use batch_cache::BatchKvCache;
 pub use cache::{LayerCache, Positions};
 pub use kv_cache::KvCache;
-pub use load::{load_model, load_model_with, LoadOptions, LoadedModel, WeightFormat};
+pub use load::{inspect, load_model, load_model_with, LoadOptions, LoadedModel, ModelSummary, WeightFormat};
 pub use transformer::Transformer;

@@ -92,3 +92,17 @@ impl From<SubmitError> for ApiError {
         }
     }
 }
+
+impl From<crate::store::ResidencyError> for ApiError {
+    fn from(e: crate::store::ResidencyError) -> ApiError {
+        use crate::store::{CatalogError, ResidencyError};
+        let message = e.to_string();
+        match e {
+            ResidencyError::Catalog(CatalogError::NotFound(id)) => ApiError { message, ..ApiError::model_not_found(&id) },
+            ResidencyError::Unloadable { .. } | ResidencyError::NoModel => ApiError { param: Some("model".into()), ..ApiError::bad_request(message) },
+            ResidencyError::NotLoaded(_) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message) },
+            ResidencyError::NoRoom { .. } => ApiError { code: Some("insufficient_memory"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message) },
+            ResidencyError::Catalog(_) | ResidencyError::LoadFailed { .. } => ApiError::internal(message),
+        }
+    }
+}

@@ -7,29 +7,34 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AppState;
+use crate::engine::Metrics;
 
 pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
-    let m = state.engine.snapshot();
+    let engines: Vec<(String, Metrics)> = state.models.engines().into_iter().map(|s| (s.id, s.engine.snapshot())).collect();
     let mut out = String::new();
-    let mut put = |name: &str, kind: &str, help: &str, value: f64| {
-        let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} {kind}\nfastmlx_{name} {value}");
+    // One series per loaded model, labelled with its id.
+    let mut put = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Metrics) -> f64| {
+        let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} {kind}");
+        for (id, m) in &engines {
+            let _ = writeln!(out, "fastmlx_{name}{{model=\"{}\"}} {}", id.replace('\\', "\\\\").replace('"', "\\\""), value(m));
+        }
     };
-    put("running_requests", "gauge", "Rows in the running batch.", m.running as f64);
-    put("queued_requests", "gauge", "Requests waiting to start.", m.queued as f64);
-    put("batch_size", "gauge", "Rows decoded in the last engine step.", m.batch_size as f64);
-    put("prefill_tokens_per_second", "gauge", "Prompt tokens processed per second, last seconds.", m.prefill_tokens_per_sec);
-    put("decode_tokens_per_second", "gauge", "Tokens generated per second, last seconds.", m.decode_tokens_per_sec);
-    put("kv_cache_tokens", "gauge", "Tokens held in the batch's KV cache.", m.kv_tokens as f64);
-    put("kv_cache_bytes", "gauge", "Bytes allocated for the batch's KV cache.", m.kv_bytes as f64);
-    put("kv_reserved_bytes", "gauge", "KV bytes reserved by admitted requests.", m.kv_reserved_bytes as f64);
-    put("kv_budget_bytes", "gauge", "KV bytes admitted requests may reserve.", m.kv_budget_bytes as f64);
-    put("mlx_active_bytes", "gauge", "MLX memory in use.", m.mlx_active_bytes as f64);
-    put("mlx_peak_bytes", "gauge", "MLX peak memory.", m.mlx_peak_bytes as f64);
-    put("requests_total", "counter", "Requests submitted.", m.requests_total as f64);
-    put("requests_finished_total", "counter", "Requests ended, for any reason.", m.finished_total as f64);
-    put("requests_cancelled_total", "counter", "Requests cancelled.", m.cancelled_total as f64);
-    put("requests_failed_total", "counter", "Requests ended by an error.", m.errors_total as f64);
-    put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", m.prompt_tokens_total as f64);
-    put("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens_total as f64);
+    put("running_requests", "gauge", "Rows in the running batch.", &|m| m.running as f64);
+    put("queued_requests", "gauge", "Requests waiting to start.", &|m| m.queued as f64);
+    put("batch_size", "gauge", "Rows decoded in the last engine step.", &|m| m.batch_size as f64);
+    put("prefill_tokens_per_second", "gauge", "Prompt tokens processed per second, last seconds.", &|m| m.prefill_tokens_per_sec);
+    put("decode_tokens_per_second", "gauge", "Tokens generated per second, last seconds.", &|m| m.decode_tokens_per_sec);
+    put("kv_cache_tokens", "gauge", "Tokens held in the batch's KV cache.", &|m| m.kv_tokens as f64);
+    put("kv_cache_bytes", "gauge", "Bytes allocated for the batch's KV cache.", &|m| m.kv_bytes as f64);
+    put("kv_reserved_bytes", "gauge", "KV bytes reserved by admitted requests.", &|m| m.kv_reserved_bytes as f64);
+    put("kv_budget_bytes", "gauge", "KV bytes admitted requests may reserve.", &|m| m.kv_budget_bytes as f64);
+    put("mlx_active_bytes", "gauge", "MLX memory in use (the whole process).", &|m| m.mlx_active_bytes as f64);
+    put("mlx_peak_bytes", "gauge", "MLX peak memory.", &|m| m.mlx_peak_bytes as f64);
+    put("requests_total", "counter", "Requests submitted.", &|m| m.requests_total as f64);
+    put("requests_finished_total", "counter", "Requests ended, for any reason.", &|m| m.finished_total as f64);
+    put("requests_cancelled_total", "counter", "Requests cancelled.", &|m| m.cancelled_total as f64);
+    put("requests_failed_total", "counter", "Requests ended by an error.", &|m| m.errors_total as f64);
+    put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &|m| m.prompt_tokens_total as f64);
+    put("generated_tokens_total", "counter", "Tokens generated.", &|m| m.generated_tokens_total as f64);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

@@ -20,7 +20,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 pub use error::ApiError;
 
-use crate::engine::EngineHandle;
+use crate::store::Residency;
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -60,21 +60,17 @@ impl Default for ServerConfig {
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: EngineHandle,
+    /// The loaded models and the catalog of local ones.
+    pub models: Residency,
     pub config: Arc<ServerConfig>,
-    /// Unix time the model was loaded (`created` in model listings).
+    /// Unix time the server started (`created` in model listings).
     pub created: u64,
 }
 
 impl AppState {
-    pub fn new(engine: EngineHandle, config: ServerConfig) -> AppState {
+    pub fn new(models: Residency, config: ServerConfig) -> AppState {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        AppState { engine, config: Arc::new(config), created }
-    }
-
-    /// The id the API knows the model by.
-    pub fn model_id(&self) -> &str {
-        &self.engine.model_info().name
+        AppState { models, config: Arc::new(config), created }
     }
 }
 
@@ -98,7 +94,7 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<openai::types::Health> {
-    axum::Json(openai::types::Health { status: "ok", model: state.model_id().to_string() })
+    axum::Json(openai::types::Health { status: "ok", loaded: state.models.loaded().into_iter().map(|m| m.id).collect() })
 }
 
 fn cors(config: &ServerConfig) -> CorsLayer {

@@ -2,5 +2,14 @@
 //! folder), downloads from the Hugging Face Hub, and which models are loaded. The CLI, the admin
 //! HTTP API and the desktop UI all go through it. Knows nothing of HTTP serving.
 
+mod catalog;
+mod discover;
 pub mod download;
 pub mod hub;
+mod layout;
+mod residency;
+
+pub use catalog::{Catalog, CatalogError};
+pub use discover::{LocalModel, Source, MANIFEST};
+pub use layout::StorePaths;
+pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};

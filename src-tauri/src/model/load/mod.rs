@@ -2,7 +2,9 @@
 //! Either way the result is the same [`LoadedModel`]: transformer, tokenizer, chat template.
 
 mod gguf;
+mod gguf_header;
 mod hf_dir;
+mod inspect;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +13,8 @@ use crate::mlx::Backend;
 use crate::model::error::{ModelError, Result};
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
+
+pub use inspect::{folder_size, inspect, ModelSummary};
 
 /// How quantized checkpoints are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,6 +81,12 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
         chat_template: chat_template.map(Arc::new),
         weights_bytes,
     })
+}
+
+/// Whether quantized weights of a model with `parameters` parameters will be expanded when
+/// loaded on this machine's device.
+pub fn expands_quantized(options: &LoadOptions, parameters: u64) -> bool {
+    expand_quantized(options, &Backend { gpu: crate::mlx::gpu_available() }, parameters)
 }
 
 /// Whether to expand quantized weights of a model with `parameters` parameters.

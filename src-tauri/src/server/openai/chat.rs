@@ -53,7 +53,8 @@ pub struct ChatRequest {
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
-    let info = state.engine.model_info().clone();
+    let served = state.models.serve(common.model.as_deref()).await?;
+    let info = served.engine.model_info().clone();
     let messages = normalize_messages(&request.messages, state.config.max_messages)?;
     let template = info
         .chat_template
@@ -80,7 +81,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         return Err(ApiError::invalid("top_logprobs", "top_logprobs may be at most 20"));
     }
     let logprobs = request.logprobs.unwrap_or(false).then_some(top);
-    let mut engine_request = common.to_request(&state, prompt_ids, logprobs)?;
+    let mut engine_request = common.to_request(&state, &info, prompt_ids, logprobs)?;
     if let ToolMode::Auto(format) = shape.mode {
         engine_request.special_text_tokens = format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     }
@@ -88,9 +89,9 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     let reasoning = || if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
     let mut parser = AnswerParser::new(&shape.mode, reasoning());
     engine_request.grammar = shape.grammar.clone();
-    let stream = state.engine.submit(engine_request)?;
+    let stream = served.engine.submit(engine_request)?;
     let id = format!("chatcmpl-{}", stream.id);
-    let model = state.model_id().to_string();
+    let model = served.id.clone();
     let created = now();
     let tokenizer = info.tokenizer.clone();
     let forced = matches!(shape.mode, ToolMode::Named(_));

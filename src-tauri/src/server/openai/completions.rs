@@ -39,7 +39,8 @@ pub struct CompletionRequest {
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
-    let info = state.engine.model_info().clone();
+    let served = state.models.serve(common.model.as_deref()).await?;
+    let info = served.engine.model_info().clone();
     if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported; send a FIM prompt with the model's own markers"));
     }
@@ -61,10 +62,10 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     if top.is_some_and(|n| n > 5) {
         return Err(ApiError::invalid("logprobs", "logprobs may be at most 5"));
     }
-    let engine_request = common.to_request(&state, prompt_ids, top)?;
-    let stream = state.engine.submit(engine_request)?;
+    let engine_request = common.to_request(&state, &info, prompt_ids, top)?;
+    let stream = served.engine.submit(engine_request)?;
     let id = format!("cmpl-{}", stream.id);
-    let model = state.model_id().to_string();
+    let model = served.id.clone();
     let created = now();
     let tokenizer = info.tokenizer.clone();
     let legacy_logprobs = move |entries: &[crate::engine::TokenLogprob]| {

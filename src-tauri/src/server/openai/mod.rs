@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::engine::{Event, Finish, FinishReason, Request, RequestStream, TokenLogprob};
+use crate::engine::{Event, Finish, FinishReason, ModelInfo, Request, RequestStream, TokenLogprob};
 use crate::sampling::SamplingParams;
 
 /// `stop`: one string or a list.
@@ -79,8 +79,7 @@ impl CommonParams {
     }
 
     /// The engine request for `prompt_ids`, after checking every parameter.
-    pub fn to_request(&self, state: &AppState, prompt_ids: Vec<u32>, logprobs: Option<usize>) -> Result<Request, ApiError> {
-        check_model(state, self.model.as_deref())?;
+    pub fn to_request(&self, state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, logprobs: Option<usize>) -> Result<Request, ApiError> {
         let config = &state.config;
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
@@ -96,7 +95,6 @@ impl CommonParams {
         if stop.iter().any(|s| s.chars().count() > config.max_stop_length) {
             return Err(ApiError::invalid("stop", format!("stop strings may be at most {} characters", config.max_stop_length)));
         }
-        let info = state.engine.model_info();
         let room = info.context_length.saturating_sub(prompt_ids.len());
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
@@ -134,14 +132,6 @@ impl CommonParams {
         request.stop = stop;
         request.logprobs = logprobs;
         Ok(request)
-    }
-}
-
-/// A request naming another model than the loaded one gets a 404.
-pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if !m.is_empty() && m != state.model_id() => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
     }
 }
 

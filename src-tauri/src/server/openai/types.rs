@@ -208,5 +208,6 @@ pub struct ErrorBody {
 pub struct Health {
     /// Always `ok`.
     pub status: &'static str,
-    pub model: String,
+    /// The loaded models, most recently used first.
+    pub loaded: Vec<String>,
 }

@@ -1,0 +1,163 @@
+//! What a model on disk is, without loading it: architecture, size, quantization, context
+//! length, and whether this build can load it (and why not). For model listings.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::gguf_header;
+use crate::model::arch::{self, HfConfig};
+use crate::model::config::Arch;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelSummary {
+    /// `hf` (a folder with config.json) or `gguf`.
+    pub format: &'static str,
+    /// `model_type` / `general.architecture`.
+    pub architecture: Option<String>,
+    pub parameters: Option<u64>,
+    /// e.g. "4-bit (group 64)", "bf16", "Q4_1".
+    pub quantization: Option<String>,
+    pub context_length: Option<usize>,
+    pub size_bytes: u64,
+    /// `None` when this build can load it; otherwise why not.
+    pub unloadable_reason: Option<String>,
+}
+
+/// Describes the model at `path` (a folder with `config.json`, or a `.gguf` file).
+pub fn inspect(path: &Path) -> ModelSummary {
+    if path.is_dir() {
+        inspect_folder(path)
+    } else {
+        inspect_gguf(path)
+    }
+}
+
+fn inspect_folder(dir: &Path) -> ModelSummary {
+    let mut summary = ModelSummary {
+        format: "hf",
+        architecture: None,
+        parameters: None,
+        quantization: None,
+        context_length: None,
+        size_bytes: folder_size(dir),
+        unloadable_reason: None,
+    };
+    let raw: Value = match std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string()).and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())) {
+        Ok(raw) => raw,
+        Err(e) => {
+            summary.unloadable_reason = Some(format!("config.json: {e}"));
+            return summary;
+        }
+    };
+    let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
+    summary.architecture = (!model_type.is_empty()).then(|| model_type.clone());
+    summary.context_length = raw.get("max_position_embeddings").and_then(Value::as_u64).map(|n| n as usize);
+    summary.quantization = match raw.get("quantization").or_else(|| raw.get("quantization_config")) {
+        Some(q) => match (q.get("bits").and_then(Value::as_u64), q.get("group_size").and_then(Value::as_u64), q.get("quant_method").and_then(Value::as_str)) {
+            (Some(bits), Some(group), _) => Some(format!("{bits}-bit (group {group})")),
+            (_, _, Some(method)) => Some(method.to_string()),
+            _ => Some("quantized".into()),
+        },
+        None => raw.get("torch_dtype").or_else(|| raw.get("dtype")).and_then(Value::as_str).map(str::to_string),
+    };
+    let mut reasons = Vec::new();
+    match Arch::from_model_type(&model_type) {
+        None => reasons.push(format!("architecture {model_type:?} is not supported")),
+        Some(arch) => match serde_json::from_value::<HfConfig>(raw.clone()).map_err(|e| e.to_string()).and_then(|hf| arch::model_config(arch, &hf)) {
+            Ok(config) => summary.parameters = Some(config.parameter_count()),
+            Err(e) => reasons.push(format!("config.json: {e}")),
+        },
+    }
+    if let Some(method) = raw.get("quantization_config").and_then(|q| q.get("quant_method")).and_then(Value::as_str) {
+        reasons.push(format!("{method} quantization is not supported (use an MLX conversion)"));
+    }
+    if !dir.join("tokenizer.json").exists() {
+        reasons.push("tokenizer.json is missing".into());
+    }
+    let has_weights = std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"));
+    if !has_weights {
+        reasons.push("no .safetensors weights".into());
+    }
+    summary.unloadable_reason = (!reasons.is_empty()).then(|| reasons.join("; "));
+    summary
+}
+
+fn inspect_gguf(path: &Path) -> ModelSummary {
+    let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let mut summary = ModelSummary {
+        format: "gguf",
+        architecture: None,
+        parameters: None,
+        quantization: None,
+        context_length: None,
+        size_bytes,
+        unloadable_reason: None,
+    };
+    let header = match gguf_header::read(path) {
+        Ok(h) => h,
+        Err(e) => {
+            summary.unloadable_reason = Some(format!("cannot read the GGUF header: {e}"));
+            return summary;
+        }
+    };
+    let arch = header.string("general.architecture").unwrap_or_default().to_string();
+    summary.context_length = header.int(&format!("{arch}.context_length")).map(|n| n as usize);
+    summary.parameters = Some(header.tensor_elements.iter().sum());
+    summary.quantization = header.int("general.file_type").map(|t| file_type_name(t as u32).to_string());
+    let mut reasons = Vec::new();
+    if Arch::from_model_type(&arch).is_none() {
+        reasons.push(format!("architecture {arch:?} is not supported"));
+    }
+    if header.string("tokenizer.ggml.model").is_some_and(|m| m != "gpt2") {
+        reasons.push("SentencePiece GGUF tokenizers are not supported (load the Hugging Face folder)".into());
+    }
+    // ggml types MLX reads: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8.
+    if let Some(t) = header.tensor_types.iter().find(|t| ![0, 1, 2, 3, 8].contains(*t)) {
+        reasons.push(format!("ggml tensor type {t} (K-quants, IQ) is not supported; use Q4_0, Q4_1, Q8_0, F16 or an MLX conversion"));
+    }
+    summary.architecture = (!arch.is_empty()).then_some(arch);
+    summary.unloadable_reason = (!reasons.is_empty()).then(|| reasons.join("; "));
+    summary
+}
+
+/// llama.cpp's `general.file_type` names.
+fn file_type_name(t: u32) -> &'static str {
+    match t {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => "other",
+    }
+}
+
+/// Bytes of the files in `dir` (following the HF cache's symlinks to their blobs).
+pub fn folder_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                folder_size(&path)
+            } else {
+                std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+            }
+        })
+        .sum()
+}

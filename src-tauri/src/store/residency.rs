@@ -1,0 +1,312 @@
+//! Which models are loaded, each in its own engine: loading on demand (a request naming a
+//! model that is not loaded loads it), unloading, least-recently-used eviction within a memory
+//! budget, and an idle time-out (Ollama's `keep_alive`). Loading is refused with a clear error
+//! rather than pushing the machine into swap.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::catalog::{Catalog, CatalogError};
+use crate::engine::{EngineConfig, EngineHandle};
+use crate::mlx::Backend;
+use crate::model::{load_model_with, LoadOptions, ModelSummary};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResidencyError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("{id} cannot be loaded by this build: {reason}")]
+    Unloadable { id: String, reason: String },
+    #[error("{id} needs about {needed_mb} MB (weights and KV cache); {free_mb} MB of the {budget_mb} MB memory budget is free{busy}")]
+    NoRoom { id: String, needed_mb: u64, free_mb: u64, budget_mb: u64, busy: String },
+    #[error("loading {id} failed: {message}")]
+    LoadFailed { id: String, message: String },
+    #[error("{0} is not loaded")]
+    NotLoaded(String),
+    #[error("no model is loaded and none was named")]
+    NoModel,
+}
+
+#[derive(Clone)]
+pub struct ResidencyConfig {
+    pub engine: EngineConfig,
+    pub load: LoadOptions,
+    /// Weights plus KV caches of all loaded models stay under this.
+    pub memory_budget: u64,
+    /// Unload a model unused for this long (`None`: never).
+    pub keep_alive: Option<Duration>,
+}
+
+impl Default for ResidencyConfig {
+    fn default() -> Self {
+        let total = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+        ResidencyConfig { engine: EngineConfig::default(), load: LoadOptions::default(), memory_budget: total / 10 * 7, keep_alive: None }
+    }
+}
+
+/// A loaded model, as listings show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadedStatus {
+    pub id: String,
+    pub path: PathBuf,
+    /// Weights and KV budget, in bytes.
+    pub memory_bytes: u64,
+    pub weights_bytes: u64,
+    pub kv_budget_bytes: u64,
+    pub idle_secs: u64,
+    /// Seconds until the idle time-out unloads it.
+    pub expires_in_secs: Option<u64>,
+    pub running: usize,
+    pub queued: usize,
+}
+
+/// A model chosen to serve a request: its id (as the API reports it) and its engine.
+#[derive(Clone)]
+pub struct Served {
+    pub id: String,
+    pub engine: EngineHandle,
+}
+
+struct Resident {
+    id: String,
+    path: PathBuf,
+    engine: EngineHandle,
+    /// Weights plus KV budget.
+    footprint: u64,
+    last_used: Instant,
+    keep_alive: Option<Duration>,
+}
+
+impl Resident {
+    fn busy(&self) -> bool {
+        let m = self.engine.snapshot();
+        m.running > 0 || m.queued > 0
+    }
+}
+
+struct Inner {
+    catalog: Catalog,
+    config: ResidencyConfig,
+    /// Most recently used last.
+    residents: Mutex<Vec<Resident>>,
+    /// One load at a time (each may need to evict others first).
+    loading: tokio::sync::Mutex<()>,
+    /// Bumped when the set of loaded models changes (tray menu, UI).
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Clone)]
+pub struct Residency {
+    inner: Arc<Inner>,
+}
+
+const KV_FLOOR: u64 = 256 << 20;
+
+impl Residency {
+    pub fn new(catalog: Catalog, config: ResidencyConfig) -> Residency {
+        let (changes, _) = watch::channel(0);
+        Residency { inner: Arc::new(Inner { catalog, config, residents: Mutex::new(Vec::new()), loading: tokio::sync::Mutex::new(()), changes }) }
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.inner.catalog
+    }
+
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    fn residents(&self) -> std::sync::MutexGuard<'_, Vec<Resident>> {
+        self.inner.residents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The engine for `id` (loading it if needed); with no id, the most recently used model.
+    pub async fn serve(&self, id: Option<&str>) -> Result<Served, ResidencyError> {
+        let id = match id.filter(|i| !i.is_empty()) {
+            Some(id) => id.to_string(),
+            None => self.residents().last().map(|r| r.id.clone()).ok_or(ResidencyError::NoModel)?,
+        };
+        if let Some(served) = self.touch(&id) {
+            return Ok(served);
+        }
+        self.load(&id, None).await
+    }
+
+    /// Marks `id` used and returns its engine, if it is loaded.
+    fn touch(&self, id: &str) -> Option<Served> {
+        let mut residents = self.residents();
+        let i = residents.iter().position(|r| r.id == id)?;
+        let mut resident = residents.remove(i);
+        resident.last_used = Instant::now();
+        let served = Served { id: resident.id.clone(), engine: resident.engine.clone() };
+        residents.push(resident);
+        Some(served)
+    }
+
+    /// Loads `id` (a catalog id or a path) unless it is loaded; `keep_alive` overrides the default time-out.
+    pub async fn load(&self, id: &str, keep_alive: Option<Duration>) -> Result<Served, ResidencyError> {
+        let _one_at_a_time = self.inner.loading.lock().await;
+        if let Some(served) = self.touch(id) {
+            if keep_alive.is_some() {
+                self.set_keep_alive(id, keep_alive);
+            }
+            return Ok(served);
+        }
+        let model = self.inner.catalog.find(id)?;
+        if let Some(reason) = model.summary.unloadable_reason.clone() {
+            return Err(ResidencyError::Unloadable { id: model.id, reason });
+        }
+        let config = &self.inner.config;
+        let weights = estimated_weights_bytes(&model.summary, &config.load);
+        let kv = self.make_room(&model.id, weights)?;
+        let engine_config = EngineConfig { kv_budget_bytes: Some(kv as usize), ..config.engine.clone() };
+        let (path, options) = (model.path.clone(), config.load);
+        let engine = tokio::task::spawn_blocking(move || EngineHandle::start(engine_config, move || load_model_with(&path, &Backend::init(), &options)))
+            .await
+            .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?
+            .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?;
+        let footprint = engine.model_info().weights_bytes as u64 + kv;
+        let resident = Resident {
+            id: model.id.clone(),
+            path: model.path,
+            engine: engine.clone(),
+            footprint,
+            last_used: Instant::now(),
+            keep_alive: keep_alive.or(config.keep_alive),
+        };
+        self.residents().push(resident);
+        self.inner.changes.send_modify(|n| *n += 1);
+        Ok(Served { id: model.id, engine })
+    }
+
+    /// Frees room for a model whose weights take `weights` bytes, unloading idle models least
+    /// recently used first; returns the KV budget it gets.
+    fn make_room(&self, id: &str, weights: u64) -> Result<u64, ResidencyError> {
+        let budget = self.inner.config.memory_budget;
+        let kv_wanted = self.inner.config.engine.kv_budget_bytes.map_or_else(|| (budget / 4).max(KV_FLOOR), |k| k as u64);
+        let mut evicted = Vec::new();
+        let result = {
+            let mut residents = self.residents();
+            loop {
+                let used: u64 = residents.iter().map(|r| r.footprint).sum();
+                let free = budget.saturating_sub(used);
+                if weights + KV_FLOOR <= free {
+                    break Ok(kv_wanted.min(free - weights));
+                }
+                match residents.iter().position(|r| !r.busy()) {
+                    Some(i) => evicted.push(residents.remove(i)),
+                    None => {
+                        let busy: Vec<&str> = residents.iter().map(|r| r.id.as_str()).collect();
+                        let busy = if busy.is_empty() { String::new() } else { format!(" (in use by {})", busy.join(", ")) };
+                        let mb = |b: u64| b >> 20;
+                        break Err(ResidencyError::NoRoom { id: id.to_string(), needed_mb: mb(weights + KV_FLOOR), free_mb: mb(free), budget_mb: mb(budget), busy });
+                    }
+                }
+            }
+        };
+        for resident in evicted {
+            tracing::info!("unloading {} to make room for {id}", resident.id);
+            resident.engine.shutdown();
+            self.inner.changes.send_modify(|n| *n += 1);
+        }
+        result
+    }
+
+    fn set_keep_alive(&self, id: &str, keep_alive: Option<Duration>) {
+        if let Some(r) = self.residents().iter_mut().find(|r| r.id == id) {
+            r.keep_alive = keep_alive;
+        }
+    }
+
+    /// Unloads `id`, cancelling its running requests, and frees its memory.
+    pub async fn unload(&self, id: &str) -> Result<(), ResidencyError> {
+        let resident = {
+            let mut residents = self.residents();
+            let i = residents.iter().position(|r| r.id == id).ok_or_else(|| ResidencyError::NotLoaded(id.to_string()))?;
+            residents.remove(i)
+        };
+        let engine = resident.engine;
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        self.inner.changes.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    pub fn loaded(&self) -> Vec<LoadedStatus> {
+        let now = Instant::now();
+        self.residents()
+            .iter()
+            .rev()
+            .map(|r| {
+                let m = r.engine.snapshot();
+                let info = r.engine.model_info();
+                let idle = now.duration_since(r.last_used);
+                LoadedStatus {
+                    id: r.id.clone(),
+                    path: r.path.clone(),
+                    memory_bytes: r.footprint,
+                    weights_bytes: info.weights_bytes as u64,
+                    kv_budget_bytes: info.kv_budget_bytes as u64,
+                    idle_secs: idle.as_secs(),
+                    expires_in_secs: r.keep_alive.map(|k| k.saturating_sub(idle).as_secs()),
+                    running: m.running,
+                    queued: m.queued,
+                }
+            })
+            .collect()
+    }
+
+    /// The engines of the loaded models (metrics).
+    pub fn engines(&self) -> Vec<Served> {
+        self.residents().iter().map(|r| Served { id: r.id.clone(), engine: r.engine.clone() }).collect()
+    }
+
+    /// Unloads models idle past their time-out; returns their ids.
+    pub async fn unload_idle(&self) -> Vec<String> {
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .residents()
+            .iter()
+            .filter(|r| r.keep_alive.is_some_and(|k| now.duration_since(r.last_used) >= k) && !r.busy())
+            .map(|r| r.id.clone())
+            .collect();
+        for id in &expired {
+            let _ = self.unload(id).await;
+        }
+        expired
+    }
+
+    /// Checks for idle models every few seconds, for as long as the runtime lives.
+    pub fn spawn_idle_reaper(&self) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                for id in this.unload_idle().await {
+                    tracing::info!("unloaded {id}: idle past its keep-alive");
+                }
+            }
+        })
+    }
+
+    /// Unloads everything (server shutdown).
+    pub async fn unload_all(&self) {
+        let ids: Vec<String> = self.residents().iter().map(|r| r.id.clone()).collect();
+        for id in ids {
+            let _ = self.unload(&id).await;
+        }
+    }
+}
+
+/// Memory the weights will take once loaded: on a CPU quantized weights are expanded to f32
+/// when they fit (see `WeightFormat::Auto`), elsewhere about their size on disk.
+pub fn estimated_weights_bytes(summary: &ModelSummary, options: &LoadOptions) -> u64 {
+    let quantized = summary.quantization.as_deref().is_some_and(|q| q.contains("bit") || q.starts_with('Q'));
+    match summary.parameters {
+        Some(params) if quantized && crate::model::load::expands_quantized(options, params) => params * 4,
+        _ => summary.size_bytes,
+    }
+}
