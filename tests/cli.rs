@@ -82,3 +82,29 @@ fn config_file_is_below_environment_and_flags() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config file"));
 }
+
+/// `ls` finds models in the HF cache layout and FastMLX's folder; `rm` refuses what FastMLX
+/// did not download unless forced.
+#[test]
+fn ls_and_rm_over_the_model_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let (own, hf) = (dir.path().join("own"), dir.path().join("hf"));
+    let snapshot = hf.join("models--mlx-community--tiny/snapshots/r1");
+    assert!(fastmlx().args(["make-test-model", "--arch", "qwen2"]).arg(&snapshot).status().unwrap().success());
+    assert!(fastmlx().args(["make-test-model", "--arch", "llama"]).arg(own.join("mine")).status().unwrap().success());
+    let run = |args: &[&str]| {
+        let out = fastmlx().args(args).env("FASTMLX_MODELS_DIR", &own).env("HF_HUB_CACHE", &hf).env("LMSTUDIO_MODELS_DIR", dir.path().join("none")).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, text) = run(&["ls"]);
+    assert!(ok, "{text}");
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert!(rows[0].starts_with("mine ") && rows[0].contains("llama") && rows[0].contains("fastmlx"), "{text}");
+    assert!(rows[1].starts_with("mlx-community/tiny ") && rows[1].contains("qwen2") && rows[1].contains("hf-cache"), "{text}");
+    let (ok, text) = run(&["rm", "mlx-community/tiny"]);
+    assert!(!ok && text.contains("not downloaded by FastMLX"), "{text}");
+    assert!(snapshot.exists());
+    let (ok, text) = run(&["rm", "mlx-community/tiny", "--force"]);
+    assert!(ok, "{text}");
+    assert!(!hf.join("models--mlx-community--tiny").exists());
+}

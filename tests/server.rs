@@ -400,3 +400,55 @@ async fn forced_tool_calls_from_a_random_model() {
     let args: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
     assert!(serde_json::from_str::<Value>(&args).unwrap()["on"].is_boolean(), "{args}");
 }
+
+fn delete(uri: &str) -> Request<Body> {
+    Request::delete(uri).header(header::HOST, "localhost").body(Body::empty()).unwrap()
+}
+
+/// The admin API over the models folder: list, load another model (a chat request naming it
+/// works at once), status, unload, and delete refused for models FastMLX did not download.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_lists_loads_unloads_and_guards_deletes() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(&dir.path().join("models/tiny-llama"), Arch::Llama, 2, None).unwrap();
+    let h = harness_in(dir, EngineConfig::default(), ServerConfig::default()).await;
+    let (status, list) = send_json(&h, get("/admin/models")).await;
+    assert_eq!(status, StatusCode::OK);
+    let entries: Vec<(&str, bool)> = list.as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["loaded"].as_bool().unwrap())).collect();
+    assert_eq!(entries, vec![("tiny-llama", false), ("tiny-qwen2", true)]);
+    assert_eq!(list[0]["architecture"], "llama");
+    assert_eq!(list[0]["source"], "fastmlx");
+
+    // A request naming a local model that is not loaded loads it.
+    let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"model": "tiny-llama"})))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], "tiny-llama");
+    let (_, models) = send_json(&h, get("/v1/models")).await;
+    assert_eq!(models["data"].as_array().unwrap().len(), 2);
+    let (_, health) = send_json(&h, get("/health")).await;
+    assert_eq!(health["loaded"], json!(["tiny-llama", "tiny-qwen2"]));
+
+    let (status, body) = send_json(&h, post("/admin/unload", json!({"model": "tiny-llama"}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, st) = send_json(&h, get("/admin/status")).await;
+    assert_eq!(st["loaded"].as_array().unwrap().len(), 1);
+    assert!(st["memory_budget_bytes"].as_u64().unwrap() > 0);
+    let (status, body) = send_json(&h, post("/admin/load", json!({"model": "tiny-llama", "keep_alive": 60}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["id"], "tiny-llama");
+    assert_eq!(body["expires_in_secs"], 60);
+
+    let (status, body) = send_json(&h, post("/admin/load", json!({"model": "nope"}).to_string())).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("model_not_found")));
+    let (status, body) = send_json(&h, post("/admin/unload", json!({"model": "nope"}).to_string())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = send_json(&h, delete("/admin/models/tiny-llama")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "not downloaded by FastMLX: {body}");
+    let (status, _) = send_json(&h, delete("/admin/models/tiny-llama?force=true")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, list) = send_json(&h, get("/admin/models")).await;
+    assert_eq!(list.as_array().unwrap().len(), 1, "deleted, and unloaded first");
+    let (status, body) = send_json(&h, post("/admin/pull", json!({"repo": "../etc"}).to_string())).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("repo")));
+}

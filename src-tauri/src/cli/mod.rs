@@ -5,6 +5,7 @@ mod config_file;
 mod generate_cmd;
 mod model_path;
 mod serve_cmd;
+mod store_cmd;
 
 use std::process::ExitCode;
 
@@ -51,6 +52,14 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Measure single-stream prompt and decode speed.
     Bench(bench_cmd::BenchArgs),
+    /// Download a model from the Hugging Face Hub (resumable; Ctrl-C cancels).
+    Pull(store_cmd::PullArgs),
+    /// List local models: FastMLX's folder, the Hugging Face cache, LM Studio's folder.
+    Ls,
+    /// Delete a model FastMLX downloaded.
+    Rm(store_cmd::RmArgs),
+    /// Search the Hugging Face Hub for MLX models.
+    Search(store_cmd::SearchArgs),
     /// Print the OpenAPI description of the HTTP API (docs/openapi.json).
     Openapi,
     /// Write a tiny random-weight model (for tests and experiments).
@@ -74,6 +83,10 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => generate_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Pull(args) => store_cmd::pull(args),
+        Command::Ls => store_cmd::ls(),
+        Command::Rm(args) => store_cmd::rm(args),
+        Command::Search(args) => store_cmd::search(args),
         Command::Openapi => {
             print!("{}", crate::server::openapi::document_json());
             Ok(())

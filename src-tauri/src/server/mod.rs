@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API (axum), fed by the batching engine. It knows nothing of the
 //! desktop shell: [`app`] is the router the `serve` command and the app both mount.
 
+mod admin;
 mod error;
 mod extract;
 mod metrics;
@@ -18,9 +19,11 @@ use axum::routing::{get, post};
 use axum::{middleware, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+pub use admin::fit;
 pub use error::ApiError;
 
-use crate::store::Residency;
+use crate::store::hub::HubClient;
+use crate::store::{Pulls, Residency};
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -62,15 +65,23 @@ impl Default for ServerConfig {
 pub struct AppState {
     /// The loaded models and the catalog of local ones.
     pub models: Residency,
+    /// Downloads from the Hub into the models folder.
+    pub pulls: Pulls,
     pub config: Arc<ServerConfig>,
     /// Unix time the server started (`created` in model listings).
     pub created: u64,
 }
 
 impl AppState {
+    /// Pulls go to the Hub the environment names (`HF_ENDPOINT`, `HF_TOKEN`).
     pub fn new(models: Residency, config: ServerConfig) -> AppState {
+        AppState::with_hub(models, config, HubClient::from_env())
+    }
+
+    pub fn with_hub(models: Residency, config: ServerConfig, hub: HubClient) -> AppState {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        AppState { models, config: Arc::new(config), created }
+        let pulls = Pulls::new(models.catalog().paths().clone(), hub);
+        AppState { models, pulls, config: Arc::new(config), created }
     }
 }
 
@@ -82,6 +93,15 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat::completions))
         .route("/v1/completions", post(openai::completions::completions))
         .route("/metrics", get(metrics::prometheus))
+        .route("/admin/models", get(admin::list))
+        .route("/admin/models/{*id}", axum::routing::delete(admin::delete))
+        .route("/admin/status", get(admin::status))
+        .route("/admin/load", post(admin::load))
+        .route("/admin/unload", post(admin::unload))
+        .route("/admin/search", get(admin::search))
+        .route("/admin/pull", post(admin::pull))
+        .route("/admin/pull/cancel", post(admin::cancel_pull))
+        .route("/admin/pulls", get(admin::pulls))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
     Router::new()
         .route("/health", get(health))
@@ -103,6 +123,6 @@ fn cors(config: &ServerConfig) -> CorsLayer {
     let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
     CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, "x-api-key".parse().expect("valid header name")])
 }

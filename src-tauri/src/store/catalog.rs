@@ -66,6 +66,13 @@ impl Catalog {
         };
         let result = if target.is_dir() { std::fs::remove_dir_all(&target) } else { std::fs::remove_file(&target) };
         result.map_err(|e| CatalogError::Io { path: target.clone(), message: e.to_string() })?;
+        // A downloaded GGUF's folder goes too once no model is left in it.
+        if let (true, Some(folder)) = (model.owned && model.summary.format == "gguf", target.parent()) {
+            let models_left = std::fs::read_dir(folder).into_iter().flatten().flatten().any(|e| e.path().extension().is_some_and(|x| x == "gguf"));
+            if !models_left {
+                let _ = std::fs::remove_dir_all(folder);
+            }
+        }
         Ok(target)
     }
 }

@@ -47,7 +47,9 @@ pub fn discover(paths: &StorePaths) -> Vec<LocalModel> {
     found
         .into_iter()
         .map(|(id, path, source)| {
-            let owned = source == Source::Fastmlx && path.join(MANIFEST).exists();
+            // A downloaded folder holds the manifest; a downloaded GGUF sits next to it.
+            let folder = if path.is_dir() { Some(path.as_path()) } else { path.parent() };
+            let owned = source == Source::Fastmlx && folder.is_some_and(|f| f.join(MANIFEST).exists());
             LocalModel { summary: inspect(&path), id, path, source, owned }
         })
         .collect()

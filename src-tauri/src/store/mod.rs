@@ -7,9 +7,11 @@ mod discover;
 pub mod download;
 pub mod hub;
 mod layout;
+mod pull;
 mod residency;
 
 pub use catalog::{Catalog, CatalogError};
 pub use discover::{LocalModel, Source, MANIFEST};
 pub use layout::StorePaths;
 pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};
+pub use pull::{PullRequest, PullState, PullStatus, PullWatch, Pulls};

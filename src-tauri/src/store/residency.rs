@@ -116,6 +116,10 @@ impl Residency {
         &self.inner.catalog
     }
 
+    pub fn memory_budget(&self) -> u64 {
+        self.inner.config.memory_budget
+    }
+
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.inner.changes.subscribe()
     }
@@ -251,7 +255,7 @@ impl Residency {
                     weights_bytes: info.weights_bytes as u64,
                     kv_budget_bytes: info.kv_budget_bytes as u64,
                     idle_secs: idle.as_secs(),
-                    expires_in_secs: r.keep_alive.map(|k| k.saturating_sub(idle).as_secs()),
+                    expires_in_secs: r.keep_alive.map(|k| k.saturating_sub(idle).as_secs_f64().ceil() as u64),
                     running: m.running,
                     queued: m.queued,
                 }

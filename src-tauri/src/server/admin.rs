@@ -1,0 +1,199 @@
+//! `/admin/...`: the model store over HTTP, for the desktop UI and scripts. Same security as the
+//! rest of the API (Host allow-list, API key). List, search the Hub, pull (progress as
+//! server-sent events), cancel, delete, load, unload, status.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::extract::{parse, ApiJson};
+use super::{ApiError, AppState};
+use crate::store::hub::SearchHit;
+use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
+
+#[derive(Serialize)]
+struct ModelEntry {
+    #[serde(flatten)]
+    model: LocalModel,
+    loaded: bool,
+}
+
+pub async fn list(State(state): State<AppState>) -> Json<Vec<Value>> {
+    let loaded: Vec<String> = state.models.loaded().into_iter().map(|m| m.id).collect();
+    let catalog = state.models.catalog().clone();
+    let models = tokio::task::spawn_blocking(move || catalog.list()).await.unwrap_or_default();
+    Json(models.into_iter().map(|m| json!(ModelEntry { loaded: loaded.contains(&m.id), model: m })).collect())
+}
+
+pub async fn status(State(state): State<AppState>) -> Json<Value> {
+    let memory = crate::mlx::memory_stats();
+    Json(json!({
+        "loaded": state.models.loaded(),
+        "memory_budget_bytes": state.models.memory_budget(),
+        "machine_memory_bytes": crate::engine::total_memory_bytes(),
+        "mlx_active_bytes": memory.active,
+        "mlx_cache_bytes": memory.cache,
+        "pulls": state.pulls.list(),
+    }))
+}
+
+#[derive(Deserialize)]
+struct ModelRequest {
+    model: String,
+    /// Seconds without requests before it unloads (default: the server's setting).
+    keep_alive: Option<u64>,
+}
+
+pub async fn load(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+    let request: ModelRequest = parse(&body)?;
+    let served = state.models.load(&request.model, request.keep_alive.map(Duration::from_secs)).await?;
+    let status = state.models.loaded().into_iter().find(|m| m.id == served.id);
+    Ok(Json(json!(status)))
+}
+
+pub async fn unload(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+    let request: ModelRequest = parse(&body)?;
+    state.models.unload(&request.model).await?;
+    Ok(Json(json!({"unloaded": request.model})))
+}
+
+#[derive(Deserialize)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, Query(q): Query<DeleteQuery>) -> Result<Json<Value>, ApiError> {
+    if state.models.loaded().iter().any(|m| m.id == id) {
+        state.models.unload(&id).await?;
+    }
+    let catalog = state.models.catalog().clone();
+    let id2 = id.clone();
+    let removed = tokio::task::spawn_blocking(move || catalog.delete(&id2, q.force)).await.map_err(|e| ApiError::internal(e.to_string()))?;
+    match removed {
+        Ok(path) => Ok(Json(json!({"deleted": id, "path": path}))),
+        Err(e @ CatalogError::NotFound(_)) => Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", e.to_string()) }),
+        Err(e @ CatalogError::NotOwned { .. }) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string())),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct SearchQuery {
+    q: String,
+    limit: Option<usize>,
+    /// Every library, not only MLX models.
+    #[serde(default)]
+    all: bool,
+}
+
+#[derive(Serialize)]
+pub struct SearchResult {
+    #[serde(flatten)]
+    hit: SearchHit,
+    /// Memory it would take here, if the Hub reports its size.
+    memory_needed_bytes: Option<u64>,
+    /// "fits", "tight" or "too big" on this machine.
+    fit: Option<&'static str>,
+}
+
+pub async fn search(State(state): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<Vec<SearchResult>>, ApiError> {
+    let limit = q.limit.unwrap_or(20).clamp(1, 100);
+    let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
+    let machine = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+    let results = hits
+        .into_iter()
+        .map(|hit| {
+            let needed = hit.storage_bytes.map(memory_needed);
+            SearchResult { memory_needed_bytes: needed, fit: needed.map(|n| fit(n, machine)), hit }
+        })
+        .collect();
+    Ok(Json(results))
+}
+
+/// The weights as they sit in GPU memory (about their size on the Hub), plus a fifth for the KV
+/// cache and MLX's buffers. (On a CPU FastMLX expands quantized weights to f32 when they fit;
+/// the estimate is for the product's target, Apple Silicon.)
+fn memory_needed(storage_bytes: u64) -> u64 {
+    storage_bytes / 5 * 6
+}
+
+/// "fits" within 60% of the machine's memory, "tight" up to 85%, else "too big".
+pub fn fit(needed: u64, machine: u64) -> &'static str {
+    if needed <= machine / 100 * 60 {
+        "fits"
+    } else if needed <= machine / 100 * 85 {
+        "tight"
+    } else {
+        "too big"
+    }
+}
+
+#[derive(Deserialize)]
+struct PullBody {
+    repo: String,
+    revision: Option<String>,
+    gguf: Option<String>,
+}
+
+/// Starts (or joins) a pull and streams its status until it ends. Leaving the stream does not
+/// cancel the download: `POST /admin/pull/cancel` does.
+pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let body: PullBody = parse(&body)?;
+    if body.repo.split('/').count() != 2 || body.repo.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+        return Err(ApiError::invalid("repo", "repo must be a Hugging Face id like mlx-community/Qwen2.5-0.5B-Instruct-4bit"));
+    }
+    let watch = state.pulls.start(PullRequest { repo: body.repo, revision: body.revision.unwrap_or_else(|| "main".into()), gguf: body.gguf });
+    Ok(Sse::new(pull_events(watch)).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keepalive")).into_response())
+}
+
+/// A status event at most every 250 ms while it runs, then the final one.
+fn pull_events(watch: PullWatch) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    futures_util::stream::unfold(Some(watch), |watch| async move {
+        let mut watch = watch?;
+        let status: PullStatus = watch.status();
+        let event = SseEvent::default().data(serde_json::to_string(&status).unwrap_or_default());
+        if status.state.is_finished() {
+            return Some((Ok(event), None));
+        }
+        tokio::select! {
+            _ = watch.state.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        Some((Ok(event), Some(watch)))
+    })
+}
+
+pub async fn cancel_pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+    let body: PullBody = parse(&body)?;
+    if state.pulls.cancel(&body.repo) {
+        Ok(Json(json!({"cancelled": body.repo})))
+    } else {
+        Err(ApiError::new(StatusCode::NOT_FOUND, "not_found_error", format!("no pull of {} is running", body.repo)))
+    }
+}
+
+pub async fn pulls(State(state): State<AppState>) -> Json<Vec<PullStatus>> {
+    Json(state.pulls.list())
+}
+
+fn hub_error(e: crate::store::hub::HubError) -> ApiError {
+    use crate::store::hub::HubError;
+    let status = match e {
+        HubError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+        HubError::Forbidden { .. } => StatusCode::FORBIDDEN,
+        HubError::NotFound { .. } => StatusCode::NOT_FOUND,
+        HubError::Selection { .. } | HubError::BadEndpoint { .. } => StatusCode::BAD_REQUEST,
+        HubError::DiskFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, "hub_error", e.to_string())
+}

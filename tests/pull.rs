@@ -1,0 +1,140 @@
+//! A model pulled from a (fake) Hub through the admin API, end to end: progress streamed as
+//! server-sent events, a cut connection resumed, the model invisible until every file is
+//! verified, then listed as FastMLX's own, loaded by a chat request that names it, and deleted
+//! without `force`. Also: a failing pull, and a cancelled one resumed by pulling again.
+
+// Each test holds the MLX lock for its whole body, awaits included.
+#![allow(clippy::await_holding_lock)]
+
+mod common;
+#[path = "common/fake_hub.rs"]
+mod fake_hub;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use fake_hub::{FakeHub, FakeRepo};
+use fastmlx::model::{synthetic, Arch};
+use fastmlx::server::{app, AppState, ServerConfig};
+use fastmlx::store::hub::HubClient;
+use fastmlx::store::{Catalog, Residency, ResidencyConfig, StorePaths};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const REPO: &str = "test-org/tiny-llama";
+const WEIGHTS: &str = "model.safetensors";
+
+/// A real (tiny, random) model as a Hub repo: every file `write_tiny_model` writes.
+fn tiny_repo() -> FakeRepo {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Llama, 3, None).unwrap();
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    assert!(files.iter().any(|(n, _)| n == WEIGHTS), "the tiny model has {WEIGHTS}");
+    let mut with_extras: Vec<(&str, Vec<u8>)> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    with_extras.push(("README.md", b"# tiny\n".to_vec()));
+    FakeRepo::new(REPO, with_extras)
+}
+
+fn request(method: &str, uri: &str, body: Value) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::HOST, "localhost")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(if body.is_null() { Body::empty() } else { Body::from(body.to_string()) })
+        .unwrap()
+}
+
+async fn send(state: &AppState, req: Request<Body>) -> (StatusCode, String) {
+    let response = app(state.clone()).oneshot(req).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn events(sse: &str) -> Vec<Value> {
+    sse.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+fn state(models_dir: &std::path::Path, hub: &FakeHub) -> AppState {
+    let residency = Residency::new(Catalog::new(StorePaths::only(models_dir)), ResidencyConfig::default());
+    AppState::with_hub(residency, ServerConfig::default(), HubClient::new(&hub.url, None))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pull_resume_list_load_chat_delete() {
+    let _mlx = common::mlx_lock();
+    let hub = FakeHub::start(vec![tiny_repo()]).await;
+    let size = hub.repo(REPO).file(WEIGHTS).len() as u64;
+    // The weights' first response is cut a third of the way in: the pull resumes it.
+    hub.knobs().cuts.insert(WEIGHTS.into(), [size / 3].into());
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), &hub);
+
+    let (status, sse) = send(&s, request("POST", "/admin/pull", json!({"repo": REPO}))).await;
+    assert_eq!(status, StatusCode::OK, "{sse}");
+    let events = events(&sse);
+    let last = events.last().unwrap();
+    assert_eq!(last["state"], "done", "{sse}");
+    assert_eq!(last["id"], REPO);
+    assert_eq!(last["progress"]["done"], last["progress"]["total"]);
+    assert!(hub.bytes_served(WEIGHTS) < size + size / 2, "resumed, not refetched: {} of {size}", hub.bytes_served(WEIGHTS));
+    let ranged = hub.file_requests(WEIGHTS).iter().filter(|r| r.range.is_some()).count();
+    assert!(ranged >= 1, "the second request asked for the rest with Range");
+    assert!(!dir.path().join(REPO).join("README.md").exists(), "only the files a model needs");
+    assert!(!dir.path().join(".downloads/test-org--tiny-llama").exists(), "staging cleaned up");
+
+    let (_, list) = send(&s, request("GET", "/admin/models", Value::Null)).await;
+    let list: Value = serde_json::from_str(&list).unwrap();
+    let entry = list.as_array().unwrap().iter().find(|m| m["id"] == REPO).expect("listed");
+    assert_eq!((entry["owned"].as_bool(), entry["loaded"].as_bool(), entry["architecture"].as_str()), (Some(true), Some(false), Some("llama")));
+    assert!(entry["unloadable_reason"].is_null(), "{entry}");
+
+    let chat = json!({"model": REPO, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let (status, body) = send(&s, request("POST", "/v1/chat/completions", chat)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = send(&s, request("DELETE", &format!("/admin/models/{REPO}"), Value::Null)).await;
+    assert_eq!(status, StatusCode::OK, "FastMLX's own download needs no force: {body}");
+    assert!(!dir.path().join(REPO).exists());
+    assert!(s.models.loaded().is_empty(), "unloaded before deleting");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_and_cancelled_pulls() {
+    let _mlx = common::mlx_lock();
+    let hub = FakeHub::start(vec![tiny_repo()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), &hub);
+    let (status, sse) = send(&s, request("POST", "/admin/pull", json!({"repo": "test-org/missing"}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let last = events(&sse).pop().unwrap();
+    assert_eq!(last["state"], "failed", "{sse}");
+    assert!(last["message"].as_str().unwrap().contains("test-org/missing"), "{last}");
+
+    // Slow enough to cancel midway.
+    hub.knobs().chunk_delay = Some(Duration::from_millis(30));
+    let watch = s.pulls.start(fastmlx::store::PullRequest { repo: REPO.into(), revision: "main".into(), gguf: None });
+    while watch.progress.borrow().file != WEIGHTS || watch.progress.borrow().file_done == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = send(&s, request("POST", "/admin/pull/cancel", json!({"repo": REPO}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(watch.clone().finished().await, fastmlx::store::PullState::Cancelled);
+    assert!(s.models.catalog().find(REPO).is_err(), "never visible half-downloaded");
+    let (status, _) = send(&s, request("POST", "/admin/pull/cancel", json!({"repo": REPO}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing left to cancel");
+
+    hub.knobs().chunk_delay = None;
+    hub.reset_stats();
+    let (_, sse) = send(&s, request("POST", "/admin/pull", json!({"repo": REPO}))).await;
+    assert_eq!(events(&sse).pop().unwrap()["state"], "done", "{sse}");
+    let size = hub.repo(REPO).file(WEIGHTS).len() as u64;
+    assert!(hub.bytes_served(WEIGHTS) < size, "the second pull resumed the part: {} of {size}", hub.bytes_served(WEIGHTS));
+    assert!(s.models.catalog().find(REPO).is_ok());
+}
