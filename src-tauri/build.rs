@@ -1,6 +1,10 @@
-//! Build script: lets the binaries find libmlx at run time without LD_LIBRARY_PATH, and binds
-//! OpenBLAS on Linux (the BLAS bundled with the mlx-cpu wheel is the slow reference one).
+//! Build script: lets the binaries find libmlx at run time without LD_LIBRARY_PATH, binds
+//! OpenBLAS on Linux (the BLAS bundled with the mlx-cpu wheel is the slow reference one), and
+//! with the `desktop` feature runs Tauri's build step (tauri.conf.json, icons, capabilities).
 fn main() {
+    #[cfg(feature = "desktop")]
+    tauri_build::build();
+
     println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
     if let Ok(libdir) = std::env::var("DEP_MLX_LIBDIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");

@@ -452,3 +452,68 @@ async fn admin_lists_loads_unloads_and_guards_deletes() {
     let (status, body) = send_json(&h, post("/admin/pull", json!({"repo": "../etc"}).to_string())).await;
     assert_eq!((status, body["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("repo")));
 }
+
+/// The live stream: an event at once with the loaded model's figures, and the recent requests
+/// with their timings once some have finished.
+#[tokio::test(flavor = "multi_thread")]
+async fn live_metrics_stream_and_recent_requests() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    let (status, _) = send_json(&h, post("/v1/chat/completions", chat(json!({"max_tokens": 5})))).await;
+    assert_eq!(status, StatusCode::OK);
+    let response = app(h.state.clone()).oneshot(get("/admin/metrics/stream")).await.unwrap();
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let mut body = response.into_body();
+    let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    let text = String::from_utf8_lossy(&frame);
+    let event: Value = serde_json::from_str(text.trim().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(event["models"][0]["id"], h.id.as_str());
+    assert_eq!(event["models"][0]["requests_total"], 1);
+    let recent = &event["recent"][0];
+    assert_eq!((recent["model"].as_str(), recent["completion_tokens"].as_u64(), recent["reason"].as_str()), (Some(h.id.as_str()), Some(5), Some("length")));
+    assert!(recent["ttft_ms"].as_f64().unwrap() > 0.0 && recent["tokens_per_sec"].as_f64().unwrap() > 0.0, "{recent}");
+    assert!(event["mlx_active_bytes"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn settings_change_while_serving() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    let (status, s) = send_json(&h, get("/admin/settings")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].is_null(), s["api_key_set"].as_bool()), (Some(32), true, Some(false)));
+    let (status, s) = send_json(&h, post("/admin/settings", json!({"max_batch": 4, "keep_alive_secs": 90}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{s}");
+    assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].as_u64()), (Some(4), Some(90)));
+    let (_, st) = send_json(&h, get("/admin/status")).await;
+    assert_eq!(st["loaded"][0]["expires_in_secs"], 90, "the keep-alive applies to loaded models at once");
+    let (status, _) = send_json(&h, post("/admin/settings", json!({"keep_alive_secs": null}).to_string())).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, s) = send_json(&h, get("/admin/settings")).await;
+    assert!(s["keep_alive_secs"].is_null() && s["max_batch"] == 4);
+    for (bad, param) in [(json!({"max_batch": 0}), "max_batch"), (json!({"memory_budget_mb": 1}), "memory_budget_mb"), (json!({"colour": "red"}), "")] {
+        let (status, body) = send_json(&h, post("/admin/settings", bad.to_string())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        if !param.is_empty() {
+            assert_eq!(body["error"]["param"], param);
+        }
+    }
+}
+
+/// The built UI (scripts/setup.sh builds ui/) is served at /ui/ without an API key.
+#[tokio::test(flavor = "multi_thread")]
+async fn ui_is_served_without_a_key() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("k".into()), ..Default::default() }).await;
+    let response = app(h.state.clone()).oneshot(get("/ui")).await.unwrap();
+    assert_eq!(response.headers()[header::LOCATION], "/ui/");
+    let response = app(h.state.clone()).oneshot(get("/ui/")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "run scripts/setup.sh to build ui/dist");
+    assert!(response.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"));
+    let html = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let asset = html.split("src=\"").nth(1).and_then(|s| s.split('"').next()).expect("a script tag").trim_start_matches("./").to_string();
+    let response = app(h.state.clone()).oneshot(get(&format!("/ui/{asset}"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{asset}");
+    let (status, _) = send(&h, get("/admin/settings")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the API behind it still needs the key");
+}

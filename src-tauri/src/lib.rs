@@ -9,10 +9,12 @@
 //! - [`generate`]: one prompt to text, single stream (the reference path);
 //! - [`engine`]: the continuous-batching engine serving every caller at once;
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine;
+//! - [`desktop`]: the menu-bar app (Tauri), a thin shell over the server;
 //! - [`cli`]: the `fastmlx` command line.
 
 pub mod cli;
 pub mod constrain;
+pub mod desktop;
 pub mod engine;
 pub mod generate;
 pub mod mlx;

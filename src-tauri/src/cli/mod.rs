@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use model_path::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE};
+pub use serve_cmd::ServeArgs;
 
 /// `--weights`: how quantized weights are held (see [`crate::model::WeightFormat`]).
 #[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
@@ -40,8 +41,19 @@ impl WeightsArg {
 #[derive(Parser)]
 #[command(name = "fastmlx", version, about = "Local LLM server for Apple Silicon, on MLX")]
 struct Cli {
+    /// With none, the desktop app starts (in a build with the `desktop` feature).
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+}
+
+/// `fastmlx app`: the server's settings, and whether to start in the menu bar only.
+#[derive(clap::Args)]
+pub struct AppArgs {
+    #[command(flatten)]
+    serve: serve_cmd::ServeArgs,
+    /// Start with no window open (the menu-bar icon only), as at login.
+    #[arg(long)]
+    hidden: bool,
 }
 
 #[derive(Subcommand)]
@@ -50,6 +62,8 @@ enum Command {
     Generate(generate_cmd::GenerateArgs),
     /// Serve the OpenAI-compatible API on localhost.
     Serve(serve_cmd::ServeArgs),
+    /// The menu-bar app: the same server, a tray menu, the dashboard and chat windows.
+    App(AppArgs),
     /// Measure single-stream prompt and decode speed.
     Bench(bench_cmd::BenchArgs),
     /// Download a model from the Hugging Face Hub (resumable; Ctrl-C cancels).
@@ -79,7 +93,17 @@ pub fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
-    let result = match cli.command {
+    let command = match cli.command {
+        Some(command) => command,
+        // As `fastmlx app` with its defaults (and the environment's settings).
+        None if cfg!(feature = "desktop") => Cli::parse_from(["fastmlx", "app"]).command.expect("app is a command"),
+        None => {
+            let _ = <Cli as clap::CommandFactory>::command().print_help();
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::App(args) => run_app(args),
         Command::Generate(args) => generate_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
@@ -100,4 +124,14 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+#[cfg(feature = "desktop")]
+fn run_app(args: AppArgs) -> anyhow::Result<()> {
+    crate::desktop::run(args.serve, args.hidden)
+}
+
+#[cfg(not(feature = "desktop"))]
+fn run_app(_: AppArgs) -> anyhow::Result<()> {
+    anyhow::bail!("this build has no desktop app (built without the `desktop` feature); use `fastmlx serve`")
 }

@@ -7,8 +7,9 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::engine::EngineConfig;
-use crate::server::{app, AppState, ServerConfig};
-use crate::store::{Catalog, Residency, ResidencyConfig, StorePaths};
+use crate::server::{local_access, RunningServer, ServerConfig};
+use crate::store::hub::HubClient;
+use crate::store::{Catalog, Pulls, Residency, ResidencyConfig, StorePaths};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -50,50 +51,59 @@ pub struct ServeArgs {
     weights: super::WeightsArg,
 }
 
+impl ServeArgs {
+    /// The first model: `--model`, `FASTMLX_MODEL` or the default one.
+    pub fn first_model(&self) -> anyhow::Result<PathBuf> {
+        super::resolve_model_path(self.model.clone())
+    }
+
+    pub fn residency_config(&self) -> ResidencyConfig {
+        let mut config = ResidencyConfig {
+            engine: EngineConfig { max_batch: self.max_batch, max_queue: self.max_queue, max_context: self.ctx, ..Default::default() },
+            load: self.weights.load_options(),
+            keep_alive: self.keep_alive.map(std::time::Duration::from_secs),
+            ..Default::default()
+        };
+        if let Some(mb) = self.memory_budget_mb {
+            config.memory_budget = mb << 20;
+        }
+        config
+    }
+
+    pub fn server_config(&self) -> ServerConfig {
+        let mut config = ServerConfig { api_key: self.api_key.clone().filter(|k| !k.is_empty()), ..Default::default() };
+        config.allowed_hosts.extend(self.allowed_hosts.iter().cloned());
+        config.allowed_origins.extend(self.allowed_origins.iter().cloned());
+        local_access(&mut config, self.host, self.port);
+        config
+    }
+
+    pub fn address(&self) -> (IpAddr, u16) {
+        (self.host, self.port)
+    }
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let path = super::resolve_model_path(args.model.clone())?;
+    let path = args.first_model()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve(args, path))
 }
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
-    let mut residency_config = ResidencyConfig {
-        engine: EngineConfig { max_batch: args.max_batch, max_queue: args.max_queue, max_context: args.ctx, ..Default::default() },
-        load: args.weights.load_options(),
-        keep_alive: args.keep_alive.map(std::time::Duration::from_secs),
-        ..Default::default()
-    };
-    if let Some(mb) = args.memory_budget_mb {
-        residency_config.memory_budget = mb << 20;
-    }
-    let models = Residency::new(Catalog::new(StorePaths::from_env()), residency_config);
+    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config());
     let first = models.load(&path.to_string_lossy(), None).await.with_context(|| format!("loading {}", path.display()))?;
     models.spawn_idle_reaper();
-
-    let mut config = ServerConfig { api_key: args.api_key.filter(|k| !k.is_empty()), ..Default::default() };
-    if !args.host.is_loopback() && !args.host.is_unspecified() {
-        config.allowed_hosts.push(args.host.to_string());
-    }
-    config.allowed_hosts.extend(args.allowed_hosts);
-    config.allowed_origins.extend(args.allowed_origins);
-    config.allowed_origins.push(format!("http://localhost:{}", args.port));
-    config.allowed_origins.push(format!("http://127.0.0.1:{}", args.port));
-
-    let listener = tokio::net::TcpListener::bind((args.host, args.port))
+    let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
+    let server = RunningServer::start(models.clone(), pulls, args.server_config(), args.host, args.port)
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let address = listener.local_addr()?;
-    let state = AppState::new(models.clone(), config);
-    eprintln!("FastMLX serving {} at http://{address}/v1", first.id);
+    eprintln!("FastMLX serving {} at {}", first.id, server.url());
     drop(first);
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            eprintln!("shutting down");
-            // Ends every running stream (each gets its finish), so connections can close.
-            models.unload_all().await;
-        })
-        .await?;
+    shutdown_signal().await;
+    eprintln!("shutting down");
+    // Ends every running stream (each gets its finish), so connections can close.
+    models.unload_all().await;
+    server.stop().await?;
     Ok(())
 }
 

@@ -4,7 +4,26 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A finished request, for the dashboard's "recent requests".
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RecentRequest {
+    pub request_id: u64,
+    /// Unix time in milliseconds.
+    pub finished_ms: u64,
+    pub queue_ms: f64,
+    pub ttft_ms: f64,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Generated tokens per second after the first one.
+    pub tokens_per_sec: f64,
+    /// `stop`, `length`, `cancelled` or `error`.
+    pub reason: &'static str,
+}
+
+/// How many finished requests [`Metrics::recent`] keeps.
+pub const RECENT_REQUESTS: usize = 50;
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Metrics {
     pub model: String,
     /// Engine steps so far.
@@ -33,6 +52,8 @@ pub struct Metrics {
     pub errors_total: u64,
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
+    /// The last finished requests, newest first.
+    pub recent: VecDeque<RecentRequest>,
 }
 
 /// Token rates over a sliding window.

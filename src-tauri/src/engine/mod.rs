@@ -13,5 +13,5 @@ mod sequence;
 
 pub use handle::{EngineConfig, EngineHandle, FaultInjector, ModelInfo, RequestStream, SubmitError};
 pub use memory::total_memory_bytes;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, RecentRequest, RECENT_REQUESTS};
 pub use request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};

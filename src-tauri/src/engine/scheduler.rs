@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,11 +13,14 @@ use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use super::handle::{EngineConfig, ModelInfo};
 use super::memory::default_kv_budget;
-use super::metrics::{Metrics, RateWindow};
+use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
 use crate::model::{BatchKvCache, LoadedModel};
+
+/// How often an idle engine republishes its metrics.
+const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(crate) enum Command {
     Submit { id: RequestId, request: Box<Request>, events: UnboundedSender<Event> },
@@ -83,16 +86,18 @@ impl Scheduler {
 
     pub fn run(mut self, inbox: Receiver<Command>) {
         loop {
-            if self.is_idle() {
+            while self.is_idle() {
+                // Nothing to do: sleep until a command arrives, waking now and then so that the
+                // published rates fall back to zero.
                 self.publish_metrics(0, 0);
-                // Nothing to do: sleep until a command arrives.
-                match inbox.recv() {
+                match inbox.recv_timeout(IDLE_REFRESH) {
                     Ok(command) => {
                         if !self.handle(command) {
                             return self.shut_down();
                         }
                     }
-                    Err(_) => return self.shut_down(),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
                 }
             }
             loop {
@@ -146,7 +151,8 @@ impl Scheduler {
             self.count_end(None);
         }
         if self.prefilling.as_ref().is_some_and(Sequence::is_abandoned) {
-            let seq = self.prefilling.take().expect("checked");
+            let mut seq = self.prefilling.take().expect("checked");
+            seq.finish(FinishReason::Cancelled, None, None);
             self.release(&seq);
         }
         let keep: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running[i].is_abandoned()).collect();
@@ -204,7 +210,12 @@ impl Scheduler {
         for &i in keep {
             kept.push(old[i].take().expect("each row kept once"));
         }
-        for seq in old.into_iter().flatten() {
+        for mut seq in old.into_iter().flatten() {
+            // Rows leave finished, or abandoned by their caller (then cancelled here, so that
+            // they count, and show in the recent requests, as such).
+            if seq.finished.is_none() {
+                seq.finish(FinishReason::Cancelled, None, None);
+            }
             self.release(&seq);
         }
         self.running = kept;
@@ -228,6 +239,10 @@ impl Scheduler {
     fn release(&mut self, seq: &Sequence) {
         self.reserved_bytes -= seq.reserved_bytes;
         self.count_end(seq.finished);
+        if let Some(record) = &seq.record {
+            self.metrics.recent.push_front(record.clone());
+            self.metrics.recent.truncate(RECENT_REQUESTS);
+        }
     }
 
     fn count_end(&mut self, reason: Option<FinishReason>) {

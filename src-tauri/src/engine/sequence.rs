@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::metrics::RecentRequest;
 use super::request::{Event, Finish, FinishReason, Request, RequestId, Timings, Usage};
 use crate::generate::{Continuation, ContinuationSpec, Ended};
 use crate::model::KvCache;
@@ -23,6 +24,8 @@ pub(crate) struct Sequence {
     pub next_input: u32,
     /// How it ended, once it has.
     pub finished: Option<FinishReason>,
+    /// Its figures, once it has ended.
+    pub record: Option<RecentRequest>,
     arrived: Instant,
     admitted: Option<Instant>,
     joined: Option<Instant>,
@@ -49,6 +52,7 @@ impl Sequence {
             prefill: None,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
             finished: None,
+            record: None,
             request,
             events,
             arrived: Instant::now(),
@@ -120,6 +124,22 @@ impl Sequence {
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
         };
         let usage = Usage { prompt_tokens: self.request.prompt_ids.len(), completion_tokens: self.continuation.generated() };
+        let decode_secs = timings.decode.as_secs_f64();
+        self.record = Some(RecentRequest {
+            request_id: self.id,
+            finished_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            queue_ms: timings.queue.as_secs_f64() * 1e3,
+            ttft_ms: timings.time_to_first_token.as_secs_f64() * 1e3,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            tokens_per_sec: if decode_secs > 0.0 { usage.completion_tokens.saturating_sub(1) as f64 / decode_secs } else { 0.0 },
+            reason: match reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Cancelled => "cancelled",
+                FinishReason::Error => "error",
+            },
+        });
         self.send(Event::Finish(Finish { reason, stop, error, usage, timings }));
     }
 }

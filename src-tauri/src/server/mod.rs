@@ -4,11 +4,15 @@
 mod admin;
 mod error;
 mod extract;
+mod live;
 mod metrics;
 mod openai;
 pub mod openapi;
+mod run;
 mod security;
+mod settings;
 mod sse;
+mod ui;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -21,6 +25,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 pub use admin::fit;
 pub use error::ApiError;
+pub use run::{local_access, RunningServer};
 
 use crate::store::hub::HubClient;
 use crate::store::{Pulls, Residency};
@@ -43,6 +48,8 @@ pub struct ServerConfig {
     pub max_stop_length: usize,
     /// Most messages in one chat request.
     pub max_messages: usize,
+    /// Where the server listens, once bound (for the dashboard's snippets).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +63,7 @@ impl Default for ServerConfig {
             max_stop_strings: 16,
             max_stop_length: 256,
             max_messages: 2048,
+            listen: None,
         }
     }
 }
@@ -79,8 +87,13 @@ impl AppState {
     }
 
     pub fn with_hub(models: Residency, config: ServerConfig, hub: HubClient) -> AppState {
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let pulls = Pulls::new(models.catalog().paths().clone(), hub);
+        AppState::from_parts(models, pulls, config)
+    }
+
+    /// With pulls that outlive this server (the desktop app restarts its server).
+    pub fn from_parts(models: Residency, pulls: Pulls, config: ServerConfig) -> AppState {
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         AppState { models, pulls, config: Arc::new(config), created }
     }
 }
@@ -102,9 +115,15 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/pull", post(admin::pull))
         .route("/admin/pull/cancel", post(admin::cancel_pull))
         .route("/admin/pulls", get(admin::pulls))
+        .route("/admin/metrics/stream", get(live::stream))
+        .route("/admin/settings", get(settings::get).post(settings::post))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
     Router::new()
         .route("/health", get(health))
+        // The UI itself needs no key (it asks for one); every API call it makes does.
+        .route("/ui", get(ui::redirect))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{*path}", get(ui::file))
         .merge(api)
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

@@ -90,7 +90,8 @@ impl Resident {
 
 struct Inner {
     catalog: Catalog,
-    config: ResidencyConfig,
+    /// Changeable while serving (the dashboard's settings); applies to what loads next.
+    config: Mutex<ResidencyConfig>,
     /// Most recently used last.
     residents: Mutex<Vec<Resident>>,
     /// One load at a time (each may need to evict others first).
@@ -109,7 +110,7 @@ const KV_FLOOR: u64 = 256 << 20;
 impl Residency {
     pub fn new(catalog: Catalog, config: ResidencyConfig) -> Residency {
         let (changes, _) = watch::channel(0);
-        Residency { inner: Arc::new(Inner { catalog, config, residents: Mutex::new(Vec::new()), loading: tokio::sync::Mutex::new(()), changes }) }
+        Residency { inner: Arc::new(Inner { catalog, config: Mutex::new(config), residents: Mutex::new(Vec::new()), loading: tokio::sync::Mutex::new(()), changes }) }
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -117,7 +118,25 @@ impl Residency {
     }
 
     pub fn memory_budget(&self) -> u64 {
-        self.inner.config.memory_budget
+        self.config().memory_budget
+    }
+
+    pub fn config(&self) -> ResidencyConfig {
+        self.inner.config.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes the settings: the memory budget and engine settings apply to models loaded from
+    /// now on, the keep-alive to every loaded model at once.
+    pub fn update_config(&self, change: impl FnOnce(&mut ResidencyConfig)) -> ResidencyConfig {
+        let config = {
+            let mut config = self.inner.config.lock().unwrap_or_else(|e| e.into_inner());
+            change(&mut config);
+            config.clone()
+        };
+        for resident in self.residents().iter_mut() {
+            resident.keep_alive = config.keep_alive;
+        }
+        config
     }
 
     pub fn changes(&self) -> watch::Receiver<u64> {
@@ -164,7 +183,7 @@ impl Residency {
         if let Some(reason) = model.summary.unloadable_reason.clone() {
             return Err(ResidencyError::Unloadable { id: model.id, reason });
         }
-        let config = &self.inner.config;
+        let config = self.config();
         let weights = estimated_weights_bytes(&model.summary, &config.load);
         let kv = self.make_room(&model.id, weights)?;
         let engine_config = EngineConfig { kv_budget_bytes: Some(kv as usize), ..config.engine.clone() };
@@ -190,8 +209,9 @@ impl Residency {
     /// Frees room for a model whose weights take `weights` bytes, unloading idle models least
     /// recently used first; returns the KV budget it gets.
     fn make_room(&self, id: &str, weights: u64) -> Result<u64, ResidencyError> {
-        let budget = self.inner.config.memory_budget;
-        let kv_wanted = self.inner.config.engine.kv_budget_bytes.map_or_else(|| (budget / 4).max(KV_FLOOR), |k| k as u64);
+        let config = self.config();
+        let budget = config.memory_budget;
+        let kv_wanted = config.engine.kv_budget_bytes.map_or_else(|| (budget / 4).max(KV_FLOOR), |k| k as u64);
         let mut evicted = Vec::new();
         let result = {
             let mut residents = self.residents();

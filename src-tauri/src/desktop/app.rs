@@ -1,0 +1,217 @@
+//! Starting the app: the server in-process, the tray icon and its menu, the two windows.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
+use tauri::tray::TrayIconBuilder;
+use tauri::{AppHandle, Manager, Runtime, WebviewUrl, WebviewWindowBuilder};
+use tauri_plugin_clipboard_manager::ClipboardExt;
+
+use super::control::Control;
+use super::tray::{self, model_label, Action, Item};
+use crate::cli::ServeArgs;
+use crate::store::hub::HubClient;
+use crate::store::{Catalog, Pulls, Residency, StorePaths};
+
+const TRAY_ID: &str = "fastmlx";
+
+#[derive(Clone, Copy)]
+pub enum Window {
+    Dashboard,
+    Chat,
+}
+
+impl Window {
+    fn label(self) -> &'static str {
+        match self {
+            Window::Dashboard => "dashboard",
+            Window::Chat => "chat",
+        }
+    }
+}
+
+/// `fastmlx app`: serves like `fastmlx serve` and shows the menu-bar icon (and, unless
+/// `hidden`, the dashboard).
+pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
+    let runtime = Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build()?);
+    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config());
+    let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
+    let (host, port) = args.address();
+    let control = Arc::new(Control {
+        runtime: runtime.clone(),
+        models: models.clone(),
+        pulls,
+        config: args.server_config(),
+        host,
+        port: Mutex::new(port),
+        server: Mutex::new(None),
+        loading: Mutex::new(None),
+        shown: Mutex::new(None),
+    });
+    let url = control.start_server()?;
+    eprintln!("FastMLX app serving at {url}");
+    {
+        let _guard = runtime.enter();
+        models.spawn_idle_reaper();
+    }
+    // The first model loads in the background: the menu says "loading…" meanwhile.
+    if let Ok(first) = args.first_model() {
+        control.serve_model(first.to_string_lossy().into_owned());
+    }
+
+    let app = tauri::Builder::default()
+        .plugin(tauri_plugin_clipboard_manager::init())
+        .manage(control.clone())
+        .invoke_handler(tauri::generate_handler![
+            super::commands::open_chat,
+            super::commands::open_dashboard,
+            super::commands::copy_text,
+            super::commands::get_launch_at_login,
+            super::commands::set_launch_at_login
+        ])
+        .setup(move |app| {
+            #[cfg(target_os = "macos")]
+            app.set_activation_policy(tauri::ActivationPolicy::Accessory);
+            let tray_ok = install_tray(app.handle());
+            if !hidden || !tray_ok {
+                show_window(app.handle(), Window::Dashboard)?;
+            }
+            spawn_menu_refresh(app.handle().clone());
+            Ok(())
+        })
+        .build(tauri::generate_context!())?;
+    app.run(|_app, event| {
+        // Closing the windows leaves the app in the menu bar; only Quit ends it.
+        if let tauri::RunEvent::ExitRequested { api, code: None, .. } = event {
+            api.prevent_exit();
+        }
+    });
+    control.stop_server();
+    runtime.block_on(models.unload_all());
+    Ok(())
+}
+
+/// The tray icon. Some Linux desktops have no tray host, and without the appindicator library
+/// its loader panics: log and carry on without a tray (the dashboard opens instead).
+fn install_tray<R: Runtime>(app: &AppHandle<R>) -> bool {
+    let build = || -> tauri::Result<()> {
+        let menu = native_menu(app, &tray::menu(&Default::default()))?;
+        let icon = tauri::image::Image::from_bytes(include_bytes!("../../../icons/tray.png"))?;
+        TrayIconBuilder::with_id(TRAY_ID)
+            .icon(icon)
+            .icon_as_template(true)
+            .tooltip("FastMLX")
+            .menu(&menu)
+            .on_menu_event(|app, event| on_action(app, event.id().as_ref()))
+            .build(app)?;
+        Ok(())
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(build)) {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!("no menu-bar icon: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("no menu-bar icon: the tray library is missing (libayatana-appindicator3)");
+            false
+        }
+    }
+}
+
+fn native_menu<R: Runtime>(app: &AppHandle<R>, items: &[Item]) -> tauri::Result<Menu<R>> {
+    let menu = Menu::new(app)?;
+    for item in items {
+        match item {
+            Item::Label(text) => menu.append(&MenuItem::new(app, text, false, None::<&str>)?)?,
+            Item::Separator => menu.append(&PredefinedMenuItem::separator(app)?)?,
+            Item::Model { id, checked, loading } => {
+                let action = Action::ServeModel(id.clone());
+                menu.append(&CheckMenuItem::with_id(app, action.id(), model_label(id, *loading), !*loading, *checked, None::<&str>)?)?
+            }
+            Item::Button { action, label, enabled } => menu.append(&MenuItem::with_id(app, action.id(), label, *enabled, None::<&str>)?)?,
+        }
+    }
+    Ok(menu)
+}
+
+/// Rebuilds the menu when what it shows changes (models added or removed, loading, serving,
+/// the speed), checking every second.
+fn spawn_menu_refresh<R: Runtime>(app: AppHandle<R>) {
+    std::thread::spawn(move || loop {
+        let control = app.state::<Arc<Control>>().inner().clone();
+        let state = control.tray_state();
+        let changed = {
+            let mut shown = control.shown.lock().unwrap_or_else(|e| e.into_inner());
+            let changed = shown.as_ref() != Some(&state);
+            *shown = Some(state.clone());
+            changed
+        };
+        if changed {
+            if let Some(tray) = app.tray_by_id(TRAY_ID) {
+                match native_menu(&app, &tray::menu(&state)) {
+                    Ok(menu) => {
+                        let _ = tray.set_menu(Some(menu));
+                    }
+                    Err(e) => tracing::warn!("cannot rebuild the menu: {e}"),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    });
+}
+
+fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
+    let Some(action) = Action::from_id(id) else { return };
+    let control = app.state::<Arc<Control>>().inner().clone();
+    let result: anyhow::Result<()> = match action {
+        Action::ServeModel(model) => {
+            control.serve_model(model);
+            Ok(())
+        }
+        Action::OpenDashboard => show_window(app, Window::Dashboard).map_err(Into::into),
+        Action::OpenChat => show_window(app, Window::Chat).map_err(Into::into),
+        Action::CopyApiUrl => match control.url() {
+            Some(url) => app.clipboard().write_text(url).map_err(Into::into),
+            None => Ok(()),
+        },
+        Action::ToggleServer => {
+            if control.url().is_some() {
+                control.stop_server();
+                Ok(())
+            } else {
+                control.start_server().map(|_| ())
+            }
+        }
+        Action::Quit => {
+            app.exit(0);
+            Ok(())
+        }
+    };
+    if let Err(e) = result {
+        tracing::error!("{id}: {e:#}");
+    }
+}
+
+/// Shows a window, creating it the first time; the page learns the API's address from
+/// `window.__FASTMLX__`.
+pub fn show_window<R: Runtime>(app: &AppHandle<R>, window: Window) -> tauri::Result<()> {
+    if let Some(existing) = app.get_webview_window(window.label()) {
+        existing.show()?;
+        return existing.set_focus();
+    }
+    let control = app.state::<Arc<Control>>().inner().clone();
+    let key = control.config.api_key.as_ref().map_or("null".to_string(), |k| serde_json::to_string(k).unwrap_or_default());
+    let script = format!("window.__FASTMLX__ = {{ apiBase: {}, apiKey: {key}, desktop: true }};", serde_json::to_string(&control.api_base()).unwrap_or_default());
+    let (route, title, size) = match window {
+        Window::Dashboard => ("index.html#/models", "FastMLX", (1100.0, 760.0)),
+        Window::Chat => ("index.html#/chat", "FastMLX Chat", (820.0, 760.0)),
+    };
+    WebviewWindowBuilder::new(app, window.label(), WebviewUrl::App(route.into()))
+        .title(title)
+        .inner_size(size.0, size.1)
+        .initialization_script(script)
+        .build()?;
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! The app's own side of the server: the tokio runtime, the models, the running server (which
+//! the menu can stop and start again on the same address) and the menu's state.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use crate::server::{RunningServer, ServerConfig};
+use crate::store::{Pulls, Residency};
+
+use super::tray::TrayState;
+
+pub struct Control {
+    pub runtime: Arc<tokio::runtime::Runtime>,
+    pub models: Residency,
+    pub pulls: Pulls,
+    pub config: ServerConfig,
+    pub host: IpAddr,
+    /// The port asked for; after the first start, the one actually bound (so the URL stays).
+    pub port: Mutex<u16>,
+    pub server: Mutex<Option<RunningServer>>,
+    /// A model being loaded from the menu.
+    pub loading: Mutex<Option<String>>,
+    /// What the menu shows now (rebuilt only when this changes).
+    pub shown: Mutex<Option<TrayState>>,
+}
+
+impl Control {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn url(&self) -> Option<String> {
+        Self::lock(&self.server).as_ref().map(RunningServer::url)
+    }
+
+    /// `http://host:port` for the web UI's API calls.
+    pub fn api_base(&self) -> String {
+        format!("http://{}:{}", if self.host.is_unspecified() { "127.0.0.1".to_string() } else { self.host.to_string() }, *Self::lock(&self.port))
+    }
+
+    pub fn start_server(&self) -> anyhow::Result<String> {
+        if let Some(url) = self.url() {
+            return Ok(url);
+        }
+        let port = *Self::lock(&self.port);
+        let server = self.runtime.block_on(RunningServer::start(self.models.clone(), self.pulls.clone(), self.config.clone(), self.host, port))?;
+        *Self::lock(&self.port) = server.address.port();
+        let url = server.url();
+        *Self::lock(&self.server) = Some(server);
+        Ok(url)
+    }
+
+    pub fn stop_server(&self) {
+        if let Some(server) = Self::lock(&self.server).take() {
+            let _ = self.runtime.block_on(server.stop());
+        }
+    }
+
+    /// What the menu should show now.
+    pub fn tray_state(&self) -> TrayState {
+        let loaded = self.models.loaded();
+        let models = self.models.catalog().list().into_iter().filter(|m| m.summary.unloadable_reason.is_none()).map(|m| m.id).collect::<Vec<_>>();
+        let mut all = loaded.iter().map(|m| m.id.clone()).filter(|id| !models.contains(id)).collect::<Vec<_>>();
+        all.extend(models);
+        TrayState {
+            url: self.url(),
+            serving: loaded.first().map(|m| m.id.clone()),
+            models: all,
+            loading: Self::lock(&self.loading).clone(),
+            tokens_per_sec: self.models.engines().iter().map(|s| s.engine.snapshot().decode_tokens_per_sec).sum(),
+        }
+    }
+
+    /// Loads `id` in the background and makes it the one requests without a model go to.
+    pub fn serve_model(self: &Arc<Self>, id: String) {
+        *Self::lock(&self.loading) = Some(id.clone());
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = this.models.serve(Some(&id)).await {
+                tracing::error!("cannot serve {id}: {e}");
+            }
+            *Self::lock(&this.loading) = None;
+        });
+    }
+}

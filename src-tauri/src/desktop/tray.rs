@@ -1,0 +1,155 @@
+//! The menu-bar menu as plain data: what it shows for a given state, and what each item does.
+//! Building the native menu from this and running the actions is the thin Tauri part
+//! (`app.rs`); everything decided here is unit-tested without a display.
+
+/// What the menu reflects.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrayState {
+    /// The API's URL while the server listens.
+    pub url: Option<String>,
+    /// The model requests go to by default (the most recently used loaded one).
+    pub serving: Option<String>,
+    /// Local models this build can load.
+    pub models: Vec<String>,
+    /// A model being loaded from the menu.
+    pub loading: Option<String>,
+    /// Generated tokens per second, all models together.
+    pub tokens_per_sec: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    ServeModel(String),
+    OpenDashboard,
+    OpenChat,
+    CopyApiUrl,
+    ToggleServer,
+    Quit,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// Shown, not clickable.
+    Label(String),
+    Model { id: String, checked: bool, loading: bool },
+    Button { action: Action, label: String, enabled: bool },
+    Separator,
+}
+
+const MODEL_PREFIX: &str = "model:";
+
+impl Action {
+    /// The menu item id the native menu reports back.
+    pub fn id(&self) -> String {
+        match self {
+            Action::ServeModel(model) => format!("{MODEL_PREFIX}{model}"),
+            Action::OpenDashboard => "open-dashboard".into(),
+            Action::OpenChat => "open-chat".into(),
+            Action::CopyApiUrl => "copy-api-url".into(),
+            Action::ToggleServer => "toggle-server".into(),
+            Action::Quit => "quit".into(),
+        }
+    }
+
+    /// The action of a clicked item id.
+    pub fn from_id(id: &str) -> Option<Action> {
+        if let Some(model) = id.strip_prefix(MODEL_PREFIX) {
+            return (!model.is_empty()).then(|| Action::ServeModel(model.to_string()));
+        }
+        Some(match id {
+            "open-dashboard" => Action::OpenDashboard,
+            "open-chat" => Action::OpenChat,
+            "copy-api-url" => Action::CopyApiUrl,
+            "toggle-server" => Action::ToggleServer,
+            "quit" => Action::Quit,
+            _ => return None,
+        })
+    }
+}
+
+/// The first line: what is served where, and how fast.
+pub fn status_line(state: &TrayState) -> String {
+    match (&state.url, &state.serving) {
+        (None, _) => "Server stopped".into(),
+        (Some(url), None) => format!("No model loaded · {url}"),
+        (Some(url), Some(model)) if state.tokens_per_sec >= 0.05 => format!("{model} · {url} · {:.1} tok/s", state.tokens_per_sec),
+        (Some(url), Some(model)) => format!("{model} · {url}"),
+    }
+}
+
+/// The whole menu, top to bottom.
+pub fn menu(state: &TrayState) -> Vec<Item> {
+    let mut items = vec![Item::Label(status_line(state)), Item::Separator];
+    if state.models.is_empty() {
+        items.push(Item::Label("No local models: Open Dashboard → Discover".into()));
+    }
+    for id in &state.models {
+        items.push(Item::Model { id: id.clone(), checked: state.serving.as_ref() == Some(id), loading: state.loading.as_ref() == Some(id) });
+    }
+    let running = state.url.is_some();
+    items.push(Item::Separator);
+    items.push(Item::Button { action: Action::OpenDashboard, label: "Open Dashboard".into(), enabled: true });
+    items.push(Item::Button { action: Action::OpenChat, label: "Open Chat".into(), enabled: running });
+    items.push(Item::Button { action: Action::CopyApiUrl, label: "Copy API URL".into(), enabled: running });
+    items.push(Item::Button { action: Action::ToggleServer, label: if running { "Stop Server" } else { "Start Server" }.into(), enabled: true });
+    items.push(Item::Separator);
+    items.push(Item::Button { action: Action::Quit, label: "Quit FastMLX".into(), enabled: true });
+    items
+}
+
+/// A model's line: a check mark on the one serving, "loading…" while it loads.
+pub fn model_label(id: &str, loading: bool) -> String {
+    if loading {
+        format!("{id} (loading…)")
+    } else {
+        id.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> TrayState {
+        TrayState {
+            url: Some("http://127.0.0.1:8080/v1".into()),
+            serving: Some("a/one".into()),
+            models: vec!["a/one".into(), "b/two".into()],
+            loading: Some("b/two".into()),
+            tokens_per_sec: 42.04,
+        }
+    }
+
+    #[test]
+    fn menu_lists_models_with_the_serving_one_checked() {
+        let items = menu(&state());
+        assert_eq!(items[0], Item::Label("a/one · http://127.0.0.1:8080/v1 · 42.0 tok/s".into()));
+        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false });
+        assert_eq!(items[3], Item::Model { id: "b/two".into(), checked: false, loading: true });
+        assert_eq!(model_label("b/two", true), "b/two (loading…)");
+        let labels: Vec<&str> = items.iter().filter_map(|i| if let Item::Button { label, .. } = i { Some(label.as_str()) } else { None }).collect();
+        assert_eq!(labels, ["Open Dashboard", "Open Chat", "Copy API URL", "Stop Server", "Quit FastMLX"]);
+    }
+
+    #[test]
+    fn stopped_server_disables_chat_and_copy() {
+        let stopped = TrayState { url: None, ..state() };
+        let items = menu(&stopped);
+        assert_eq!(items[0], Item::Label("Server stopped".into()));
+        let enabled = |action: Action| items.iter().any(|i| matches!(i, Item::Button { action: a, enabled: true, .. } if *a == action));
+        assert!(!enabled(Action::OpenChat) && !enabled(Action::CopyApiUrl) && enabled(Action::OpenDashboard));
+        assert!(items.iter().any(|i| matches!(i, Item::Button { label, .. } if label == "Start Server")));
+        let empty = menu(&TrayState { models: vec![], serving: None, ..state() });
+        assert_eq!(empty[0], Item::Label("No model loaded · http://127.0.0.1:8080/v1".into()));
+        assert!(matches!(&empty[2], Item::Label(l) if l.contains("Discover")));
+    }
+
+    #[test]
+    fn ids_round_trip_to_actions() {
+        for action in [Action::ServeModel("org/m:q4".into()), Action::OpenDashboard, Action::OpenChat, Action::CopyApiUrl, Action::ToggleServer, Action::Quit] {
+            assert_eq!(Action::from_id(&action.id()), Some(action));
+        }
+        assert_eq!(Action::from_id("model:"), None);
+        assert_eq!(Action::from_id("something-else"), None);
+    }
+}

@@ -1,0 +1,83 @@
+//! `GET/POST /admin/settings`: what the dashboard shows and may change while serving. Changes
+//! apply at once (max batch and memory budget to models loaded from now on, keep-alive to all).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::extract::{parse, ApiJson};
+use super::{ApiError, AppState};
+
+#[derive(Serialize)]
+pub struct Settings {
+    /// The OpenAI base URL clients point at.
+    api_url: Option<String>,
+    host: Option<String>,
+    port: Option<u16>,
+    api_key_set: bool,
+    max_batch: usize,
+    memory_budget_mb: u64,
+    /// `None`: loaded models stay until evicted.
+    keep_alive_secs: Option<u64>,
+    models_dir: String,
+}
+
+fn current(state: &AppState) -> Settings {
+    let config = state.models.config();
+    let listen = state.config.listen;
+    Settings {
+        api_url: listen.map(|a| format!("http://{a}/v1")),
+        host: listen.map(|a| a.ip().to_string()),
+        port: listen.map(|a| a.port()),
+        api_key_set: state.config.api_key.is_some(),
+        max_batch: config.engine.max_batch,
+        memory_budget_mb: config.memory_budget >> 20,
+        keep_alive_secs: config.keep_alive.map(|k| k.as_secs()),
+        models_dir: state.models.catalog().paths().models_dir.display().to_string(),
+    }
+}
+
+pub async fn get(State(state): State<AppState>) -> Json<Settings> {
+    Json(current(&state))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Change {
+    max_batch: Option<usize>,
+    memory_budget_mb: Option<u64>,
+    /// `null` or 0: never unload for idleness.
+    #[serde(default, deserialize_with = "some_or_null")]
+    keep_alive_secs: Option<Option<u64>>,
+}
+
+/// Tells a field sent as `null` from one not sent.
+fn some_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Ok(Some(Option::deserialize(d)?))
+}
+
+pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Settings>, ApiError> {
+    let change: Change = parse(&body)?;
+    if change.max_batch.is_some_and(|b| !(1..=256).contains(&b)) {
+        return Err(ApiError::invalid("max_batch", "max_batch must be between 1 and 256"));
+    }
+    let machine_mb = crate::engine::total_memory_bytes().map(|b| b >> 20);
+    if change.memory_budget_mb.is_some_and(|m| m < 256 || machine_mb.is_some_and(|total| m > total)) {
+        return Err(ApiError::invalid("memory_budget_mb", "memory_budget_mb must be at least 256 and at most the machine's memory"));
+    }
+    state.models.update_config(|c| {
+        if let Some(b) = change.max_batch {
+            c.engine.max_batch = b;
+        }
+        if let Some(m) = change.memory_budget_mb {
+            c.memory_budget = m << 20;
+        }
+        if let Some(k) = change.keep_alive_secs {
+            c.keep_alive = k.filter(|&s| s > 0).map(Duration::from_secs);
+        }
+    });
+    Ok(Json(current(&state)))
+}

@@ -1,0 +1,224 @@
+// The real desktop app end to end: `fastmlx app` in its Tauri window, driven through
+// WebKitWebDriver under Xvfb (scripts/test.sh runs this file under xvfb-run). Loads the test model
+// from the Models page, chats in the chat window (opened by the app's own `open_chat` command)
+// and sees the streamed answer, watches the Live graphs move while requests run, changes a
+// setting and sees it applied. Screenshots of each page go to target/desktop-screenshots/.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const binary = process.env.FASTMLX_BIN ?? path.join(root, "target/debug/fastmlx");
+const driverBinary = process.env.WEBKIT_WEBDRIVER ?? "/usr/bin/WebKitWebDriver";
+const shots = path.join(root, "target/desktop-screenshots");
+const SMOL = "SmolLM2-135M-Instruct.Q4_1";
+
+let driver, driverUrl, session, tmp, driverLog = "";
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** One W3C WebDriver command; throws with the driver's message on an error. */
+async function wd(method, route, body) {
+  const res = await fetch(`${driverUrl}/session/${session}${route}`, {
+    method,
+    headers: { "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const json = await res.json();
+  if (!res.ok) throw new Error(`${method} ${route}: ${json.value?.error}: ${json.value?.message}`);
+  return json.value;
+}
+
+const exec = (script, args = []) => wd("POST", "/execute/sync", { script, args });
+const ELEMENT = "element-6066-11e4-a52e-4f735466cecf";
+
+async function until(check, what, timeout = 60_000) {
+  const end = Date.now() + timeout;
+  for (;;) {
+    let value, error;
+    try {
+      value = await check();
+    } catch (e) {
+      error = e;
+    }
+    if (value) return value;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}${error ? `: ${error.message}` : ""}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** The element for a CSS selector, once it exists. */
+const find = (css, timeout) => until(async () => (await wd("POST", "/element", { using: "css selector", value: css }))[ELEMENT], css, timeout);
+const click = async (css) => wd("POST", `/element/${await find(css)}/click`, {});
+const attr = async (css, name) => exec(`const e = document.querySelector(arguments[0]); return e && e.getAttribute(arguments[1]);`, [css, name]);
+
+async function screenshot(name) {
+  mkdirSync(shots, { recursive: true });
+  writeFileSync(path.join(shots, `${name}.png`), Buffer.from(await wd("GET", "/screenshot"), "base64"));
+}
+
+async function go(hash) {
+  await exec(`location.hash = arguments[0];`, [hash]);
+}
+
+/** The API of the app's own server, as its page knows it. */
+async function api(route, init = {}) {
+  const base = await exec(`return window.__FASTMLX__.apiBase;`);
+  const res = await fetch(base + route, { ...init, headers: { "content-type": "application/json" } });
+  assert.ok(res.ok, `${route}: ${res.status}`);
+  return res.json();
+}
+
+before(async () => {
+  tmp = mkdtempSync(path.join(tmpdir(), "fastmlx-desktop-"));
+  const models = path.join(tmp, "models");
+  const empty = path.join(tmp, "empty");
+  mkdirSync(empty);
+  execFileSync(binary, ["make-test-model", "--arch", "llama", path.join(models, "tiny-llama")], { stdio: "ignore" });
+  const port = await freePort();
+  driverUrl = `http://127.0.0.1:${port}`;
+  // The app inherits the driver's environment.
+  const env = {
+    ...process.env,
+    TAURI_WEBVIEW_AUTOMATION: "true",
+    FASTMLX_MODELS_DIR: models,
+    HF_HUB_CACHE: empty,
+    LMSTUDIO_MODELS_DIR: empty,
+    FASTMLX_CONFIG: path.join(tmp, "config.toml"),
+    // The webview's storage (saved conversations) starts empty and stays out of the user's.
+    XDG_DATA_HOME: path.join(tmp, "data"),
+  };
+  delete env.FASTMLX_API_KEY;
+  driver = spawn(driverBinary, [`--port=${port}`], { env, stdio: ["ignore", "pipe", "pipe"] });
+  driver.stdout.on("data", (d) => (driverLog += d));
+  driver.stderr.on("data", (d) => (driverLog += d));
+  await until(async () => (await fetch(`${driverUrl}/status`)).ok, "WebKitWebDriver", 20_000);
+  const res = await fetch(`${driverUrl}/session`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ capabilities: { alwaysMatch: { "webkitgtk:browserOptions": { binary, args: ["app", "--port", "0"] } } } }),
+  });
+  const json = await res.json();
+  assert.ok(res.ok, `no session: ${JSON.stringify(json)} ${driverLog}`);
+  session = json.value.sessionId;
+});
+
+after(async () => {
+  if (session) await fetch(`${driverUrl}/session/${session}`, { method: "DELETE" }).catch(() => {});
+  if (driver && driver.exitCode === null) {
+    // SIGTERM: a killed WebKitWebDriver leaves its browser behind.
+    driver.kill("SIGTERM");
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+  mkdirSync(path.join(root, "target"), { recursive: true });
+  writeFileSync(path.join(root, "target/desktop-webdriver.log"), driverLog);
+  rmSync(tmp, { recursive: true, force: true });
+});
+
+test("the dashboard window shows the UI with the app's API address", async () => {
+  assert.match(await wd("GET", "/title"), /FastMLX/);
+  const injected = await exec(`return window.__FASTMLX__;`);
+  assert.match(injected.apiBase, /^http:\/\/127\.0\.0\.1:\d+$/);
+  assert.equal(injected.desktop, true);
+  assert.ok(await exec(`return typeof window.__TAURI__?.core?.invoke === "function";`), "Tauri's API is there");
+});
+
+test("models: load the test model from the Models page", async () => {
+  await go("#/models");
+  const row = '[data-testid=model-row][data-model="tiny-llama"]';
+  await find(row);
+  assert.equal(await attr(row, "data-loaded"), "false");
+  await click(`${row} [data-testid=load]`);
+  await until(async () => (await attr(row, "data-loaded")) === "true", "tiny-llama loaded");
+  const status = await api("/admin/status");
+  assert.ok(status.loaded.some((m) => m.id === "tiny-llama"));
+  await until(async () => (await attr(`[data-testid=model-row][data-model="${SMOL}"]`, "data-loaded")) === "true", "the default model loaded");
+  await screenshot("models");
+});
+
+test("chat: the chat window streams an answer", async () => {
+  const dashboard = await wd("GET", "/window");
+  await exec(`window.__TAURI__.core.invoke("open_chat");`);
+  const chat = await until(async () => (await wd("GET", "/window/handles")).find((h) => h !== dashboard), "the chat window");
+  await wd("POST", "/window", { handle: chat });
+  assert.equal(await exec(`return location.hash;`), "#/chat");
+  assert.equal(await exec(`return document.querySelector("[data-testid=nav]");`), null, "the chat window has no dashboard nav");
+  await until(async () => exec(`return [...document.querySelectorAll("[data-testid=chat-model] option")].some(o => o.value === arguments[0]);`, [SMOL]), "the model list");
+  await exec(
+    `const s = document.querySelector("[data-testid=chat-model]"); s.value = arguments[0]; s.dispatchEvent(new Event("change", {bubbles: true}));`,
+    [SMOL],
+  );
+  // Greedy and short: the tiny instruction model answers this one right.
+  for (const [field, value] of [["chat-temperature", "0"], ["chat-max-tokens", "48"]]) {
+    const el = await find(`[data-testid=${field}]`);
+    await wd("POST", `/element/${el}/clear`, {});
+    await wd("POST", `/element/${el}/value`, { text: value });
+  }
+  const input = await find("[data-testid=chat-input]");
+  await wd("POST", `/element/${input}/value`, { text: "What is the capital of France?" });
+  await wd("POST", `/element/${input}/value`, { text: "\uE007" }); // Enter
+  const replyText = () => exec(`const m = [...document.querySelectorAll("[data-testid=message][data-role=assistant]")].pop(); return m ? m.textContent : "";`);
+  const lengths = new Set();
+  await until(async () => {
+    const text = await replyText();
+    if (text) lengths.add(text.length);
+    return lengths.size >= 3;
+  }, "the reply growing as it streams");
+  let reply = "";
+  try {
+    await until(async () => /Paris/.test((reply = await replyText())), "Paris in the answer");
+  } finally {
+    await screenshot("chat");
+  }
+  assert.match(reply, /Paris/, reply);
+  await wd("POST", "/window", { handle: dashboard });
+});
+
+test("live: the graphs move while requests run", async () => {
+  await go("#/live");
+  await find("[data-testid=live-connected][data-connected=true]");
+  const decode = () => exec(`const u = document.querySelector("[data-testid=chart-tokens]").__uplot; return Array.from(u.data[2]);`);
+  const before = await decode();
+  const requests = Array.from({ length: 3 }, (_, i) =>
+    api("/v1/chat/completions", {
+      method: "POST",
+      body: JSON.stringify({ model: SMOL, messages: [{ role: "user", content: `Count to ${i + 5}.` }], max_tokens: 32, temperature: 0 }),
+    }),
+  );
+  let peak = 0;
+  const done = Promise.all(requests);
+  let finished = false;
+  done.then(() => (finished = true));
+  while (!finished) {
+    peak = Math.max(peak, ...(await decode()).filter((v) => v != null));
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  await done;
+  assert.ok(peak > 0, "decode tokens/s plotted above zero");
+  assert.notDeepEqual(await decode(), before, "the plotted data changed");
+  await until(async () => (await exec(`return document.querySelectorAll("[data-testid=recent-row]").length;`)) >= 3, "recent requests listed");
+  await screenshot("live");
+});
+
+test("server: a changed setting is applied", async () => {
+  await go("#/server");
+  const batch = await find("[data-testid=max-batch]");
+  await wd("POST", `/element/${batch}/clear`, {});
+  await wd("POST", `/element/${batch}/value`, { text: "6" });
+  await click("[data-testid=settings-save]");
+  await find("[data-testid=settings-saved]");
+  assert.equal((await api("/admin/settings")).max_batch, 6);
+  await screenshot("server");
+});

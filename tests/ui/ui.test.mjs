@@ -1,0 +1,432 @@
+// The web UI (ui/, built into ui/dist by scripts/setup.sh) in headless Chromium against a real
+// `fastmlx serve`: the Models, Chat, Live, Server and Discover pages as a person uses them.
+// Screenshots of each page land in target/ui-screenshots/. Run by scripts/test.sh:
+//   node --test tests/ui/
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { bf16ParamsFor, startFakeHub } from "./fake-hub.mjs";
+import { api, launchBrowser, makeTinyModel, openPage, screenshot, startServer, until } from "./harness.mjs";
+
+const SMOL = "SmolLM2-135M-Instruct.Q4_1";
+const TINY_REPO = "test-org/tiny-qwen2-mlx";
+const OTHER_REPO = "test-org/tiny-qwen3-mlx";
+const TIGHT_REPO = "mlx-community/Tight-Fit-bf16-mlx";
+const HUGE_REPO = "mlx-community/Huge-405B-bf16-mlx";
+
+let server;
+let browser;
+let hub;
+let hubFiles;
+
+before(async () => {
+  hubFiles = mkdtempSync(path.join(tmpdir(), "fastmlx-ui-hub-"));
+  hub = await startFakeHub([
+    { id: TINY_REPO, dir: makeTinyModel(path.join(hubFiles, "a"), "qwen2"), downloads: 1234, likes: 5, params: { F32: 362_000 } },
+    { id: OTHER_REPO, dir: makeTinyModel(path.join(hubFiles, "b"), "qwen3"), downloads: 10, likes: 1, params: { F32: 362_000 } },
+    { id: TIGHT_REPO, downloads: 50_000, likes: 300, params: bf16ParamsFor(0.72) },
+    { id: HUGE_REPO, downloads: 9_000, likes: 80, params: { BF16: 405_000_000_000 } },
+  ]);
+  server = await startServer({ tinyModels: ["tiny-llama", "tiny-doomed"], env: { HF_ENDPOINT: hub.url, HF_TOKEN: "" } });
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+  await hub?.close();
+  if (hubFiles) rmSync(hubFiles, { recursive: true, force: true });
+});
+
+async function open(route, options) {
+  const { context, page } = await openPage(browser, options);
+  await page.goto(`${server.base}/ui/#/${route}`);
+  await page.getByTestId(`page-${route}`).waitFor();
+  return { context, page };
+}
+
+function assertClean(page) {
+  assert.deepEqual(page.problems, [], "no errors in the page");
+}
+
+const text = (locator) => locator.textContent().then((t) => t ?? "");
+
+describe("web UI", { concurrency: false }, () => {
+  test("the UI is served at /ui/ with relative assets", async () => {
+    const res = await fetch(`${server.base}/ui/`);
+    assert.equal(res.status, 200);
+    const html = await res.text();
+    assert.match(html, /src="\.\/assets\/[^"]+\.js"/);
+    const asset = html.match(/src="\.\/(assets\/[^"]+\.js)"/)[1];
+    const js = await fetch(`${server.base}/ui/${asset}`);
+    assert.equal(js.status, 200);
+  });
+
+  test("models: list, load, unload, delete with force", async () => {
+    const { context, page } = await open("models");
+    try {
+      page.on("dialog", (d) => d.accept());
+      const row = page.locator('[data-testid=model-row][data-model="tiny-llama"]');
+      await row.waitFor();
+      assert.equal(await row.getAttribute("data-loaded"), "false");
+      const cells = await row.locator("td").allTextContents();
+      assert.match(cells.join(" | "), /llama/, "architecture shown");
+      assert.match(cells[1], /\d+(\.\d+)? (KB|MB)/, "size in human bytes");
+      assert.match(cells[5], /FastMLX/, "source");
+      // The default model, loaded at start from outside the model folders, is listed as loaded.
+      const smol = page.locator(`[data-testid=model-row][data-model="${SMOL}"]`);
+      await smol.waitFor();
+      assert.equal(await smol.getAttribute("data-loaded"), "true");
+      await smol.getByTestId("loaded-badge").waitFor();
+
+      await row.getByTestId("load").click();
+      await page.locator('[data-testid=model-row][data-model="tiny-llama"][data-loaded="true"]').waitFor({ timeout: 60_000 });
+      await row.getByTestId("loaded-badge").waitFor();
+      const status = await api(server, "/admin/status");
+      assert.ok(status.loaded.some((m) => m.id === "tiny-llama"), "the server has it loaded");
+      await screenshot(page, "models");
+
+      await row.getByTestId("unload").click();
+      await page.locator('[data-testid=model-row][data-model="tiny-llama"][data-loaded="false"]').waitFor({ timeout: 30_000 });
+      assert.ok(!(await api(server, "/admin/status")).loaded.some((m) => m.id === "tiny-llama"));
+
+      // FastMLX did not download it: refused (403), then "delete anyway" forces it.
+      const doomed = page.locator('[data-testid=model-row][data-model="tiny-doomed"]');
+      await doomed.getByTestId("delete").click();
+      await page.getByTestId("error").waitFor();
+      await page.getByTestId("delete-anyway").click();
+      await doomed.waitFor({ state: "detached", timeout: 30_000 });
+      assert.ok(!(await api(server, "/admin/models")).some((m) => m.id === "tiny-doomed"));
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("chat: streamed reply, stats, stop, survives a reload", async () => {
+    const { context, page } = await open("chat");
+    try {
+      const select = page.getByTestId("chat-model");
+      await until(async () => (await select.locator("option").allTextContents()).some((t) => t.includes(SMOL)), "the model list");
+      const options = await select.locator("option").allTextContents();
+      assert.match(options[0], /\(loaded\)/, "loaded models first");
+      await select.selectOption(SMOL);
+      await page.getByTestId("chat-temperature").fill("0");
+      await page.getByTestId("chat-max-tokens").fill("48");
+
+      // Shift+Enter adds a line and sends nothing.
+      const input = page.getByTestId("chat-input");
+      await input.click();
+      await page.keyboard.type("line one");
+      await page.keyboard.press("Shift+Enter");
+      await page.keyboard.type("line two");
+      assert.equal(await input.inputValue(), "line one\nline two");
+      assert.equal(await page.getByTestId("message").count(), 0);
+      await input.fill("What is the capital of France?");
+      await input.press("Enter");
+
+      // The reply grows while it streams, then ends with its token count and speed.
+      const reply = page.locator('[data-testid=message][data-role=assistant]').last();
+      await reply.waitFor();
+      const lengths = [];
+      await until(
+        async () => {
+          lengths.push((await text(reply.getByTestId("message-content"))).length);
+          return (await reply.getAttribute("data-streaming")) === "false";
+        },
+        "the reply to end",
+        { timeout: 120_000, interval: 50 },
+      );
+      const grown = lengths.filter((n, i) => i > 0 && n > lengths[i - 1]).length;
+      assert.ok(grown >= 2, `the reply grew while streaming (lengths seen: ${lengths.join(",")})`);
+      assert.match(await text(reply.getByTestId("message-content")), /Paris/);
+      const stats = reply.getByTestId("reply-stats");
+      assert.ok(Number(await stats.getAttribute("data-tokens")) > 0);
+      assert.match(await text(stats), /\d+ tokens · [\d.]+ tok\/s/);
+      await screenshot(page, "chat");
+
+      // Stop a long reply: the stream ends at once, the text stops growing, the server frees the row.
+      await page.getByTestId("chat-max-tokens").fill("");
+      await input.fill("Write a very long story about a dragon who learns to bake bread. Make it at least 2000 words.");
+      await page.getByTestId("chat-send").click();
+      const long = page.locator('[data-testid=message][data-role=assistant]').last();
+      await until(async () => (await text(long.getByTestId("message-content"))).length > 40, "the story to start", { timeout: 120_000 });
+      await page.getByTestId("chat-stop").click();
+      await until(async () => (await long.getAttribute("data-streaming")) === "false", "the stop");
+      assert.match(await text(long.getByTestId("reply-stats")), /stopped/);
+      const stopped = await text(long.getByTestId("message-content"));
+      await page.waitForTimeout(1000);
+      assert.equal(await text(long.getByTestId("message-content")), stopped, "no more text after Stop");
+      await until(async () => (await api(server, "/admin/status")).loaded.every((m) => m.running === 0), "the server to cancel the request", { timeout: 15_000 });
+      await page.getByTestId("chat-send").waitFor();
+
+      // Kept across a reload: the conversation, its messages and the model.
+      await page.waitForTimeout(300);
+      await page.reload();
+      await page.getByTestId("page-chat").waitFor();
+      const items = page.getByTestId("conversation-item");
+      await until(async () => (await items.count()) === 1, "one conversation listed");
+      assert.match(await text(items.first()), /What is the capital of France/);
+      const messages = page.getByTestId("message");
+      assert.equal(await messages.count(), 4);
+      assert.match(await text(messages.nth(1)), /Paris/);
+      assert.equal(await text(messages.nth(3).getByTestId("message-content")), stopped);
+      await until(async () => (await select.inputValue()) === SMOL, "the conversation's model");
+
+      // A new conversation starts empty; the old one is still there to go back to.
+      await page.getByTestId("chat-new").click();
+      assert.equal(await page.getByTestId("message").count(), 0);
+      await page.locator("[data-testid=conversation-item]", { hasText: "capital of France" }).click();
+      assert.equal(await page.getByTestId("message").count(), 4);
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("chat: markdown sanitized, code blocks with copy buttons, reasoning folded", async () => {
+    const { context, page } = await openPage(browser);
+    try {
+      await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: server.base });
+      await context.addInitScript((model) => {
+        if (localStorage.getItem("fastmlx.chats")) return;
+        const reply = [
+          "Here is **bold** and a [link](https://example.com).",
+          "",
+          "<img src=x onerror=\"window.__xss = 1\"><script>window.__xss = 2</script>",
+          "",
+          "```python",
+          "print('hi')",
+          "```",
+        ].join("\n");
+        localStorage.setItem(
+          "fastmlx.chats",
+          JSON.stringify([
+            {
+              id: "seeded",
+              title: "Seeded",
+              model,
+              system: "Be brief.",
+              updated: Date.now(),
+              messages: [
+                { role: "user", content: "Show me code" },
+                { role: "assistant", content: reply, reasoning: "The user wants code.", model, stats: { completion_tokens: 12, tokens_per_sec: 30, ttft_ms: 100 } },
+              ],
+            },
+          ]),
+        );
+        localStorage.setItem("fastmlx.chat.current", "seeded");
+      }, SMOL);
+      await page.goto(`${server.base}/ui/#/chat`);
+      const reply = page.locator("[data-testid=message][data-role=assistant]");
+      await reply.waitFor();
+      const md = reply.getByTestId("message-content");
+      assert.equal(await md.locator("strong").textContent(), "bold");
+      assert.equal(await md.locator("a").getAttribute("target"), "_blank");
+      assert.equal(await md.locator("script").count(), 0);
+      assert.equal(await md.locator("img").getAttribute("onerror"), null);
+      assert.equal(await page.evaluate(() => window.__xss), undefined, "no script ran");
+      const reasoning = reply.getByTestId("reasoning");
+      assert.equal(await reasoning.evaluate((d) => d.open), false, "reasoning folded");
+      await reasoning.locator("summary").click();
+      assert.equal(await reasoning.evaluate((d) => d.open), true);
+      assert.equal(await page.getByTestId("chat-system").inputValue(), "Be brief.");
+      await md.getByTestId("code-copy").click();
+      assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "print('hi')\n");
+      await screenshot(page, "chat-markdown");
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("live: charts move and recent requests appear while requests run", async () => {
+    const { context, page } = await open("live");
+    try {
+      await page.locator("[data-testid=live-connected][data-connected=true]").waitFor({ timeout: 15_000 });
+      const series = (id) =>
+        page.getByTestId(id).evaluate((el) => el.__uplot.data.map((s) => Array.from(s)));
+      const before = await series("chart-tokens");
+      const recentBefore = await page.getByTestId("recent-row").count();
+      assert.ok(before[0].length >= 1, "the chart has samples");
+
+      // Four requests at once, sent from here.
+      const requests = Array.from({ length: 4 }, (_, i) =>
+        api(server, "/v1/chat/completions", {
+          method: "POST",
+          json: {
+            model: SMOL,
+            messages: [{ role: "user", content: `Tell me a short fact about the number ${i + 7}.` }],
+            max_tokens: 40,
+            temperature: 0,
+          },
+        }),
+      );
+      let sawDecode = 0;
+      let sawBatch = 0;
+      const done = Promise.all(requests).then(() => true);
+      let finished = false;
+      done.then(() => (finished = true));
+      while (!finished) {
+        const [x, , decode] = await series("chart-tokens");
+        const [, batch] = await series("chart-batch");
+        sawDecode = Math.max(sawDecode, ...decode.filter((v) => v != null));
+        sawBatch = Math.max(sawBatch, ...batch.filter((v) => v != null));
+        assert.ok(x.length > 0);
+        await page.waitForTimeout(250);
+      }
+      await done;
+      await page.waitForTimeout(1200);
+      const after = await series("chart-tokens");
+      assert.ok(after[0].at(-1) > before[0].at(-1), "new samples plotted");
+      const decodeAfter = after[2].filter((v) => v != null);
+      sawDecode = Math.max(sawDecode, ...decodeAfter);
+      assert.ok(sawDecode > 0, "decode tokens/s plotted above zero");
+      assert.notDeepEqual(after[2], before[2], "the decode data changed");
+      assert.ok(sawBatch >= 1, "a running batch plotted");
+      const memory = await series("chart-memory");
+      assert.ok(memory[1].some((v) => v > 0), "MLX memory plotted");
+
+      await until(async () => (await page.getByTestId("recent-row").count()) >= Math.min(50, recentBefore + 4), "the recent requests");
+      const rows = await page.getByTestId("recent-row").allTextContents();
+      assert.ok(rows.slice(0, 4).every((r) => r.includes(SMOL)));
+      const summary = page.locator(`[data-testid=model-summary-row][data-model="${SMOL}"]`);
+      await summary.waitFor();
+      await screenshot(page, "live");
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("discover: search with fit badges, download with progress, cancel, resume, done", async () => {
+    const { context, page } = await open("discover");
+    try {
+      page.on("dialog", (d) => d.accept());
+      // The Hub's errors are shown.
+      await page.getByTestId("search-input").fill("explode");
+      await page.getByTestId("search-button").click();
+      await page.getByTestId("error").waitFor();
+
+      await page.getByTestId("search-input").fill("mlx");
+      await page.getByTestId("search-input").press("Enter");
+      const hit = (id) => page.locator(`[data-testid=search-hit][data-repo="${id}"]`);
+      await hit(TINY_REPO).waitFor();
+      assert.equal(await page.getByTestId("error").count(), 0, "the error is gone");
+      const order = await page.getByTestId("search-hit").evaluateAll((els) => els.map((e) => e.dataset.repo));
+      assert.deepEqual(order, [TIGHT_REPO, HUGE_REPO, TINY_REPO, OTHER_REPO], "most downloaded first");
+      assert.equal(await text(hit(TINY_REPO).getByTestId("fit-badge")), "fits");
+      assert.equal(await text(hit(TIGHT_REPO).getByTestId("fit-badge")), "tight");
+      assert.equal(await text(hit(HUGE_REPO).getByTestId("fit-badge")), "too big");
+      assert.match(await text(hit(TINY_REPO)), /↓ 1\.2K/);
+      assert.match(await text(hit(HUGE_REPO)), /810 GB/);
+
+      // Download, slowly: progress shows, then cancel.
+      hub.setDelay(150);
+      await hit(TINY_REPO).getByTestId("download").click();
+      const pull = hit(TINY_REPO).getByTestId("pull");
+      const progress = await until(async () => {
+        const t = await text(pull.getByTestId("progress-text"));
+        return /^[1-9]\d*% of [\d.]+ MB · [\d.]+ MB\/s/.test(t) && t;
+      }, "the progress with its speed", { timeout: 60_000 });
+      assert.match(progress, /\(\d\/\d\)/, "files done of total");
+      await screenshot(page, "discover");
+      await pull.getByTestId("cancel").click();
+      await hit(TINY_REPO).locator("[data-testid=pull][data-state=cancelled]").waitFor({ timeout: 30_000 });
+      assert.match(await text(pull.getByTestId("pull-message")), /cancelled at \d+%/);
+      assert.ok(!(await api(server, "/admin/models")).some((m) => m.id === TINY_REPO), "not visible before it is complete");
+
+      // Resume, faster, to the end; the model is then on the Models page, FastMLX's own.
+      hub.setDelay(2);
+      await pull.getByTestId("resume").click();
+      await hit(TINY_REPO).locator("[data-testid=pull][data-state=done]").waitFor({ timeout: 60_000 });
+      await pull.getByRole("link", { name: "Open in Models" }).click();
+      const row = page.locator(`[data-testid=model-row][data-model="${TINY_REPO}"]`);
+      await row.waitFor();
+      assert.match(await text(row), /qwen2/);
+      // Downloaded by FastMLX: deleted without the force question.
+      await row.getByTestId("delete").click();
+      await row.waitFor({ state: "detached", timeout: 30_000 });
+      assert.equal(await page.getByTestId("delete-anyway").count(), 0);
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("discover: a pull running on the server is followed again after a reload", async () => {
+    hub.setDelay(100);
+    // Started elsewhere (as by the CLI or another window), its stream left after one event.
+    const res = await fetch(`${server.base}/admin/pull`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ repo: OTHER_REPO }) });
+    assert.equal(res.status, 200);
+    const reader = res.body.getReader();
+    await reader.read();
+    await reader.cancel();
+    const { context, page } = await open("discover");
+    try {
+      const row = page.locator(`[data-testid=pull-row][data-repo="${OTHER_REPO}"]`);
+      await row.locator("[data-testid=pull][data-state=running]").waitFor({ timeout: 15_000 });
+      hub.setDelay(2);
+      await row.locator("[data-testid=pull][data-state=done]").waitFor({ timeout: 60_000 });
+      assert.ok((await api(server, "/admin/models")).some((m) => m.id === OTHER_REPO));
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("server: settings saved and kept, snippets point here, API key stored", async () => {
+    const { context, page } = await open("server");
+    try {
+      await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: server.base });
+      await page.getByTestId("settings-form").waitFor();
+      assert.equal(await text(page.getByTestId("api-url")), `${server.base}/v1`);
+      assert.equal(await text(page.getByTestId("bind-port")), new URL(server.base).port);
+      assert.equal(await page.getByTestId("max-batch").inputValue(), "8");
+
+      await page.getByTestId("max-batch").fill("4");
+      await page.getByTestId("keep-alive").fill("900");
+      await page.getByTestId("settings-save").click();
+      await page.getByTestId("settings-saved").waitFor();
+      assert.match(await text(page.getByTestId("settings-saved")), /max batch 4.*keep-alive 900 s/);
+      const settings = await api(server, "/admin/settings");
+      assert.equal(settings.max_batch, 4);
+      assert.equal(settings.keep_alive_secs, 900);
+
+      await page.reload();
+      await page.getByTestId("settings-form").waitFor();
+      await until(async () => (await page.getByTestId("keep-alive").inputValue()) === "900", "keep-alive after reload");
+      assert.equal(await page.getByTestId("max-batch").inputValue(), "4");
+
+      // Back to never unloading.
+      await page.getByTestId("keep-alive").fill("");
+      await page.getByTestId("settings-save").click();
+      await page.getByTestId("settings-saved").waitFor();
+      assert.equal((await api(server, "/admin/settings")).keep_alive_secs, null);
+
+      // Snippets name this server, and copy puts them on the clipboard.
+      for (const id of ["continue", "zed", "cline", "openwebui", "python"]) {
+        assert.ok((await text(page.getByTestId(`snippet-${id}`))).includes(`${server.base}/v1`), `${id} snippet`);
+      }
+      assert.match(await text(page.getByTestId("snippet-continue")), /provider: openai/);
+      assert.match(await text(page.getByTestId("snippet-python")), /OpenAI\(base_url=/);
+      await page.getByTestId("copy-python").click();
+      const clip = await page.evaluate(() => navigator.clipboard.readText());
+      assert.match(clip, /from openai import OpenAI/);
+
+      // The API key field keeps the key in this browser.
+      await page.getByTestId("api-key-input").fill("sk-local-test");
+      await page.getByTestId("api-key-save").click();
+      assert.equal(await page.evaluate(() => localStorage.getItem("fastmlx.apiKey")), "sk-local-test");
+      await page.getByTestId("api-key-input").fill("");
+      await page.getByTestId("api-key-save").click();
+      assert.equal(await page.evaluate(() => localStorage.getItem("fastmlx.apiKey")), null);
+      await screenshot(page, "server");
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+});

@@ -1,0 +1,278 @@
+// Talking to FastMLX: the base URL and API key (same origin in a browser; injected by the
+// desktop app as window.__FASTMLX__), JSON calls with errors in OpenAI's envelope, and
+// server-sent-event streams read with fetch (EventSource can neither POST nor send headers).
+
+declare global {
+  interface Window {
+    __FASTMLX__?: { apiBase?: string; apiKey?: string | null; desktop?: boolean };
+    __TAURI__?: { core: { invoke: (name: string, args?: Record<string, unknown>) => Promise<unknown> } };
+  }
+}
+
+const KEY_STORAGE = "fastmlx.apiKey";
+
+export const apiBase: string = (window.__FASTMLX__?.apiBase ?? "").replace(/\/+$/, "");
+export const isDesktop: boolean = Boolean(window.__FASTMLX__?.desktop);
+
+/** The key the desktop app injected (it knows its server's), else the one stored on the Server page. */
+export function apiKey(): string | null {
+  return window.__FASTMLX__?.apiKey || localStorage.getItem(KEY_STORAGE) || null;
+}
+
+export function storedApiKey(): string {
+  return localStorage.getItem(KEY_STORAGE) ?? "";
+}
+
+export function storeApiKey(key: string) {
+  if (key) localStorage.setItem(KEY_STORAGE, key);
+  else localStorage.removeItem(KEY_STORAGE);
+}
+
+/** The server's own address: the injected base, else this page's origin. */
+export function serverOrigin(): string {
+  return apiBase || window.location.origin;
+}
+
+export class ApiError extends Error {
+  status: number;
+  type: string | null;
+  code: string | null;
+  constructor(message: string, status: number, type: string | null = null, code: string | null = null) {
+    super(message);
+    this.status = status;
+    this.type = type;
+    this.code = code;
+  }
+}
+
+function headers(json: boolean): Record<string, string> {
+  const h: Record<string, string> = {};
+  if (json) h["Content-Type"] = "application/json";
+  const key = apiKey();
+  if (key) h["Authorization"] = `Bearer ${key}`;
+  return h;
+}
+
+async function errorOf(res: Response): Promise<ApiError> {
+  let message = `${res.status} ${res.statusText}`.trim();
+  let type: string | null = null;
+  let code: string | null = null;
+  try {
+    const body = await res.json();
+    if (body?.error?.message) {
+      message = body.error.message;
+      type = body.error.type ?? null;
+      code = body.error.code ?? null;
+    }
+  } catch {
+    /* not JSON */
+  }
+  if (res.status === 401) message += " (set the API key on the Server page)";
+  return new ApiError(message, res.status, type, code);
+}
+
+/** A fetch to the API; throws ApiError on a 4xx/5xx answer or when the server cannot be reached. */
+export async function request(path: string, init: RequestInit & { json?: unknown } = {}): Promise<Response> {
+  const { json, ...rest } = init;
+  let res: Response;
+  try {
+    res = await fetch(apiBase + path, {
+      ...rest,
+      headers: { ...headers(json !== undefined), ...(rest.headers as Record<string, string> | undefined) },
+      body: json !== undefined ? JSON.stringify(json) : rest.body,
+    });
+  } catch (e) {
+    if ((e as Error).name === "AbortError") throw e;
+    throw new ApiError(`cannot reach FastMLX at ${serverOrigin()}: ${(e as Error).message}`, 0);
+  }
+  if (!res.ok) throw await errorOf(res);
+  return res;
+}
+
+export async function getJson<T>(path: string, signal?: AbortSignal): Promise<T> {
+  return (await request(path, { signal })).json();
+}
+
+export async function postJson<T>(path: string, body: unknown, signal?: AbortSignal): Promise<T> {
+  return (await request(path, { method: "POST", json: body, signal })).json();
+}
+
+/**
+ * Reads a server-sent-event body, calling onData with each event's data (lines joined), until
+ * the stream ends, `[DONE]` arrives, or the signal aborts.
+ */
+export async function readEvents(res: Response, onData: (data: string) => void): Promise<void> {
+  if (!res.body) throw new ApiError("the server sent no stream", res.status);
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let data: string[] = [];
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let nl: number;
+      while ((nl = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, nl).replace(/\r$/, "");
+        buffer = buffer.slice(nl + 1);
+        if (line === "") {
+          if (data.length) {
+            const event = data.join("\n");
+            data = [];
+            if (event === "[DONE]") return;
+            onData(event);
+          }
+        } else if (line.startsWith("data:")) {
+          data.push(line.slice(5).replace(/^ /, ""));
+        }
+        // comments (":keepalive"), event:, id:, retry: are ignored
+      }
+    }
+    if (data.length && data.join("\n") !== "[DONE]") onData(data.join("\n"));
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/** POST (or GET) a request answered by an event stream, parsing each event as JSON. */
+export async function streamJson<T>(
+  path: string,
+  init: RequestInit & { json?: unknown },
+  onEvent: (event: T) => void,
+): Promise<void> {
+  const res = await request(path, { ...init, headers: { Accept: "text/event-stream" } });
+  await readEvents(res, (data) => {
+    let event: T;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return;
+    }
+    onEvent(event);
+  });
+}
+
+// --- the shapes of the admin API -----------------------------------------------------------
+
+export interface LocalModel {
+  id: string;
+  path: string;
+  source: "fastmlx" | "hf-cache" | "lmstudio";
+  owned: boolean;
+  loaded: boolean;
+  format: string;
+  architecture: string | null;
+  parameters: number | null;
+  quantization: string | null;
+  context_length: number | null;
+  size_bytes: number;
+  unloadable_reason: string | null;
+}
+
+export interface LoadedModel {
+  id: string;
+  path: string;
+  memory_bytes: number;
+  weights_bytes: number;
+  kv_budget_bytes: number;
+  idle_secs: number;
+  expires_in_secs: number | null;
+  running: number;
+  queued: number;
+}
+
+export interface PullProgress {
+  file: string;
+  file_done: number;
+  file_total: number;
+  done: number;
+  total: number;
+  bytes_per_sec: number;
+  eta_secs: number | null;
+  files_done: number;
+  files_total: number;
+}
+
+export interface PullStatus {
+  repo: string;
+  state: "running" | "done" | "failed" | "cancelled";
+  id?: string;
+  path?: string;
+  message?: string;
+  progress: PullProgress;
+}
+
+export interface ServerStatus {
+  loaded: LoadedModel[];
+  memory_budget_bytes: number | null;
+  machine_memory_bytes: number | null;
+  mlx_active_bytes: number;
+  mlx_cache_bytes: number;
+  pulls: PullStatus[];
+}
+
+export interface SearchHit {
+  id: string;
+  downloads: number;
+  likes: number;
+  tags: string[];
+  last_modified: string | null;
+  library: string | null;
+  gated: boolean | string;
+  parameters: number | null;
+  storage_bytes: number | null;
+  memory_needed_bytes: number | null;
+  fit: "fits" | "tight" | "too big" | null;
+}
+
+export interface Settings {
+  /** null where the server does not listen on TCP (the desktop app before it starts). */
+  api_url: string | null;
+  host: string | null;
+  port: number | null;
+  api_key_set: boolean;
+  max_batch: number;
+  memory_budget_mb: number | null;
+  keep_alive_secs: number | null;
+  models_dir: string;
+}
+
+export interface ModelMetrics {
+  id: string;
+  running: number;
+  queued: number;
+  batch_size: number;
+  prefill_tokens_per_sec: number;
+  decode_tokens_per_sec: number;
+  kv_bytes: number;
+  kv_reserved_bytes: number;
+  kv_budget_bytes: number;
+  requests_total: number;
+  generated_tokens_total: number;
+}
+
+export interface FinishedRequest {
+  model: string;
+  request_id: string;
+  finished_ms: number;
+  queue_ms: number;
+  ttft_ms: number | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  tokens_per_sec: number | null;
+  reason: string;
+}
+
+export interface MetricsEvent {
+  time_ms: number;
+  mlx_active_bytes: number;
+  mlx_cache_bytes: number;
+  memory_budget_bytes: number | null;
+  models: ModelMetrics[];
+  recent: FinishedRequest[];
+}
+
+/** Model ids have slashes (org/name): each segment is encoded, the slashes kept. */
+export function modelPath(id: string): string {
+  return id.split("/").map(encodeURIComponent).join("/");
+}

@@ -1,0 +1,389 @@
+import { useEffect, useRef, useState } from "preact/hooks";
+import { getJson, isDesktop, request, readEvents, type ServerStatus } from "../api";
+import { openDashboard } from "../native";
+import { ErrorBox, Spinner } from "../components/common";
+import { Markdown } from "../components/Markdown";
+import {
+  currentId,
+  lastModel,
+  loadChats,
+  newConversation,
+  saveChats,
+  setCurrentId,
+  setLastModel,
+  titleOf,
+  type Conversation,
+  type Message,
+  type ReplyStats,
+} from "../chats";
+import { ms, rate } from "../format";
+
+interface ModelOption {
+  id: string;
+  loaded: boolean;
+}
+
+interface Chunk {
+  choices?: { delta?: { content?: string | null; reasoning_content?: string | null }; finish_reason?: string | null }[];
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number } | null;
+  error?: { message: string };
+}
+
+function initialState(): { chats: Conversation[]; current: string } {
+  const chats = loadChats();
+  const saved = currentId();
+  if (saved && chats.some((c) => c.id === saved)) return { chats, current: saved };
+  const fresh = newConversation(lastModel());
+  return { chats: [fresh, ...chats], current: fresh.id };
+}
+
+export function ChatPage() {
+  const [{ chats, current }, setState] = useState(initialState);
+  const [models, setModels] = useState<ModelOption[] | null>(null);
+  const [input, setInput] = useState("");
+  const [error, setError] = useState<string | null>(null);
+  const [streaming, setStreaming] = useState<string | null>(null);
+  const [temperature, setTemperature] = useState("0.7");
+  const [maxTokens, setMaxTokens] = useState("");
+  const [showSystem, setShowSystem] = useState(false);
+  const abort = useRef<AbortController | null>(null);
+  const list = useRef<HTMLDivElement>(null);
+  const stick = useRef(true);
+  const inputBox = useRef<HTMLTextAreaElement>(null);
+
+  const conv = chats.find((c) => c.id === current) ?? chats[0];
+
+  // The model list: loaded ones first.
+  useEffect(() => {
+    Promise.all([getJson<{ data: { id: string }[] }>("/v1/models"), getJson<ServerStatus>("/admin/status").catch(() => null)])
+      .then(([all, status]) => {
+        const loaded = new Set((status?.loaded ?? []).map((m) => m.id));
+        const options = all.data.map((m) => ({ id: m.id, loaded: loaded.has(m.id) }));
+        options.sort((a, b) => Number(b.loaded) - Number(a.loaded));
+        setModels(options);
+      })
+      .catch((e) => setError(e.message));
+  }, []);
+
+  // A conversation without a usable model gets the last one used, else the first loaded one.
+  useEffect(() => {
+    if (!models || !conv || models.some((m) => m.id === conv.model)) return;
+    const pick = models.find((m) => m.id === lastModel()) ?? models[0];
+    if (pick) update(conv.id, (c) => ({ ...c, model: pick.id }));
+  }, [models, conv?.id]);
+
+  // Saved shortly after every change (and at once when a reply ends).
+  useEffect(() => {
+    const timer = setTimeout(() => saveChats(chats), streaming ? 1000 : 100);
+    return () => clearTimeout(timer);
+  }, [chats, streaming]);
+
+  useEffect(() => {
+    setCurrentId(current);
+    stick.current = true;
+    inputBox.current?.focus();
+  }, [current]);
+
+  // Follow the end of the list while a reply streams, unless the reader scrolled up.
+  useEffect(() => {
+    const el = list.current;
+    if (el && stick.current) el.scrollTop = el.scrollHeight;
+  });
+
+  function update(id: string, fn: (c: Conversation) => Conversation) {
+    setState((s) => ({ ...s, chats: s.chats.map((c) => (c.id === id ? fn(c) : c)) }));
+  }
+
+  function updateLast(id: string, fn: (m: Message) => Message) {
+    update(id, (c) => ({ ...c, messages: c.messages.map((m, i) => (i === c.messages.length - 1 ? fn(m) : m)) }));
+  }
+
+  function startNew() {
+    setState((s) => {
+      const empty = s.chats.find((c) => c.messages.length === 0);
+      if (empty) return { ...s, current: empty.id };
+      const fresh = newConversation(conv?.model || lastModel(), conv?.system ?? "");
+      return { chats: [fresh, ...s.chats], current: fresh.id };
+    });
+    setInput("");
+  }
+
+  function remove(id: string) {
+    setState((s) => {
+      const rest = s.chats.filter((c) => c.id !== id);
+      if (s.current !== id) return { ...s, chats: rest };
+      const next = rest[0] ?? newConversation(lastModel());
+      return { chats: rest.length ? rest : [next], current: next.id };
+    });
+  }
+
+  async function send() {
+    const text = input.trim();
+    if (!text || streaming || !conv) return;
+    if (!conv.model) {
+      setError("Choose a model first.");
+      return;
+    }
+    setError(null);
+    setInput("");
+    stick.current = true;
+    const id = conv.id;
+    const model = conv.model;
+    const history = [...conv.messages, { role: "user" as const, content: text }];
+    update(id, (c) => ({
+      ...c,
+      title: c.messages.length === 0 ? titleOf(text) : c.title,
+      updated: Date.now(),
+      messages: [...history, { role: "assistant", content: "", model }],
+    }));
+
+    const messages = [
+      ...(conv.system.trim() ? [{ role: "system", content: conv.system }] : []),
+      ...history.filter((m) => !m.error && (m.content || m.role === "user")).map((m) => ({ role: m.role, content: m.content })),
+    ];
+    const body: Record<string, unknown> = { model, messages, stream: true, stream_options: { include_usage: true } };
+    const temp = parseFloat(temperature);
+    if (Number.isFinite(temp)) body.temperature = temp;
+    const max = parseInt(maxTokens, 10);
+    if (Number.isFinite(max) && max > 0) body.max_tokens = max;
+
+    const controller = new AbortController();
+    abort.current = controller;
+    setStreaming(id);
+    const started = performance.now();
+    let first: number | null = null;
+    let chunks = 0;
+    let finish: string | null = null;
+    let usage: Chunk["usage"] = null;
+    let content = "";
+    let reasoning = "";
+    try {
+      const res = await request("/v1/chat/completions", { method: "POST", json: body, signal: controller.signal });
+      await readEvents(res, (data) => {
+        let chunk: Chunk;
+        try {
+          chunk = JSON.parse(data);
+        } catch {
+          return;
+        }
+        if (chunk.error) throw new Error(chunk.error.message);
+        if (chunk.usage) usage = chunk.usage;
+        const choice = chunk.choices?.[0];
+        if (!choice) return;
+        const delta = choice.delta ?? {};
+        if (delta.content || delta.reasoning_content) {
+          first ??= performance.now();
+          chunks++;
+          content += delta.content ?? "";
+          reasoning += delta.reasoning_content ?? "";
+          updateLast(id, (m) => ({ ...m, content, reasoning: reasoning || undefined }));
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      });
+      const end = performance.now();
+      const tokens = usage ? (usage as NonNullable<Chunk["usage"]>).completion_tokens : chunks;
+      const secs = first != null && end - first > 0 && tokens > 1 ? (end - first) / 1000 : (end - started) / 1000;
+      const stats: ReplyStats = {
+        prompt_tokens: usage ? (usage as NonNullable<Chunk["usage"]>).prompt_tokens : undefined,
+        completion_tokens: tokens,
+        // from the first token on: the decode speed, TTFT apart
+        tokens_per_sec: secs > 0 ? (first != null && tokens > 1 ? tokens - 1 : tokens) / secs : null,
+        ttft_ms: first != null ? first - started : null,
+        finish_reason: finish,
+      };
+      updateLast(id, (m) => ({ ...m, stats }));
+    } catch (e) {
+      const end = performance.now();
+      if ((e as Error).name === "AbortError") {
+        const secs = first != null ? (end - first) / 1000 : 0;
+        updateLast(id, (m) => ({
+          ...m,
+          stats: {
+            completion_tokens: chunks,
+            tokens_per_sec: secs > 0 && chunks > 1 ? (chunks - 1) / secs : null,
+            ttft_ms: first != null ? first - started : null,
+            stopped: true,
+          },
+        }));
+      } else {
+        updateLast(id, (m) => ({ ...m, error: (e as Error).message }));
+      }
+    } finally {
+      abort.current = null;
+      setStreaming(null);
+      update(id, (c) => ({ ...c, updated: Date.now() }));
+    }
+  }
+
+  function stop() {
+    abort.current?.abort();
+  }
+
+  const sorted = [...chats].sort((a, b) => b.updated - a.updated);
+  const busyHere = streaming === conv?.id;
+
+  return (
+    <div class="chat">
+      <aside class="chat-side">
+        <button class="primary" onClick={startNew} data-testid="chat-new">
+          + New chat
+        </button>
+        <ul class="conversations" data-testid="conversation-list">
+          {sorted
+            .filter((c) => c.messages.length > 0 || c.id === current)
+            .map((c) => (
+              <li
+                key={c.id}
+                class={c.id === current ? "active" : ""}
+                data-testid="conversation-item"
+                data-id={c.id}
+                onClick={() => setState((s) => ({ ...s, current: c.id }))}
+              >
+                <span class="title">{c.title}</span>
+                {c.messages.length > 0 && (
+                  <button
+                    class="icon"
+                    title="Delete conversation"
+                    onClick={(e) => {
+                      e.stopPropagation();
+                      if (window.confirm(`Delete "${c.title}"?`)) remove(c.id);
+                    }}
+                    data-testid="conversation-delete"
+                  >
+                    ×
+                  </button>
+                )}
+              </li>
+            ))}
+        </ul>
+      </aside>
+      <div class="chat-main">
+        <div class="chat-head">
+          <select
+            value={conv?.model ?? ""}
+            onChange={(e) => {
+              const model = (e.target as HTMLSelectElement).value;
+              setLastModel(model);
+              update(conv.id, (c) => ({ ...c, model }));
+            }}
+            data-testid="chat-model"
+            aria-label="Model"
+          >
+            {!models && <option value={conv?.model ?? ""}>{conv?.model || "loading models…"}</option>}
+            {models?.length === 0 && <option value="">no models</option>}
+            {models?.map((m) => (
+              <option key={m.id} value={m.id}>
+                {m.id}
+                {m.loaded ? " (loaded)" : ""}
+              </option>
+            ))}
+          </select>
+          <button class={`small ${showSystem || conv?.system ? "on" : ""}`} onClick={() => setShowSystem(!showSystem)} data-testid="chat-system-toggle">
+            System prompt
+          </button>
+          <label class="inline small-text">
+            temp
+            <input type="number" min="0" max="2" step="0.1" value={temperature} onInput={(e) => setTemperature((e.target as HTMLInputElement).value)} data-testid="chat-temperature" />
+          </label>
+          <label class="inline small-text">
+            max tokens
+            <input type="number" min="1" step="1" placeholder="auto" value={maxTokens} onInput={(e) => setMaxTokens((e.target as HTMLInputElement).value)} data-testid="chat-max-tokens" />
+          </label>
+          {isDesktop && (
+            <button class="small dashboard-link" onClick={() => openDashboard()} data-testid="open-dashboard">
+              Dashboard
+            </button>
+          )}
+        </div>
+        {(showSystem || conv?.system) && (
+          <textarea
+            class="system"
+            rows={2}
+            placeholder="System prompt (optional): how the assistant should behave"
+            value={conv?.system ?? ""}
+            onInput={(e) => update(conv.id, (c) => ({ ...c, system: (e.target as HTMLTextAreaElement).value }))}
+            data-testid="chat-system"
+          />
+        )}
+        <ErrorBox error={error} onClose={() => setError(null)} />
+        <div
+          class="messages"
+          ref={list}
+          data-testid="messages"
+          onScroll={(e) => {
+            const el = e.currentTarget as HTMLDivElement;
+            stick.current = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+          }}
+        >
+          {conv?.messages.length === 0 && <div class="empty muted">Ask anything. Enter sends, Shift+Enter adds a line.</div>}
+          {conv?.messages.map((m, i) => {
+            const last = i === conv.messages.length - 1;
+            const live = busyHere && last && m.role === "assistant";
+            return (
+              <div key={i} class={`message ${m.role}`} data-testid="message" data-role={m.role} data-streaming={String(live)}>
+                {m.reasoning && (
+                  <details class="reasoning" data-testid="reasoning" open={live && !m.content}>
+                    <summary>Reasoning</summary>
+                    <div class="reasoning-text">{m.reasoning}</div>
+                  </details>
+                )}
+                {m.role === "assistant" ? (
+                  <Markdown text={m.content} testid="message-content" />
+                ) : (
+                  <div class="plain" data-testid="message-content">
+                    {m.content}
+                  </div>
+                )}
+                {live && !m.content && !m.reasoning && <Spinner label="waiting for the first token" />}
+                {m.error && (
+                  <div class="error-text" data-testid="message-error">
+                    {m.error}
+                  </div>
+                )}
+                {m.stats && (
+                  <div class="stats muted small-text" data-testid="reply-stats" data-tokens={m.stats.completion_tokens}>
+                    {m.stats.stopped ? "stopped · ~" : ""}
+                    {m.stats.completion_tokens} tokens · {rate(m.stats.tokens_per_sec)} · first token {ms(m.stats.ttft_ms)}
+                    {m.stats.finish_reason === "length" && " · cut at max tokens"}
+                    {m.model && ` · ${m.model}`}
+                  </div>
+                )}
+              </div>
+            );
+          })}
+        </div>
+        <form
+          class="composer"
+          onSubmit={(e) => {
+            e.preventDefault();
+            send();
+          }}
+        >
+          <textarea
+            ref={inputBox}
+            rows={2}
+            placeholder="Message"
+            value={input}
+            onInput={(e) => setInput((e.target as HTMLTextAreaElement).value)}
+            onKeyDown={(e) => {
+              if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+                e.preventDefault();
+                send();
+              }
+            }}
+            data-testid="chat-input"
+          />
+          {busyHere ? (
+            <button type="button" class="danger" onClick={stop} data-testid="chat-stop">
+              Stop
+            </button>
+          ) : (
+            <button type="submit" class="primary" disabled={!input.trim() || streaming !== null} data-testid="chat-send">
+              Send
+            </button>
+          )}
+        </form>
+      </div>
+    </div>
+  );
+}

@@ -1,0 +1,230 @@
+import { useEffect, useMemo, useState } from "preact/hooks";
+import type uPlot from "uplot";
+import { streamJson, type MetricsEvent } from "../api";
+import { Chart } from "../components/Chart";
+import { ErrorBox } from "../components/common";
+import { bytes, ms, rate } from "../format";
+
+/** Two minutes of 500 ms samples. */
+const WINDOW_MS = 120_000;
+
+interface Sample {
+  t: number;
+  batch: number;
+  queued: number;
+  prefill: number;
+  decode: number;
+  active: number;
+  kv: number;
+  budget: number | null;
+}
+
+// Kept while the app is open, so coming back to this page shows what came before.
+const history: Sample[] = [];
+let latest: MetricsEvent | null = null;
+
+function sampleOf(e: MetricsEvent): Sample {
+  const sum = (f: (m: MetricsEvent["models"][number]) => number) => e.models.reduce((a, m) => a + (f(m) || 0), 0);
+  return {
+    t: e.time_ms,
+    batch: sum((m) => m.batch_size),
+    queued: sum((m) => m.queued),
+    prefill: sum((m) => m.prefill_tokens_per_sec),
+    decode: sum((m) => m.decode_tokens_per_sec),
+    active: e.mlx_active_bytes,
+    kv: sum((m) => m.kv_bytes),
+    budget: e.memory_budget_bytes,
+  };
+}
+
+function push(e: MetricsEvent) {
+  latest = e;
+  history.push(sampleOf(e));
+  const cutoff = e.time_ms - WINDOW_MS;
+  while (history.length && history[0].t < cutoff) history.shift();
+}
+
+function column(f: (s: Sample) => number | null): (number | null)[] {
+  return history.map(f);
+}
+
+export function LivePage() {
+  const [tick, setTick] = useState(0);
+  const [error, setError] = useState<string | null>(null);
+  const [connected, setConnected] = useState(false);
+
+  useEffect(() => {
+    const abort = new AbortController();
+    let retry: ReturnType<typeof setTimeout> | undefined;
+    const connect = () => {
+      streamJson<MetricsEvent>("/admin/metrics/stream", { signal: abort.signal }, (e) => {
+        push(e);
+        setConnected(true);
+        setError(null);
+        setTick((n) => n + 1);
+      })
+        .catch((e: Error) => {
+          if (abort.signal.aborted) return;
+          setError(e.message);
+        })
+        .finally(() => {
+          if (abort.signal.aborted) return;
+          setConnected(false);
+          retry = setTimeout(connect, 2000);
+        });
+    };
+    connect();
+    return () => {
+      abort.abort();
+      clearTimeout(retry);
+    };
+  }, []);
+
+  const x = useMemo(() => history.map((s) => s.t / 1000), [tick]);
+  const load = useMemo(() => [x, column((s) => s.batch), column((s) => s.queued)] as uPlot.AlignedData, [tick]);
+  const speed = useMemo(() => [x, column((s) => s.prefill), column((s) => s.decode)] as uPlot.AlignedData, [tick]);
+  const memory = useMemo(
+    () => [x, column((s) => s.active), column((s) => s.kv), column((s) => s.budget)] as uPlot.AlignedData,
+    [tick],
+  );
+
+  const models = latest?.models ?? [];
+  const recent = latest?.recent ?? [];
+
+  return (
+    <section>
+      <div class="page-head">
+        <h1>Live</h1>
+        <span class={`dot ${connected ? "on" : ""}`} data-testid="live-connected" data-connected={String(connected)}>
+          {connected ? "streaming" : "connecting…"}
+        </span>
+        {latest && (
+          <div class="summary">
+            <span>
+              MLX active <b>{bytes(latest.mlx_active_bytes)}</b>
+            </span>
+            <span>
+              cache <b>{bytes(latest.mlx_cache_bytes)}</b>
+            </span>
+            <span>
+              budget <b>{bytes(latest.memory_budget_bytes)}</b>
+            </span>
+          </div>
+        )}
+      </div>
+      <ErrorBox error={error} />
+      <div class="table-wrap">
+        <table class="compact" data-testid="model-summary">
+          <thead>
+            <tr>
+              <th>Model</th>
+              <th class="num">Batch</th>
+              <th class="num">Running</th>
+              <th class="num">Queued</th>
+              <th class="num">Prefill</th>
+              <th class="num">Decode</th>
+              <th class="num">KV used / reserved / budget</th>
+              <th class="num">Requests</th>
+              <th class="num">Tokens out</th>
+            </tr>
+          </thead>
+          <tbody>
+            {models.length === 0 && (
+              <tr>
+                <td colSpan={9} class="muted">
+                  No model loaded.
+                </td>
+              </tr>
+            )}
+            {models.map((m) => (
+              <tr key={m.id} data-testid="model-summary-row" data-model={m.id}>
+                <td class="model-id">{m.id}</td>
+                <td class="num">{m.batch_size}</td>
+                <td class="num">{m.running}</td>
+                <td class="num">{m.queued}</td>
+                <td class="num">{rate(m.prefill_tokens_per_sec)}</td>
+                <td class="num">{rate(m.decode_tokens_per_sec)}</td>
+                <td class="num">
+                  {bytes(m.kv_bytes)} / {bytes(m.kv_reserved_bytes)} / {bytes(m.kv_budget_bytes)}
+                </td>
+                <td class="num">{m.requests_total}</td>
+                <td class="num">{m.generated_tokens_total}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+      <div class="charts">
+        <Chart
+          title="Batch size & queue depth"
+          testid="chart-batch"
+          series={[
+            { label: "running batch", color: "#3b82f6" },
+            { label: "queued", color: "#f59e0b" },
+          ]}
+          data={load}
+          axis={(v) => (Number.isInteger(v) ? String(v) : "")}
+        />
+        <Chart
+          title="Tokens per second"
+          testid="chart-tokens"
+          series={[
+            { label: "prefill", color: "#8b5cf6", value: (v) => rate(v) },
+            { label: "decode", color: "#10b981", value: (v) => rate(v) },
+          ]}
+          data={speed}
+          axis={(v) => (v >= 1000 ? `${(v / 1000).toFixed(1)}k` : String(Math.round(v * 10) / 10))}
+        />
+        <Chart
+          title="Memory"
+          testid="chart-memory"
+          series={[
+            { label: "MLX active", color: "#3b82f6" },
+            { label: "KV cache", color: "#10b981" },
+            { label: "budget", color: "#ef4444", dash: [4, 4] },
+          ]}
+          data={memory}
+          axis={bytes}
+        />
+      </div>
+      <h2>Recent requests</h2>
+      <div class="table-wrap">
+        <table class="compact" data-testid="recent-requests">
+          <thead>
+            <tr>
+              <th>Finished</th>
+              <th>Model</th>
+              <th class="num">Queue wait</th>
+              <th class="num">TTFT</th>
+              <th class="num">Prompt</th>
+              <th class="num">Completion</th>
+              <th class="num">Speed</th>
+              <th>Reason</th>
+            </tr>
+          </thead>
+          <tbody>
+            {recent.length === 0 && (
+              <tr>
+                <td colSpan={8} class="muted">
+                  No finished requests yet.
+                </td>
+              </tr>
+            )}
+            {recent.map((r) => (
+              <tr key={`${r.model}/${r.request_id}/${r.finished_ms}`} data-testid="recent-row">
+                <td>{new Date(r.finished_ms).toLocaleTimeString()}</td>
+                <td class="model-id">{r.model}</td>
+                <td class="num">{ms(r.queue_ms)}</td>
+                <td class="num">{ms(r.ttft_ms)}</td>
+                <td class="num">{r.prompt_tokens}</td>
+                <td class="num">{r.completion_tokens}</td>
+                <td class="num">{rate(r.tokens_per_sec)}</td>
+                <td>{r.reason}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </section>
+  );
+}

@@ -1,0 +1,275 @@
+import { useEffect, useState } from "preact/hooks";
+import { getJson, postJson, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
+import { CopyButton, ErrorBox, Spinner } from "../components/common";
+import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
+
+interface Form {
+  max_batch: string;
+  memory_budget_mb: string;
+  keep_alive_secs: string;
+}
+
+function formOf(s: Settings): Form {
+  return {
+    max_batch: String(s.max_batch ?? ""),
+    memory_budget_mb: s.memory_budget_mb == null ? "" : String(s.memory_budget_mb),
+    keep_alive_secs: s.keep_alive_secs == null ? "" : String(s.keep_alive_secs),
+  };
+}
+
+/** The OpenAI base URL, ending in /v1. */
+function v1Url(settings: Settings | null): string {
+  const base = (settings?.api_url || serverOrigin()).replace(/\/+$/, "").replace(/\/v1$/, "");
+  return `${base}/v1`;
+}
+
+export function ServerPage() {
+  const [settings, setSettings] = useState<Settings | null>(null);
+  const [form, setForm] = useState<Form | null>(null);
+  const [model, setModel] = useState<string>("");
+  const [error, setError] = useState<string | null>(null);
+  const [saving, setSaving] = useState(false);
+  const [saved, setSaved] = useState(false);
+  const [key, setKey] = useState(storedApiKey());
+  const [keySaved, setKeySaved] = useState(false);
+  const [launch, setLaunch] = useState<boolean | null>(null);
+
+  useEffect(() => {
+    getJson<Settings>("/admin/settings")
+      .then((s) => {
+        setSettings(s);
+        setForm(formOf(s));
+      })
+      .catch((e) => setError(e.message));
+    getJson<ServerStatus>("/admin/status")
+      .then((st) => setModel(st.loaded[0]?.id ?? ""))
+      .catch(() => {});
+    if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));
+  }, []);
+
+  async function save(e: Event) {
+    e.preventDefault();
+    if (!form || !settings) return;
+    const changes: Record<string, number | null> = {};
+    const int = (v: string) => (v.trim() === "" ? null : Number(v));
+    const wanted = {
+      max_batch: int(form.max_batch),
+      memory_budget_mb: int(form.memory_budget_mb),
+      keep_alive_secs: int(form.keep_alive_secs),
+    };
+    for (const [name, value] of Object.entries(wanted)) {
+      if (value !== null && (!Number.isInteger(value) || value < 0)) {
+        setError(`${name.replace(/_/g, " ")} must be a whole number`);
+        return;
+      }
+      if (value !== settings[name as keyof typeof wanted]) changes[name] = value;
+    }
+    if (wanted.max_batch === null) {
+      setError("max batch must be a whole number");
+      return;
+    }
+    setSaving(true);
+    setSaved(false);
+    setError(null);
+    try {
+      const applied = await postJson<Settings>("/admin/settings", changes);
+      setSettings(applied);
+      setForm(formOf(applied));
+      setSaved(true);
+    } catch (err) {
+      setError((err as Error).message);
+    } finally {
+      setSaving(false);
+    }
+  }
+
+  const url = v1Url(settings);
+  const keyText = settings?.api_key_set ? "YOUR_FASTMLX_API_KEY" : "not-needed";
+  const modelId = model || "MODEL_ID";
+  const field = (name: keyof Form) => ({
+    value: form?.[name] ?? "",
+    onInput: (e: Event) => {
+      setSaved(false);
+      setForm((f) => (f ? { ...f, [name]: (e.target as HTMLInputElement).value } : f));
+    },
+  });
+
+  const snippets: { name: string; id: string; where: string; text: string }[] = [
+    {
+      name: "Continue",
+      id: "continue",
+      where: "~/.continue/config.yaml",
+      text: `models:
+  - name: FastMLX
+    provider: openai
+    model: ${modelId}
+    apiBase: ${url}
+    apiKey: ${keyText}
+    roles: [chat, edit, apply, autocomplete]`,
+    },
+    {
+      name: "Zed",
+      id: "zed",
+      where: "settings.json (the API key goes in the Agent panel's settings)",
+      text: `"language_models": {
+  "openai_compatible": {
+    "FastMLX": {
+      "api_url": "${url}",
+      "available_models": [
+        { "name": "${modelId}", "display_name": "${modelId} (FastMLX)", "max_tokens": 32768 }
+      ]
+    }
+  }
+}`,
+    },
+    {
+      name: "Cline",
+      id: "cline",
+      where: "API Provider: OpenAI Compatible",
+      text: `Base URL: ${url}
+API Key:  ${keyText}
+Model ID: ${modelId}`,
+    },
+    {
+      name: "Open WebUI",
+      id: "openwebui",
+      where: "environment (in Docker, use host.docker.internal instead of 127.0.0.1)",
+      text: `OPENAI_API_BASE_URL=${url}
+OPENAI_API_KEY=${keyText}`,
+    },
+    {
+      name: "Python (openai)",
+      id: "python",
+      where: "pip install openai",
+      text: `from openai import OpenAI
+
+client = OpenAI(base_url="${url}", api_key="${keyText}")
+reply = client.chat.completions.create(
+    model="${modelId}",
+    messages=[{"role": "user", "content": "Hello!"}],
+)
+print(reply.choices[0].message.content)`,
+    },
+  ];
+
+  return (
+    <section>
+      <div class="page-head">
+        <h1>Server</h1>
+      </div>
+      <ErrorBox error={error} onClose={() => setError(null)} />
+      {!settings ? (
+        !error && (
+          <p class="muted">
+            <Spinner /> Reading settings…
+          </p>
+        )
+      ) : (
+        <div class="server-grid">
+          <div class="card">
+            <h2>Address</h2>
+            <dl class="facts">
+              <dt>API URL</dt>
+              <dd>
+                <code data-testid="api-url">{url}</code> <CopyButton text={url} testid="copy-url" />
+              </dd>
+              <dt>Bind address</dt>
+              <dd data-testid="bind-host">{settings.host ?? "–"}</dd>
+              <dt>Port</dt>
+              <dd data-testid="bind-port">{settings.port ?? "–"}</dd>
+              <dt>API key</dt>
+              <dd data-testid="api-key-set">{settings.api_key_set ? "required" : "not set (no key needed)"}</dd>
+              <dt>Models folder</dt>
+              <dd>
+                <code data-testid="models-dir">{settings.models_dir}</code>
+              </dd>
+            </dl>
+            <form
+              class="key-form"
+              onSubmit={(e) => {
+                e.preventDefault();
+                storeApiKey(key.trim());
+                setKeySaved(true);
+              }}
+            >
+              <label for="api-key">API key for this browser</label>
+              <div class="row">
+                <input
+                  id="api-key"
+                  type="password"
+                  autocomplete="off"
+                  placeholder={settings.api_key_set ? "the server's key" : "optional"}
+                  value={key}
+                  onInput={(e) => {
+                    setKey((e.target as HTMLInputElement).value);
+                    setKeySaved(false);
+                  }}
+                  data-testid="api-key-input"
+                />
+                <button type="submit" class="small" data-testid="api-key-save">
+                  Store
+                </button>
+              </div>
+              {keySaved && <span class="muted small-text">{key.trim() ? "Stored in this browser." : "Removed."}</span>}
+            </form>
+          </div>
+          <form class="card" onSubmit={save} data-testid="settings-form">
+            <h2>Engine</h2>
+            <label for="max-batch">Max batch (concurrent requests per model)</label>
+            <input id="max-batch" type="number" min="1" step="1" {...field("max_batch")} data-testid="max-batch" />
+            <label for="memory-budget">Memory budget (MB; empty: the default)</label>
+            <input id="memory-budget" type="number" min="0" step="1" {...field("memory_budget_mb")} data-testid="memory-budget" />
+            <label for="keep-alive">Keep-alive (seconds idle before a model unloads; empty: never)</label>
+            <input id="keep-alive" type="number" min="0" step="1" placeholder="never" {...field("keep_alive_secs")} data-testid="keep-alive" />
+            <div class="row">
+              <button type="submit" class="primary" disabled={saving} data-testid="settings-save">
+                {saving ? <Spinner /> : "Save"}
+              </button>
+              {saved && (
+                <span class="ok-text" data-testid="settings-saved">
+                  Applied: max batch {settings.max_batch}, budget{" "}
+                  {settings.memory_budget_mb == null ? "default" : `${settings.memory_budget_mb} MB`}, keep-alive{" "}
+                  {settings.keep_alive_secs == null ? "never" : `${settings.keep_alive_secs} s`}
+                </span>
+              )}
+            </div>
+            {launch !== null && (
+              <label class="check">
+                <input
+                  type="checkbox"
+                  checked={launch}
+                  onChange={async (e) => {
+                    const enabled = (e.target as HTMLInputElement).checked;
+                    try {
+                      await setLaunchAtLogin(enabled);
+                      setLaunch(enabled);
+                    } catch (err) {
+                      setError((err as Error).message ?? String(err));
+                    }
+                  }}
+                  data-testid="launch-at-login"
+                />
+                Launch FastMLX at login
+              </label>
+            )}
+          </form>
+        </div>
+      )}
+      <h2>Connect your tools</h2>
+      <div class="snippets">
+        {snippets.map((s) => (
+          <div class="snippet card" key={s.id} data-testid={`snippet-${s.id}`}>
+            <div class="snippet-head">
+              <b>{s.name}</b>
+              <span class="muted small-text">{s.where}</span>
+              <CopyButton text={s.text} testid={`copy-${s.id}`} />
+            </div>
+            <pre>
+              <code>{s.text}</code>
+            </pre>
+          </div>
+        ))}
+      </div>
+    </section>
+  );
+}
