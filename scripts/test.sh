@@ -6,7 +6,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh" --test
 cd "$ROOT"
-cargo test --locked "$@"
+# `desktop-tests`: the desktop commands also run on Tauri's mock runtime.
+cargo test --locked --features desktop-tests "$@"
 # The API through the official client libraries, against a running `fastmlx serve`.
 export FASTMLX_BIN="$ROOT/target/debug/fastmlx"
 "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/clients"

@@ -4,6 +4,7 @@ use tauri::{AppHandle, Runtime};
 use tauri_plugin_clipboard_manager::ClipboardExt;
 
 use super::app::{show_window, Window};
+use super::autostart::Autostart;
 
 #[tauri::command]
 pub fn open_chat<R: Runtime>(app: AppHandle<R>) -> Result<(), String> {
@@ -20,14 +21,99 @@ pub fn copy_text<R: Runtime>(app: AppHandle<R>, text: String) -> Result<(), Stri
     app.clipboard().write_text(text).map_err(|e| e.to_string())
 }
 
-/// Launch at login is not wired to the OS yet: the UI hides the switch when this fails.
 #[tauri::command]
 pub fn get_launch_at_login() -> Result<bool, String> {
-    Err("launch at login is not available in this build yet".into())
+    Autostart::for_current_user().map(|a| a.is_enabled()).ok_or_else(unsupported)
 }
 
 #[tauri::command]
 pub fn set_launch_at_login(enabled: bool) -> Result<(), String> {
-    let _ = enabled;
-    Err("launch at login is not available in this build yet".into())
+    let autostart = Autostart::for_current_user().ok_or_else(unsupported)?;
+    autostart.set_enabled(enabled).map_err(|e| format!("{}: {e}", autostart.entry().display()))
+}
+
+fn unsupported() -> String {
+    "launch at login is not available on this system".into()
+}
+
+/// The commands through Tauri's IPC on its mock runtime (no display): the windows they open and
+/// the launch-at-login entry they write. Needs the `desktop-tests` feature (Tauri's `test`).
+#[cfg(all(test, feature = "desktop-tests"))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tauri::ipc::{CallbackFn, InvokeBody};
+    use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
+    use tauri::webview::InvokeRequest;
+    use tauri::{App, Manager, WebviewWindow, WebviewWindowBuilder};
+
+    use super::*;
+    use crate::desktop::control::Control;
+    use crate::server::ServerConfig;
+    use crate::store::hub::HubClient;
+    use crate::store::{Catalog, Pulls, Residency, ResidencyConfig, StorePaths};
+
+    fn app(models_dir: &std::path::Path) -> (App<MockRuntime>, WebviewWindow<MockRuntime>) {
+        let models = Residency::new(Catalog::new(StorePaths::only(models_dir)), ResidencyConfig::default());
+        let control = Arc::new(Control {
+            runtime: Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()),
+            pulls: Pulls::new(StorePaths::only(models_dir), HubClient::new("http://127.0.0.1:9", None)),
+            models,
+            config: ServerConfig::default(),
+            host: [127, 0, 0, 1].into(),
+            port: Mutex::new(8123),
+            server: Mutex::new(None),
+            loading: Mutex::new(None),
+            shown: Mutex::new(None),
+        });
+        let app = mock_builder()
+            .manage(control)
+            .invoke_handler(tauri::generate_handler![open_chat, open_dashboard, get_launch_at_login, set_launch_at_login])
+            .build(mock_context(noop_assets()))
+            .unwrap();
+        let caller = WebviewWindowBuilder::new(&app, "caller", Default::default()).build().unwrap();
+        (app, caller)
+    }
+
+    fn invoke(webview: &WebviewWindow<MockRuntime>, cmd: &str, body: serde_json::Value) -> Result<serde_json::Value, serde_json::Value> {
+        let request = InvokeRequest {
+            cmd: cmd.into(),
+            callback: CallbackFn(0),
+            error: CallbackFn(1),
+            url: "tauri://localhost".parse().unwrap(),
+            body: InvokeBody::Json(body),
+            headers: Default::default(),
+            invoke_key: INVOKE_KEY.to_string(),
+        };
+        get_ipc_response(webview, request).map(|b| b.deserialize::<serde_json::Value>().unwrap())
+    }
+
+    #[test]
+    fn open_chat_and_dashboard_create_each_window_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, caller) = app(dir.path());
+        assert!(app.get_webview_window("chat").is_none());
+        invoke(&caller, "open_chat", serde_json::json!({})).unwrap();
+        invoke(&caller, "open_chat", serde_json::json!({})).unwrap();
+        invoke(&caller, "open_dashboard", serde_json::json!({})).unwrap();
+        let labels: std::collections::BTreeSet<String> = app.webview_windows().into_keys().collect();
+        assert_eq!(labels, ["caller", "chat", "dashboard"].into_iter().map(String::from).collect());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn launch_at_login_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        // The entry goes under XDG_CONFIG_HOME on Linux; on macOS under HOME.
+        std::env::set_var("XDG_CONFIG_HOME", dir.path().join("config"));
+        #[cfg(target_vendor = "apple")]
+        std::env::set_var("HOME", dir.path());
+        let (_app, caller) = app(dir.path());
+        assert_eq!(invoke(&caller, "get_launch_at_login", serde_json::json!({})), Ok(serde_json::json!(false)));
+        invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": true})).unwrap();
+        assert_eq!(invoke(&caller, "get_launch_at_login", serde_json::json!({})), Ok(serde_json::json!(true)));
+        invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": false})).unwrap();
+        assert_eq!(invoke(&caller, "get_launch_at_login", serde_json::json!({})), Ok(serde_json::json!(false)));
+        assert!(invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": "yes"})).is_err(), "a bad argument is an error, not a crash");
+    }
 }

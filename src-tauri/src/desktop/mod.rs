@@ -3,6 +3,7 @@
 //! in-process server over HTTP like any client. Thin on purpose: what the menu shows and does is
 //! decided in [`tray`] (plain, unit-tested), the rest is Tauri glue.
 
+pub mod autostart;
 pub mod tray;
 
 #[cfg(feature = "desktop")]
