@@ -478,7 +478,10 @@ async fn live_metrics_stream_and_recent_requests() {
 #[tokio::test(flavor = "multi_thread")]
 async fn settings_change_while_serving() {
     let _mlx = common::mlx_lock();
-    let h = default_harness().await;
+    let config_dir = tempfile::tempdir().unwrap();
+    let config_file = config_dir.path().join("config.toml");
+    std::fs::write(&config_file, "port = 9000\n").unwrap();
+    let h = harness(EngineConfig::default(), ServerConfig { settings_file: Some(config_file.clone()), ..Default::default() }).await;
     let (status, s) = send_json(&h, get("/admin/settings")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].is_null(), s["api_key_set"].as_bool()), (Some(32), true, Some(false)));
@@ -487,6 +490,10 @@ async fn settings_change_while_serving() {
     assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].as_u64()), (Some(4), Some(90)));
     let (_, st) = send_json(&h, get("/admin/status")).await;
     assert_eq!(st["loaded"][0]["expires_in_secs"], 90, "the keep-alive applies to loaded models at once");
+    let mut saved = fastmlx::config_file::parse(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
+    saved.sort();
+    let names: Vec<(&str, &str)> = saved.iter().map(|(k, v)| (k.as_str(), v.as_str())).filter(|(k, _)| *k != "FASTMLX_MEMORY_BUDGET_MB").collect();
+    assert_eq!(names, [("FASTMLX_KEEP_ALIVE", "90"), ("FASTMLX_MAX_BATCH", "4"), ("FASTMLX_PORT", "9000")], "saved for the next start, other keys kept");
     let (status, _) = send_json(&h, post("/admin/settings", json!({"keep_alive_secs": null}).to_string())).await;
     assert_eq!(status, StatusCode::OK);
     let (_, s) = send_json(&h, get("/admin/settings")).await;

@@ -10,9 +10,10 @@
 //! - [`engine`]: the continuous-batching engine serving every caller at once;
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine;
 //! - [`desktop`]: the menu-bar app (Tauri), a thin shell over the server;
-//! - [`cli`]: the `fastmlx` command line.
+//! - [`cli`]: the `fastmlx` command line; [`config_file`]: its settings file.
 
 pub mod cli;
+pub mod config_file;
 pub mod constrain;
 pub mod desktop;
 pub mod engine;

@@ -1,7 +1,6 @@
 //! The `fastmlx` command line.
 
 mod bench_cmd;
-mod config_file;
 mod generate_cmd;
 mod model_path;
 mod serve_cmd;
@@ -88,7 +87,7 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = config_file::apply() {
+    if let Err(e) = crate::config_file::apply() {
         eprintln!("error: config file: {e:#}");
         return ExitCode::from(2);
     }

@@ -71,7 +71,11 @@ impl ServeArgs {
     }
 
     pub fn server_config(&self) -> ServerConfig {
-        let mut config = ServerConfig { api_key: self.api_key.clone().filter(|k| !k.is_empty()), ..Default::default() };
+        let mut config = ServerConfig {
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            settings_file: crate::config_file::config_path(),
+            ..Default::default()
+        };
         config.allowed_hosts.extend(self.allowed_hosts.iter().cloned());
         config.allowed_origins.extend(self.allowed_origins.iter().cloned());
         local_access(&mut config, self.host, self.port);

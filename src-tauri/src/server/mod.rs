@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub max_messages: usize,
     /// Where the server listens, once bound (for the dashboard's snippets).
     pub listen: Option<std::net::SocketAddr>,
+    /// The config file settings changed from the dashboard are saved to (`None`: not saved).
+    pub settings_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +66,7 @@ impl Default for ServerConfig {
             max_stop_length: 256,
             max_messages: 2048,
             listen: None,
+            settings_file: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `GET/POST /admin/settings`: what the dashboard shows and may change while serving. Changes
-//! apply at once (max batch and memory budget to models loaded from now on, keep-alive to all).
+//! apply at once (max batch and memory budget to models loaded from now on, keep-alive to all)
+//! and are saved to the config file for the next start.
 
 use std::time::Duration;
 
@@ -68,7 +69,7 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     if change.memory_budget_mb.is_some_and(|m| m < 256 || machine_mb.is_some_and(|total| m > total)) {
         return Err(ApiError::invalid("memory_budget_mb", "memory_budget_mb must be at least 256 and at most the machine's memory"));
     }
-    state.models.update_config(|c| {
+    let config = state.models.update_config(|c| {
         if let Some(b) = change.max_batch {
             c.engine.max_batch = b;
         }
@@ -79,5 +80,16 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
             c.keep_alive = k.filter(|&s| s > 0).map(Duration::from_secs);
         }
     });
+    // Kept for the next start (flags and environment variables still win over the file).
+    if let Some(path) = &state.config.settings_file {
+        let int = |n: u64| Some(toml::Value::Integer(n.min(i64::MAX as u64) as i64));
+        let changes = [
+            ("max_batch", int(config.engine.max_batch as u64)),
+            ("memory_budget_mb", int(config.memory_budget >> 20)),
+            ("keep_alive", config.keep_alive.and_then(|k| int(k.as_secs()))),
+        ];
+        crate::config_file::save(path, &changes)
+            .map_err(|e| ApiError::internal(format!("the settings apply now but could not be saved: {e:#}")))?;
+    }
     Ok(Json(current(&state)))
 }

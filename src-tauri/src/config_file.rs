@@ -34,6 +34,28 @@ pub fn apply() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sets (`Some`) or removes (`None`) keys of the config file at `path`, keeping its other keys
+/// (the dashboard's settings survive a restart this way; comments in the file do not).
+pub fn save(path: &std::path::Path, changes: &[(&str, Option<toml::Value>)]) -> anyhow::Result<()> {
+    let mut table: toml::Table = match std::fs::read_to_string(path) {
+        Ok(text) => text.parse().with_context(|| format!("{} is not valid TOML", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => toml::Table::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    for (key, value) in changes {
+        match value {
+            Some(v) => table.insert(key.to_string(), v.clone()),
+            None => table.remove(*key),
+        };
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, toml::to_string(&table)?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
 /// `key = value` pairs as `(FASTMLX_KEY, value)`; lists become comma-separated.
 pub fn parse(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     let table: toml::Table = text.parse().context("not valid TOML")?;
@@ -77,6 +99,14 @@ mod tests {
             ]
         );
         assert!(parse("port = ").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/config.toml");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "port = 9000\nkeep_alive = 60\n").unwrap();
+        save(&path, &[("max_batch", Some(toml::Value::Integer(4))), ("keep_alive", None)]).unwrap();
+        let mut saved = parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        saved.sort();
+        assert_eq!(saved, vec![("FASTMLX_MAX_BATCH".to_string(), "4".to_string()), ("FASTMLX_PORT".to_string(), "9000".to_string())]);
         assert!(parse("[server]\nport = 1").is_err());
     }
 }
