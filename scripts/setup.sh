@@ -55,20 +55,24 @@ pip_fetch() {
 
 OS="$(uname -s)"
 
-# --- system packages -------------------------------------------------------------------
-if [[ "$OS" == "Linux" ]]; then
-  need=()
-  # The last three: the desktop app (Tauri: WebKitGTK, the tray library, SVG icons).
-  for pkg in cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip patch \
-             libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev; do
+# apt_install PKG...: installs (Debian/Ubuntu) those of the packages that are missing.
+apt_install() {
+  local need=() pkg
+  for pkg in "$@"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
-  if ((${#need[@]})); then
-    say "installing ${need[*]}"
-    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-  fi
+  ((${#need[@]})) || return 0
+  say "installing ${need[*]}"
+  local sudo=""; [[ "$(id -u)" == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+}
+
+# --- system packages -------------------------------------------------------------------
+if [[ "$OS" == "Linux" ]]; then
+  # The last three: the desktop app (Tauri: WebKitGTK, the tray library, SVG icons).
+  apt_install cmake g++ libclang-dev libopenblas0-pthread pkg-config curl unzip patch \
+              libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev
 fi
 
 # --- MLX for Linux (the mlx-cpu wheel) --------------------------------------------------
@@ -117,9 +121,7 @@ fi
 if ! command -v npm >/dev/null; then
   say "installing Node.js"
   if [[ "$OS" == "Linux" ]]; then
-    SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+    apt_install nodejs npm
   elif command -v brew >/dev/null; then
     brew install node >&2
   else
@@ -169,16 +171,7 @@ if ((FOR_TESTS)); then
   # The UI tests drive Debian's Chromium through playwright-core (which cannot download a browser here).
   # The desktop app's end-to-end test runs the real window under Xvfb through WebKitWebDriver.
   if [[ "$OS" == "Linux" ]]; then
-    need=()
-    for pkg in chromium xvfb xauth webkit2gtk-driver; do
-      dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-    done
-    if ((${#need[@]})); then
-      say "installing ${need[*]}"
-      SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
-      $SUDO apt-get update -qq >/dev/null
-      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-    fi
+    apt_install chromium xvfb xauth webkit2gtk-driver
   fi
   npm_ci "$ROOT/tests/ui" "playwright-core for the UI tests"
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"

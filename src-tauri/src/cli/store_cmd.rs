@@ -5,6 +5,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Args;
 
+use crate::store::fit::{fit, memory_needed};
 use crate::store::hub::{human_bytes, HubClient};
 use crate::store::{Catalog, PullRequest, PullState, Pulls, StorePaths};
 
@@ -126,7 +127,7 @@ pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     println!("{:<60} {:>10} {:>9} {:<8}", "REPO", "DOWNLOADS", "SIZE", "FIT");
     for hit in hits {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);
-        let fit = hit.storage_bytes.map_or("-", |b| crate::server::fit(b / 5 * 6, machine));
+        let fit = hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), machine));
         println!("{:<60} {:>10} {:>9} {:<8}", hit.id, hit.downloads, size, fit);
     }
     Ok(())

@@ -48,6 +48,7 @@ pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
         server: Mutex::new(None),
         loading: Mutex::new(None),
         shown: Mutex::new(None),
+        listed: Mutex::new(None),
     });
     let url = control.start_server()?;
     eprintln!("FastMLX app serving at {url}");

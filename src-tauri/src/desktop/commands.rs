@@ -65,6 +65,7 @@ mod tests {
             server: Mutex::new(None),
             loading: Mutex::new(None),
             shown: Mutex::new(None),
+            listed: Mutex::new(None),
         });
         let app = mock_builder()
             .manage(control)

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::server::{RunningServer, ServerConfig};
 use crate::store::{Pulls, Residency};
@@ -22,7 +23,13 @@ pub struct Control {
     pub loading: Mutex<Option<String>>,
     /// What the menu shows now (rebuilt only when this changes).
     pub shown: Mutex<Option<TrayState>>,
+    /// The loadable local models and when they were listed: the menu checks every second, the
+    /// disk is scanned again only every few seconds.
+    pub listed: Mutex<Option<(Instant, Vec<String>)>>,
 }
+
+/// How long a scan of the model folders stands for the menu.
+const RESCAN: Duration = Duration::from_secs(5);
 
 impl Control {
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -59,7 +66,7 @@ impl Control {
     /// What the menu should show now.
     pub fn tray_state(&self) -> TrayState {
         let loaded = self.models.loaded();
-        let models = self.models.catalog().list().into_iter().filter(|m| m.summary.unloadable_reason.is_none()).map(|m| m.id).collect::<Vec<_>>();
+        let models = self.loadable_models();
         let mut all = loaded.iter().map(|m| m.id.clone()).filter(|id| !models.contains(id)).collect::<Vec<_>>();
         all.extend(models);
         TrayState {
@@ -68,6 +75,18 @@ impl Control {
             models: all,
             loading: Self::lock(&self.loading).clone(),
             tokens_per_sec: self.models.engines().iter().map(|s| s.engine.snapshot().decode_tokens_per_sec).sum(),
+        }
+    }
+
+    fn loadable_models(&self) -> Vec<String> {
+        let mut listed = Self::lock(&self.listed);
+        match listed.as_ref() {
+            Some((at, ids)) if at.elapsed() < RESCAN => ids.clone(),
+            _ => {
+                let ids: Vec<String> = self.models.catalog().list().into_iter().filter(|m| m.summary.unloadable_reason.is_none()).map(|m| m.id).collect();
+                *listed = Some((Instant::now(), ids.clone()));
+                ids
+            }
         }
     }
 

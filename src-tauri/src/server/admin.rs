@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::extract::{parse, ApiJson};
 use super::{ApiError, AppState};
+use crate::store::fit::{fit, memory_needed};
 use crate::store::hub::SearchHit;
 use crate::store::{Catalog, CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
 
@@ -130,24 +131,6 @@ pub async fn search(State(state): State<AppState>, Query(q): Query<SearchQuery>)
         })
         .collect();
     Ok(Json(results))
-}
-
-/// The weights as they sit in GPU memory (about their size on the Hub), plus a fifth for the KV
-/// cache and MLX's buffers. (On a CPU FastMLX expands quantized weights to f32 when they fit;
-/// the estimate is for the product's target, Apple Silicon.)
-fn memory_needed(storage_bytes: u64) -> u64 {
-    storage_bytes / 5 * 6
-}
-
-/// "fits" within 60% of the machine's memory, "tight" up to 85%, else "too big".
-pub fn fit(needed: u64, machine: u64) -> &'static str {
-    if needed <= machine / 100 * 60 {
-        "fits"
-    } else if needed <= machine / 100 * 85 {
-        "tight"
-    } else {
-        "too big"
-    }
 }
 
 #[derive(Deserialize)]

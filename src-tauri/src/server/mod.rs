@@ -23,7 +23,6 @@ use axum::routing::{get, post};
 use axum::{middleware, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-pub use admin::fit;
 pub use error::ApiError;
 pub use run::{local_access, RunningServer};
 

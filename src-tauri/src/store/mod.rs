@@ -5,6 +5,7 @@
 mod catalog;
 mod discover;
 pub mod download;
+pub mod fit;
 pub mod hub;
 mod layout;
 mod pull;
