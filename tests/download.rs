@@ -459,11 +459,15 @@ async fn search_returns_hits_by_downloads() {
     assert_eq!((mlx.parameters, mlx.storage_bytes), (Some(safetensor_bytes / 2), Some(safetensor_bytes / 2 * 2)));
     assert!(mlx.tags.contains(&"mlx".to_string()) && mlx.last_modified.is_some());
     assert_eq!((hits[1].parameters, hits[1].storage_bytes), (Some(135_000_000), None));
+    // The GGUF repo's quantizations come from its file names; the others' listings tell nothing
+    // but BF16 dtypes.
+    assert_eq!(hits[1].quantization.as_deref(), Some("GGUF Q4_K_M, Q8_0"));
+    assert_eq!(mlx.quantization.as_deref(), Some("BF16"));
 
     let mlx_only: Vec<String> = client.search("tiny", 10, true).await.unwrap().into_iter().map(|h| h.id).collect();
     assert_eq!(mlx_only, [CHAT, MLX]);
     let query = fake.requests().last().unwrap().query.clone();
-    assert!(query.contains("filter=mlx") && query.contains("sort=downloads") && query.contains("expand=safetensors"), "{query}");
+    assert!(query.contains("filter=mlx") && query.contains("sort=downloads") && query.contains("expand=safetensors") && query.contains("expand=siblings"), "{query}");
     assert_eq!(client.search("tiny", 1, false).await.unwrap().len(), 1);
     assert!(client.search("no-such-model", 10, false).await.unwrap().is_empty());
 }

@@ -281,6 +281,8 @@ fn model_json(repo: &FakeRepo) -> Map<String, Value> {
         // Pretend BF16: 2 bytes per element.
         model["safetensors"] = json!({"parameters": {"BF16": safetensor_bytes / 2}, "total": safetensor_bytes / 2});
     }
+    // Names only, as in a listing (the revision endpoint adds sizes with `blobs=true`).
+    model["siblings"] = repo.files.keys().map(|name| json!({"rfilename": name})).collect();
     if repo.files.keys().any(|n| n.ends_with(".gguf")) {
         model["gguf"] = json!({"total": 135_000_000, "architecture": "llama", "context_length": 8192});
     }

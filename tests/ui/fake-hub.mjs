@@ -35,6 +35,7 @@ export async function startFakeHub(repos) {
     lastModified: "2026-11-01T10:00:00.000Z",
     library_name: "mlx",
     gated: false,
+    siblings: m.files.map((f) => ({ rfilename: f.name })),
     safetensors: m.params ? { parameters: m.params, total: Object.values(m.params).reduce((a, b) => a + b, 0) } : undefined,
   });
 

@@ -320,6 +320,8 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal(await text(hit(TINY_REPO).getByTestId("fit-badge")), "fits");
       assert.equal(await text(hit(TIGHT_REPO).getByTestId("fit-badge")), "tight");
       assert.equal(await text(hit(HUGE_REPO).getByTestId("fit-badge")), "too big");
+      assert.equal(await text(hit(TIGHT_REPO).getByTestId("quant-badge")), "BF16", "from the repo name");
+      assert.equal(await text(hit(TINY_REPO).getByTestId("quant-badge")), "F32", "from the dtypes");
       assert.match(await text(hit(TINY_REPO)), /↓ 1\.2K/);
       assert.match(await text(hit(HUGE_REPO)), /810 GB/);
 

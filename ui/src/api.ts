@@ -221,6 +221,8 @@ export interface SearchHit {
   gated: boolean | string;
   parameters: number | null;
   storage_bytes: number | null;
+  /** How the weights are stored, e.g. "4-bit", "BF16", "GGUF Q4_K_M, Q8_0". */
+  quantization: string | null;
   memory_needed_bytes: number | null;
   fit: "fits" | "tight" | "too big" | null;
 }

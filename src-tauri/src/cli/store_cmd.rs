@@ -124,11 +124,12 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     let hits = runtime()?.block_on(HubClient::from_env().search(&args.text, args.limit, !args.all))?;
     let machine = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
-    println!("{:<60} {:>10} {:>9} {:<8}", "REPO", "DOWNLOADS", "SIZE", "FIT");
+    println!("{:<60} {:<14} {:>10} {:>9} {:<8}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT");
     for hit in hits {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);
         let fit = hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), machine));
-        println!("{:<60} {:>10} {:>9} {:<8}", hit.id, hit.downloads, size, fit);
+        let quant = hit.quantization.as_deref().unwrap_or("-");
+        println!("{:<60} {:<14} {:>10} {:>9} {:<8}", hit.id, quant, hit.downloads, size, fit);
     }
     Ok(())
 }

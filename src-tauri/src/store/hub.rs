@@ -104,6 +104,9 @@ pub struct SearchHit {
     pub parameters: Option<u64>,
     /// Size of the safetensors weights, from the Hub's per-dtype element counts.
     pub storage_bytes: Option<u64>,
+    /// How the weights are stored (`4-bit`, `BF16`, `GGUF Q4_K_M, Q8_0`), from the names, tags and
+    /// dtypes the listing carries.
+    pub quantization: Option<String>,
 }
 
 /// How a download retries a connection that fails.
@@ -225,7 +228,7 @@ impl HubClient {
             pairs.append_pair("sort", "downloads");
             pairs.append_pair("limit", &limit.clamp(1, 1000).to_string());
             // With `expand` the Hub returns only these fields (and the id).
-            for field in ["downloads", "likes", "tags", "lastModified", "library_name", "gated", "safetensors", "gguf"] {
+            for field in ["downloads", "likes", "tags", "lastModified", "library_name", "gated", "safetensors", "gguf", "siblings"] {
                 pairs.append_pair("expand", field);
             }
         }
@@ -472,17 +475,22 @@ impl WireModel {
             let bytes: Option<u64> = s.parameters.iter().map(|(dtype, count)| dtype_bytes(dtype).map(|b| b * count)).sum();
             bytes.filter(|b| *b > 0)
         });
+        let tags = self.tags.unwrap_or_default();
+        let files: Vec<String> = self.siblings.unwrap_or_default().into_iter().map(|s| s.rfilename).collect();
+        let dtypes = self.safetensors.as_ref().map(|s| s.parameters.clone()).unwrap_or_default();
+        let quantization = super::quant_label::quantization_label(&self.id, &tags, &dtypes, &files);
         let parameters = self.safetensors.and_then(|s| s.total).or(self.gguf.and_then(|g| g.total));
         SearchHit {
             id: self.id,
             downloads: self.downloads.unwrap_or(0),
             likes: self.likes.unwrap_or(0),
-            tags: self.tags.unwrap_or_default(),
+            tags,
             last_modified: self.last_modified,
             library: self.library_name,
             gated,
             parameters,
             storage_bytes,
+            quantization,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod fit;
 pub mod hub;
 mod layout;
 mod pull;
+mod quant_label;
 mod residency;
 
 pub use catalog::{Catalog, CatalogError};

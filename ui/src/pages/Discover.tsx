@@ -87,6 +87,11 @@ export function DiscoverPage() {
                       {h.fit}
                     </Badge>
                   )}
+                  {h.quantization && (
+                    <Badge kind="muted" testid="quant-badge">
+                      {h.quantization}
+                    </Badge>
+                  )}
                   {h.gated ? <Badge kind="muted">gated</Badge> : null}
                 </div>
                 <div class="hit-meta muted">
