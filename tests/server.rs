@@ -6,79 +6,18 @@
 
 mod common;
 
+use common::api::*;
+
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use fastmlx::engine::{EngineConfig, EngineHandle};
+use fastmlx::engine::EngineConfig;
 use fastmlx::model::{synthetic, Arch};
-use fastmlx::server::{app, AppState, ServerConfig};
-use fastmlx::store::{Catalog, Residency, ResidencyConfig, StorePaths};
+use fastmlx::server::{app, ServerConfig};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-
-struct Harness {
-    _dir: tempfile::TempDir,
-    engine: EngineHandle,
-    state: AppState,
-    /// The id the API knows the model by.
-    id: String,
-}
-
-/// The API over one tiny model loaded from `dir` (FastMLX's models folder in these tests).
-async fn harness_in(dir: tempfile::TempDir, engine_config: EngineConfig, config: ServerConfig) -> Harness {
-    let models_dir = dir.path().join("models");
-    let model = models_dir.join("tiny-qwen2");
-    if !model.exists() {
-        synthetic::write_tiny_model(&model, Arch::Qwen2, 5, None).unwrap();
-    }
-    let residency = Residency::new(Catalog::new(StorePaths::only(&models_dir)), ResidencyConfig { engine: engine_config, ..Default::default() });
-    let served = residency.load("tiny-qwen2", None).await.unwrap();
-    let state = AppState::new(residency, config);
-    Harness { _dir: dir, engine: served.engine, state, id: served.id }
-}
-
-async fn harness(engine_config: EngineConfig, config: ServerConfig) -> Harness {
-    harness_in(tempfile::tempdir().unwrap(), engine_config, config).await
-}
-
-async fn default_harness() -> Harness {
-    harness(EngineConfig::default(), ServerConfig::default()).await
-}
-
-fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
-    Request::post(uri).header(header::HOST, "localhost:8080").header(header::CONTENT_TYPE, "application/json").body(body.into()).unwrap()
-}
-
-fn get(uri: &str) -> Request<Body> {
-    Request::get(uri).header(header::HOST, "127.0.0.1:8080").body(Body::empty()).unwrap()
-}
-
-async fn send(h: &Harness, request: Request<Body>) -> (StatusCode, String) {
-    let response = app(h.state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).to_string())
-}
-
-async fn send_json(h: &Harness, request: Request<Body>) -> (StatusCode, Value) {
-    let (status, body) = send(h, request).await;
-    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}")))
-}
-
-fn chat(extra: Value) -> String {
-    let mut body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    body.to_string()
-}
-
-/// `data:` payloads of an SSE body.
-fn sse_data(body: &str) -> Vec<String> {
-    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_and_models() {

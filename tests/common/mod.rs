@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 

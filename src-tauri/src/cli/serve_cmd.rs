@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// Another browser origin allowed by CORS (repeatable).
     #[arg(long = "allowed-origin", env = "FASTMLX_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// Also serve on this port, where Ollama clients look (11434).
+    #[arg(long, env = "FASTMLX_OLLAMA_PORT")]
+    ollama_port: Option<u16>,
+    /// A model name other tools ask for, as NAME=MODEL (repeatable): `qwen2.5:7b=mlx-community/Qwen2.5-7B-Instruct-4bit`;
+    /// NAME may end in `*` (`claude-*=...`); an empty MODEL means the model served now.
+    #[arg(long = "alias", env = "FASTMLX_ALIASES", value_delimiter = ',')]
+    aliases: Vec<crate::server::aliases::Alias>,
     /// How quantized weights are held in memory.
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
     weights: super::WeightsArg,
@@ -78,6 +85,8 @@ impl ServeArgs {
         };
         config.allowed_hosts.extend(self.allowed_hosts.iter().cloned());
         config.allowed_origins.extend(self.allowed_origins.iter().cloned());
+        config.aliases.extend(self.aliases.iter().cloned());
+        config.ollama_port = self.ollama_port;
         local_access(&mut config, self.host, self.port);
         config
     }
@@ -102,6 +111,9 @@ async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     eprintln!("FastMLX serving {} at {}", first.id, server.url());
+    if let Some(ollama) = server.ollama_address {
+        eprintln!("Ollama API also at http://{ollama}");
+    }
     drop(first);
     shutdown_signal().await;
     eprintln!("shutting down");

@@ -2,12 +2,19 @@
 //! desktop shell: [`app`] is the router the `serve` command and the app both mount.
 
 mod admin;
+pub mod aliases;
+mod anthropic;
+mod blocks;
+mod dialect_errors;
 mod error;
 mod extract;
+mod fim;
 mod live;
 mod metrics;
+mod ollama;
 mod openai;
 pub mod openapi;
+mod responses;
 mod run;
 mod security;
 mod settings;
@@ -51,6 +58,10 @@ pub struct ServerConfig {
     pub listen: Option<std::net::SocketAddr>,
     /// The config file settings changed from the dashboard are saved to (`None`: not saved).
     pub settings_file: Option<std::path::PathBuf>,
+    /// Names other tools ask for mapped to local models (later entries win over earlier ones).
+    pub aliases: Vec<aliases::Alias>,
+    /// Also listen on this port (Ollama clients look at 11434).
+    pub ollama_port: Option<u16>,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +77,8 @@ impl Default for ServerConfig {
             max_messages: 2048,
             listen: None,
             settings_file: None,
+            aliases: aliases::defaults(),
+            ollama_port: None,
         }
     }
 }
@@ -100,6 +113,18 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The local model a request names: aliases applied, Ollama's `:latest` tag dropped.
+    /// `None`: the model served now (no name, or an alias with an empty target).
+    pub fn resolve_model(&self, requested: Option<&str>) -> Option<String> {
+        let name = requested.map(str::trim).filter(|n| !n.is_empty())?;
+        if let Some(target) = aliases::resolve(&self.config.aliases, name) {
+            return (!target.is_empty()).then(|| target.to_string());
+        }
+        Some(name.strip_suffix(":latest").unwrap_or(name).to_string())
+    }
+}
+
 /// The whole API as one router.
 pub fn app(state: AppState) -> Router {
     let api = Router::new()
@@ -107,6 +132,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(openai::models::get_one))
         .route("/v1/chat/completions", post(openai::chat::completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .merge(ollama::routes())
         .route("/metrics", get(metrics::prometheus))
         .route("/admin/models", get(admin::list))
         .route("/admin/models/{*id}", axum::routing::delete(admin::delete))
@@ -121,6 +151,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/settings", get(settings::get).post(settings::post))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
     Router::new()
+        .route("/", get(ollama::root).head(ollama::root))
         .route("/health", get(health))
         // The UI itself needs no key (it asks for one); every API call it makes does.
         .route("/ui", get(ui::redirect))
@@ -131,6 +162,7 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(cors(&state.config))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
+        .layer(middleware::from_fn(dialect_errors::rewrite))
         .with_state(state)
 }
 

@@ -3,33 +3,50 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use super::{app, AppState, ServerConfig};
 use crate::store::{Pulls, Residency};
 
 pub struct RunningServer {
     pub address: SocketAddr,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The second address, on Ollama's port, when `ollama_port` is set.
+    pub ollama_address: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl RunningServer {
-    /// Binds `host:port` (0: any free port) and serves until [`RunningServer::stop`].
+    /// Binds `host:port` (0: any free port), and `host:ollama_port` when configured, and serves
+    /// until [`RunningServer::stop`].
     pub async fn start(models: Residency, pulls: Pulls, mut config: ServerConfig, host: IpAddr, port: u16) -> std::io::Result<RunningServer> {
         let listener = tokio::net::TcpListener::bind((host, port)).await?;
         let address = listener.local_addr()?;
+        let ollama = match config.ollama_port {
+            Some(p) => Some(tokio::net::TcpListener::bind((host, p)).await.map_err(|e| std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")))?),
+            None => None,
+        };
+        let ollama_address = ollama.as_ref().map(|l| l.local_addr()).transpose()?;
+        if let Some(a) = ollama_address {
+            local_access(&mut config, host, a.port());
+        }
         config.listen = Some(address);
         let state = AppState::from_parts(models, pulls, config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app(state))
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Ok(RunningServer { address, stop, task })
+        let (stop, stopped) = watch::channel(false);
+        let serve = |listener: tokio::net::TcpListener| {
+            let mut stopped = stopped.clone();
+            let router = app(state.clone());
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        };
+        let mut tasks = vec![serve(listener)];
+        tasks.extend(ollama.map(serve));
+        Ok(RunningServer { address, ollama_address, stop, tasks })
     }
 
     /// The OpenAI base URL.
@@ -40,8 +57,11 @@ impl RunningServer {
     /// Stops listening and waits for open connections to finish (streams end when their
     /// engines do: unload the models first to cut them short).
     pub async fn stop(self) -> std::io::Result<()> {
-        let _ = self.stop.send(());
-        self.task.await.unwrap_or(Ok(()))
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            task.await.unwrap_or(Ok(()))?;
+        }
+        Ok(())
     }
 }
 

@@ -1,55 +1,95 @@
-//! Server-sent events from an engine stream: each engine event becomes zero or more `data:`
-//! lines, comments keep the connection alive through long prefills, `data: [DONE]` ends it.
-//! Dropping the response (client gone) drops the engine stream, which cancels the request.
+//! Streaming answers from an engine stream: each engine event becomes zero or more frames.
+//! OpenAI's and Anthropic's server-sent events and Ollama's NDJSON are renderings of the same
+//! frame stream. Dropping the response (client gone) drops the engine stream, which cancels the
+//! request.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
+use axum::http::header;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::Stream;
+use axum::response::{IntoResponse, Response};
+use futures_util::{Stream, StreamExt};
 
 use crate::engine::{Event, RequestStream};
 
-/// `first` is sent at once; `map` turns each engine event into JSON payloads.
-pub fn stream_events(
+/// `first` at once, then `map` of each engine event, then `last` once the request has finished
+/// (or the engine went away without a finish: it shut down).
+pub fn frames<T: Send + 'static>(
     engine_stream: RequestStream,
-    first: Vec<serde_json::Value>,
-    mut map: impl FnMut(Event) -> Vec<serde_json::Value> + Send + 'static,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    struct State<F> {
+    first: Vec<T>,
+    mut map: impl FnMut(Event) -> Vec<T> + Send + 'static,
+    last: Vec<T>,
+) -> impl Stream<Item = T> + Send {
+    struct State<T, F> {
         stream: RequestStream,
-        pending: VecDeque<SseEvent>,
-        finished: bool,
+        pending: VecDeque<T>,
+        last: Option<Vec<T>>,
         map: F,
     }
-    let pending = first.into_iter().map(|v| SseEvent::default().data(v.to_string())).collect();
-    let state = State { stream: engine_stream, pending, finished: false, map: move |e| map(e) };
-    let events = futures_util::stream::unfold(state, |mut s| async move {
+    let state = State { stream: engine_stream, pending: first.into(), last: Some(last), map: move |e| map(e) };
+    futures_util::stream::unfold(state, |mut s| async move {
         loop {
-            if let Some(event) = s.pending.pop_front() {
-                return Some((Ok(event), s));
+            if let Some(frame) = s.pending.pop_front() {
+                return Some((frame, s));
             }
-            if s.finished {
-                return None;
-            }
+            let last = s.last.take()?;
             match s.stream.recv().await {
                 Some(event) => {
                     let is_finish = matches!(event, Event::Finish(_));
-                    s.pending.extend((s.map)(event).into_iter().map(|v| SseEvent::default().data(v.to_string())));
+                    s.pending.extend((s.map)(event));
                     if is_finish {
-                        s.pending.push_back(SseEvent::default().data("[DONE]"));
-                        s.finished = true;
+                        s.pending.extend(last);
+                    } else {
+                        s.last = Some(last);
                     }
                 }
-                None => {
-                    // The engine went away without a finish event (it shut down).
-                    s.pending.push_back(SseEvent::default().data("[DONE]"));
-                    s.finished = true;
-                }
+                None => s.pending.extend(last),
             }
         }
-    });
-    // `: keepalive` comments (never `: ping`, which Continue reads as the end of the stream).
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keepalive"))
+    })
+}
+
+/// OpenAI's SSE: `data: {json}` per payload, `data: [DONE]` at the end.
+pub fn stream_events(
+    engine_stream: RequestStream,
+    first: Vec<serde_json::Value>,
+    map: impl FnMut(Event) -> Vec<serde_json::Value> + Send + 'static,
+) -> Response {
+    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+    let first = first.into_iter().map(data).collect();
+    let mut map = map;
+    let events = frames(engine_stream, first, move |e| map(e).into_iter().map(data).collect(), vec![SseEvent::default().data("[DONE]")]);
+    with_keepalive(events.map(Ok))
+}
+
+/// Named events (`event: name` + `data: {json}`), as Anthropic's and the Responses API send.
+pub fn named_events(
+    engine_stream: RequestStream,
+    first: Vec<(&'static str, serde_json::Value)>,
+    map: impl FnMut(Event) -> Vec<(&'static str, serde_json::Value)> + Send + 'static,
+) -> Response {
+    let named = |(name, v): (&'static str, serde_json::Value)| SseEvent::default().event(name).data(v.to_string());
+    let first = first.into_iter().map(named).collect();
+    let mut map = map;
+    let events = frames(engine_stream, first, move |e| map(e).into_iter().map(named).collect(), Vec::new());
+    with_keepalive(events.map(Ok))
+}
+
+/// `: keepalive` comments through long prefills (never `: ping`, which Continue reads as the
+/// end of the stream).
+fn with_keepalive<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static>(events: S) -> Response {
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keepalive")).into_response()
+}
+
+/// One JSON object per line (Ollama's streaming format).
+pub fn ndjson(lines: impl Stream<Item = serde_json::Value> + Send + 'static) -> Response {
+    let body = Body::from_stream(lines.map(|v| {
+        let mut line = v.to_string();
+        line.push('\n');
+        Ok::<_, Infallible>(Bytes::from(line))
+    }));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }

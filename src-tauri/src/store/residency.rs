@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::catalog::{Catalog, CatalogError};
+use super::discover::LocalModel;
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::mlx::Backend;
 use crate::model::{load_model_with, LoadOptions, ModelSummary};
@@ -240,7 +241,9 @@ impl Residency {
         result
     }
 
-    fn set_keep_alive(&self, id: &str, keep_alive: Option<Duration>) {
+    /// How long `id` stays loaded when idle (`None`: for good); `Duration::ZERO` unloads it
+    /// once its requests are done.
+    pub fn set_keep_alive(&self, id: &str, keep_alive: Option<Duration>) {
         if let Some(r) = self.residents().iter_mut().find(|r| r.id == id) {
             r.keep_alive = keep_alive;
         }
@@ -281,6 +284,31 @@ impl Residency {
                 }
             })
             .collect()
+    }
+
+    /// Every local model: the loaded ones first (also those loaded by path, outside the
+    /// catalog's folders), then the rest of the catalog. Reads the disk.
+    pub fn local_models(&self) -> Vec<LocalModel> {
+        let loaded: Vec<(String, PathBuf)> = self.residents().iter().rev().map(|r| (r.id.clone(), r.path.clone())).collect();
+        let mut catalog = self.inner.catalog.list();
+        let mut models: Vec<LocalModel> = loaded
+            .into_iter()
+            .map(|(id, path)| match catalog.iter().position(|m| m.id == id) {
+                Some(i) => catalog.remove(i),
+                None => LocalModel { id, ..Catalog::at_path(&path) },
+            })
+            .collect();
+        models.extend(catalog);
+        models
+    }
+
+    /// A local model by id: a loaded one, else the catalog's.
+    pub fn find_local(&self, id: &str) -> Result<LocalModel, CatalogError> {
+        let loaded = self.residents().iter().find(|r| r.id == id).map(|r| r.path.clone());
+        match loaded {
+            Some(path) => Ok(self.local_models().into_iter().find(|m| m.id == id).unwrap_or_else(|| LocalModel { id: id.to_string(), ..Catalog::at_path(&path) })),
+            None => self.inner.catalog.find(id),
+        }
     }
 
     /// The engines of the loaded models (metrics).

@@ -161,3 +161,24 @@ pub fn folder_size(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// The chat template's source, read without loading the model (`chat_template.jinja`, the
+/// tokenizer config's `chat_template`, or the GGUF's `tokenizer.chat_template`).
+pub fn chat_template_source(path: &Path) -> Option<String> {
+    if !path.is_dir() {
+        return super::gguf_header::read(path).ok()?.string("tokenizer.chat_template").map(str::to_string);
+    }
+    if let Ok(text) = std::fs::read_to_string(path.join("chat_template.jinja")) {
+        return Some(text);
+    }
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path.join("tokenizer_config.json")).ok()?).ok()?;
+    match config.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(named) => named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str())
+            .map(str::to_string),
+        _ => None,
+    }
+}

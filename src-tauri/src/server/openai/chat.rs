@@ -8,21 +8,24 @@ use serde_json::{json, Map, Value};
 
 use super::answer::{AnswerParser, Piece};
 use super::reasoning::ReasoningSplitter;
-use super::structured::{answer_shape, ToolMode};
+use super::structured::{answer_shape, AnswerShape, ToolMode};
 use super::tool_calls::ToolCall as ParsedCall;
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs, FunctionCall, FunctionCallDelta,
     TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
 };
 use super::{collect, finish_reason, now, stream_error, to_json, CommonParams};
-use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
+use std::sync::Arc;
+
+use crate::engine::{Event, FinishReason, ModelInfo, RequestStream, TokenLogprob as EngineLogprob};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
+use crate::store::Served;
 use crate::tokenizer::chat_template::RenderRequest;
 use crate::tokenizer::Tokenizer;
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text or text parts, ...}`;
     /// assistant turns may carry `tool_calls`, tool turns a `tool_call_id`.
@@ -50,10 +53,34 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
-pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
-    let request: ChatRequest = parse(&body)?;
-    let common: CommonParams = parse(&body)?;
-    let served = state.models.serve(common.model.as_deref()).await?;
+/// A chat generation under way, with what a dialect needs to render it. Other dialects (Ollama,
+/// Anthropic, Responses) translate their requests into OpenAI's, the server's common form.
+pub struct StartedChat {
+    /// The served model's id.
+    pub model: String,
+    pub stream: RequestStream,
+    /// Splits the generated text into text, reasoning and tool calls.
+    pub parser: AnswerParser,
+    pub mode: ToolMode,
+    pub tokenizer: Arc<Tokenizer>,
+    /// `Some(top)` when per-token log-probabilities were asked for.
+    pub logprobs: Option<usize>,
+    pub prompt_tokens: usize,
+}
+
+/// A chat request's prompt, rendered and tokenized, with what generation needs next.
+pub struct RenderedChat {
+    pub served: Served,
+    pub info: ModelInfo,
+    pub text: String,
+    pub prompt_ids: Vec<u32>,
+    pub shape: AnswerShape<'static>,
+}
+
+/// Validates the messages and tools, renders the chat template and tokenizes (loading the
+/// model if it is not loaded).
+pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>) -> Result<RenderedChat, ApiError> {
+    let served = state.models.serve(state.resolve_model(model).as_deref()).await?;
     let info = served.engine.model_info().clone();
     let messages = normalize_messages(&request.messages, state.config.max_messages)?;
     let template = info
@@ -76,25 +103,39 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     };
     let text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
+    let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
+    Ok(RenderedChat { served, info, text, prompt_ids, shape })
+}
+
+/// Validates, renders the chat template, tokenizes and submits.
+pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
+    let RenderedChat { served, info, text, prompt_ids, shape } = render(state, request, common.model.as_deref()).await?;
+    let template = info.chat_template.as_ref().expect("rendered with a template");
+    let prompt_tokens = prompt_ids.len();
     let top = request.top_logprobs.unwrap_or(0) as usize;
     if top > 20 {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs may be at most 20"));
     }
     let logprobs = request.logprobs.unwrap_or(false).then_some(top);
-    let mut engine_request = common.to_request(&state, &info, prompt_ids, logprobs)?;
+    let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
     if let ToolMode::Auto(format) = shape.mode {
         engine_request.special_text_tokens = format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     }
     // A grammar decides the whole answer; a think block would break it.
-    let reasoning = || if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
-    let mut parser = AnswerParser::new(&shape.mode, reasoning());
+    let reasoning = if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
+    let parser = AnswerParser::new(&shape.mode, reasoning);
     engine_request.grammar = shape.grammar.clone();
     let stream = served.engine.submit(engine_request)?;
+    Ok(StartedChat { model: served.id, stream, parser, mode: shape.mode, tokenizer: info.tokenizer.clone(), logprobs, prompt_tokens })
+}
+
+pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(&body)?;
+    let common: CommonParams = parse(&body)?;
+    let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } = start(&state, &request, &common).await?;
     let id = format!("chatcmpl-{}", stream.id);
-    let model = served.id.clone();
     let created = now();
-    let tokenizer = info.tokenizer.clone();
-    let forced = matches!(shape.mode, ToolMode::Named(_));
+    let forced = matches!(mode, ToolMode::Named(_));
     // A forced named call ends with "stop" (as OpenAI's); calls the model chose, with "tool_calls".
     let finish_of = move |reason: FinishReason, calls: bool| match reason {
         FinishReason::Stop if calls && !forced => "tool_calls",
@@ -106,7 +147,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         let logprobs = logprobs.map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
         let mut pieces = parser.push(&done.text);
         pieces.extend(parser.finish());
-        let answer = Answer::from_pieces(pieces, &shape.mode);
+        let answer = Answer::from_pieces(pieces, &mode);
         let finish = finish_of(done.finish.reason, !answer.calls.is_empty());
         let message = AssistantMessage {
             role: "assistant",
@@ -136,7 +177,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     };
     let mut first = vec![chunk(ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None, None)];
     // A named function: its call opens the stream, the arguments follow as they are generated.
-    if let ToolMode::Named(name) = &shape.mode {
+    if let ToolMode::Named(name) = &mode {
         first.push(chunk(call_delta(0, Some(call_id()), Some(name.clone()), String::new()), None, None));
     }
     let want_logprobs = logprobs.is_some();
@@ -228,7 +269,7 @@ fn call_delta(index: usize, id: Option<String>, name: Option<String>, arguments:
 }
 
 /// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
-fn call_id() -> String {
+pub fn call_id() -> String {
     const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = crate::sampling::Rng::from_entropy();
     let id: String = (0..9).map(|_| CHARS[(rng.next_u64() % CHARS.len() as u64) as usize] as char).collect();

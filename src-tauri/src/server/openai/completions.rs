@@ -30,7 +30,8 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     /// Report this many alternatives per token (at most 5), in the legacy format.
     pub logprobs: Option<u32>,
-    /// Not supported (send a FIM prompt with the model's markers); empty is accepted.
+    /// Text after the insertion point: the prompt and suffix become a fill-in-the-middle prompt in
+    /// the model's own markers (a 400 for models without them).
     pub suffix: Option<String>,
     /// Not supported; `false` is accepted.
     pub echo: Option<bool>,
@@ -39,20 +40,30 @@ pub struct CompletionRequest {
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
-    let served = state.models.serve(common.model.as_deref()).await?;
+    let served = state.models.serve(state.resolve_model(common.model.as_deref()).as_deref()).await?;
     let info = served.engine.model_info().clone();
-    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "suffix is not supported; send a FIM prompt with the model's own markers"));
-    }
     if request.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
     let encode = |text: &str| info.tokenizer.encode(text, true, true).map_err(|e| ApiError::internal(e.to_string()));
-    let prompt_ids = match request.prompt {
-        Prompt::Text(t) => encode(&t)?,
-        Prompt::Tokens(ids) => ids,
-        Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
-        Prompt::TokenLists(mut v) if v.len() == 1 => v.remove(0),
+    let suffix = request.suffix.as_deref().filter(|s| !s.is_empty());
+    let prompt_ids = match (request.prompt, suffix) {
+        // A suffix: fill in the middle, in the model's own markers.
+        (Prompt::Text(t), Some(suffix)) => {
+            let text = crate::server::fim::prompt(&info.tokenizer, &t, suffix)
+                .ok_or_else(|| ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"))?;
+            encode(&text)?
+        }
+        (Prompt::Texts(v), Some(suffix)) if v.len() == 1 => {
+            let text = crate::server::fim::prompt(&info.tokenizer, &v[0], suffix)
+                .ok_or_else(|| ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"))?;
+            encode(&text)?
+        }
+        (_, Some(_)) => return Err(ApiError::invalid("suffix", "suffix needs the prompt as text")),
+        (Prompt::Text(t), None) => encode(&t)?,
+        (Prompt::Tokens(ids), None) => ids,
+        (Prompt::Texts(v), None) if v.len() == 1 => encode(&v[0])?,
+        (Prompt::TokenLists(mut v), None) if v.len() == 1 => v.remove(0),
         _ => return Err(ApiError::invalid("prompt", "exactly one prompt is supported per request")),
     };
     if prompt_ids.is_empty() {

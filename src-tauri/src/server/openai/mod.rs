@@ -1,12 +1,12 @@
 //! OpenAI's API: models, chat completions, completions. Validation and tokenization happen
 //! here, before anything reaches the engine's queue.
 
-mod answer;
+pub mod answer;
 pub mod chat;
 pub mod completions;
 pub mod models;
 mod reasoning;
-mod structured;
+pub mod structured;
 pub mod tool_calls;
 pub mod types;
 

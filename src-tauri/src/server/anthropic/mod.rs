@@ -1,0 +1,150 @@
+//! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`), what Claude
+//! Code speaks with a local base URL. `claude-*` model ids go to a local model through the
+//! aliases (by default the model served now). Errors are Anthropic's envelope (`dialect_errors`).
+
+mod request;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::blocks::{fold, Block, BlockEvent, BlockKind, Blocks, Content};
+use super::extract::ApiJson;
+use super::openai::chat::{render, start, StartedChat};
+use super::openai::collect;
+use super::sse::named_events;
+use super::{ApiError, AppState};
+use crate::engine::{Event, Finish, FinishReason};
+
+pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let (chat, common) = request::to_chat(&body, false)?;
+    let requested = common.model.clone().unwrap_or_default();
+    let StartedChat { stream, mut parser, mode, prompt_tokens, .. } = start(&state, &chat, &common).await?;
+    let id = format!("msg_{:024x}", (stream.id as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos());
+    let (mut blocks, first_blocks) = Blocks::start(&mode);
+
+    if !common.streaming() {
+        let done = collect(stream).await?;
+        let mut events = first_blocks;
+        events.extend(blocks.push(parser.push(&done.text)));
+        events.extend(blocks.push(parser.finish()));
+        events.extend(blocks.finish());
+        let content: Vec<Value> = fold(events).iter().map(content_block).collect();
+        let (stop_reason, stop_sequence) = stop_reason(&done.finish, content.iter().any(|b| b["type"] == "tool_use"));
+        return Ok(Json(json!({
+            "id": id,
+            "type": "message",
+            "role": "assistant",
+            "model": requested,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage(done.finish.usage.prompt_tokens, done.finish.usage.completion_tokens),
+        }))
+        .into_response());
+    }
+
+    let start_message = json!({
+        "type": "message_start",
+        "message": {
+            "id": id, "type": "message", "role": "assistant", "model": requested, "content": [],
+            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt_tokens, 0),
+        }
+    });
+    let mut first = vec![("message_start", start_message), ("ping", json!({"type": "ping"}))];
+    first.extend(first_blocks.into_iter().map(block_event));
+    let mut any_call = matches!(mode, super::openai::structured::ToolMode::Named(_));
+    let sse = named_events(stream, first, move |event| match event {
+        Event::Delta { text, .. } => {
+            let events = blocks.push(parser.push(&text));
+            any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
+            events.into_iter().map(block_event).collect()
+        }
+        Event::Finish(finish) => {
+            if matches!(finish.reason, FinishReason::Error | FinishReason::Cancelled) {
+                let message = finish.error.clone().unwrap_or_else(|| "generation stopped: the server is shutting down".into());
+                return vec![("error", json!({"type": "error", "error": {"type": "api_error", "message": message}}))];
+            }
+            let mut events = blocks.push(parser.finish());
+            events.extend(blocks.finish());
+            any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
+            let (stop_reason, stop_sequence) = stop_reason(&finish, any_call);
+            let mut out: Vec<(&'static str, Value)> = events.into_iter().map(block_event).collect();
+            out.push((
+                "message_delta",
+                json!({
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": {"input_tokens": finish.usage.prompt_tokens, "output_tokens": finish.usage.completion_tokens},
+                }),
+            ));
+            out.push(("message_stop", json!({"type": "message_stop"})));
+            out
+        }
+    });
+    Ok(sse.into_response())
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, as the model's chat template makes it.
+pub async fn count_tokens(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+    let (chat, common) = request::to_chat(&body, true)?;
+    let rendered = render(&state, &chat, common.model.as_deref()).await?;
+    Ok(Json(json!({"input_tokens": rendered.prompt_ids.len()})))
+}
+
+fn usage(input: usize, output: usize) -> Value {
+    json!({"input_tokens": input, "output_tokens": output, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+}
+
+fn stop_reason(finish: &Finish, calls: bool) -> (&'static str, Option<String>) {
+    match (finish.reason, &finish.stop) {
+        (FinishReason::Length, _) => ("max_tokens", None),
+        (_, Some(stop)) => ("stop_sequence", Some(stop.clone())),
+        _ if calls => ("tool_use", None),
+        _ => ("end_turn", None),
+    }
+}
+
+/// Anthropic's tool-use ids start `toolu_`.
+fn tool_use_id(id: &str) -> String {
+    format!("toolu_{}", id.strip_prefix("call_").unwrap_or(id))
+}
+
+fn content_block(block: &Block) -> Value {
+    match &block.kind {
+        BlockKind::Text => json!({"type": "text", "text": block.text}),
+        BlockKind::Thinking => json!({"type": "thinking", "thinking": block.text, "signature": ""}),
+        BlockKind::ToolCall { id, name } => {
+            let input = serde_json::from_str::<Value>(&block.text).unwrap_or_else(|_| json!({}));
+            json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": input})
+        }
+    }
+}
+
+/// One block event as Anthropic's stream event.
+fn block_event(event: BlockEvent) -> (&'static str, Value) {
+    match event {
+        BlockEvent::Start { index, kind } => {
+            let block = match &kind {
+                BlockKind::Text => json!({"type": "text", "text": ""}),
+                BlockKind::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                BlockKind::ToolCall { id, name } => json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}}),
+            };
+            ("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": block}))
+        }
+        BlockEvent::Delta { index, content, text } => {
+            let delta = match content {
+                Content::Text => json!({"type": "text_delta", "text": text}),
+                Content::Thinking => json!({"type": "thinking_delta", "thinking": text}),
+                Content::Arguments => json!({"type": "input_json_delta", "partial_json": text}),
+            };
+            ("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}))
+        }
+        BlockEvent::Stop { index } => ("content_block_stop", json!({"type": "content_block_stop", "index": index})),
+    }
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}

@@ -1,0 +1,278 @@
+//! Anthropic's Messages request as the server's chat request: `system` (text or blocks),
+//! text / `tool_use` / `tool_result` blocks, custom tools with `input_schema`, `tool_choice`,
+//! `thinking`, `stop_sequences`, `output_config.format` (structured outputs). Image and document blocks, and Anthropic's server tools, get
+//! a clear 400.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
+
+use crate::server::openai::chat::ChatRequest;
+use crate::server::openai::{CommonParams, StopParam};
+use crate::server::ApiError;
+
+/// The chat request and its parameters; `max_tokens` is required unless `counting` (count_tokens).
+pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParams), ApiError> {
+    let model = body.get("model").and_then(Value::as_str).filter(|m| !m.trim().is_empty());
+    let model = model.ok_or_else(|| ApiError::invalid("model", "model: field required"))?;
+    let max_tokens = match body.get("max_tokens") {
+        None | Some(Value::Null) if counting => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => n.as_u64(),
+        None | Some(Value::Null) => return Err(ApiError::invalid("max_tokens", "max_tokens: field required")),
+        Some(_) => return Err(ApiError::invalid("max_tokens", "max_tokens: must be an integer of at least 1")),
+    };
+    let raw_messages = body.get("messages").and_then(Value::as_array).ok_or_else(|| ApiError::invalid("messages", "messages: field required (a list)"))?;
+    if raw_messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages: at least one message is required"));
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = body.get("system").filter(|s| !s.is_null()) {
+        let text = text_of(system, "system")?;
+        if !text.is_empty() {
+            messages.push(json!({"role": "system", "content": text}));
+        }
+    }
+    let mut tool_names: HashMap<String, String> = HashMap::new();
+    for (i, message) in raw_messages.iter().enumerate() {
+        convert_message(message, &format!("messages[{i}]"), &mut tool_names, &mut messages)?;
+    }
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(tools)) => Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?),
+        Some(_) => return Err(ApiError::invalid("tools", "tools: must be a list")),
+    };
+    let (tool_choice, parallel) = tool_choice(body.get("tool_choice"))?;
+    let thinking = match body.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str) {
+        None => None,
+        Some("enabled" | "adaptive" | "between_tools") => Some(true),
+        Some("disabled") => Some(false),
+        Some(other) => return Err(ApiError::invalid("thinking", format!("thinking.type {other:?} is not one of enabled, disabled"))),
+    };
+    let float = |key: &str| -> Result<Option<f32>, ApiError> {
+        match body.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| ApiError::invalid(key, format!("{key}: must be a number"))),
+        }
+    };
+    let stop = match body.get("stop_sequences") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(StopParam::Many(
+            items.iter().map(|s| s.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(|| ApiError::invalid("stop_sequences", "stop_sequences: must be a list of strings"))?,
+        )),
+        Some(_) => return Err(ApiError::invalid("stop_sequences", "stop_sequences: must be a list of strings")),
+    };
+    let top_k = match body.get("top_k") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::invalid("top_k", "top_k: must be a non-negative integer"))? as u32),
+    };
+    // Structured outputs: `output_config.format` is a JSON Schema the answer must follow.
+    let response_format = match body.pointer("/output_config/format") {
+        None | Some(Value::Null) => None,
+        Some(format) => match (format.get("type").and_then(Value::as_str), format.get("schema")) {
+            (Some("json_schema"), Some(schema)) => Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})),
+            _ => return Err(ApiError::invalid("output_config.format", "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}")),
+        },
+    };
+    let request = ChatRequest {
+        messages,
+        tools,
+        tool_choice,
+        parallel_tool_calls: parallel,
+        response_format,
+        chat_template_kwargs: thinking.map(|on| Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])),
+        ..Default::default()
+    };
+    let common = CommonParams {
+        model: Some(model.to_string()),
+        max_tokens,
+        temperature: float("temperature")?,
+        top_p: float("top_p")?,
+        top_k,
+        stop,
+        stream: body.get("stream").and_then(Value::as_bool),
+        ..Default::default()
+    };
+    Ok((request, common))
+}
+
+/// A string, or a list of text blocks (joined by blank lines), as `system` and `tool_result`
+/// contents may be.
+fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut texts = Vec::new();
+            for (i, block) in blocks.iter().enumerate() {
+                match block.get("type").and_then(Value::as_str) {
+                    Some("text") => texts.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+                    Some(kind) => return Err(unsupported_block(kind, &format!("{param}[{i}]"))),
+                    None => return Err(ApiError::invalid(param, format!("{param}[{i}]: each block needs a type"))),
+                }
+            }
+            Ok(texts.join("\n\n"))
+        }
+        _ => Err(ApiError::invalid(param, format!("{param}: must be a string or a list of text blocks"))),
+    }
+}
+
+fn unsupported_block(kind: &str, param: &str) -> ApiError {
+    match kind {
+        "image" | "document" => ApiError::invalid(param, format!("{param}: {kind} blocks are not supported: the served models are text-only")),
+        _ => ApiError::invalid(param, format!("{param}: blocks of type {kind:?} are not supported here")),
+    }
+}
+
+/// One Anthropic message as OpenAI messages: a user turn's `tool_result` blocks become `tool`
+/// messages (in order, before its text); an assistant's `tool_use` blocks its `tool_calls`.
+fn convert_message(message: &Value, param: &str, tool_names: &mut HashMap<String, String>, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let role = message.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.role: field required")))?;
+    if role != "user" && role != "assistant" {
+        return Err(ApiError::invalid(param, format!("{param}.role: {role:?} is not one of user, assistant (the system prompt goes in `system`)")));
+    }
+    let blocks = match message.get("content") {
+        Some(Value::String(s)) => {
+            out.push(json!({"role": role, "content": s}));
+            return Ok(());
+        }
+        Some(Value::Array(blocks)) => blocks,
+        _ => return Err(ApiError::invalid(param, format!("{param}.content: must be a string or a list of blocks"))),
+    };
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{param}.content[{j}]");
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => text.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+            // Earlier thinking is not shown to the model again, as the templates do.
+            Some("thinking" | "redacted_thinking") if role == "assistant" => {}
+            Some("tool_use") if role == "assistant" => {
+                let id = block.get("id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.id: field required")))?;
+                let name = block.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.name: field required")))?;
+                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                tool_names.insert(id.to_string(), name.to_string());
+                calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            Some("tool_result") if role == "user" => {
+                let id = block.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.tool_use_id: field required")))?;
+                let mut content = match block.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => text_of(c, &format!("{at}.content"))?,
+                };
+                if block.get("is_error").and_then(Value::as_bool) == Some(true) {
+                    content = format!("Error: {content}");
+                }
+                let mut tool = json!({"role": "tool", "tool_call_id": id, "content": content});
+                if let Some(name) = tool_names.get(id) {
+                    tool["name"] = json!(name);
+                }
+                out.push(tool);
+            }
+            Some(kind) => return Err(unsupported_block(kind, &at)),
+            None => return Err(ApiError::invalid(&at, format!("{at}.type: field required"))),
+        }
+    }
+    let text = text.join("");
+    if role == "assistant" {
+        let mut m = json!({"role": "assistant", "content": text});
+        if !calls.is_empty() {
+            m["tool_calls"] = Value::Array(calls);
+        }
+        out.push(m);
+    } else if !text.is_empty() || !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result")) {
+        out.push(json!({"role": "user", "content": text}));
+    }
+    Ok(())
+}
+
+/// A custom tool as an OpenAI function; Anthropic's server tools (web search, code execution,
+/// ...) run on Anthropic's side and cannot run here.
+fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
+    let param = format!("tools[{i}]");
+    if let Some(kind) = tool.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
+        return Err(ApiError::invalid(&param, format!("{param}: the server tool {kind:?} is not supported; only custom tools (name, input_schema) are")));
+    }
+    let name = tool.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.name: field required")))?;
+    let schema = tool.get("input_schema").cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param}.input_schema: field required")))?;
+    let mut function = json!({"name": name, "parameters": schema});
+    if let Some(d) = tool.get("description").and_then(Value::as_str) {
+        function["description"] = json!(d);
+    }
+    Ok(json!({"type": "function", "function": function}))
+}
+
+/// `{"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}`.
+fn tool_choice(choice: Option<&Value>) -> Result<(Option<Value>, Option<bool>), ApiError> {
+    let Some(choice) = choice.filter(|c| !c.is_null()) else { return Ok((None, None)) };
+    let parallel = choice.get("disable_parallel_tool_use").and_then(Value::as_bool).map(|d| !d);
+    let openai = match choice.get("type").and_then(Value::as_str) {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => {
+            let name = choice.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name: field required"))?;
+            json!({"type": "function", "function": {"name": name}})
+        }
+        _ => return Err(ApiError::invalid("tool_choice", "tool_choice.type must be one of auto, any, tool, none")),
+    };
+    Ok((Some(openai), parallel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_round_trip_converts() {
+        let body = json!({
+            "model": "claude-sonnet-4-5", "max_tokens": 100,
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "..", "signature": "x"}, {"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]}, {"type": "text", "text": "Thanks"}]}
+            ],
+            "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "stop_sequences": ["END"], "temperature": 0.5, "thinking": {"type": "enabled", "budget_tokens": 1024}
+        });
+        let (chat, common) = to_chat(&body, false).unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        assert_eq!(chat.messages[2]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!((chat.messages[3]["tool_call_id"].as_str(), chat.messages[3]["name"].as_str()), (Some("toolu_1"), Some("w")));
+        assert_eq!(chat.tools.unwrap()[0]["function"]["parameters"]["type"], "object");
+        assert_eq!((chat.tool_choice, chat.parallel_tool_calls), (Some(json!("required")), Some(false)));
+        assert_eq!(chat.chat_template_kwargs.unwrap()["enable_thinking"], true);
+        assert_eq!((common.max_tokens, common.temperature), (Some(100), Some(0.5)));
+    }
+
+    #[test]
+    fn structured_output_format() {
+        let body = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+            "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}}});
+        let (chat, _) = to_chat(&body, false).unwrap();
+        assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], json!({"type": "object"}));
+        let bad = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "xml"}}});
+        assert_eq!(to_chat(&bad, false).unwrap_err().param.as_deref(), Some("output_config.format"));
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let param = |body: Value| to_chat(&body, false).unwrap_err().param;
+        let ok = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+        assert!(to_chat(&ok, false).is_ok());
+        let with = |key: &str, v: Value| {
+            let mut b = ok.clone();
+            b[key] = v;
+            b
+        };
+        assert_eq!(param(json!({"model": "m", "messages": []})).as_deref(), Some("max_tokens"));
+        assert!(to_chat(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), true).is_ok(), "count_tokens needs no max_tokens");
+        assert_eq!(param(with("messages", json!([]))).as_deref(), Some("messages"));
+        assert_eq!(param(with("messages", json!([{"role": "system", "content": "x"}]))).as_deref(), Some("messages[0]"));
+        assert_eq!(param(with("messages", json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]))).as_deref(), Some("messages[0].content[0]"));
+        assert_eq!(param(with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]))).as_deref(), Some("tools[0]"));
+        assert_eq!(param(with("tool_choice", json!({"type": "sometimes"}))).as_deref(), Some("tool_choice"));
+        assert_eq!(param(with("max_tokens", json!(0))).as_deref(), Some("max_tokens"));
+    }
+}

@@ -1,0 +1,400 @@
+//! `POST /api/chat` and `POST /api/generate`: Ollama's requests run as the server's chat or raw
+//! completions; answers stream as NDJSON (Ollama's default) or come whole, with Ollama's
+//! counts and durations in nanoseconds.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp};
+use crate::engine::{Event, Finish, FinishReason, RequestStream};
+use crate::server::extract::ApiJson;
+use crate::server::openai::answer::{AnswerParser, Piece};
+use crate::server::openai::chat::{start, ChatRequest};
+use crate::server::openai::collect;
+use crate::server::sse::{frames, ndjson};
+use crate::server::{ApiError, AppState};
+use crate::store::ResidencyError;
+
+pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let began = Instant::now();
+    let (name, id) = model_name(&state, &body)?;
+    let keep = keep_alive(&body)?;
+    let streaming = body.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    let messages = match body.get("messages") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(m)) => m.clone(),
+        Some(_) => return Err(ApiError::invalid("messages", "messages must be a list")),
+    };
+    if messages.is_empty() {
+        return load_or_unload(&state, &name, &id, keep, Kind::Chat).await;
+    }
+    let request = ChatRequest {
+        messages: to_openai_messages(&messages)?,
+        tools: tools(&body)?,
+        response_format: response_format(body.get("format"))?,
+        chat_template_kwargs: think_kwargs(&body)?,
+        ..Default::default()
+    };
+    let common = options(&body)?.to_common(&id, streaming)?;
+    let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
+    apply_keep_alive(&state, &started.model, keep);
+    let render = Render { name, kind: Kind::Chat, parser: Some(started.parser), began, load: began.elapsed() };
+    Ok(respond(render, started.stream, streaming).await?)
+}
+
+pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let began = Instant::now();
+    let (name, id) = model_name(&state, &body)?;
+    let keep = keep_alive(&body)?;
+    let streaming = body.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    let text_field = |key: &str| -> Result<String, ApiError> {
+        match body.get(key) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(ApiError::invalid(key, format!("{key} must be a string"))),
+        }
+    };
+    let (prompt, suffix, system) = (text_field("prompt")?, text_field("suffix")?, text_field("system")?);
+    if body.get("images").and_then(Value::as_array).is_some_and(|i| !i.is_empty()) {
+        return Err(ApiError::invalid("images", "images are not supported: the served models are text-only"));
+    }
+    if !text_field("template")?.is_empty() {
+        return Err(ApiError::invalid("template", "a custom Go template is not supported; the model's own chat template is used (or send raw: true)"));
+    }
+    if body.get("context").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+        return Err(ApiError::invalid("context", "context (deprecated) is not supported; send the conversation to /api/chat"));
+    }
+    if prompt.is_empty() && suffix.is_empty() {
+        return load_or_unload(&state, &name, &id, keep, Kind::Generate).await;
+    }
+    let common = options(&body)?.to_common(&id, streaming)?;
+    let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
+    if raw || !suffix.is_empty() {
+        let served = state.models.serve(Some(&id)).await.map_err(|e| named(e.into(), &name, &id))?;
+        let info = served.engine.model_info().clone();
+        let text = if suffix.is_empty() {
+            prompt
+        } else {
+            crate::server::fim::prompt(&info.tokenizer, &prompt, &suffix)
+                .ok_or_else(|| ApiError::invalid("suffix", format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens")))?
+        };
+        let ids = info.tokenizer.encode(&text, true, true).map_err(|e| ApiError::internal(e.to_string()))?;
+        let request = common.to_request(&state, &info, ids, None)?;
+        let stream = served.engine.submit(request)?;
+        apply_keep_alive(&state, &served.id, keep);
+        let render = Render { name, kind: Kind::Generate, parser: None, began, load: began.elapsed() };
+        return Ok(respond(render, stream, streaming).await?);
+    }
+    let mut messages = Vec::new();
+    if !system.is_empty() {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": prompt}));
+    let request = ChatRequest {
+        messages,
+        response_format: response_format(body.get("format"))?,
+        chat_template_kwargs: think_kwargs(&body)?,
+        ..Default::default()
+    };
+    let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
+    apply_keep_alive(&state, &started.model, keep);
+    let render = Render { name, kind: Kind::Generate, parser: Some(started.parser), began, load: began.elapsed() };
+    Ok(respond(render, started.stream, streaming).await?)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Generate,
+}
+
+/// An empty request loads the model (or, with `keep_alive: 0`, unloads it), as in Ollama.
+async fn load_or_unload(state: &AppState, name: &str, id: &str, keep: Option<Option<Duration>>, kind: Kind) -> Result<Response, ApiError> {
+    let unload = keep == Some(Some(Duration::ZERO));
+    if unload {
+        match state.models.unload(id).await {
+            Ok(()) | Err(ResidencyError::NotLoaded(_)) => {}
+            Err(e) => return Err(named(e.into(), name, id)),
+        }
+    } else {
+        let served = state.models.load(id, None).await.map_err(|e| named(e.into(), name, id))?;
+        apply_keep_alive(state, &served.id, keep);
+    }
+    let mut answer = json!({"model": name, "created_at": timestamp(SystemTime::now()), "done": true, "done_reason": if unload { "unload" } else { "load" }});
+    match kind {
+        Kind::Chat => answer["message"] = json!({"role": "assistant", "content": ""}),
+        Kind::Generate => answer["response"] = json!(""),
+    }
+    Ok(Json(answer).into_response())
+}
+
+fn apply_keep_alive(state: &AppState, id: &str, keep: Option<Option<Duration>>) {
+    if let Some(keep) = keep {
+        state.models.set_keep_alive(id, keep);
+    }
+}
+
+/// A model the catalog does not have gets Ollama's own 404 message.
+fn named(error: ApiError, name: &str, id: &str) -> ApiError {
+    if error.code == Some("model_not_found") && error.message.contains(id) {
+        not_found(name)
+    } else {
+        error
+    }
+}
+
+/// Ollama's messages as OpenAI's: tool-call arguments (objects) as JSON text with ids the
+/// following `tool` messages answer in order; `tool_name` as the tool message's name.
+fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut pending_ids: std::collections::VecDeque<String> = Default::default();
+    for (i, m) in messages.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let mut m: Map<String, Value> = m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
+        if m.get("images").and_then(Value::as_array).is_some_and(|i| !i.is_empty()) {
+            return Err(ApiError::invalid(&param, format!("{param}: images are not supported: the served models are text-only")));
+        }
+        m.remove("images");
+        // Earlier thinking is not shown to the model again (as Ollama's templates do).
+        m.remove("thinking");
+        if let Some(Value::Array(calls)) = m.remove("tool_calls") {
+            let mut converted = Vec::new();
+            for (j, call) in calls.iter().enumerate() {
+                let function = call.get("function").ok_or_else(|| ApiError::invalid(&param, format!("{param}.tool_calls[{j}] needs a function")))?;
+                let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+                let arguments = match function.get("arguments") {
+                    None | Some(Value::Null) => "{}".to_string(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                };
+                let id = call.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{i}_{j}"), str::to_string);
+                pending_ids.push_back(id.clone());
+                converted.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
+            }
+            m.insert("tool_calls".into(), Value::Array(converted));
+        }
+        if m.get("role").and_then(Value::as_str) == Some("tool") {
+            if !m.contains_key("tool_call_id") {
+                m.insert("tool_call_id".into(), json!(pending_ids.pop_front().unwrap_or_else(|| format!("call_{i}"))));
+            }
+            if let Some(name) = m.remove("tool_name") {
+                m.entry("name").or_insert(name);
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(out)
+}
+
+fn tools(body: &Value) -> Result<Option<Vec<Value>>, ApiError> {
+    match body.get("tools") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(tools)) => Ok(Some(tools.clone())),
+        Some(_) => Err(ApiError::invalid("tools", "tools must be a list")),
+    }
+}
+
+/// `format`: `"json"` or a JSON Schema, enforced by constrained decoding.
+fn response_format(format: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(json!({"type": "json_object"}))),
+        Some(schema @ Value::Object(_)) => Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}))),
+        Some(_) => Err(ApiError::invalid("format", "format must be \"json\" or a JSON Schema object")),
+    }
+}
+
+/// `think`: on or off for templates that have the switch (Qwen 3's `enable_thinking`).
+fn think_kwargs(body: &Value) -> Result<Option<Map<String, Value>>, ApiError> {
+    let on = match body.get("think") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => true,
+        Some(_) => return Err(ApiError::invalid("think", "think must be true, false, \"low\", \"medium\" or \"high\"")),
+    };
+    Ok(Some(Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])))
+}
+
+/// Renders the answer in Ollama's shapes.
+struct Render {
+    /// The name the client asked for, echoed back as Ollama does.
+    name: String,
+    kind: Kind,
+    parser: Option<AnswerParser>,
+    began: Instant,
+    load: Duration,
+}
+
+/// What a piece of the answer adds to a message.
+#[derive(Default)]
+struct Part {
+    content: String,
+    thinking: String,
+    calls: Vec<Value>,
+}
+
+impl Part {
+    fn add(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) | Piece::Arguments(t) => self.content.push_str(&t),
+                Piece::Reasoning(t) => self.thinking.push_str(&t),
+                Piece::Call(call) => {
+                    let arguments = serde_json::from_str::<Value>(&call.arguments).unwrap_or(Value::String(call.arguments));
+                    self.calls.push(json!({"function": {"name": call.name, "arguments": arguments}}));
+                }
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.content.is_empty() && self.thinking.is_empty() && self.calls.is_empty()
+    }
+}
+
+impl Render {
+    fn pieces(&mut self, text: String) -> Vec<Piece> {
+        match &mut self.parser {
+            Some(p) => p.push(&text),
+            None => vec![Piece::Text(text)],
+        }
+    }
+
+    fn rest(&mut self) -> Vec<Piece> {
+        self.parser.as_mut().map(AnswerParser::finish).unwrap_or_default()
+    }
+
+    fn line(&self, part: Part, done: bool) -> Value {
+        let mut line = json!({"model": self.name, "created_at": timestamp(SystemTime::now())});
+        match self.kind {
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": part.content});
+                if !part.thinking.is_empty() {
+                    message["thinking"] = json!(part.thinking);
+                }
+                if !part.calls.is_empty() {
+                    message["tool_calls"] = json!(part.calls);
+                }
+                line["message"] = message;
+            }
+            Kind::Generate => {
+                line["response"] = json!(part.content);
+                if !part.thinking.is_empty() {
+                    line["thinking"] = json!(part.thinking);
+                }
+            }
+        }
+        line["done"] = json!(done);
+        line
+    }
+
+    /// The last line: why it ended, and the counts and durations.
+    fn done(&self, part: Part, finish: &Finish) -> Value {
+        let mut line = self.line(part, true);
+        // Tool calls end with "stop" too in Ollama.
+        let reason = if finish.reason == FinishReason::Length { "length" } else { "stop" };
+        let fields = json!({
+            "done_reason": reason,
+            "total_duration": nanos(self.began.elapsed()),
+            "load_duration": nanos(self.load),
+            "prompt_eval_count": finish.usage.prompt_tokens,
+            "prompt_eval_duration": nanos(finish.timings.prefill),
+            "eval_count": finish.usage.completion_tokens,
+            "eval_duration": nanos(finish.timings.decode),
+        });
+        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
+            line.extend(fields);
+        }
+        line
+    }
+}
+
+async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> Result<Response, ApiError> {
+    if !streaming {
+        let done = collect(stream).await?;
+        let mut part = Part::default();
+        let pieces = render.pieces(done.text);
+        part.add(pieces);
+        part.add(render.rest());
+        if !part.calls.is_empty() {
+            part.content = part.content.trim().to_string();
+        }
+        return Ok(Json(render.done(part, &done.finish)).into_response());
+    }
+    let lines = frames(
+        stream,
+        Vec::new(),
+        move |event| match event {
+            Event::Delta { text, .. } => {
+                let mut part = Part::default();
+                let pieces = render.pieces(text);
+                part.add(pieces);
+                if part.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![render.line(part, false)]
+                }
+            }
+            Event::Finish(finish) => match finish.reason {
+                FinishReason::Error | FinishReason::Cancelled => {
+                    vec![json!({"error": finish.error.clone().unwrap_or_else(|| "generation failed".into())})]
+                }
+                _ => {
+                    let mut part = Part::default();
+                    let rest = render.rest();
+                    part.add(rest);
+                    vec![render.done(part, &finish)]
+                }
+            },
+        },
+        Vec::new(),
+    );
+    Ok(ndjson(lines))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_with_calls_and_tool_answers() {
+        let messages = vec![
+            json!({"role": "user", "content": "weather?"}),
+            json!({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": {"city": "Oslo"}}}]}),
+            json!({"role": "tool", "content": "sunny", "tool_name": "w"}),
+        ];
+        let out = to_openai_messages(&messages).unwrap();
+        assert_eq!(out[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(out[2]["tool_call_id"], out[1]["tool_calls"][0]["id"]);
+        assert_eq!(out[2]["name"], "w");
+        let images = vec![json!({"role": "user", "content": "x", "images": ["aGk="]})];
+        assert_eq!(to_openai_messages(&images).unwrap_err().param.as_deref(), Some("messages[0]"));
+    }
+
+    #[test]
+    fn parsed_calls_become_ollama_tool_calls_with_object_arguments() {
+        use crate::server::openai::tool_calls::ToolCall;
+        let mut part = Part::default();
+        part.add(vec![Piece::Reasoning("hm".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })]);
+        let render = Render { name: "qwen3:8b".into(), kind: Kind::Chat, parser: None, began: Instant::now(), load: Duration::ZERO };
+        let line = render.line(part, false);
+        assert_eq!(line["model"], "qwen3:8b");
+        assert_eq!(line["message"]["thinking"], "hm");
+        assert_eq!(line["message"]["tool_calls"], json!([{"function": {"name": "w", "arguments": {"city": "Oslo"}}}]));
+        assert_eq!(line["done"], false);
+    }
+
+    #[test]
+    fn formats_and_think() {
+        assert_eq!(response_format(Some(&json!("json"))).unwrap(), Some(json!({"type": "json_object"})));
+        assert_eq!(response_format(Some(&json!({"type": "object"}))).unwrap().unwrap()["type"], "json_schema");
+        assert!(response_format(Some(&json!(3))).is_err());
+        assert_eq!(think_kwargs(&json!({"think": false})).unwrap().unwrap()["enable_thinking"], false);
+        assert!(think_kwargs(&json!({"think": "lots"})).is_err());
+    }
+}

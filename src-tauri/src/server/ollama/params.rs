@@ -1,0 +1,179 @@
+//! Ollama's request fields in the server's terms: `options` as sampling parameters, `keep_alive`
+//! as the model's idle time-out, names with tags as local model ids, times as Ollama writes them.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::server::openai::{CommonParams, StopParam};
+use crate::server::{ApiError, AppState};
+
+/// `options`: the model parameters Ollama clients send. Others are accepted and ignored, as
+/// Ollama does with options a runner does not use: `num_ctx` among them, since a model's context
+/// window is set when it loads (its own, or `--ctx`), not per request.
+#[derive(Debug, Default, Deserialize)]
+pub struct Options {
+    /// Most tokens to generate; -1 (or -2) for as many as the context allows.
+    pub num_predict: Option<i64>,
+    pub stop: Option<Vec<String>>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+impl Options {
+    pub fn to_common(&self, model: &str, stream: bool) -> Result<CommonParams, ApiError> {
+        let max_tokens = match self.num_predict {
+            None => None,
+            Some(n) if n < 0 => None,
+            Some(0) => return Err(ApiError::invalid("options.num_predict", "num_predict must be positive, or -1 for no limit")),
+            Some(n) => Some(n as u64),
+        };
+        let top_k = match self.top_k {
+            Some(k) if k < 0 => return Err(ApiError::invalid("options.top_k", "top_k must not be negative")),
+            k => k.map(|k| k as u32),
+        };
+        Ok(CommonParams {
+            model: Some(model.to_string()),
+            max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            stop: self.stop.clone().filter(|s| !s.is_empty()).map(StopParam::Many),
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            stream: Some(stream),
+            ..Default::default()
+        })
+    }
+}
+
+/// `options` read from the body: a wrong type names the option.
+pub fn options(body: &Value) -> Result<Options, ApiError> {
+    match body.get("options") {
+        None | Some(Value::Null) => Ok(Options::default()),
+        Some(v @ Value::Object(_)) => serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = format!("options.{}", e.path());
+            ApiError::invalid(&path, format!("{path}: {}", e.into_inner()))
+        }),
+        Some(_) => Err(ApiError::invalid("options", "options must be an object")),
+    }
+}
+
+/// `keep_alive`: `None` keeps the server's setting, `Some(None)` keeps the model loaded for
+/// good (a negative value), `Some(Some(d))` unloads it after `d` idle (0: once this request ends).
+pub fn keep_alive(body: &Value) -> Result<Option<Option<Duration>>, ApiError> {
+    let bad = || ApiError::invalid("keep_alive", "keep_alive must be seconds or a duration such as \"5m\", \"1h30m\", \"0\" or \"-1\"");
+    match body.get("keep_alive") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let secs = n.as_f64().ok_or_else(bad)?;
+            Ok(Some((secs >= 0.0).then(|| Duration::from_secs_f64(secs))))
+        }
+        Some(Value::String(s)) => parse_duration(s).map(Some).ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// A Go duration (`"5m"`, `"1h30m"`, `"300ms"`) or bare seconds; negative means forever.
+fn parse_duration(text: &str) -> Option<Option<Duration>> {
+    let text = text.trim();
+    if let Some(rest) = text.strip_prefix('-') {
+        return parse_duration(rest).map(|_| None);
+    }
+    if let Ok(secs) = text.parse::<f64>() {
+        return Some(Some(Duration::from_secs_f64(secs)));
+    }
+    let mut total = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).filter(|&i| i > 0)?;
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    Some(Some(Duration::from_secs_f64(total)))
+}
+
+/// The model a name asks for (aliases applied, `:latest` dropped), required.
+pub fn model_name(state: &AppState, body: &Value) -> Result<(String, String), ApiError> {
+    let name = body.get("model").or_else(|| body.get("name")).and_then(Value::as_str).map(str::trim).unwrap_or_default();
+    if name.is_empty() {
+        return Err(ApiError::invalid("model", "model is required"));
+    }
+    match state.resolve_model(Some(name)) {
+        Some(id) => Ok((name.to_string(), id)),
+        None => {
+            let current = state.models.loaded().first().map(|m| m.id.clone());
+            current.map(|id| (name.to_string(), id)).ok_or_else(|| not_found(name))
+        }
+    }
+}
+
+/// Ollama's message for a model it does not have.
+pub fn not_found(name: &str) -> ApiError {
+    ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found_error", format!("model \"{name}\" not found, try pulling it first"))
+}
+
+/// Ollama's timestamps: RFC 3339 with nanoseconds.
+pub fn timestamp(time: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+pub fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keep_alive_forms() {
+        let ka = |v: Value| keep_alive(&json!({ "keep_alive": v }));
+        assert_eq!(ka(json!("5m")).unwrap(), Some(Some(Duration::from_secs(300))));
+        assert_eq!(ka(json!("1h30m")).unwrap(), Some(Some(Duration::from_secs(5400))));
+        assert_eq!(ka(json!("10m0s")).unwrap(), Some(Some(Duration::from_secs(600))));
+        assert_eq!(ka(json!("300ms")).unwrap(), Some(Some(Duration::from_millis(300))));
+        assert_eq!(ka(json!(0)).unwrap(), Some(Some(Duration::ZERO)));
+        assert_eq!(ka(json!("0")).unwrap(), Some(Some(Duration::ZERO)));
+        assert_eq!(ka(json!(-1)).unwrap(), Some(None));
+        assert_eq!(ka(json!("-1m")).unwrap(), Some(None));
+        assert_eq!(keep_alive(&json!({})).unwrap(), None);
+        for bad in [json!("soon"), json!("5x"), json!(true), json!("m")] {
+            assert_eq!(ka(bad).unwrap_err().param.as_deref(), Some("keep_alive"));
+        }
+    }
+
+    #[test]
+    fn options_map_to_sampling() {
+        let o = options(&json!({"options": {"num_predict": 12, "stop": ["\n"], "temperature": 0, "top_k": 5, "num_ctx": 4096, "mirostat": 0}})).unwrap();
+        let c = o.to_common("m", false).unwrap();
+        assert_eq!((c.max_tokens, c.temperature, c.top_k), (Some(12), Some(0.0), Some(5)));
+        assert!(matches!(c.stop, Some(StopParam::Many(ref s)) if s == &["\n".to_string()]));
+        assert_eq!(options(&json!({"options": {"num_predict": -1}})).unwrap().to_common("m", true).unwrap().max_tokens, None);
+        assert_eq!(options(&json!({"options": {"temperature": "hot"}})).unwrap_err().param.as_deref(), Some("options.temperature"));
+        assert_eq!(options(&json!({"options": 3})).unwrap_err().param.as_deref(), Some("options"));
+    }
+}

@@ -1,0 +1,212 @@
+//! A Responses API request as the server's chat request: `input` as text or items (messages,
+//! `function_call`, `function_call_output`), `instructions`, flat function tools, `tool_choice`,
+//! `text.format`, `max_output_tokens`. Nothing is stored: `store: true` and
+//! `previous_response_id` get a clear 400.
+
+use serde_json::{json, Map, Value};
+
+use crate::server::openai::chat::ChatRequest;
+use crate::server::openai::CommonParams;
+use crate::server::ApiError;
+
+pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
+    if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::invalid(
+            "previous_response_id",
+            "previous_response_id is not supported: this server stores no responses; send the whole conversation in `input` (with store: false)",
+        ));
+    }
+    if body.get("store").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::invalid("store", "store: true is not supported: this server stores no responses; send store: false and the whole conversation in `input`"));
+    }
+    if body.get("conversation").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::invalid("conversation", "conversations are not supported: this server stores nothing; send the whole conversation in `input`"));
+    }
+    let mut messages = Vec::new();
+    match body.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
+        Some(_) => return Err(ApiError::invalid("instructions", "instructions must be a string")),
+    }
+    match body.get("input") {
+        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                convert_item(item, &format!("input[{i}]"), &mut messages)?;
+            }
+        }
+        None | Some(Value::Null) => return Err(ApiError::invalid("input", "input is required (text or a list of items)")),
+        Some(_) => return Err(ApiError::invalid("input", "input must be text or a list of items")),
+    }
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(tools)) => Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?),
+        Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
+    };
+    let tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(json!(s)),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name is required"))?;
+            Some(json!({"type": "function", "function": {"name": name}}))
+        }
+        Some(_) => return Err(ApiError::invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}")),
+    };
+    let response_format = match body.pointer("/text/format") {
+        None | Some(Value::Null) => None,
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(json!({"type": "json_object"})),
+            Some("json_schema") => {
+                let schema = format.get("schema").cloned().ok_or_else(|| ApiError::invalid("text.format.schema", "text.format.schema is required"))?;
+                let name = format.get("name").cloned().unwrap_or_else(|| json!("format"));
+                Some(json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}))
+            }
+            _ => return Err(ApiError::invalid("text.format", "text.format.type must be text, json_object or json_schema")),
+        },
+    };
+    let effort = body.pointer("/reasoning/effort").and_then(Value::as_str);
+    let chat_template_kwargs = effort.map(|e| Map::from_iter([("enable_thinking".to_string(), Value::Bool(e != "none" && e != "minimal"))]));
+    let request = ChatRequest {
+        messages,
+        tools,
+        tool_choice,
+        parallel_tool_calls: body.get("parallel_tool_calls").and_then(Value::as_bool),
+        response_format,
+        chat_template_kwargs,
+        ..Default::default()
+    };
+    let number = |key: &str| -> Result<Option<f64>, ApiError> {
+        match body.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| ApiError::invalid(key, format!("{key} must be a number"))),
+        }
+    };
+    let max_tokens = match number("max_output_tokens")? {
+        None => None,
+        Some(n) if n >= 1.0 && n.fract() == 0.0 => Some(n as u64),
+        Some(_) => return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be an integer of at least 1")),
+    };
+    let common = CommonParams {
+        model: body.get("model").and_then(Value::as_str).map(str::to_string),
+        max_tokens,
+        temperature: number("temperature")?.map(|t| t as f32),
+        top_p: number("top_p")?.map(|t| t as f32),
+        stream: body.get("stream").and_then(Value::as_bool),
+        ..Default::default()
+    };
+    Ok((request, common))
+}
+
+/// One input item: a message (`type` "message" or just a `role`), a `function_call` (joined to
+/// the assistant turn before it), a `function_call_output`; earlier `reasoning` is dropped.
+fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.role is required")))?;
+            let role = match role {
+                "user" | "assistant" | "system" => role,
+                "developer" => "system",
+                other => return Err(ApiError::invalid(param, format!("{param}.role {other:?} is not one of user, assistant, system, developer"))),
+            };
+            let content = match item.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (j, part) in parts.iter().enumerate() {
+                        match part.get("type").and_then(Value::as_str) {
+                            Some("input_text" | "output_text" | "text") => text.push_str(part.get("text").and_then(Value::as_str).unwrap_or_default()),
+                            Some(other @ ("input_image" | "input_file" | "input_audio")) => {
+                                return Err(ApiError::invalid(param, format!("{param}.content[{j}]: {other} is not supported: the served models are text-only")))
+                            }
+                            Some("refusal") => text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or_default()),
+                            other => return Err(ApiError::invalid(param, format!("{param}.content[{j}]: content of type {other:?} is not supported"))),
+                        }
+                    }
+                    text
+                }
+                _ => return Err(ApiError::invalid(param, format!("{param}.content must be text or a list of content parts"))),
+            };
+            out.push(json!({"role": role, "content": content}));
+        }
+        "function_call" => {
+            let field = |key: &str| item.get(key).and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.{key} is required")));
+            let call = json!({"id": field("call_id")?, "type": "function", "function": {"name": field("name")?, "arguments": field("arguments")?}});
+            // Calls after an assistant message (or after other calls) belong to that turn.
+            match out.last_mut().filter(|m| m["role"] == "assistant") {
+                Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                    Some(calls) => calls.push(call),
+                    None => last["tool_calls"] = json!([call]),
+                },
+                None => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+            }
+        }
+        "function_call_output" => {
+            let call_id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.call_id is required")))?;
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
+                _ => return Err(ApiError::invalid(param, format!("{param}.output must be text"))),
+            };
+            out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+        }
+        "reasoning" => {}
+        other => return Err(ApiError::invalid(param, format!("{param}: items of type {other:?} are not supported (messages, function_call and function_call_output are)"))),
+    }
+    Ok(())
+}
+
+/// `{"type": "function", "name", "description", "parameters", "strict"}` as a chat tool;
+/// OpenAI's hosted tools (web search, file search, ...) cannot run here.
+fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
+    let param = format!("tools[{i}]");
+    match tool.get("type").and_then(Value::as_str) {
+        Some("function") => {}
+        Some(other) => return Err(ApiError::invalid(&param, format!("{param}: the hosted tool {other:?} is not supported; only function tools are"))),
+        None => return Err(ApiError::invalid(&param, format!("{param}.type is required"))),
+    }
+    let name = tool.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.name is required")))?;
+    let mut function = json!({"name": name, "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}))});
+    if let Some(d) = tool.get("description").and_then(Value::as_str) {
+        function["description"] = json!(d);
+    }
+    Ok(json!({"type": "function", "function": function}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_convert() {
+        let body = json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 50, "store": false,
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call", "call_id": "call_1", "name": "w", "arguments": "{\"city\":\"Oslo\"}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+            ],
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "function", "name": "w"}
+        });
+        let (chat, common) = to_chat(&body).unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(chat.messages[2]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(chat.tool_choice.unwrap()["function"]["name"], "w");
+        assert_eq!(common.max_tokens, Some(50));
+    }
+
+    #[test]
+    fn stored_state_is_refused() {
+        let param = |body: Value| to_chat(&body).unwrap_err().param;
+        assert_eq!(param(json!({"input": "hi", "previous_response_id": "resp_1"})).as_deref(), Some("previous_response_id"));
+        assert_eq!(param(json!({"input": "hi", "store": true})).as_deref(), Some("store"));
+        assert_eq!(param(json!({"input": "hi", "tools": [{"type": "web_search"}]})).as_deref(), Some("tools[0]"));
+        assert_eq!(param(json!({})).as_deref(), Some("input"));
+        assert!(to_chat(&json!({"input": "hi"})).is_ok());
+    }
+}
