@@ -403,9 +403,19 @@ async fn live_metrics_stream_and_recent_requests() {
     let response = app(h.state.clone()).oneshot(get("/admin/metrics/stream")).await.unwrap();
     assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream");
     let mut body = response.into_body();
-    let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    let text = String::from_utf8_lossy(&frame);
-    let event: Value = serde_json::from_str(text.trim().strip_prefix("data: ").unwrap()).unwrap();
+    // The engine publishes a finished request's figures just after its answer: the first event
+    // may predate them; a later one (the stream republishes on every change) has them.
+    let mut event = Value::Null;
+    for _ in 0..50 {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame()).await.expect("an event within 10 s").unwrap().unwrap();
+        let Ok(data) = frame.into_data() else { continue };
+        let text = String::from_utf8_lossy(&data).to_string();
+        let Some(json) = text.trim().strip_prefix("data: ") else { continue };
+        event = serde_json::from_str(json).unwrap();
+        if !event["recent"][0].is_null() {
+            break;
+        }
+    }
     assert_eq!(event["models"][0]["id"], h.id.as_str());
     assert_eq!(event["models"][0]["requests_total"], 1);
     let recent = &event["recent"][0];
