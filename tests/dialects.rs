@@ -260,6 +260,18 @@ async fn anthropic_messages() {
     let counted = json!({"model": "claude-x", "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]});
     let (status, count) = send_json(&h, post("/v1/messages/count_tokens", counted.to_string())).await;
     assert_eq!((status, count["input_tokens"].as_u64()), (StatusCode::OK, Some(input)));
+
+    // Claude's own output ceiling (Claude Code sends 32000 and more) is capped to what fits in
+    // this model's 512-token window, not refused; a final assistant message is a prefill the
+    // answer continues (its text is in the prompt, not in the answer).
+    let chat = [json!({"role": "user", "content": "hi"})];
+    let prefilled = json!({"model": "claude-x", "max_tokens": 64000, "temperature": 0, "messages": [chat[0], {"role": "assistant", "content": "Hello there"}]});
+    let (status, answer) = send_json(&h, post("/v1/messages", prefilled.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (prompt, output) = (answer["usage"]["input_tokens"].as_u64().unwrap(), answer["usage"]["output_tokens"].as_u64().unwrap());
+    assert!(prompt + output <= 512, "{answer}");
+    let (_, plain) = send_json(&h, post("/v1/messages/count_tokens", json!({"model": "claude-x", "messages": chat}).to_string())).await;
+    assert!(prompt > plain["input_tokens"].as_u64().unwrap(), "the prefill is part of the prompt");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -18,7 +18,7 @@ impl std::str::FromStr for Alias {
     fn from_str(s: &str) -> Result<Alias, String> {
         let (name, target) = s.split_once('=').ok_or_else(|| format!("alias {s:?}: expected NAME=MODEL"))?;
         let name = name.trim();
-        if name.is_empty() || name[..name.len() - 1].contains('*') {
+        if name.is_empty() || name.strip_suffix('*').unwrap_or(name).contains('*') {
             return Err(format!("alias {s:?}: the name must be non-empty, with `*` only at its end"));
         }
         Ok(Alias { name: name.to_string(), target: target.trim().to_string() })
@@ -62,5 +62,6 @@ mod tests {
         assert!("no-equals".parse::<Alias>().is_err());
         assert!("a*b=c".parse::<Alias>().is_err());
         assert!("=c".parse::<Alias>().is_err());
+        assert_eq!("modè=x".parse::<Alias>().unwrap().name, "modè", "a multi-byte last character");
     }
 }

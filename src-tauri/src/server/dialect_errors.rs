@@ -71,6 +71,7 @@ fn anthropic_type(status: StatusCode) -> &'static str {
         413 => "request_too_large",
         429 => "rate_limit_error",
         503 | 529 => "overloaded_error",
+        504 => "timeout_error",
         _ => "api_error",
     }
 }

@@ -1,5 +1,5 @@
 //! Fill-in-the-middle prompts from a prefix and a suffix, in the model's own markers (Qwen
-//! coder's `<|fim_prefix|>`, StarCoder's and SmolLM's `<fim_prefix>`, Code Llama's `<PRE>`), as
+//! coder's `<|fim_prefix|>`, StarCoder's and SmolLM's `<fim_prefix>`, Code Llama's `<PRE>`, DeepSeek Coder's `<｜fim▁begin｜>`), as
 //! Ollama's `suffix` and OpenAI's legacy `suffix` ask for. Prefix-suffix-middle order.
 
 use crate::tokenizer::Tokenizer;
@@ -7,7 +7,8 @@ use crate::tokenizer::Tokenizer;
 const MARKERS: &[[&str; 3]] = &[
     ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
     ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
-    ["<|fim▁begin|>", "<|fim▁hole|>", "<|fim▁end|>"],
+    // DeepSeek Coder's bars are full-width (U+FF5C).
+    ["<\u{ff5c}fim▁begin\u{ff5c}>", "<\u{ff5c}fim▁hole\u{ff5c}>", "<\u{ff5c}fim▁end\u{ff5c}>"],
     ["▁<PRE>", "▁<SUF>", "▁<MID>"],
     ["<PRE>", "<SUF>", "<MID>"],
 ];

@@ -73,12 +73,15 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
             _ => return Err(ApiError::invalid("output_config.format", "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}")),
         },
     };
+    // A final assistant message is a prefill the answer continues.
+    let prefill = raw_messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant");
     let request = ChatRequest {
         messages,
         tools,
         tool_choice,
         parallel_tool_calls: parallel,
         response_format,
+        continue_final_message: prefill.then_some(true),
         chat_template_kwargs: thinking.map(|on| Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])),
         ..Default::default()
     };
@@ -90,6 +93,8 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
         top_k,
         stop,
         stream: body.get("stream").and_then(Value::as_bool),
+        // Claude Code asks for Claude's own ceiling (32000 and more).
+        cap_max_tokens: true,
         ..Default::default()
     };
     Ok((request, common))

@@ -9,19 +9,20 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp};
+use super::params::{keep_alive, model_name, Fallback, nanos, not_found, options, timestamp};
 use crate::engine::{Event, Finish, FinishReason, RequestStream};
 use crate::server::extract::ApiJson;
 use crate::server::openai::answer::{AnswerParser, Piece};
 use crate::server::openai::chat::{start, ChatRequest};
 use crate::server::openai::collect;
+use crate::server::openai::structured::answer_shape;
 use crate::server::sse::{frames, ndjson};
 use crate::server::{ApiError, AppState};
 use crate::store::ResidencyError;
 
 pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let began = Instant::now();
-    let (name, id) = model_name(&state, &body)?;
+    let (name, id) = model_name(&state, &body, Fallback::Served)?;
     let keep = keep_alive(&body)?;
     let streaming = body.get("stream").and_then(Value::as_bool).unwrap_or(true);
     let messages = match body.get("messages") {
@@ -48,7 +49,7 @@ pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
 
 pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let began = Instant::now();
-    let (name, id) = model_name(&state, &body)?;
+    let (name, id) = model_name(&state, &body, Fallback::Served)?;
     let keep = keep_alive(&body)?;
     let streaming = body.get("stream").and_then(Value::as_bool).unwrap_or(true);
     let text_field = |key: &str| -> Result<String, ApiError> {
@@ -83,7 +84,10 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
                 .ok_or_else(|| ApiError::invalid("suffix", format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens")))?
         };
         let ids = info.tokenizer.encode(&text, true, true).map_err(|e| ApiError::internal(e.to_string()))?;
-        let request = common.to_request(&state, &info, ids, None)?;
+        let mut request = common.to_request(&state, &info, ids, None)?;
+        // `format` holds for raw prompts too: the grammar alone decides the shape.
+        let format = response_format(body.get("format"))?;
+        request.grammar = answer_shape(None, None, None, format.as_ref(), "")?.grammar;
         let stream = served.engine.submit(request)?;
         apply_keep_alive(&state, &served.id, keep);
         let render = Render { name, kind: Kind::Generate, parser: None, began, load: began.elapsed() };
@@ -162,6 +166,8 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         // Earlier thinking is not shown to the model again (as Ollama's templates do).
         m.remove("thinking");
         if let Some(Value::Array(calls)) = m.remove("tool_calls") {
+            // A new turn of calls: results still unanswered from an earlier one do not pair with it.
+            pending_ids.clear();
             let mut converted = Vec::new();
             for (j, call) in calls.iter().enumerate() {
                 let function = call.get("function").ok_or_else(|| ApiError::invalid(&param, format!("{param}.tool_calls[{j}] needs a function")))?;

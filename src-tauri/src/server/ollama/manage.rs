@@ -10,14 +10,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::params::{model_name, not_found};
+use super::params::{model_name, not_found, Fallback};
 use crate::server::extract::ApiJson;
 use crate::server::sse::ndjson;
 use crate::server::{ApiError, AppState};
 use crate::store::{CatalogError, PullRequest, PullState, PullStatus, PullWatch};
 
 pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
-    let (name, resolved) = model_name(&state, &body)?;
+    let (name, resolved) = model_name(&state, &body, Fallback::None)?;
     let (repo, gguf) = hub_repo(&name)
         .or_else(|| hub_repo(&resolved))
         .ok_or_else(|| {
@@ -41,7 +41,7 @@ pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
 
 /// `owner/name[:tag]` after an optional `hf.co/` or `huggingface.co/`; the tag (not `latest`)
 /// selects a GGUF quantization.
-fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
+pub fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
     let name = name.strip_prefix("https://").unwrap_or(name);
     let name = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/")).unwrap_or(name);
     let (repo, tag) = match name.rsplit_once(':') {
@@ -78,7 +78,7 @@ fn progress_lines(watch: PullWatch) -> impl futures_util::Stream<Item = Value> {
 
 /// Deletes a model FastMLX downloaded (unloading it first); others are refused.
 pub async fn delete(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
-    let (name, id) = model_name(&state, &body)?;
+    let (name, id) = model_name(&state, &body, Fallback::None)?;
     let model = state.models.find_local(&id).map_err(|_| not_found(&name))?;
     let _ = state.models.unload(&model.id).await;
     match state.models.catalog().delete(&model.id, false) {

@@ -9,7 +9,7 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::params::{model_name, not_found, timestamp};
+use super::params::{model_name, not_found, timestamp, Fallback};
 use crate::model::load::chat_template_source;
 use crate::server::extract::ApiJson;
 use crate::server::{ApiError, AppState};
@@ -28,6 +28,9 @@ pub async fn tags(State(state): State<AppState>) -> Json<Value> {
 
 pub async fn ps(State(state): State<AppState>) -> Json<Value> {
     let now = SystemTime::now();
+    // Ollama's "forever" is a date far ahead.
+    let forever = now + Duration::from_secs(100 * 365 * 86_400);
+    let engines = state.models.engines();
     let models: Vec<Value> = state
         .models
         .loaded()
@@ -35,13 +38,14 @@ pub async fn ps(State(state): State<AppState>) -> Json<Value> {
         .filter_map(|loaded| {
             let model = state.models.find_local(&loaded.id).ok()?;
             let mut e = entry(&model);
-            // Ollama's "forever" is a date far ahead.
-            let expires = loaded.expires_in_secs.map_or(now + Duration::from_secs(100 * 365 * 86_400), |s| now + Duration::from_secs(s));
+            let expires = loaded.expires_in_secs.and_then(|s| now.checked_add(Duration::from_secs(s))).map_or(forever, |t| t.min(forever));
             e["expires_at"] = json!(timestamp(expires));
             e["size"] = json!(loaded.memory_bytes);
             // Unified memory: all of it is the GPU's.
             e["size_vram"] = json!(loaded.memory_bytes);
-            e["context_length"] = json!(model.summary.context_length.unwrap_or(0));
+            // The window it was loaded with (`--ctx` may cap the model's own).
+            let context = engines.iter().find(|s| s.id == loaded.id).map(|s| s.engine.model_info().context_length);
+            e["context_length"] = json!(context.or(model.summary.context_length).unwrap_or(0));
             Some(e)
         })
         .collect();
@@ -49,7 +53,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub async fn show(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
-    let (name, id) = model_name(&state, &body)?;
+    let (name, id) = model_name(&state, &body, Fallback::Served)?;
     let model = state.models.find_local(&id).map_err(|_| not_found(&name))?;
     let loaded = state.models.engines().into_iter().find(|s| s.id == model.id).map(|s| s.engine.model_info().clone());
     let template = match &loaded {

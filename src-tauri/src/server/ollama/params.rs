@@ -52,6 +52,8 @@ impl Options {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             stream: Some(stream),
+            // Clients often send the context size as num_predict.
+            cap_max_tokens: true,
             ..Default::default()
         })
     }
@@ -75,13 +77,24 @@ pub fn keep_alive(body: &Value) -> Result<Option<Option<Duration>>, ApiError> {
     let bad = || ApiError::invalid("keep_alive", "keep_alive must be seconds or a duration such as \"5m\", \"1h30m\", \"0\" or \"-1\"");
     match body.get("keep_alive") {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let secs = n.as_f64().ok_or_else(bad)?;
-            Ok(Some((secs >= 0.0).then(|| Duration::from_secs_f64(secs))))
-        }
+        Some(Value::Number(n)) => seconds(n.as_f64().ok_or_else(bad)?).map(Some).ok_or_else(bad),
         Some(Value::String(s)) => parse_duration(s).map(Some).ok_or_else(bad),
         Some(_) => Err(bad()),
     }
+}
+
+/// Beyond this a time-out means "for good" (and stays within what dates can show).
+const FOREVER_SECS: f64 = 100.0 * 365.0 * 86_400.0;
+
+/// Seconds as a time-out: negative or past a century is forever (`None`); NaN is invalid.
+fn seconds(secs: f64) -> Option<Option<Duration>> {
+    if secs.is_nan() {
+        return None;
+    }
+    if secs < 0.0 || secs > FOREVER_SECS {
+        return Some(None);
+    }
+    Duration::try_from_secs_f64(secs).ok().map(Some)
 }
 
 /// A Go duration (`"5m"`, `"1h30m"`, `"300ms"`) or bare seconds; negative means forever.
@@ -90,8 +103,9 @@ fn parse_duration(text: &str) -> Option<Option<Duration>> {
     if let Some(rest) = text.strip_prefix('-') {
         return parse_duration(rest).map(|_| None);
     }
-    if let Ok(secs) = text.parse::<f64>() {
-        return Some(Some(Duration::from_secs_f64(secs)));
+    // Bare seconds, digits only (`f64::from_str` would also take "inf" and "NaN").
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return seconds(text.parse::<f64>().ok()?);
     }
     let mut total = 0.0;
     let mut rest = text;
@@ -112,22 +126,53 @@ fn parse_duration(text: &str) -> Option<Option<Duration>> {
         total += value * scale;
         rest = &rest[unit_len..];
     }
-    Some(Some(Duration::from_secs_f64(total)))
+    seconds(total)
 }
 
-/// The model a name asks for (aliases applied, `:latest` dropped), required.
-pub fn model_name(state: &AppState, body: &Value) -> Result<(String, String), ApiError> {
+/// Which model a request may fall back to when its name resolves to none in particular (an
+/// alias with an empty target, such as the default `claude-*`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Chat, generate, show: the model served now.
+    Served,
+    /// Pull and delete act on a named model only.
+    None,
+}
+
+/// The model a name asks for, required: aliases applied, `:latest` dropped, and Ollama's Hub
+/// names (`hf.co/owner/name:Q4_K_M`) matched to what a pull of them stored. Returns the name as
+/// asked and the local id.
+pub fn model_name(state: &AppState, body: &Value, fallback: Fallback) -> Result<(String, String), ApiError> {
     let name = body.get("model").or_else(|| body.get("name")).and_then(Value::as_str).map(str::trim).unwrap_or_default();
     if name.is_empty() {
         return Err(ApiError::invalid("model", "model is required"));
     }
+    if let Some(id) = pulled_model(state, name) {
+        return Ok((name.to_string(), id));
+    }
     match state.resolve_model(Some(name)) {
         Some(id) => Ok((name.to_string(), id)),
-        None => {
+        None if fallback == Fallback::Served => {
             let current = state.models.loaded().first().map(|m| m.id.clone());
             current.map(|id| (name.to_string(), id)).ok_or_else(|| not_found(name))
         }
+        None => Err(not_found(name)),
     }
+}
+
+/// The local model an Ollama Hub name was pulled as: the repo's folder (MLX), or a GGUF file of
+/// the repo whose name has the tag's quantization.
+fn pulled_model(state: &AppState, name: &str) -> Option<String> {
+    let lower = name.to_ascii_lowercase();
+    if !(lower.starts_with("hf.co/") || lower.starts_with("huggingface.co/")) {
+        return None;
+    }
+    let (repo, tag) = super::manage::hub_repo(name)?;
+    let tag = tag.map(|t| t.to_ascii_lowercase());
+    let prefix = format!("{repo}/");
+    state.models.local_models().into_iter().map(|m| m.id).find(|id| {
+        id == &repo || (id.starts_with(&prefix) && tag.as_ref().is_none_or(|t| id.to_ascii_lowercase().contains(t.as_str())))
+    })
 }
 
 /// Ollama's message for a model it does not have.
@@ -161,7 +206,10 @@ mod tests {
         assert_eq!(ka(json!(-1)).unwrap(), Some(None));
         assert_eq!(ka(json!("-1m")).unwrap(), Some(None));
         assert_eq!(keep_alive(&json!({})).unwrap(), None);
-        for bad in [json!("soon"), json!("5x"), json!(true), json!("m")] {
+        // Past a century is forever; nothing panics on huge or odd values.
+        assert_eq!(ka(json!(1e20)).unwrap(), Some(None));
+        assert_eq!(ka(json!("99999999999999999h")).unwrap(), Some(None));
+        for bad in [json!("soon"), json!("5x"), json!(true), json!("m"), json!("inf"), json!("NaN"), json!("1e400")] {
             assert_eq!(ka(bad).unwrap_err().param.as_deref(), Some("keep_alive"));
         }
     }

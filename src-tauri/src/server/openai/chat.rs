@@ -51,6 +51,9 @@ pub struct ChatRequest {
     /// Extra chat-template variables (vLLM's name), e.g. `{"enable_thinking": false}` for Qwen 3.
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// The last message is an assistant turn to continue (vLLM's name; Anthropic's prefill):
+    /// the answer carries on from its text instead of starting a new turn.
+    pub continue_final_message: Option<bool>,
 }
 
 /// A chat generation under way, with what a dialect needs to render it. Other dialects (Ollama,
@@ -87,7 +90,14 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         .chat_template
         .as_ref()
         .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt"))?;
-    let messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
+    let mut messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
+    if template.source().contains("length != 9") {
+        nine_character_call_ids(&mut messages);
+    }
+    let prefill = match request.continue_final_message {
+        Some(true) => Some(final_assistant_text(&mut messages)?),
+        _ => None,
+    };
     let shape = answer_shape(
         request.tools.as_deref(),
         request.tool_choice.as_ref(),
@@ -101,7 +111,10 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         add_generation_prompt: true,
         extra: request.chat_template_kwargs.clone().unwrap_or_default(),
     };
-    let text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let mut text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    if let Some(prefill) = prefill {
+        text.push_str(&prefill);
+    }
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
     let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
     Ok(RenderedChat { served, info, text, prompt_ids, shape })
@@ -319,6 +332,52 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
         .collect()
 }
 
+/// Takes off the final assistant message, to be continued: its text follows the generation prompt.
+fn final_assistant_text(messages: &mut Vec<Value>) -> Result<String, ApiError> {
+    let last = messages.last().filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none_or(Value::is_null));
+    if last.is_none() {
+        return Err(ApiError::invalid("continue_final_message", "continue_final_message needs a final assistant message without tool calls"));
+    }
+    let last = messages.pop().expect("checked");
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "a conversation cannot be only the assistant message to continue"));
+    }
+    Ok(last["content"].as_str().unwrap_or_default().to_string())
+}
+
+/// Mistral's templates refuse tool-call ids that are not 9 characters: each id (the calls' and the
+/// tool results') maps to 9 alphanumerics derived from it, so calls and results still pair up.
+fn nine_character_call_ids(messages: &mut [Value]) {
+    fn nine(id: &str) -> String {
+        if id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return id.to_string();
+        }
+        // FNV-1a, written in base 62 (62^9 > 2^53: distinct ids stay distinct in practice).
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in id.bytes() {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        (0..9).map(|_| {
+            let c = CHARS[(hash % 62) as usize] as char;
+            hash /= 62;
+            c
+        }).collect()
+    }
+    for m in messages.iter_mut() {
+        if let Some(Value::String(id)) = m.get("tool_call_id") {
+            m["tool_call_id"] = Value::String(nine(id));
+        }
+        if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
+            for call in calls.iter_mut() {
+                if let Some(Value::String(id)) = call.get("id") {
+                    call["id"] = Value::String(nine(id));
+                }
+            }
+        }
+    }
+}
+
 /// For templates that know nothing of tool calls: an assistant turn's calls become its text (the
 /// JSON list `tool_choice: "required"` has the model write), so that the model sees what it
 /// called before the `tool` turns that answer it.
@@ -360,4 +419,33 @@ fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
     };
     let chosen = top(l.token, l.logprob);
     TokenLogprob { token: chosen.token, logprob: chosen.logprob, bytes: chosen.bytes, top_logprobs: l.top.iter().map(|(t, lp)| top(*t, *lp)).collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_fit_mistral_and_still_pair() {
+        let mut messages = vec![
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_AbC123xyZ", "type": "function", "function": {"name": "w"}}, {"id": "ABCDEFGHI", "type": "function", "function": {"name": "w"}}]}),
+            json!({"role": "tool", "tool_call_id": "call_AbC123xyZ", "content": "sunny"}),
+            json!({"role": "tool", "tool_call_id": "ABCDEFGHI", "content": "rain"}),
+        ];
+        nine_character_call_ids(&mut messages);
+        let first = messages[0]["tool_calls"][0]["id"].as_str().unwrap().to_string();
+        assert!(first.len() == 9 && first.chars().all(|c| c.is_ascii_alphanumeric()), "{first}");
+        assert_eq!(messages[1]["tool_call_id"], first.as_str(), "the result still pairs with its call");
+        assert_eq!(messages[0]["tool_calls"][1]["id"], "ABCDEFGHI", "a valid id is kept");
+        assert_eq!(messages[2]["tool_call_id"], "ABCDEFGHI");
+    }
+
+    #[test]
+    fn a_final_assistant_message_is_continued() {
+        let mut messages = vec![json!({"role": "user", "content": "JSON please"}), json!({"role": "assistant", "content": "{\"a\":"})];
+        assert_eq!(final_assistant_text(&mut messages).unwrap(), "{\"a\":");
+        assert_eq!(messages.len(), 1);
+        let mut user_last = vec![json!({"role": "user", "content": "hi"})];
+        assert_eq!(final_assistant_text(&mut user_last).unwrap_err().param.as_deref(), Some("continue_final_message"));
+    }
 }

@@ -67,6 +67,11 @@ pub struct CommonParams {
     pub n: Option<u32>,
     /// Token id (as a string) to a bias from -100 to 100 added to its logit.
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
+    /// Set by dialects whose clients send a model's own output ceiling (Anthropic's `max_tokens`,
+    /// Ollama's `num_predict`): it is capped to what fits instead of refused.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub cap_max_tokens: bool,
 }
 
 impl CommonParams {
@@ -98,6 +103,7 @@ impl CommonParams {
         let room = info.context_length.saturating_sub(prompt_ids.len());
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
+            Some(n) if self.cap_max_tokens => (n as usize).min(config.max_tokens_limit).min(room.max(1)),
             Some(n) if n as usize > config.max_tokens_limit => {
                 return Err(ApiError::invalid("max_tokens", format!("max_tokens may be at most {}", config.max_tokens_limit)))
             }
