@@ -368,3 +368,40 @@ async fn app_response(h: &Harness, request: Request<Body>) -> (String, String) {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (content_type, String::from_utf8_lossy(&body).to_string())
 }
+
+/// A model whose vocabulary has StarCoder's fill-in-the-middle tokens (the tiny tokenizer's
+/// byte tokens 1-3 renamed as added special tokens): `show` lists "insert", and a suffix becomes
+/// a prefix-suffix-middle prompt, in Ollama's generate and in OpenAI's legacy completions.
+#[tokio::test(flavor = "multi_thread")]
+async fn suffix_fills_in_the_middle_with_the_models_markers() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("models").join("tiny-qwen2");
+    fastmlx::model::synthetic::write_tiny_model(&model, fastmlx::model::Arch::Qwen2, 5, None).unwrap();
+    let path = model.join("tokenizer.json");
+    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for (id, marker) in [(1, "<fim_prefix>"), (2, "<fim_suffix>"), (3, "<fim_middle>")] {
+        let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+        let byte = vocab.iter().find(|(_, v)| v.as_u64() == Some(id)).map(|(k, _)| k.clone()).unwrap();
+        vocab.remove(&byte);
+        vocab.insert(marker.to_string(), json!(id));
+        let added = json!({"id": id, "content": marker, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
+        tokenizer["added_tokens"].as_array_mut().unwrap().push(added);
+    }
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let h = harness_in(dir, EngineConfig::default(), ServerConfig::default()).await;
+
+    let (_, show) = send_json(&h, post("/api/show", json!({"model": h.id}).to_string())).await;
+    assert_eq!(show["capabilities"], json!(["completion", "insert"]));
+    let options = json!({"num_predict": 4, "temperature": 0});
+    let (prefix, suffix) = ("def f(", "return x");
+    let (status, filled) = send_json(&h, post("/api/generate", json!({"model": h.id, "prompt": prefix, "suffix": suffix, "stream": false, "options": options}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{filled}");
+    // Byte-level tokens: one per byte, plus the three markers.
+    let expected = (prefix.len() + suffix.len() + 3) as u64;
+    assert_eq!(filled["prompt_eval_count"].as_u64(), Some(expected), "{filled}");
+    let (status, completion) = send_json(&h, post("/v1/completions", json!({"prompt": prefix, "suffix": suffix, "max_tokens": 4, "temperature": 0}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{completion}");
+    assert_eq!(completion["usage"]["prompt_tokens"].as_u64(), Some(expected));
+    assert_eq!(completion["choices"][0]["text"], filled["response"], "the same prompt, greedy: the same fill");
+}
