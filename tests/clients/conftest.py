@@ -19,16 +19,19 @@ def server(tmp_path_factory):
     # Model discovery looks only at empty folders: the machine's own models stay out of the tests.
     empty = tmp_path_factory.mktemp("no-models")
     env = {**os.environ, "FASTMLX_MODELS_DIR": str(empty), "HF_HUB_CACHE": str(empty), "LMSTUDIO_MODELS_DIR": str(empty)}
-    proc = subprocess.Popen([str(BINARY), "serve", "--port", "0", "--max-batch", "16"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = None
+    # `--ollama-port 0`: the second listener, where Ollama clients look, on a free port here.
+    command = [str(BINARY), "serve", "--port", "0", "--ollama-port", "0", "--max-batch", "16"]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = ollama = None
     deadline = time.time() + 120
-    while url is None and time.time() < deadline:
+    while ollama is None and time.time() < deadline:
         assert proc.poll() is None, f"fastmlx serve exited: {Path(log.name).read_text()}"
-        match = re.search(r"at (http://\S+/v1)", Path(log.name).read_text())
-        url = match and match.group(1)
+        text = Path(log.name).read_text()
+        url = (re.search(r"serving \S+ at (http://\S+/v1)", text) or [None, None])[1]
+        ollama = (re.search(r"Ollama API also at (http://\S+)", text) or [None, None])[1]
         time.sleep(0.1)
-    assert url, "fastmlx serve did not start"
+    assert url and ollama, "fastmlx serve did not start"
     model = urllib.request.urlopen(url + "/models").read()
-    yield {"url": url, "base": url[: -len("/v1")], "model": __import__("json").loads(model)["data"][0]["id"]}
+    yield {"url": url, "base": url[: -len("/v1")], "ollama": ollama, "model": __import__("json").loads(model)["data"][0]["id"]}
     proc.terminate()
     assert proc.wait(timeout=30) == 0, "graceful shutdown"

@@ -1,5 +1,5 @@
 """The official `ollama` Python package against a running `fastmlx serve` (SmolLM2), on the
-server's own port: list, show, ps, chat and generate (streaming and not), raw and suffix,
+second port `--ollama-port` opens (the router tests cover the main port): list, show, ps, chat and generate (streaming and not), raw and suffix,
 format, tools in the conversation, keep_alive, and errors as the package's own exception."""
 
 import json
@@ -10,7 +10,13 @@ import pytest
 
 @pytest.fixture(scope="module")
 def client(server):
-    return ollama.Client(host=server["base"])
+    return ollama.Client(host=server["ollama"])
+
+
+def test_both_ports_answer_as_ollama(server):
+    import urllib.request
+    for base in (server["ollama"], server["base"]):
+        assert urllib.request.urlopen(base + "/").read() == b"Ollama is running"
 
 
 def test_list_show_and_ps(client, server):

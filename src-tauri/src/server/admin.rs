@@ -18,7 +18,7 @@ use super::extract::{parse, ApiJson};
 use super::{ApiError, AppState};
 use crate::store::fit::{fit, memory_needed};
 use crate::store::hub::SearchHit;
-use crate::store::{Catalog, CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
+use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
 
 #[derive(Serialize)]
 struct ModelEntry {
@@ -28,22 +28,9 @@ struct ModelEntry {
 }
 
 pub async fn list(State(state): State<AppState>) -> Json<Vec<Value>> {
-    let loaded = state.models.loaded();
-    let catalog = state.models.catalog().clone();
-    let loaded_paths: Vec<(String, std::path::PathBuf)> = loaded.iter().map(|m| (m.id.clone(), m.path.clone())).collect();
-    let models = tokio::task::spawn_blocking(move || {
-        let mut models = catalog.list();
-        // Models loaded by path (`serve --model <file>`) live outside the model folders.
-        for (id, path) in loaded_paths {
-            if !models.iter().any(|m| m.id == id) {
-                models.push(LocalModel { id, ..Catalog::at_path(&path) });
-            }
-        }
-        models
-    })
-    .await
-    .unwrap_or_default();
-    let loaded: Vec<String> = loaded.into_iter().map(|m| m.id).collect();
+    let loaded: Vec<String> = state.models.loaded().into_iter().map(|m| m.id).collect();
+    let residency = state.models.clone();
+    let models = tokio::task::spawn_blocking(move || residency.local_models()).await.unwrap_or_default();
     Json(models.into_iter().map(|m| json!(ModelEntry { loaded: loaded.contains(&m.id), model: m })).collect())
 }
 

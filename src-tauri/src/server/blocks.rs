@@ -2,7 +2,7 @@
 //! and closed in order. Anthropic's content blocks and the Responses API's output items are
 //! both renderings of these events; the non-streaming answers fold them into a list.
 
-use super::openai::answer::Piece;
+use super::openai::answer::{AnswerParser, Piece};
 use super::openai::chat::call_id;
 use super::openai::structured::ToolMode;
 
@@ -74,6 +74,16 @@ impl Blocks {
                 }
             }
         }
+        events
+    }
+
+    /// The events of a whole answer (non-streaming): `first` from [`Blocks::start`], then
+    /// everything the parser makes of `text`, the block still open closed.
+    pub fn whole(mut self, first: Vec<BlockEvent>, parser: &mut AnswerParser, text: &str) -> Vec<BlockEvent> {
+        let mut events = first;
+        events.extend(self.push(parser.push(text)));
+        events.extend(self.push(parser.finish()));
+        events.extend(self.finish());
         events
     }
 

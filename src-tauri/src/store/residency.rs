@@ -286,27 +286,23 @@ impl Residency {
             .collect()
     }
 
-    /// Every local model: the loaded ones first (also those loaded by path, outside the
-    /// catalog's folders), then the rest of the catalog. Reads the disk.
+    /// Every local model: the catalog's, then those loaded by path (`serve --model <file>`),
+    /// which live outside the model folders. Reads the disk.
     pub fn local_models(&self) -> Vec<LocalModel> {
-        let loaded: Vec<(String, PathBuf)> = self.residents().iter().rev().map(|r| (r.id.clone(), r.path.clone())).collect();
-        let mut catalog = self.inner.catalog.list();
-        let mut models: Vec<LocalModel> = loaded
-            .into_iter()
-            .map(|(id, path)| match catalog.iter().position(|m| m.id == id) {
-                Some(i) => catalog.remove(i),
-                None => LocalModel { id, ..Catalog::at_path(&path) },
-            })
-            .collect();
-        models.extend(catalog);
+        let loaded: Vec<(String, PathBuf)> = self.residents().iter().map(|r| (r.id.clone(), r.path.clone())).collect();
+        let mut models = self.inner.catalog.list();
+        for (id, path) in loaded {
+            if !models.iter().any(|m| m.id == id) {
+                models.push(LocalModel { id, ..Catalog::at_path(&path) });
+            }
+        }
         models
     }
 
-    /// A local model by id: a loaded one, else the catalog's.
+    /// A local model by id (or path), loaded by path or not.
     pub fn find_local(&self, id: &str) -> Result<LocalModel, CatalogError> {
-        let loaded = self.residents().iter().find(|r| r.id == id).map(|r| r.path.clone());
-        match loaded {
-            Some(path) => Ok(self.local_models().into_iter().find(|m| m.id == id).unwrap_or_else(|| LocalModel { id: id.to_string(), ..Catalog::at_path(&path) })),
+        match self.local_models().into_iter().find(|m| m.id == id) {
+            Some(model) => Ok(model),
             None => self.inner.catalog.find(id),
         }
     }

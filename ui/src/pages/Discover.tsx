@@ -117,6 +117,19 @@ function isGguf(h: SearchHit): boolean {
   return h.library === "gguf" || h.tags.includes("gguf");
 }
 
+/** Which GGUF file of the repo to fetch, by name or quantization. */
+function GgufPattern({ value, onInput }: { value: string; onInput: (value: string) => void }) {
+  return (
+    <input
+      class="gguf"
+      placeholder="file or quant, e.g. Q4_K_M"
+      value={value}
+      onInput={(e) => onInput((e.target as HTMLInputElement).value)}
+      data-testid="gguf-pattern"
+    />
+  );
+}
+
 function PullControls({ repo, pull, gguf = false }: { repo: string; pull: PullView | undefined; gguf?: boolean }) {
   const [error, setError] = useState<string | null>(null);
   const [pattern, setPattern] = useState("");
@@ -124,15 +137,7 @@ function PullControls({ repo, pull, gguf = false }: { repo: string; pull: PullVi
   if (!pull) {
     return (
       <div class="pull">
-        {gguf && (
-          <input
-            class="gguf"
-            placeholder="file or quant, e.g. Q4_K_M"
-            value={pattern}
-            onInput={(e) => setPattern((e.target as HTMLInputElement).value)}
-            data-testid="gguf-pattern"
-          />
-        )}
+        {gguf && <GgufPattern value={pattern} onInput={setPattern} />}
         <button class="small primary" onClick={start} data-testid="download">
           Download
         </button>
@@ -179,15 +184,7 @@ function PullControls({ repo, pull, gguf = false }: { repo: string; pull: PullVi
             {pull.state === "failed" ? pull.message ?? "failed" : "cancelled"}
             {p && p.total > 0 && ` at ${percent(p.done, p.total).toFixed(0)}%`}
           </span>
-          {gguf && (
-            <input
-              class="gguf"
-              placeholder="file or quant, e.g. Q4_K_M"
-              value={pattern}
-              onInput={(e) => setPattern((e.target as HTMLInputElement).value)}
-              data-testid="gguf-pattern"
-            />
-          )}
+          {gguf && <GgufPattern value={pattern} onInput={setPattern} />}
           <button class="small primary" onClick={start} data-testid="resume">
             Resume
           </button>

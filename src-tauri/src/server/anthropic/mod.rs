@@ -26,11 +26,7 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let mut events = first_blocks;
-        events.extend(blocks.push(parser.push(&done.text)));
-        events.extend(blocks.push(parser.finish()));
-        events.extend(blocks.finish());
-        let content: Vec<Value> = fold(events).iter().map(content_block).collect();
+        let content: Vec<Value> = fold(blocks.whole(first_blocks, &mut parser, &done.text)).iter().map(content_block).collect();
         let (stop_reason, stop_sequence) = stop_reason(&done.finish, content.iter().any(|b| b["type"] == "tool_use"));
         return Ok(Json(json!({
             "id": id,

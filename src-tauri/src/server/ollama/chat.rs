@@ -44,7 +44,7 @@ pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
     apply_keep_alive(&state, &started.model, keep);
     let render = Render { name, kind: Kind::Chat, parser: Some(started.parser), began, load: began.elapsed() };
-    Ok(respond(render, started.stream, streaming).await?)
+    respond(render, started.stream, streaming).await
 }
 
 pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
@@ -91,7 +91,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
         let stream = served.engine.submit(request)?;
         apply_keep_alive(&state, &served.id, keep);
         let render = Render { name, kind: Kind::Generate, parser: None, began, load: began.elapsed() };
-        return Ok(respond(render, stream, streaming).await?);
+        return respond(render, stream, streaming).await;
     }
     let mut messages = Vec::new();
     if !system.is_empty() {
@@ -107,7 +107,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
     apply_keep_alive(&state, &started.model, keep);
     let render = Render { name, kind: Kind::Generate, parser: Some(started.parser), began, load: began.elapsed() };
-    Ok(respond(render, started.stream, streaming).await?)
+    respond(render, started.stream, streaming).await
 }
 
 #[derive(Clone, Copy, PartialEq)]

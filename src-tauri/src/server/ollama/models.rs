@@ -31,13 +31,15 @@ pub async fn ps(State(state): State<AppState>) -> Json<Value> {
     // Ollama's "forever" is a date far ahead.
     let forever = now + Duration::from_secs(100 * 365 * 86_400);
     let engines = state.models.engines();
+    let residency = state.models.clone();
+    let local = tokio::task::spawn_blocking(move || residency.local_models()).await.unwrap_or_default();
     let models: Vec<Value> = state
         .models
         .loaded()
         .into_iter()
         .filter_map(|loaded| {
-            let model = state.models.find_local(&loaded.id).ok()?;
-            let mut e = entry(&model);
+            let model = local.iter().find(|m| m.id == loaded.id)?;
+            let mut e = entry(model);
             let expires = loaded.expires_in_secs.and_then(|s| now.checked_add(Duration::from_secs(s))).map_or(forever, |t| t.min(forever));
             e["expires_at"] = json!(timestamp(expires));
             e["size"] = json!(loaded.memory_bytes);

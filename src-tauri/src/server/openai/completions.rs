@@ -47,23 +47,21 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     }
     let encode = |text: &str| info.tokenizer.encode(text, true, true).map_err(|e| ApiError::internal(e.to_string()));
     let suffix = request.suffix.as_deref().filter(|s| !s.is_empty());
-    let prompt_ids = match (request.prompt, suffix) {
+    let prompt = match request.prompt {
+        Prompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
+        Prompt::TokenLists(mut v) if v.len() == 1 => Prompt::Tokens(v.remove(0)),
+        other => other,
+    };
+    let prompt_ids = match (prompt, suffix) {
         // A suffix: fill in the middle, in the model's own markers.
         (Prompt::Text(t), Some(suffix)) => {
             let text = crate::server::fim::prompt(&info.tokenizer, &t, suffix)
                 .ok_or_else(|| ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"))?;
             encode(&text)?
         }
-        (Prompt::Texts(v), Some(suffix)) if v.len() == 1 => {
-            let text = crate::server::fim::prompt(&info.tokenizer, &v[0], suffix)
-                .ok_or_else(|| ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"))?;
-            encode(&text)?
-        }
-        (_, Some(_)) => return Err(ApiError::invalid("suffix", "suffix needs the prompt as text")),
+        (Prompt::Tokens(_), Some(_)) => return Err(ApiError::invalid("suffix", "suffix needs the prompt as text")),
         (Prompt::Text(t), None) => encode(&t)?,
         (Prompt::Tokens(ids), None) => ids,
-        (Prompt::Texts(v), None) if v.len() == 1 => encode(&v[0])?,
-        (Prompt::TokenLists(mut v), None) if v.len() == 1 => v.remove(0),
         _ => return Err(ApiError::invalid("prompt", "exactly one prompt is supported per request")),
     };
     if prompt_ids.is_empty() {

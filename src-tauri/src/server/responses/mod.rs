@@ -25,11 +25,7 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let mut events = first_blocks;
-        events.extend(blocks.push(parser.push(&done.text)));
-        events.extend(blocks.push(parser.finish()));
-        events.extend(blocks.finish());
-        for event in events {
+        for event in blocks.whole(first_blocks, &mut parser, &done.text) {
             response.apply(event);
         }
         return Ok(Json(response.finished(&done.finish)).into_response());
