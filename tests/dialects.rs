@@ -48,6 +48,17 @@ async fn ollama_listing_and_show() {
     let h = harness(EngineConfig::default(), ServerConfig::default()).await;
     let (status, body) = send(&h, get("/")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "Ollama is running"));
+    // Ollama's clients send `Accept: */*` (or nothing); a browser asks for HTML and gets the UI.
+    let ollama_client = Request::get("/").header(header::HOST, "localhost").header(header::ACCEPT, "*/*").body(Body::empty()).unwrap();
+    assert_eq!(send(&h, ollama_client).await, (StatusCode::OK, "Ollama is running".to_string()));
+    let browser = Request::get("/")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::ACCEPT, "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+        .body(Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(fastmlx::server::app(h.state.clone()), browser).await.unwrap();
+    assert!(response.status().is_redirection(), "{}", response.status());
+    assert_eq!(response.headers()[header::LOCATION], "/ui/");
     let (_, version) = send_json(&h, get("/api/version")).await;
     let parts: Vec<u32> = version["version"].as_str().unwrap().split('.').map(|p| p.parse().unwrap()).collect();
     assert!(parts >= vec![0, 6, 4], "Copilot needs 0.6.4 or later: {version}");
@@ -404,4 +415,79 @@ async fn suffix_fills_in_the_middle_with_the_models_markers() {
     assert_eq!(status, StatusCode::OK, "{completion}");
     assert_eq!(completion["usage"]["prompt_tokens"].as_u64(), Some(expected));
     assert_eq!(completion["choices"][0]["text"], filled["response"], "the same prompt, greedy: the same fill");
+}
+
+/// A generation cancelled under way (its model unloaded while it streams) ends with the
+/// dialect's error, never with what a normal finish sends — in every dialect.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_stream_never_ends_as_a_normal_finish() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let _mlx = common::mlx_lock();
+    let long = json!({"role": "user", "content": "hello"});
+    let cases: Vec<(&str, Value)> = vec![
+        ("/v1/chat/completions", json!({"messages": [long], "max_tokens": 4000, "temperature": 0, "stream": true})),
+        ("/v1/completions", json!({"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": true})),
+        ("/v1/messages", json!({"model": "claude-x", "messages": [long], "max_tokens": 4000, "stream": true})),
+        ("/v1/responses", json!({"input": "hello", "max_output_tokens": 4000, "stream": true})),
+        ("/api/chat", json!({"messages": [long], "options": {"num_predict": 4000, "temperature": 0}})),
+        ("/api/generate", json!({"prompt": "hello", "options": {"num_predict": 4000, "temperature": 0}})),
+    ];
+    for (uri, mut body) in cases {
+        // Each token takes a few milliseconds, so the unload lands while the answer streams.
+        let slow: fastmlx::engine::FaultInjector = std::sync::Arc::new(|_, _| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            Ok(())
+        });
+        let h = harness(EngineConfig { fault_injector: Some(slow), ..Default::default() }, ServerConfig::default()).await;
+        if uri.starts_with("/api/") {
+            body["model"] = json!(h.id);
+        }
+        let response = fastmlx::server::app(h.state.clone()).oneshot(post(uri, body.to_string())).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{uri}");
+        let mut stream = response.into_body();
+        let mut text = String::new();
+        // Wait for some generated text (past the opening frames), then unload the model.
+        while text.len() < 600 {
+            let frame = stream.frame().await.unwrap_or_else(|| panic!("{uri}: ended early: {text}")).unwrap();
+            if let Ok(data) = frame.into_data() {
+                text.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+        h.state.models.unload(&h.id).await.unwrap();
+        let rest = stream.collect().await.unwrap().to_bytes();
+        text.push_str(&String::from_utf8_lossy(&rest));
+        match uri {
+            "/v1/chat/completions" | "/v1/completions" => {
+                let data = sse_data(&text);
+                assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{uri}: {text}");
+                let frames: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+                assert!(frames.iter().all(|f| f["choices"][0]["finish_reason"].is_null()), "{uri}: a finish_reason was sent: {text}");
+                let last = frames.last().unwrap();
+                assert_eq!(last["error"]["type"], "server_error", "{uri}: {last}");
+                assert!(last["error"]["message"].as_str().unwrap().contains("cancelled"), "{uri}: {last}");
+            }
+            "/v1/messages" => {
+                let events = sse_events(&text);
+                assert!(events.iter().all(|(name, _)| name != "message_delta" && name != "message_stop"), "{uri}: {text}");
+                let (name, data) = events.last().unwrap();
+                assert_eq!((name.as_str(), data["type"].as_str()), ("error", Some("error")), "{uri}: {data}");
+                assert_eq!(data["error"]["type"], "overloaded_error", "{uri}: {data}");
+            }
+            "/v1/responses" => {
+                let events = sse_events(&text);
+                assert!(events.iter().all(|(name, _)| name != "response.completed" && name != "response.incomplete"), "{uri}: {text}");
+                let (name, data) = events.last().unwrap();
+                assert_eq!(name, "response.failed", "{uri}: {data}");
+                assert_eq!(data["response"]["status"], "failed");
+                assert!(data["response"]["error"]["message"].as_str().unwrap().contains("cancelled"), "{uri}: {data}");
+            }
+            _ => {
+                let lines = ndjson(&text);
+                assert!(lines.iter().all(|l| l["done"] != true), "{uri}: a done line was sent: {text}");
+                let last = lines.last().unwrap();
+                assert!(last["error"].as_str().unwrap().contains("cancelled"), "{uri}: {last}");
+            }
+        }
+    }
 }

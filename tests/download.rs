@@ -13,7 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fake_hub::{fake_safetensors, random_bytes, sha256_hex, Corruption, FakeHub, FakeRepo, Logged};
-use fastmlx::store::download::{download_files, select_files, select_model_files, Progress};
+use fastmlx::store::download::{download_files, Progress};
+use fastmlx::store::select::{select_files, select_model_files};
 use fastmlx::store::hub::{HubClient, HubError, RemoteFile, RetryPolicy};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

@@ -157,7 +157,7 @@ export async function streamJson<T>(
 export interface LocalModel {
   id: string;
   path: string;
-  source: "fastmlx" | "hf-cache" | "lmstudio";
+  source: "fastmlx" | "hf-cache" | "lmstudio" | "folder" | "path";
   owned: boolean;
   loaded: boolean;
   format: string;

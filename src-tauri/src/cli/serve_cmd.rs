@@ -43,7 +43,8 @@ pub struct ServeArgs {
     /// Another host name the server answers to (repeatable).
     #[arg(long = "allowed-host", env = "FASTMLX_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
-    /// Another browser origin allowed by CORS (repeatable).
+    /// Another web page origin trusted to use the server (repeatable; `*` trusts every page).
+    /// Local pages, the app and editor webviews are always trusted.
     #[arg(long = "allowed-origin", env = "FASTMLX_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
     /// Also serve on this port, where Ollama clients look (11434).
@@ -87,7 +88,7 @@ impl ServeArgs {
         config.allowed_origins.extend(self.allowed_origins.iter().cloned());
         config.aliases.extend(self.aliases.iter().cloned());
         config.ollama_port = self.ollama_port;
-        local_access(&mut config, self.host, self.port);
+        local_access(&mut config, self.host);
         config
     }
 
@@ -104,7 +105,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
     let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config());
-    let first = models.load(&path.to_string_lossy(), None).await.with_context(|| format!("loading {}", path.display()))?;
+    let first = models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
     models.spawn_idle_reaper();
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let server = RunningServer::start(models.clone(), pulls, args.server_config(), args.host, args.port)

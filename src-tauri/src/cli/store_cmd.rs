@@ -6,7 +6,8 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::store::fit::{fit, memory_needed};
-use crate::store::hub::{human_bytes, HubClient};
+use crate::store::human_bytes;
+use crate::store::hub::HubClient;
 use crate::store::{Catalog, PullRequest, PullState, Pulls, StorePaths};
 
 #[derive(Args)]
@@ -123,7 +124,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 
 pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     let hits = runtime()?.block_on(HubClient::from_env().search(&args.text, args.limit, !args.all))?;
-    let machine = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+    let machine = crate::mlx::machine_memory_bytes();
     println!("{:<60} {:<14} {:>10} {:>9} {:<8}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT");
     for hit in hits {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);

@@ -124,7 +124,45 @@ impl Grammar {
     pub fn from_schema(schema: &Value) -> Result<Grammar, SchemaError> {
         let mut compiler = Compiler { root_schema: schema, nodes: builtin_nodes(), refs: HashMap::new() };
         let root = compiler.compile(schema, 0)?;
-        Ok(Grammar { nodes: compiler.nodes, root })
+        let grammar = Grammar { nodes: compiler.nodes, root };
+        grammar.check_no_empty_loops()?;
+        Ok(grammar)
+    }
+
+    /// Refuses a schema that can refer back to itself without reading a byte (`$ref`s looping
+    /// through `anyOf`/`oneOf`/`allOf`): the matcher would follow such a loop forever.
+    fn check_no_empty_loops(&self) -> Result<(), SchemaError> {
+        // 0: not seen, 1: on the current path, 2: done.
+        let mut state = vec![0u8; self.nodes.len()];
+        for start in 0..self.nodes.len() {
+            if state[start] != 0 {
+                continue;
+            }
+            let mut stack: Vec<(NodeId, usize)> = vec![(start, 0)];
+            state[start] = 1;
+            while let Some((id, next)) = stack.pop() {
+                let targets: &[NodeId] = match &self.nodes[id] {
+                    Node::Union(alternatives) => alternatives,
+                    Node::Ref(target) => std::slice::from_ref(target),
+                    _ => &[],
+                };
+                match targets.get(next) {
+                    Some(&target) => {
+                        stack.push((id, next + 1));
+                        match state[target] {
+                            1 => return Err(SchemaError("the schema refers to itself without any value in between (a $ref loop through anyOf, oneOf or allOf)".into())),
+                            0 => {
+                                state[target] = 1;
+                                stack.push((target, 0));
+                            }
+                            _ => {}
+                        }
+                    }
+                    None => state[id] = 2,
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn root(&self) -> NodeId {

@@ -180,266 +180,312 @@ impl Matcher {
         };
         let between_tokens = matches!(top, Frame::Value(_) | Frame::Object { .. } | Frame::Array { .. });
         if between_tokens && is_whitespace(byte) {
-            // Pretty JSON has no space between a key and its colon, nor before a comma; so
-            // after a value, whitespace is only allowed where the closing bracket may follow.
-            let allowed = match top {
-                Frame::Object { state: ObjectState::AfterKey, .. } => false,
-                Frame::Object { node, state: ObjectState::AfterValue, next } => match self.grammar.node(node) {
-                    Node::Object(rule) => !rule.properties[next as usize..].iter().any(|p| p.required),
-                    _ => false,
-                },
-                Frame::Array { node, state: ArrayState::AfterItem, count } => match self.grammar.node(node) {
-                    Node::Array(rule) => count >= rule.min,
-                    _ => false,
-                },
-                _ => true,
-            };
-            if !allowed {
-                return;
-            }
-            // `whitespace` counts the run's bytes; LINE_BREAK marks that it had its "\n".
-            let (count, broke) = (stack.whitespace & !LINE_BREAK, stack.whitespace & LINE_BREAK != 0);
-            let ok = count < MAX_WHITESPACE_RUN
-                && match byte {
-                    b'\n' => !broke,
-                    b'\r' => !broke,
-                    _ => true,
-                };
-            if ok {
-                stack.whitespace = (count + 1) | if byte == b'\n' { LINE_BREAK } else { stack.whitespace & LINE_BREAK };
-                out.push(stack);
-            }
+            self.feed_whitespace(stack, top, byte, out);
             return;
         }
         let after_whitespace = stack.whitespace & !LINE_BREAK > 0;
         if between_tokens {
             stack.whitespace = 0;
         }
-        let g = &*self.grammar;
         match top {
-            Frame::Value(node) => match g.node(node) {
-                Node::Union(alternatives) => {
-                    for &alternative in alternatives {
-                        let mut fork = stack.clone();
-                        *fork.frames.last_mut().expect("non-empty") = Frame::Value(alternative);
-                        self.feed(fork, byte, out);
-                    }
-                }
-                Node::Ref(_) => unreachable!("node() follows references"),
-                Node::Literal(bytes) => {
-                    if bytes.first() == Some(&byte) {
-                        replace_top(&mut stack, Frame::Literal { node, pos: 1 });
-                        if bytes.len() == 1 {
-                            stack.frames.pop();
-                        }
-                        out.push(stack);
-                    }
-                }
-                Node::String { .. } => {
-                    if byte == b'"' {
-                        replace_top(&mut stack, Frame::String { node, chars: 0, escape: Escape::None });
-                        out.push(stack);
-                    }
-                }
-                Node::Number(rule) => {
-                    let state = match byte {
-                        b'-' if rule.min.is_none_or(|m| m < 0) => Num::Minus,
-                        b'0' => Num::Zero,
-                        b'1'..=b'9' => Num::Int,
-                        _ => return,
-                    };
-                    let negative = byte == b'-';
-                    let magnitude = if negative { 0 } else { u64::from(byte - b'0') };
-                    if !negative && !feasible(rule, false, magnitude, state == Num::Int) {
-                        return;
-                    }
-                    replace_top(&mut stack, Frame::Number { node, state, negative, magnitude, digits: u8::from(!negative) });
-                    out.push(stack);
-                }
-                Node::Object(_) => {
-                    if byte == b'{' && stack.frames.len() < MAX_DEPTH {
-                        replace_top(&mut stack, Frame::Object { node, state: ObjectState::Open, next: 0 });
-                        out.push(stack);
-                    }
-                }
-                Node::Array(_) => {
-                    if byte == b'[' && stack.frames.len() < MAX_DEPTH {
-                        replace_top(&mut stack, Frame::Array { node, state: ArrayState::Open, count: 0 });
-                        out.push(stack);
-                    }
-                }
+            Frame::Value(_) => self.feed_value(stack, byte, out),
+            Frame::Literal { .. } => self.feed_literal(stack, byte, out),
+            Frame::Key { .. } => self.feed_key(stack, byte, out),
+            Frame::String { .. } => self.feed_string(stack, byte, out),
+            Frame::Number { .. } => self.feed_number(stack, byte, out),
+            Frame::Object { .. } => self.feed_object(stack, after_whitespace, byte, out),
+            Frame::Array { .. } => self.feed_array(stack, after_whitespace, byte, out),
+        }
+    }
+
+    /// Whitespace between tokens: only where pretty-printed JSON has it, in bounded runs.
+    fn feed_whitespace(&self, mut stack: Stack, top: Frame, byte: u8, out: &mut Vec<Stack>) {
+        // Pretty JSON has no space between a key and its colon, nor before a comma; so
+        // after a value, whitespace is only allowed where the closing bracket may follow.
+        let allowed = match top {
+            Frame::Object { state: ObjectState::AfterKey, .. } => false,
+            Frame::Object { node, state: ObjectState::AfterValue, next } => match self.grammar.node(node) {
+                Node::Object(rule) => !rule.properties[next as usize..].iter().any(|p| p.required),
+                _ => false,
             },
-            Frame::Literal { node, pos } => {
-                let Node::Literal(bytes) = g.node(node) else { unreachable!("literal frames point at literals") };
-                if bytes.get(pos as usize) == Some(&byte) {
-                    if pos as usize + 1 == bytes.len() {
+            Frame::Array { node, state: ArrayState::AfterItem, count } => match self.grammar.node(node) {
+                Node::Array(rule) => count >= rule.min,
+                _ => false,
+            },
+            _ => true,
+        };
+        if !allowed {
+            return;
+        }
+        // `whitespace` counts the run's bytes; LINE_BREAK marks that it had its "\n".
+        let (count, broke) = (stack.whitespace & !LINE_BREAK, stack.whitespace & LINE_BREAK != 0);
+        let ok = count < MAX_WHITESPACE_RUN
+            && match byte {
+                b'\n' => !broke,
+                b'\r' => !broke,
+                _ => true,
+            };
+        if ok {
+            stack.whitespace = (count + 1) | if byte == b'\n' { LINE_BREAK } else { stack.whitespace & LINE_BREAK };
+            out.push(stack);
+        }
+    }
+
+    /// A value not started: its first byte picks the kind (each alternative of a union forks).
+    fn feed_value(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Value(node)) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        match g.node(node) {
+            Node::Union(alternatives) => {
+                for &alternative in alternatives {
+                    let mut fork = stack.clone();
+                    *fork.frames.last_mut().expect("non-empty") = Frame::Value(alternative);
+                    self.feed(fork, byte, out);
+                }
+            }
+            Node::Ref(_) => unreachable!("node() follows references"),
+            Node::Literal(bytes) => {
+                if bytes.first() == Some(&byte) {
+                    replace_top(&mut stack, Frame::Literal { node, pos: 1 });
+                    if bytes.len() == 1 {
                         stack.frames.pop();
-                    } else {
-                        replace_top(&mut stack, Frame::Literal { node, pos: pos + 1 });
                     }
                     out.push(stack);
                 }
             }
-            Frame::Key { node, prop, pos } => {
-                let Node::Object(rule) = g.node(node) else { unreachable!("key frames point at objects") };
-                let key = &rule.properties[prop as usize].key;
-                if key.get(pos as usize) == Some(&byte) {
-                    if pos as usize + 1 == key.len() {
-                        stack.frames.pop();
-                    } else {
-                        replace_top(&mut stack, Frame::Key { node, prop, pos: pos + 1 });
-                    }
+            Node::String { .. } => {
+                if byte == b'"' {
+                    replace_top(&mut stack, Frame::String { node, chars: 0, escape: Escape::None });
                     out.push(stack);
                 }
             }
-            Frame::String { node, chars, escape } => {
-                let Node::String { min_len, max_len } = *g.node(node) else { unreachable!("string frames point at strings") };
-                let starts_char = |chars: u32| max_len.is_none_or(|max| chars < max);
-                let next = match (escape, byte) {
-                    (Escape::None, b'"') => {
-                        if chars < min_len {
-                            return;
-                        }
-                        stack.frames.pop();
-                        out.push(stack);
-                        return;
-                    }
-                    (Escape::None, b'\\') if starts_char(chars) => Frame::String { node, chars: chars + 1, escape: Escape::Backslash },
-                    (Escape::None, 0x00..=0x1f | 0x80..=0xc1 | 0xf5..=0xff) => return,
-                    (Escape::None, 0x20..=0x7f) if starts_char(chars) => Frame::String { node, chars: chars + 1, escape },
-                    // The lead byte of a multi-byte character: the character counts once.
-                    (Escape::None, 0xc2..=0xf4) if starts_char(chars) => {
-                        let more = if byte >= 0xf0 { 3 } else if byte >= 0xe0 { 2 } else { 1 };
-                        Frame::String { node, chars: chars + 1, escape: Escape::Utf8(more) }
-                    }
-                    (Escape::None, _) => return,
-                    (Escape::Utf8(left), 0x80..=0xbf) => {
-                        let escape = if left == 1 { Escape::None } else { Escape::Utf8(left - 1) };
-                        Frame::String { node, chars, escape }
-                    }
-                    (Escape::Backslash, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Frame::String { node, chars, escape: Escape::None },
-                    (Escape::Backslash, b'u') => Frame::String { node, chars, escape: Escape::Unicode(4) },
-                    (Escape::Unicode(left), b) if b.is_ascii_hexdigit() => {
-                        let escape = if left == 1 { Escape::None } else { Escape::Unicode(left - 1) };
-                        Frame::String { node, chars, escape }
-                    }
+            Node::Number(rule) => {
+                let state = match byte {
+                    b'-' if rule.min.is_none_or(|m| m < 0) => Num::Minus,
+                    b'0' => Num::Zero,
+                    b'1'..=b'9' => Num::Int,
                     _ => return,
                 };
-                replace_top(&mut stack, next);
+                let negative = byte == b'-';
+                let magnitude = if negative { 0 } else { u64::from(byte - b'0') };
+                if !negative && !feasible(rule, false, magnitude, state == Num::Int) {
+                    return;
+                }
+                replace_top(&mut stack, Frame::Number { node, state, negative, magnitude, digits: u8::from(!negative) });
                 out.push(stack);
             }
-            Frame::Number { node, state, negative, magnitude, digits } => {
-                let rule = self.number_rule(node).expect("number frames point at numbers");
-                let next = match (state, byte) {
-                    (Num::Minus, b'0') => Some(Num::Zero),
-                    (Num::Minus, b'1'..=b'9') | (Num::Int, b'0'..=b'9') => Some(Num::Int),
-                    (Num::Zero | Num::Int, b'.') if !rule.integer => Some(Num::Dot),
-                    (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
-                    (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') if !rule.integer => Some(Num::Exp),
-                    (Num::Exp, b'+' | b'-') => Some(Num::ExpSign),
-                    (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Some(Num::ExpDigits),
-                    _ => None,
-                };
-                match next {
-                    Some(next) => {
-                        // Digits of the part this byte is in: the same part goes on counting.
-                        let digits = match (byte.is_ascii_digit(), next == state || (state == Num::Minus)) {
-                            (false, _) => 0,
-                            (true, true) => digits + 1,
-                            (true, false) => 1,
-                        };
-                        let limit = if next == Num::ExpDigits { MAX_EXPONENT_DIGITS } else { MAX_DIGITS };
-                        if digits > limit {
-                            return;
-                        }
-                        let mut magnitude = magnitude;
-                        if rule.integer && byte.is_ascii_digit() {
-                            magnitude = magnitude.saturating_mul(10).saturating_add(u64::from(byte - b'0'));
-                            if !feasible(&rule, negative, magnitude, next == Num::Int) {
-                                return;
-                            }
-                        }
-                        replace_top(&mut stack, Frame::Number { node, state: next, negative, magnitude, digits });
-                        out.push(stack);
-                    }
-                    // The number ends here; the byte belongs to what encloses it.
-                    None if state.is_complete() && in_bounds(&rule, negative, magnitude) => {
-                        stack.frames.pop();
-                        self.feed(stack, byte, out);
-                    }
-                    None => {}
+            Node::Object(_) => {
+                if byte == b'{' && stack.frames.len() < MAX_DEPTH {
+                    replace_top(&mut stack, Frame::Object { node, state: ObjectState::Open, next: 0 });
+                    out.push(stack);
                 }
             }
-            Frame::Object { node, state, next } => {
-                let Node::Object(rule) = g.node(node) else { unreachable!("object frames point at objects") };
-                let free_form = rule.properties.is_empty();
-                let required_left = rule.properties[next as usize..].iter().any(|p| p.required);
-                let set = |stack: &mut Stack, state, next| replace_top(stack, Frame::Object { node, state, next });
-                match (state, byte) {
-                    (ObjectState::Open | ObjectState::AfterValue, b'}') if !required_left => {
-                        stack.frames.pop();
-                        out.push(stack);
-                    }
-                    (ObjectState::Open | ObjectState::AfterComma, b'"') if free_form && rule.additional.is_some() => {
-                        set(&mut stack, ObjectState::AfterKey, next);
-                        stack.frames.push(Frame::String { node: ANY_STRING, chars: 0, escape: Escape::None });
-                        out.push(stack);
-                    }
-                    (ObjectState::Open | ObjectState::AfterComma, b'"') if free_form => {}
-                    (ObjectState::Open | ObjectState::AfterComma, b'"') => {
-                        // Any property from `next` up to and including the first required one.
-                        for (i, property) in rule.properties.iter().enumerate().skip(next as usize) {
-                            let mut fork = stack.clone();
-                            set(&mut fork, ObjectState::AfterKey, i as u32 + 1);
-                            fork.frames.push(Frame::Key { node, prop: i as u32, pos: 1 });
-                            out.push(fork);
-                            if property.required {
-                                break;
-                            }
-                        }
-                    }
-                    (ObjectState::AfterKey, b':') => {
-                        set(&mut stack, ObjectState::AfterColon, next);
-                        out.push(stack);
-                    }
-                    (ObjectState::AfterColon, _) => {
-                        let value = if free_form { rule.additional.expect("a key was read") } else { rule.properties[next as usize - 1].value };
-                        set(&mut stack, ObjectState::AfterValue, next);
-                        stack.frames.push(Frame::Value(value));
-                        self.feed(stack, byte, out);
-                    }
-                    (ObjectState::AfterValue, b',') if !after_whitespace && (free_form || (next as usize) < rule.properties.len()) => {
-                        set(&mut stack, ObjectState::AfterComma, next);
-                        out.push(stack);
-                    }
-                    _ => {}
-                }
-            }
-            Frame::Array { node, state, count } => {
-                let Node::Array(rule) = g.node(node) else { unreachable!("array frames point at arrays") };
-                let set = |stack: &mut Stack, state, count| replace_top(stack, Frame::Array { node, state, count });
-                match (state, byte) {
-                    (ArrayState::Open | ArrayState::AfterItem, b']') if count >= rule.min => {
-                        stack.frames.pop();
-                        out.push(stack);
-                    }
-                    (ArrayState::AfterItem, b',') if !after_whitespace && rule.max.is_none_or(|max| count < max) && rule.item(count as usize).is_some() => {
-                        set(&mut stack, ArrayState::AfterComma, count);
-                        out.push(stack);
-                    }
-                    (ArrayState::Open | ArrayState::AfterComma, _) if byte != b']' => {
-                        let Some(item) = rule.item(count as usize) else { return };
-                        if rule.max.is_some_and(|max| count >= max) {
-                            return;
-                        }
-                        set(&mut stack, ArrayState::AfterItem, count + 1);
-                        stack.frames.push(Frame::Value(item));
-                        self.feed(stack, byte, out);
-                    }
-                    _ => {}
+            Node::Array(_) => {
+                if byte == b'[' && stack.frames.len() < MAX_DEPTH {
+                    replace_top(&mut stack, Frame::Array { node, state: ArrayState::Open, count: 0 });
+                    out.push(stack);
                 }
             }
         }
+    }
+
+    /// Inside a literal (`true`, an enum value, ...): the next byte must be the literal's.
+    fn feed_literal(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Literal { node, pos }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        let Node::Literal(bytes) = g.node(node) else { unreachable!("literal frames point at literals") };
+        if bytes.get(pos as usize) == Some(&byte) {
+            if pos as usize + 1 == bytes.len() {
+                stack.frames.pop();
+            } else {
+                replace_top(&mut stack, Frame::Literal { node, pos: pos + 1 });
+            }
+            out.push(stack);
+        }
+    
+    }
+
+    /// Inside a known property's key.
+    fn feed_key(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Key { node, prop, pos }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        let Node::Object(rule) = g.node(node) else { unreachable!("key frames point at objects") };
+        let key = &rule.properties[prop as usize].key;
+        if key.get(pos as usize) == Some(&byte) {
+            if pos as usize + 1 == key.len() {
+                stack.frames.pop();
+            } else {
+                replace_top(&mut stack, Frame::Key { node, prop, pos: pos + 1 });
+            }
+            out.push(stack);
+        }
+    
+    }
+
+    /// Inside a string: escapes, UTF-8 continuation bytes and the length bounds.
+    fn feed_string(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::String { node, chars, escape }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        let Node::String { min_len, max_len } = *g.node(node) else { unreachable!("string frames point at strings") };
+        let starts_char = |chars: u32| max_len.is_none_or(|max| chars < max);
+        let next = match (escape, byte) {
+            (Escape::None, b'"') => {
+                if chars < min_len {
+                    return;
+                }
+                stack.frames.pop();
+                out.push(stack);
+                return;
+            }
+            (Escape::None, b'\\') if starts_char(chars) => Frame::String { node, chars: chars + 1, escape: Escape::Backslash },
+            (Escape::None, 0x00..=0x1f | 0x80..=0xc1 | 0xf5..=0xff) => return,
+            (Escape::None, 0x20..=0x7f) if starts_char(chars) => Frame::String { node, chars: chars + 1, escape },
+            // The lead byte of a multi-byte character: the character counts once.
+            (Escape::None, 0xc2..=0xf4) if starts_char(chars) => {
+                let more = if byte >= 0xf0 { 3 } else if byte >= 0xe0 { 2 } else { 1 };
+                Frame::String { node, chars: chars + 1, escape: Escape::Utf8(more) }
+            }
+            (Escape::None, _) => return,
+            (Escape::Utf8(left), 0x80..=0xbf) => {
+                let escape = if left == 1 { Escape::None } else { Escape::Utf8(left - 1) };
+                Frame::String { node, chars, escape }
+            }
+            (Escape::Backslash, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Frame::String { node, chars, escape: Escape::None },
+            (Escape::Backslash, b'u') => Frame::String { node, chars, escape: Escape::Unicode(4) },
+            (Escape::Unicode(left), b) if b.is_ascii_hexdigit() => {
+                let escape = if left == 1 { Escape::None } else { Escape::Unicode(left - 1) };
+                Frame::String { node, chars, escape }
+            }
+            _ => return,
+        };
+        replace_top(&mut stack, next);
+        out.push(stack);
+    
+    }
+
+    /// Inside a number: the JSON number grammar, digit limits and integer bounds.
+    fn feed_number(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Number { node, state, negative, magnitude, digits }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let rule = self.number_rule(node).expect("number frames point at numbers");
+        let next = match (state, byte) {
+            (Num::Minus, b'0') => Some(Num::Zero),
+            (Num::Minus, b'1'..=b'9') | (Num::Int, b'0'..=b'9') => Some(Num::Int),
+            (Num::Zero | Num::Int, b'.') if !rule.integer => Some(Num::Dot),
+            (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') if !rule.integer => Some(Num::Exp),
+            (Num::Exp, b'+' | b'-') => Some(Num::ExpSign),
+            (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Some(Num::ExpDigits),
+            _ => None,
+        };
+        match next {
+            Some(next) => {
+                // Digits of the part this byte is in: the same part goes on counting.
+                let digits = match (byte.is_ascii_digit(), next == state || (state == Num::Minus)) {
+                    (false, _) => 0,
+                    (true, true) => digits + 1,
+                    (true, false) => 1,
+                };
+                let limit = if next == Num::ExpDigits { MAX_EXPONENT_DIGITS } else { MAX_DIGITS };
+                if digits > limit {
+                    return;
+                }
+                let mut magnitude = magnitude;
+                if rule.integer && byte.is_ascii_digit() {
+                    magnitude = magnitude.saturating_mul(10).saturating_add(u64::from(byte - b'0'));
+                    if !feasible(&rule, negative, magnitude, next == Num::Int) {
+                        return;
+                    }
+                }
+                replace_top(&mut stack, Frame::Number { node, state: next, negative, magnitude, digits });
+                out.push(stack);
+            }
+            // The number ends here; the byte belongs to what encloses it.
+            None if state.is_complete() && in_bounds(&rule, negative, magnitude) => {
+                stack.frames.pop();
+                self.feed(stack, byte, out);
+            }
+            None => {}
+        }
+    
+    }
+
+    /// Between the tokens of an object: keys in schema order, required ones not skipped.
+    fn feed_object(&self, mut stack: Stack, after_whitespace: bool, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Object { node, state, next }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        let Node::Object(rule) = g.node(node) else { unreachable!("object frames point at objects") };
+        let free_form = rule.properties.is_empty();
+        let required_left = rule.properties[next as usize..].iter().any(|p| p.required);
+        let set = |stack: &mut Stack, state, next| replace_top(stack, Frame::Object { node, state, next });
+        match (state, byte) {
+            (ObjectState::Open | ObjectState::AfterValue, b'}') if !required_left => {
+                stack.frames.pop();
+                out.push(stack);
+            }
+            (ObjectState::Open | ObjectState::AfterComma, b'"') if free_form && rule.additional.is_some() => {
+                set(&mut stack, ObjectState::AfterKey, next);
+                stack.frames.push(Frame::String { node: ANY_STRING, chars: 0, escape: Escape::None });
+                out.push(stack);
+            }
+            (ObjectState::Open | ObjectState::AfterComma, b'"') if free_form => {}
+            (ObjectState::Open | ObjectState::AfterComma, b'"') => {
+                // Any property from `next` up to and including the first required one.
+                for (i, property) in rule.properties.iter().enumerate().skip(next as usize) {
+                    let mut fork = stack.clone();
+                    set(&mut fork, ObjectState::AfterKey, i as u32 + 1);
+                    fork.frames.push(Frame::Key { node, prop: i as u32, pos: 1 });
+                    out.push(fork);
+                    if property.required {
+                        break;
+                    }
+                }
+            }
+            (ObjectState::AfterKey, b':') => {
+                set(&mut stack, ObjectState::AfterColon, next);
+                out.push(stack);
+            }
+            (ObjectState::AfterColon, _) => {
+                let value = if free_form { rule.additional.expect("a key was read") } else { rule.properties[next as usize - 1].value };
+                set(&mut stack, ObjectState::AfterValue, next);
+                stack.frames.push(Frame::Value(value));
+                self.feed(stack, byte, out);
+            }
+            (ObjectState::AfterValue, b',') if !after_whitespace && (free_form || (next as usize) < rule.properties.len()) => {
+                set(&mut stack, ObjectState::AfterComma, next);
+                out.push(stack);
+            }
+            _ => {}
+        }
+    
+    }
+
+    /// Between the tokens of an array: item count bounds.
+    fn feed_array(&self, mut stack: Stack, after_whitespace: bool, byte: u8, out: &mut Vec<Stack>) {
+        let Some(&Frame::Array { node, state, count }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let g = &*self.grammar;
+        let Node::Array(rule) = g.node(node) else { unreachable!("array frames point at arrays") };
+        let set = |stack: &mut Stack, state, count| replace_top(stack, Frame::Array { node, state, count });
+        match (state, byte) {
+            (ArrayState::Open | ArrayState::AfterItem, b']') if count >= rule.min => {
+                stack.frames.pop();
+                out.push(stack);
+            }
+            (ArrayState::AfterItem, b',') if !after_whitespace && rule.max.is_none_or(|max| count < max) && rule.item(count as usize).is_some() => {
+                set(&mut stack, ArrayState::AfterComma, count);
+                out.push(stack);
+            }
+            (ArrayState::Open | ArrayState::AfterComma, _) if byte != b']' => {
+                let Some(item) = rule.item(count as usize) else { return };
+                if rule.max.is_some_and(|max| count >= max) {
+                    return;
+                }
+                set(&mut stack, ArrayState::AfterItem, count + 1);
+                stack.frames.push(Frame::Value(item));
+                self.feed(stack, byte, out);
+            }
+            _ => {}
+        }
+    
     }
 }
 

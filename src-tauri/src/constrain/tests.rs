@@ -152,6 +152,10 @@ fn unsupported_or_broken_schemas_are_refused_with_reasons() {
         (json!(false), "matches nothing"),
         (json!({"type": "integer", "minimum": 5, "maximum": 4}), "no integer"),
         (json!("object"), "must be an object"),
+        (json!({"$ref": "#"}), "itself"),
+        (json!({"anyOf": [{"$ref": "#"}, {"type": "string"}]}), "loop"),
+        (json!({"anyOf": [{"$ref": "#"}, {"$ref": "#/anyOf/0"}]}), "loop"),
+        (json!({"$defs": {"a": {"oneOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}), "loop"),
     ] {
         let err = Grammar::from_schema(&schema).expect_err(&schema.to_string()).to_string();
         assert!(err.contains(expect), "{schema}: {err}");

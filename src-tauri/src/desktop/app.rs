@@ -57,8 +57,12 @@ pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
         models.spawn_idle_reaper();
     }
     // The first model loads in the background: the menu says "loading…" meanwhile.
+    // A path given at start is added to the catalog, so the menu and the API know it by its id.
     if let Ok(first) = args.first_model() {
-        control.serve_model(first.to_string_lossy().into_owned());
+        match models.catalog().find_or_add_path(&first.to_string_lossy()) {
+            Ok(model) => control.serve_model(model.id),
+            Err(e) => tracing::error!("cannot serve {}: {e}", first.display()),
+        }
     }
 
     let app = tauri::Builder::default()

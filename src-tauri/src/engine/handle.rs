@@ -8,58 +8,11 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc as tokio_mpsc, watch};
 
+use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
 use super::request::{Event, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
 use crate::model::{LoadedModel, ModelError};
-
-/// Test hook: called for every generated token of every request (`id`, tokens so far); an
-/// `Err` fails that request as an internal error would.
-pub type FaultInjector = Arc<dyn Fn(RequestId, usize) -> Result<(), String> + Send + Sync>;
-
-#[derive(Clone)]
-pub struct EngineConfig {
-    /// Rows decoded together at most.
-    pub max_batch: usize,
-    /// Requests waiting at most; more get [`SubmitError::Busy`] at once.
-    pub max_queue: usize,
-    /// Prompt tokens prefilled per step: bounds how long a long prompt stalls running rows.
-    pub prefill_chunk: usize,
-    /// Cap on the context window (prompt + output), below the model's own.
-    pub max_context: Option<usize>,
-    /// Bytes of KV cache admitted requests may reserve (prompt + max tokens each);
-    /// `None`: derived from the machine's memory and the model's size.
-    pub kv_budget_bytes: Option<usize>,
-    pub fault_injector: Option<FaultInjector>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            max_batch: 32,
-            max_queue: 256,
-            prefill_chunk: 512,
-            max_context: None,
-            kv_budget_bytes: None,
-            fault_injector: None,
-        }
-    }
-}
-
-/// What callers need to know about the loaded model to build valid requests.
-#[derive(Clone)]
-pub struct ModelInfo {
-    pub name: String,
-    /// The model's tokenizer and chat template, for callers that tokenize themselves.
-    pub tokenizer: Arc<crate::tokenizer::Tokenizer>,
-    pub chat_template: Option<Arc<crate::tokenizer::ChatTemplate>>,
-    pub context_length: usize,
-    pub vocab_size: usize,
-    pub kv_bytes_per_token: usize,
-    pub kv_budget_bytes: usize,
-    /// Bytes the weights take in memory.
-    pub weights_bytes: usize,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
@@ -186,7 +139,7 @@ impl EngineHandle {
         if r.logprobs.is_some_and(|n| n > 20) {
             return Err(SubmitError::Invalid("at most 20 top logprobs can be returned".into()));
         }
-        r.params.validate().map_err(SubmitError::Invalid)?;
+        r.params.validate().map_err(|e| SubmitError::Invalid(e.to_string()))?;
         let tokens = (r.prompt_ids.len() + r.max_tokens).min(info.context_length);
         let needed = tokens * info.kv_bytes_per_token;
         if needed > info.kv_budget_bytes {

@@ -4,14 +4,14 @@
 //! Callers (HTTP API, chat window, CLI) submit through an [`EngineHandle`] and read a stream of
 //! [`Event`]s; the engine never waits on them, and a dropped stream cancels its request.
 
+mod config;
 mod handle;
-mod memory;
 mod metrics;
 mod request;
 mod scheduler;
 mod sequence;
 
-pub use handle::{EngineConfig, EngineHandle, FaultInjector, ModelInfo, RequestStream, SubmitError};
-pub use memory::total_memory_bytes;
+pub use config::{EngineConfig, FaultInjector, ModelInfo};
+pub use handle::{EngineHandle, RequestStream, SubmitError};
 pub use metrics::{Metrics, RecentRequest, RECENT_REQUESTS};
 pub use request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};

@@ -11,8 +11,8 @@ use std::time::Instant;
 use mlx_rs::{Array, Dtype};
 use tokio::sync::{mpsc::UnboundedSender, watch};
 
-use super::handle::{EngineConfig, ModelInfo};
-use super::memory::default_kv_budget;
+use super::config::{EngineConfig, ModelInfo};
+use crate::mlx::default_kv_budget;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;

@@ -94,7 +94,7 @@ pub fn generate(model: &LoadedModel, request: &GenerateRequest, mut on_text: imp
     let transformer = &model.transformer;
     let prompt = &request.prompt_ids;
     let limit = transformer.config.max_position_embeddings;
-    request.params.validate().map_err(GenerateError::InvalidParams)?;
+    request.params.validate().map_err(|e| GenerateError::InvalidParams(e.to_string()))?;
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }

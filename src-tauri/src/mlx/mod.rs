@@ -4,6 +4,10 @@
 //! time (Metal on Apple Silicon, CUDA on a CUDA build, otherwise the CPU), never by guess, so a
 //! CPU-only build can never touch a GPU stream (which would panic inside MLX).
 
+mod memory;
+
+pub use memory::{default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, FALLBACK_MEMORY_BYTES, USABLE_PERCENT};
+
 use mlx_rs::{Device, Dtype};
 
 /// Where and how the model computes.

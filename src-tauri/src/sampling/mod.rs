@@ -7,7 +7,7 @@ mod rng;
 mod sampler;
 mod stop;
 
-pub use params::SamplingParams;
+pub use params::{InvalidParam, SamplingParams};
 pub use rng::Rng;
 pub use sampler::{argmax, top_logprobs, Sampled, Sampler};
 pub use stop::{StopMatch, StopMatcher};

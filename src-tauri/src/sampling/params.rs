@@ -47,32 +47,41 @@ impl SamplingParams {
         Self::default()
     }
 
-    /// Checks ranges; the message names the parameter.
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = |name: &str, v: f32| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number")) };
-        finite("temperature", self.temperature)?;
-        finite("top_p", self.top_p)?;
-        finite("min_p", self.min_p)?;
-        finite("repetition_penalty", self.repetition_penalty)?;
-        finite("presence_penalty", self.presence_penalty)?;
-        finite("frequency_penalty", self.frequency_penalty)?;
+    /// Checks ranges; the error names the parameter at fault.
+    pub fn validate(&self) -> Result<(), InvalidParam> {
+        let bad = |param: &'static str, message: &str| Err(InvalidParam { param, message: message.to_string() });
+        for (name, v) in [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("repetition_penalty", self.repetition_penalty),
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !v.is_finite() {
+                return bad(name, &format!("{name} must be a finite number"));
+            }
+        }
         if !(0.0..=100.0).contains(&self.temperature) {
-            return Err("temperature must be between 0 and 100".into());
+            return bad("temperature", "temperature must be between 0 and 100");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err("top_p must be in (0, 1]".into());
+            return bad("top_p", "top_p must be in (0, 1]");
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err("min_p must be between 0 and 1".into());
+            return bad("min_p", "min_p must be between 0 and 1");
         }
         if self.repetition_penalty <= 0.0 {
-            return Err("repetition_penalty must be greater than 0".into());
+            return bad("repetition_penalty", "repetition_penalty must be greater than 0");
         }
         if self.logit_bias.iter().any(|(_, b)| !(-100.0..=100.0).contains(b)) {
-            return Err("logit_bias values must be between -100 and 100".into());
+            return bad("logit_bias", "logit_bias values must be between -100 and 100");
         }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err("presence_penalty and frequency_penalty must be between -2 and 2".into());
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", "presence_penalty must be between -2 and 2");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", "frequency_penalty must be between -2 and 2");
         }
         Ok(())
     }
@@ -80,4 +89,12 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
+}
+
+/// A sampling parameter out of range: which one, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidParam {
+    pub param: &'static str,
+    pub message: String,
 }

@@ -279,9 +279,9 @@ mod tests {
     #[test]
     fn validation_names_the_parameter() {
         let p = params(|p| p.top_p = 0.0);
-        assert!(p.validate().unwrap_err().contains("top_p"));
+        assert_eq!(p.validate().unwrap_err().param, "top_p");
         let p = params(|p| p.temperature = f32::NAN);
-        assert!(p.validate().unwrap_err().contains("temperature"));
+        assert_eq!(p.validate().unwrap_err().param, "temperature");
         assert!(SamplingParams::default().validate().is_ok());
     }
 }

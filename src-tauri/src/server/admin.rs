@@ -39,7 +39,7 @@ pub async fn status(State(state): State<AppState>) -> Json<Value> {
     Json(json!({
         "loaded": state.models.loaded(),
         "memory_budget_bytes": state.models.memory_budget(),
-        "machine_memory_bytes": crate::engine::total_memory_bytes(),
+        "machine_memory_bytes": crate::mlx::total_memory_bytes(),
         "mlx_active_bytes": memory.active,
         "mlx_cache_bytes": memory.cache,
         "pulls": state.pulls.list(),
@@ -81,7 +81,7 @@ pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, Query
     let removed = tokio::task::spawn_blocking(move || catalog.delete(&id2, q.force)).await.map_err(|e| ApiError::internal(e.to_string()))?;
     match removed {
         Ok(path) => Ok(Json(json!({"deleted": id, "path": path}))),
-        Err(e @ CatalogError::NotFound(_)) => Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", e.to_string()) }),
+        Err(CatalogError::NotFound(id)) => Err(ApiError::model_not_found(&id)),
         Err(e @ CatalogError::NotOwned { .. }) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string())),
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
@@ -109,7 +109,7 @@ pub struct SearchResult {
 pub async fn search(State(state): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<Vec<SearchResult>>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
-    let machine = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+    let machine = crate::mlx::machine_memory_bytes();
     let results = hits
         .into_iter()
         .map(|hit| {

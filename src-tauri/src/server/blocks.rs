@@ -2,9 +2,10 @@
 //! and closed in order. Anthropic's content blocks and the Responses API's output items are
 //! both renderings of these events; the non-streaming answers fold them into a list.
 
-use super::openai::answer::{AnswerParser, Piece};
-use super::openai::chat::call_id;
-use super::openai::structured::ToolMode;
+use super::chat::answer::{AnswerParser, Piece};
+use super::chat::call_id;
+use super::chat::outcome::text_beside_calls;
+use super::chat::structured::ToolMode;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum BlockKind {
@@ -145,7 +146,7 @@ pub fn fold(events: impl IntoIterator<Item = BlockEvent>) -> Vec<Block> {
     let has_calls = blocks.iter().any(|b| matches!(b.kind, BlockKind::ToolCall { .. }));
     if has_calls {
         for block in blocks.iter_mut().filter(|b| b.kind == BlockKind::Text) {
-            block.text = block.text.trim().to_string();
+            block.text = text_beside_calls(&block.text).unwrap_or_default();
         }
         blocks.retain(|b| b.kind != BlockKind::Text || !b.text.is_empty());
     }
@@ -155,7 +156,7 @@ pub fn fold(events: impl IntoIterator<Item = BlockEvent>) -> Vec<Block> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::openai::tool_calls::ToolCall;
+    use crate::server::chat::tool_calls::ToolCall;
 
     #[test]
     fn text_thinking_and_calls_become_ordered_blocks() {

@@ -61,6 +61,11 @@ pub fn convert(dialect: Dialect, status: StatusCode, body: &Value) -> Option<Val
     })
 }
 
+/// `error` in `dialect`'s envelope, for errors sent inside a stream (no middleware sees those).
+pub fn envelope(dialect: Dialect, error: &super::ApiError) -> Value {
+    convert(dialect, error.status, &error.body()).expect("ApiError bodies are OpenAI error bodies")
+}
+
 /// Anthropic's error types, by status as its API documents them.
 fn anthropic_type(status: StatusCode) -> &'static str {
     match status.as_u16() {

@@ -4,8 +4,20 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use super::openai::types::{ErrorBody, ErrorDetail};
+use serde::Serialize;
+use utoipa::ToSchema;
 use crate::engine::SubmitError;
+
+/// A name from a request, quoted, as an error message shows it: cut short when it is long, so
+/// a hostile 100 kB name is not echoed back whole.
+pub fn shown(name: &str) -> String {
+    const MAX: usize = 120;
+    if name.chars().count() <= MAX {
+        return format!("{name:?}");
+    }
+    let start: String = name.chars().take(MAX).collect();
+    format!("{start:?}… ({} characters)", name.chars().count())
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -39,10 +51,15 @@ impl ApiError {
     }
 
     pub fn model_not_found(model: &str) -> ApiError {
+        let model = shown(model);
         ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
-            ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", format!("the model {model:?} does not exist or is not loaded"))
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!("no model {model} on this machine (`fastmlx ls` lists them; `fastmlx pull <repo>` downloads one)"),
+            )
         }
     }
 
@@ -98,11 +115,28 @@ impl From<crate::store::ResidencyError> for ApiError {
         use crate::store::{CatalogError, ResidencyError};
         let message = e.to_string();
         match e {
-            ResidencyError::Catalog(CatalogError::NotFound(id)) => ApiError { message, ..ApiError::model_not_found(&id) },
+            ResidencyError::Catalog(CatalogError::NotFound(id)) => ApiError::model_not_found(&id),
             ResidencyError::Unloadable { .. } | ResidencyError::NoModel => ApiError { param: Some("model".into()), ..ApiError::bad_request(message) },
             ResidencyError::NotLoaded(_) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message) },
             ResidencyError::NoRoom { .. } => ApiError { code: Some("insufficient_memory"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message) },
             ResidencyError::Catalog(_) | ResidencyError::LoadFailed { .. } => ApiError::internal(message),
         }
     }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`, `server_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request parameter at fault, if one is.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+/// Every error, as a response body and as a mid-stream `data:` event.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
 }

@@ -5,14 +5,15 @@ mod admin;
 pub mod aliases;
 mod anthropic;
 mod blocks;
+pub mod chat;
 mod dialect_errors;
 mod error;
 mod extract;
-mod fim;
 mod live;
 mod metrics;
 mod ollama;
 mod openai;
+mod origin;
 pub mod openapi;
 mod responses;
 mod run;
@@ -43,7 +44,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Host names the server answers to (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
-    /// Browser origins allowed by CORS (the app's own are always allowed).
+    /// Web page origins trusted besides the server's own, local ones, the app's and editor
+    /// webviews (`*`: every origin); others are refused (`origin`) and get no CORS headers.
     pub allowed_origins: Vec<String>,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
@@ -108,8 +110,7 @@ impl AppState {
 
     /// With pulls that outlive this server (the desktop app restarts its server).
     pub fn from_parts(models: Residency, pulls: Pulls, config: ServerConfig) -> AppState {
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        AppState { models, pulls, config: Arc::new(config), created }
+        AppState { models, pulls, config: Arc::new(config), created: unix_time() }
     }
 }
 
@@ -123,6 +124,11 @@ impl AppState {
         }
         Some(name.strip_suffix(":latest").unwrap_or(name).to_string())
     }
+}
+
+/// Seconds since the Unix epoch (`created` fields).
+pub fn unix_time() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// The whole API as one router.
@@ -151,7 +157,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/settings", get(settings::get).post(settings::post))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
     Router::new()
-        .route("/", get(ollama::root).head(ollama::root))
+        .route("/", get(root).head(ollama::root))
         .route("/health", get(health))
         // The UI itself needs no key (it asks for one); every API call it makes does.
         .route("/ui", get(ui::redirect))
@@ -161,6 +167,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(cors(&state.config))
+        // Before CORS: a preflight from an untrusted page is refused like the request it announces.
+        .layer(middleware::from_fn_with_state(state.clone(), origin::check_origin))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
         .layer(middleware::from_fn(dialect_errors::rewrite))
         .with_state(state)
@@ -170,12 +178,27 @@ async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> 
     axum::Json(openai::types::Health { status: "ok", loaded: state.models.loaded().into_iter().map(|m| m.id).collect() })
 }
 
+/// `/`: a browser (it asks for `text/html`) is sent to the web UI; everyone else gets Ollama's
+/// "Ollama is running", which Ollama clients check for.
+async fn root(headers: axum::http::HeaderMap) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let wants_html = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/html"));
+    if wants_html {
+        axum::response::Redirect::to("/ui/").into_response()
+    } else {
+        ollama::root().await.into_response()
+    }
+}
+
 fn cors(config: &ServerConfig) -> CorsLayer {
-    let mut origins = vec!["tauri://localhost".to_string(), "http://tauri.localhost".to_string()];
-    origins.extend(config.allowed_origins.iter().cloned());
-    let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    // The same rule as the origin guard, so CORS never allows what the guard refuses.
+    let allowed = config.allowed_origins.clone();
+    let origins = AllowOrigin::predicate(move |origin: &HeaderValue, request: &axum::http::request::Parts| {
+        let host = request.headers.get(header::HOST).and_then(|h| h.to_str().ok());
+        origin.to_str().is_ok_and(|o| origin::trusted(o, host, &allowed))
+    });
     CorsLayer::new()
-        .allow_origin(AllowOrigin::list(origins))
+        .allow_origin(origins)
         .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, "x-api-key".parse().expect("valid header name")])
 }

@@ -8,10 +8,10 @@ use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::{ContentBuilder, HttpMethod, OpenApi, OpenApiBuilder, PathsBuilder, Ref, ResponseBuilder, ResponsesBuilder};
 use utoipa::{OpenApi as _, ToSchema};
 
-use super::openai::chat::ChatRequest;
+use super::chat::{ChatRequest, CommonParams};
+use super::error::ErrorBody;
 use super::openai::completions::CompletionRequest;
 use super::openai::types::*;
-use super::openai::CommonParams;
 
 /// `POST /v1/chat/completions` body: the chat fields and the sampling fields.
 #[derive(Deserialize, ToSchema)]
@@ -88,7 +88,7 @@ fn get_json(summary: &str, response: &str, errors: &[(&str, &str)]) -> utoipa::o
 
 pub fn document() -> OpenApi {
     let model_id = ParameterBuilder::new().name("id").parameter_in(ParameterIn::Path).required(utoipa::openapi::Required::True).schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String))).build();
-    let mut get_model = get_json("The served model", "Model", &[("404", "Unknown model")]);
+    let mut get_model = get_json("A local model, loaded or loadable on demand", "Model", &[("404", "No local model has this id")]);
     get_model.parameters = Some(vec![model_id]);
     let metrics = OperationBuilder::new()
         .summary(Some("Engine metrics in Prometheus text format"))

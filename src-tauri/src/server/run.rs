@@ -27,9 +27,6 @@ impl RunningServer {
             None => None,
         };
         let ollama_address = ollama.as_ref().map(|l| l.local_addr()).transpose()?;
-        if let Some(a) = ollama_address {
-            local_access(&mut config, host, a.port());
-        }
         config.listen = Some(address);
         let state = AppState::from_parts(models, pulls, config);
         let (stop, stopped) = watch::channel(false);
@@ -65,11 +62,10 @@ impl RunningServer {
     }
 }
 
-/// The CORS origins and Host names a server on `host:port` must accept besides the defaults.
-pub fn local_access(config: &mut ServerConfig, host: IpAddr, port: u16) {
+/// The Host names a server on `host` must accept besides the defaults (its own origin is then
+/// trusted as the same origin; see `origin`).
+pub fn local_access(config: &mut ServerConfig, host: IpAddr) {
     if !host.is_loopback() && !host.is_unspecified() {
         config.allowed_hosts.push(host.to_string());
     }
-    config.allowed_origins.push(format!("http://localhost:{port}"));
-    config.allowed_origins.push(format!("http://127.0.0.1:{port}"));
 }

@@ -65,7 +65,7 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     if change.max_batch.is_some_and(|b| !(1..=256).contains(&b)) {
         return Err(ApiError::invalid("max_batch", "max_batch must be between 1 and 256"));
     }
-    let machine_mb = crate::engine::total_memory_bytes().map(|b| b >> 20);
+    let machine_mb = crate::mlx::total_memory_bytes().map(|b| b >> 20);
     if change.memory_budget_mb.is_some_and(|m| m < 256 || machine_mb.is_some_and(|total| m > total)) {
         return Err(ApiError::invalid("memory_budget_mb", "memory_budget_mb must be at least 256 and at most the machine's memory"));
     }

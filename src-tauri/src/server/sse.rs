@@ -16,7 +16,8 @@ use futures_util::{Stream, StreamExt};
 use crate::engine::{Event, RequestStream};
 
 /// `first` at once, then `map` of each engine event, then `last` once the request has finished
-/// (or the engine went away without a finish: it shut down).
+/// (an engine that went away without a finish is mapped as a failed finish, so every dialect
+/// ends such a stream with its error, never as a normal finish).
 pub fn frames<T: Send + 'static>(
     engine_stream: RequestStream,
     first: Vec<T>,
@@ -46,7 +47,11 @@ pub fn frames<T: Send + 'static>(
                         s.last = Some(last);
                     }
                 }
-                None => s.pending.extend(last),
+                // The engine went away without a finish: the dialect tells it as a failure.
+                None => {
+                    s.pending.extend((s.map)(Event::Finish(super::chat::outcome::engine_gone())));
+                    s.pending.extend(last);
+                }
             }
         }
     })

@@ -1,6 +1,7 @@
 //! The models on disk as one catalog: list, find by id (or path), delete.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use super::discover::{discover, LocalModel, Source};
 use super::layout::StorePaths;
@@ -16,40 +17,60 @@ pub enum CatalogError {
     Io { path: PathBuf, message: String },
 }
 
+/// The models in the model folders, and the ones given by path on the command line (shared
+/// by every clone, so a model given at start stays known by its id after an unload).
 #[derive(Debug, Clone)]
 pub struct Catalog {
     paths: StorePaths,
+    given: Arc<Mutex<Vec<LocalModel>>>,
 }
 
 impl Catalog {
     pub fn new(paths: StorePaths) -> Catalog {
-        Catalog { paths }
+        Catalog { paths, given: Arc::default() }
     }
 
     pub fn paths(&self) -> &StorePaths {
         &self.paths
     }
 
+    /// The models given on the command line first (the user named them), then the folders'.
     pub fn list(&self) -> Vec<LocalModel> {
-        discover(&self.paths)
+        let given: Vec<LocalModel> = self.given.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut models: Vec<LocalModel> = given.iter().map(|m| LocalModel { summary: inspect(&m.path), ..m.clone() }).collect();
+        models.extend(discover(&self.paths).into_iter().filter(|m| !given.iter().any(|g| g.id == m.id)));
+        models
     }
 
-    /// A model by id, or by path (a folder or `.gguf` file anywhere).
-    pub fn find(&self, id_or_path: &str) -> Result<LocalModel, CatalogError> {
-        if let Some(model) = self.list().into_iter().find(|m| m.id == id_or_path) {
+    /// A model by id: in the model folders or given on the command line. Never by path: names
+    /// from HTTP requests end here, and a path there would let any client open (or probe for)
+    /// any file on the machine.
+    pub fn find(&self, id: &str) -> Result<LocalModel, CatalogError> {
+        self.list().into_iter().find(|m| m.id == id).ok_or_else(|| CatalogError::NotFound(id.to_string()))
+    }
+
+    /// For the command line only: a model by id, or by path (a folder or `.gguf` file anywhere),
+    /// which is then remembered, so that the model stays known by its id.
+    pub fn find_or_add_path(&self, id_or_path: &str) -> Result<LocalModel, CatalogError> {
+        if let Ok(model) = self.find(id_or_path) {
             return Ok(model);
         }
         let path = Path::new(id_or_path);
-        if path.exists() {
-            return Ok(Self::at_path(path));
+        if !path.exists() {
+            return Err(CatalogError::NotFound(id_or_path.to_string()));
         }
-        Err(CatalogError::NotFound(id_or_path.to_string()))
+        let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        let model = Self::at_path(&path);
+        let mut given = self.given.lock().unwrap_or_else(|e| e.into_inner());
+        given.retain(|m| m.id != model.id);
+        given.push(model.clone());
+        Ok(model)
     }
 
     /// A model given by its path: its id is the folder or file name (without `.gguf`).
     pub fn at_path(path: &Path) -> LocalModel {
         let id = path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string()).unwrap_or_else(|| path.display().to_string());
-        LocalModel { summary: inspect(path), id, path: path.to_path_buf(), source: Source::Fastmlx, owned: false }
+        LocalModel { summary: inspect(path), id, path: path.to_path_buf(), source: Source::Path, owned: false }
     }
 
     /// Deletes a model FastMLX downloaded; others only with `force` (for the HF cache, the
@@ -113,7 +134,7 @@ mod tests {
         let lms = root.join("lms");
         write(&lms.join("lmstudio-community/Qwen3-GGUF/Qwen3-Q4_K_M.gguf"), "GGUF");
         model_folder(&lms.join("mlx-community/gemma-mlx"));
-        StorePaths { models_dir: own, hf_cache: Some(hf), lmstudio: vec![lms] }
+        StorePaths { models_dir: own, hf_cache: Some(hf), lmstudio: vec![lms], extra: Vec::new() }
     }
 
     #[test]
@@ -156,5 +177,26 @@ mod tests {
         let removed = catalog.delete("mlx-community/Llama-3.2-1B-Instruct-4bit", true).unwrap();
         assert!(removed.ends_with("models--mlx-community--Llama-3.2-1B-Instruct-4bit") && !removed.exists());
         assert!(matches!(catalog.delete("nope", true), Err(CatalogError::NotFound(_))));
+    }
+
+    #[test]
+    fn ids_only_except_paths_the_command_line_adds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths = StorePaths::only(&dir.path().join("own"));
+        paths.extra = vec![dir.path().join("mine")];
+        model_folder(&dir.path().join("mine/my-model"));
+        model_folder(&dir.path().join("elsewhere/given"));
+        let catalog = Catalog::new(paths);
+        let mine = catalog.find("my-model").unwrap();
+        assert_eq!(mine.source, Source::Folder);
+        let given_path = dir.path().join("elsewhere/given");
+        let by_path = given_path.to_string_lossy().into_owned();
+        assert!(matches!(catalog.find(&by_path), Err(CatalogError::NotFound(_))), "a path is no name");
+        assert!(matches!(catalog.find_or_add_path(&dir.path().join("nope").to_string_lossy()), Err(CatalogError::NotFound(_))));
+        let given = catalog.find_or_add_path(&by_path).unwrap();
+        assert_eq!((given.id.as_str(), given.source), ("given", Source::Path));
+        let clone = catalog.clone();
+        assert_eq!(clone.find("given").unwrap().path, given_path.canonicalize().unwrap(), "known by its id from now on, in every clone");
+        assert_eq!(clone.list().iter().filter(|m| m.id == "given").count(), 1);
     }
 }

@@ -18,6 +18,10 @@ pub enum Source {
     Fastmlx,
     HfCache,
     Lmstudio,
+    /// One of the user's extra model folders (`FASTMLX_MODEL_DIRS`).
+    Folder,
+    /// Given by path on the command line.
+    Path,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,12 +39,15 @@ pub struct LocalModel {
 /// Every model found, FastMLX's own first; an id found twice keeps its first place.
 pub fn discover(paths: &StorePaths) -> Vec<LocalModel> {
     let mut found = Vec::new();
-    own_models(&paths.models_dir, &mut found);
+    own_models(&paths.models_dir, Source::Fastmlx, &mut found);
     if let Some(cache) = &paths.hf_cache {
         hf_cache_models(cache, &mut found);
     }
     for root in &paths.lmstudio {
         two_level_models(root, Source::Lmstudio, &mut found);
+    }
+    for root in &paths.extra {
+        own_models(root, Source::Folder, &mut found);
     }
     let mut seen = std::collections::HashSet::new();
     found.retain(|(id, _, _)| seen.insert(id.clone()));
@@ -75,17 +82,17 @@ fn hidden(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
 }
 
-/// `<models>/*.gguf` (id: the file name without `.gguf`) and `<models>/<org>/<name>/`.
-fn own_models(root: &Path, found: &mut Found) {
+/// `<models>/*.gguf` (id: the file name without `.gguf`), `<models>/<name>/` and `<models>/<org>/<name>/`.
+fn own_models(root: &Path, source: Source, found: &mut Found) {
     for path in entries(root).into_iter().filter(|p| !hidden(p)) {
         if is_gguf(&path) {
             let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            found.push((id, path, Source::Fastmlx));
+            found.push((id, path, source));
         } else if path.is_dir() && is_model_folder(&path) {
-            found.push((file_name(&path), path, Source::Fastmlx));
+            found.push((file_name(&path), path, source));
         }
     }
-    two_level_models(root, Source::Fastmlx, found);
+    two_level_models(root, source, found);
 }
 
 /// `<root>/<org>/<name>/` folders with a `config.json` (id `org/name`), and `.gguf` files in

@@ -7,6 +7,7 @@
 //! `Authorization` header on such cross-host redirects (and keeps it on same-host ones, e.g. a
 //! renamed repo), which is what the Hub expects.
 
+use super::human_bytes;
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -54,20 +55,6 @@ impl HubError {
     }
 }
 
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
 
 /// One file of a repo, as the Hub lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

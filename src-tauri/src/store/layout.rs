@@ -11,6 +11,10 @@ pub struct StorePaths {
     pub hf_cache: Option<PathBuf>,
     /// LM Studio's models folders (`publisher/repo/`).
     pub lmstudio: Vec<PathBuf>,
+    /// More folders the user keeps models in (`FASTMLX_MODEL_DIRS`, comma-separated; `model_dirs`
+    /// in `config.toml`), laid out like FastMLX's own. The only way to reach models elsewhere
+    /// over HTTP: requests name models, never paths.
+    pub extra: Vec<PathBuf>,
 }
 
 impl StorePaths {
@@ -32,12 +36,19 @@ impl StorePaths {
             Some(dir) => vec![dir],
             None => home.iter().flat_map(|h| [h.join(".lmstudio/models"), h.join(".cache/lm-studio/models")]).collect(),
         };
-        StorePaths { models_dir, hf_cache, lmstudio }
+        let extra = std::env::var("FASTMLX_MODEL_DIRS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        StorePaths { models_dir, hf_cache, lmstudio, extra }
     }
 
     /// Only FastMLX's folder (tests, and setups that want no discovery).
     pub fn only(models_dir: &Path) -> StorePaths {
-        StorePaths { models_dir: models_dir.to_path_buf(), hf_cache: None, lmstudio: Vec::new() }
+        StorePaths { models_dir: models_dir.to_path_buf(), hf_cache: None, lmstudio: Vec::new(), extra: Vec::new() }
     }
 
     /// Where a downloaded repo ends up: `<models>/<org>/<name>`.

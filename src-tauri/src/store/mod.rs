@@ -7,12 +7,15 @@ mod discover;
 pub mod download;
 pub mod fit;
 pub mod hub;
+mod human;
 mod layout;
 mod pull;
 mod quant_label;
 mod residency;
+pub mod select;
 
 pub use catalog::{Catalog, CatalogError};
+pub use human::human_bytes;
 pub use discover::{LocalModel, Source, MANIFEST};
 pub use layout::StorePaths;
 pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};

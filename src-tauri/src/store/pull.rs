@@ -13,7 +13,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::discover::MANIFEST;
-use super::download::{download_files, select_model_files, Progress};
+use super::download::{download_files, Progress};
+use super::select::select_model_files;
 use super::hub::{HubClient, HubError, RemoteFile};
 use super::layout::StorePaths;
 

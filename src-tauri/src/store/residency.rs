@@ -44,8 +44,12 @@ pub struct ResidencyConfig {
 
 impl Default for ResidencyConfig {
     fn default() -> Self {
-        let total = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
-        ResidencyConfig { engine: EngineConfig::default(), load: LoadOptions::default(), memory_budget: total / 10 * 7, keep_alive: None }
+        ResidencyConfig {
+            engine: EngineConfig::default(),
+            load: LoadOptions::default(),
+            memory_budget: crate::mlx::usable_memory_bytes(),
+            keep_alive: None,
+        }
     }
 }
 
@@ -171,7 +175,15 @@ impl Residency {
         Some(served)
     }
 
-    /// Loads `id` (a catalog id or a path) unless it is loaded; `keep_alive` overrides the default time-out.
+    /// For the command line: loads a model given by id or by path (then known by its id from
+    /// here on, also after an unload).
+    pub async fn load_given(&self, id_or_path: &str) -> Result<Served, ResidencyError> {
+        let model = self.inner.catalog.find_or_add_path(id_or_path)?;
+        self.load(&model.id, None).await
+    }
+
+    /// Loads `id` (a catalog id, never a path) unless it is loaded; `keep_alive` overrides the
+    /// default time-out.
     pub async fn load(&self, id: &str, keep_alive: Option<Duration>) -> Result<Served, ResidencyError> {
         let _one_at_a_time = self.inner.loading.lock().await;
         if let Some(served) = self.touch(id) {
@@ -299,12 +311,9 @@ impl Residency {
         models
     }
 
-    /// A local model by id (or path), loaded by path or not.
+    /// A local model by id.
     pub fn find_local(&self, id: &str) -> Result<LocalModel, CatalogError> {
-        match self.local_models().into_iter().find(|m| m.id == id) {
-            Some(model) => Ok(model),
-            None => self.inner.catalog.find(id),
-        }
+        self.local_models().into_iter().find(|m| m.id == id).ok_or_else(|| CatalogError::NotFound(id.to_string()))
     }
 
     /// The engines of the loaded models (metrics).

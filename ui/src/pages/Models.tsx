@@ -3,7 +3,7 @@ import { ApiError, getJson, modelPath, postJson, request, type LocalModel, type 
 import { Badge, ErrorBox, Spinner } from "../components/common";
 import { bytes, duration, params } from "../format";
 
-const sourceNames: Record<string, string> = { fastmlx: "FastMLX", "hf-cache": "HF cache", lmstudio: "LM Studio", path: "--model path" };
+const sourceNames: Record<string, string> = { fastmlx: "FastMLX", "hf-cache": "HF cache", lmstudio: "LM Studio", folder: "model folder", path: "--model path" };
 
 type Busy = "loading" | "unloading" | "deleting";
 

@@ -96,7 +96,7 @@ pub(crate) fn expand_quantized(options: &LoadOptions, backend: &Backend, paramet
         WeightFormat::Dense => true,
         WeightFormat::Auto => {
             let dense_bytes = parameters * 4;
-            let memory = crate::engine::total_memory_bytes().unwrap_or(8 << 30);
+            let memory = crate::mlx::machine_memory_bytes();
             !backend.gpu && dense_bytes <= memory / 4
         }
     }

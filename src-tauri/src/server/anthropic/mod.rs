@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 
 use super::blocks::{fold, Block, BlockEvent, BlockKind, Blocks, Content};
 use super::extract::ApiJson;
-use super::openai::chat::{render, start, StartedChat};
-use super::openai::collect;
+use super::chat::outcome::{collect, failure};
+use super::chat::structured::ToolMode;
+use super::chat::{render, start, StartedChat};
+use super::dialect_errors::{envelope, Dialect};
 use super::sse::named_events;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
@@ -50,7 +52,7 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
     });
     let mut first = vec![("message_start", start_message), ("ping", json!({"type": "ping"}))];
     first.extend(first_blocks.into_iter().map(block_event));
-    let mut any_call = matches!(mode, super::openai::structured::ToolMode::Named(_));
+    let mut any_call = matches!(mode, ToolMode::Named(_));
     let sse = named_events(stream, first, move |event| match event {
         Event::Delta { text, .. } => {
             let events = blocks.push(parser.push(&text));
@@ -58,9 +60,8 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
             events.into_iter().map(block_event).collect()
         }
         Event::Finish(finish) => {
-            if matches!(finish.reason, FinishReason::Error | FinishReason::Cancelled) {
-                let message = finish.error.clone().unwrap_or_else(|| "generation stopped: the server is shutting down".into());
-                return vec![("error", json!({"type": "error", "error": {"type": "api_error", "message": message}}))];
+            if let Some(error) = failure(&finish) {
+                return vec![("error", envelope(Dialect::Anthropic, &error))];
             }
             let mut events = blocks.push(parser.finish());
             events.extend(blocks.finish());

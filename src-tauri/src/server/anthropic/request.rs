@@ -7,8 +7,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use crate::server::openai::chat::ChatRequest;
-use crate::server::openai::{CommonParams, StopParam};
+use crate::server::chat::{ChatRequest, CommonParams, StopParam};
 use crate::server::ApiError;
 
 /// The chat request and its parameters; `max_tokens` is required unless `counting` (count_tokens).

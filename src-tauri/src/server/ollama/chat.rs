@@ -12,10 +12,12 @@ use serde_json::{json, Map, Value};
 use super::params::{keep_alive, model_name, Fallback, nanos, not_found, options, timestamp};
 use crate::engine::{Event, Finish, FinishReason, RequestStream};
 use crate::server::extract::ApiJson;
-use crate::server::openai::answer::{AnswerParser, Piece};
-use crate::server::openai::chat::{start, ChatRequest};
-use crate::server::openai::collect;
-use crate::server::openai::structured::answer_shape;
+use crate::server::chat::answer::{AnswerParser, Piece};
+use crate::server::chat::outcome::{collect, failure, text_beside_calls};
+use crate::server::chat::raw::{self, RawError, RawPrompt};
+use crate::server::chat::structured::answer_shape;
+use crate::server::chat::{start, ChatRequest};
+use crate::server::dialect_errors::{envelope, Dialect};
 use crate::server::sse::{frames, ndjson};
 use crate::server::{ApiError, AppState};
 use crate::store::ResidencyError;
@@ -75,23 +77,16 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
     let common = options(&body)?.to_common(&id, streaming)?;
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
     if raw || !suffix.is_empty() {
-        let served = state.models.serve(Some(&id)).await.map_err(|e| named(e.into(), &name, &id))?;
-        let info = served.engine.model_info().clone();
-        let text = if suffix.is_empty() {
-            prompt
-        } else {
-            crate::server::fim::prompt(&info.tokenizer, &prompt, &suffix)
-                .ok_or_else(|| ApiError::invalid("suffix", format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens")))?
-        };
-        let ids = info.tokenizer.encode(&text, true, true).map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut request = common.to_request(&state, &info, ids, None)?;
+        let prompt = if suffix.is_empty() { RawPrompt::Text(&prompt) } else { RawPrompt::Fim { prefix: &prompt, suffix: &suffix } };
         // `format` holds for raw prompts too: the grammar alone decides the shape.
-        let format = response_format(body.get("format"))?;
-        request.grammar = answer_shape(None, None, None, format.as_ref(), "")?.grammar;
-        let stream = served.engine.submit(request)?;
-        apply_keep_alive(&state, &served.id, keep);
+        let grammar = answer_shape(None, None, None, response_format(body.get("format"))?.as_ref(), "")?.grammar;
+        let started = raw::start(&state, Some(&id), prompt, &common, None, grammar).await.map_err(|e| match e {
+            RawError::NoFim => ApiError::invalid("suffix", format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens")),
+            RawError::Api(e) => named(e, &name, &id),
+        })?;
+        apply_keep_alive(&state, &started.model, keep);
         let render = Render { name, kind: Kind::Generate, parser: None, began, load: began.elapsed() };
-        return respond(render, stream, streaming).await;
+        return respond(render, started.stream, streaming).await;
     }
     let mut messages = Vec::new();
     if !system.is_empty() {
@@ -328,7 +323,7 @@ async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> 
         part.add(pieces);
         part.add(render.rest());
         if !part.calls.is_empty() {
-            part.content = part.content.trim().to_string();
+            part.content = text_beside_calls(&part.content).unwrap_or_default();
         }
         return Ok(Json(render.done(part, &done.finish)).into_response());
     }
@@ -346,11 +341,9 @@ async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> 
                     vec![render.line(part, false)]
                 }
             }
-            Event::Finish(finish) => match finish.reason {
-                FinishReason::Error | FinishReason::Cancelled => {
-                    vec![json!({"error": finish.error.clone().unwrap_or_else(|| "generation failed".into())})]
-                }
-                _ => {
+            Event::Finish(finish) => match failure(&finish) {
+                Some(error) => vec![envelope(Dialect::Ollama, &error)],
+                None => {
                     let mut part = Part::default();
                     let rest = render.rest();
                     part.add(rest);
@@ -384,7 +377,7 @@ mod tests {
 
     #[test]
     fn parsed_calls_become_ollama_tool_calls_with_object_arguments() {
-        use crate::server::openai::tool_calls::ToolCall;
+        use crate::server::chat::tool_calls::ToolCall;
         let mut part = Part::default();
         part.add(vec![Piece::Reasoning("hm".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })]);
         let render = Render { name: "qwen3:8b".into(), kind: Kind::Chat, parser: None, began: Instant::now(), load: Duration::ZERO };

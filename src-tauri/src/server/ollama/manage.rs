@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::params::{model_name, not_found, Fallback};
+use super::params::{hub_repo, model_name, not_found, Fallback};
 use crate::server::extract::ApiJson;
 use crate::server::sse::ndjson;
 use crate::server::{ApiError, AppState};
@@ -37,20 +37,6 @@ pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     }
     let first = futures_util::stream::iter([json!({"status": "pulling manifest"})]);
     Ok(ndjson(futures_util::StreamExt::chain(first, progress_lines(watch))))
-}
-
-/// `owner/name[:tag]` after an optional `hf.co/` or `huggingface.co/`; the tag (not `latest`)
-/// selects a GGUF quantization.
-pub fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
-    let name = name.strip_prefix("https://").unwrap_or(name);
-    let name = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/")).unwrap_or(name);
-    let (repo, tag) = match name.rsplit_once(':') {
-        Some((repo, tag)) => (repo, Some(tag).filter(|t| !t.is_empty() && *t != "latest")),
-        None => (name, None),
-    };
-    let parts: Vec<&str> = repo.split('/').collect();
-    let valid = parts.len() == 2 && parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".." && !p.contains(char::is_whitespace));
-    valid.then(|| (repo.to_string(), tag.map(str::to_string)))
 }
 
 /// Ollama's progress lines, at most every 250 ms, then `success` or an error line.
@@ -89,17 +75,3 @@ pub async fn delete(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repo_names() {
-        assert_eq!(hub_repo("mlx-community/Qwen2.5-0.5B-Instruct-4bit"), Some(("mlx-community/Qwen2.5-0.5B-Instruct-4bit".into(), None)));
-        assert_eq!(hub_repo("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"), Some(("bartowski/Llama-3.2-1B-Instruct-GGUF".into(), Some("Q4_K_M".into()))));
-        assert_eq!(hub_repo("huggingface.co/a/b:latest"), Some(("a/b".into(), None)));
-        assert_eq!(hub_repo("llama3.2"), None);
-        assert_eq!(hub_repo("llama3.2:3b"), None);
-        assert_eq!(hub_repo("a/../b"), None);
-    }
-}

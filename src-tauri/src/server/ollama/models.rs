@@ -63,7 +63,7 @@ pub async fn show(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         None => chat_template_source(&model.path),
     };
     let fim = match &loaded {
-        Some(info) => crate::server::fim::markers(&info.tokenizer).is_some(),
+        Some(info) => crate::server::chat::fim::markers(&info.tokenizer).is_some(),
         None => std::fs::read_to_string(model.path.join("tokenizer_config.json")).is_ok_and(|t| t.contains("fim_prefix") || t.contains("<PRE>")),
     };
     let summary = &model.summary;

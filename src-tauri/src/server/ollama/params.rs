@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::server::openai::{CommonParams, StopParam};
+use crate::server::chat::{CommonParams, StopParam};
 use crate::server::{ApiError, AppState};
 
 /// `options`: the model parameters Ollama clients send. Others are accepted and ignored, as
@@ -167,7 +167,7 @@ fn pulled_model(state: &AppState, name: &str) -> Option<String> {
     if !(lower.starts_with("hf.co/") || lower.starts_with("huggingface.co/")) {
         return None;
     }
-    let (repo, tag) = super::manage::hub_repo(name)?;
+    let (repo, tag) = hub_repo(name)?;
     let tag = tag.map(|t| t.to_ascii_lowercase());
     let prefix = format!("{repo}/");
     state.models.local_models().into_iter().map(|m| m.id).find(|id| {
@@ -177,7 +177,8 @@ fn pulled_model(state: &AppState, name: &str) -> Option<String> {
 
 /// Ollama's message for a model it does not have.
 pub fn not_found(name: &str) -> ApiError {
-    ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found_error", format!("model \"{name}\" not found, try pulling it first"))
+    let name = crate::server::error::shown(name);
+    ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found_error", format!("model {name} not found, try pulling it first"))
 }
 
 /// Ollama's timestamps: RFC 3339 with nanoseconds.
@@ -189,9 +190,33 @@ pub fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
 }
 
+/// `owner/name[:tag]` after an optional `hf.co/` or `huggingface.co/`; the tag (not `latest`)
+/// selects a GGUF quantization.
+pub fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
+    let name = name.strip_prefix("https://").unwrap_or(name);
+    let name = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/")).unwrap_or(name);
+    let (repo, tag) = match name.rsplit_once(':') {
+        Some((repo, tag)) => (repo, Some(tag).filter(|t| !t.is_empty() && *t != "latest")),
+        None => (name, None),
+    };
+    let parts: Vec<&str> = repo.split('/').collect();
+    let valid = parts.len() == 2 && parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".." && !p.contains(char::is_whitespace));
+    valid.then(|| (repo.to_string(), tag.map(str::to_string)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repo_names() {
+        assert_eq!(hub_repo("mlx-community/Qwen2.5-0.5B-Instruct-4bit"), Some(("mlx-community/Qwen2.5-0.5B-Instruct-4bit".into(), None)));
+        assert_eq!(hub_repo("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"), Some(("bartowski/Llama-3.2-1B-Instruct-GGUF".into(), Some("Q4_K_M".into()))));
+        assert_eq!(hub_repo("huggingface.co/a/b:latest"), Some(("a/b".into(), None)));
+        assert_eq!(hub_repo("llama3.2"), None);
+        assert_eq!(hub_repo("llama3.2:3b"), None);
+        assert_eq!(hub_repo("a/../b"), None);
+    }
     use serde_json::json;
 
     #[test]

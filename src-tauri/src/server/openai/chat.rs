@@ -1,153 +1,32 @@
-//! `POST /v1/chat/completions`, streaming and not.
+//! `POST /v1/chat/completions`, streaming and not: the chat core's answer in OpenAI's shapes.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
-use super::answer::{AnswerParser, Piece};
-use super::reasoning::ReasoningSplitter;
-use super::structured::{answer_shape, AnswerShape, ToolMode};
-use super::tool_calls::ToolCall as ParsedCall;
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs, FunctionCall, FunctionCallDelta,
     TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
 };
-use super::{collect, finish_reason, now, stream_error, to_json, CommonParams};
-use std::sync::Arc;
-
-use crate::engine::{Event, FinishReason, ModelInfo, RequestStream, TokenLogprob as EngineLogprob};
+use super::{finish_reason, to_json};
+use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
+use crate::server::chat::answer::Piece;
+use crate::server::chat::outcome::{collect, failure, Whole};
+use crate::server::chat::structured::ToolMode;
+use crate::server::chat::tool_calls::ToolCall as ParsedCall;
+use crate::server::chat::{call_id, start, ChatRequest, CommonParams, StartedChat};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
-use crate::store::Served;
-use crate::tokenizer::chat_template::RenderRequest;
 use crate::tokenizer::Tokenizer;
-
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-pub struct ChatRequest {
-    /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text or text parts, ...}`;
-    /// assistant turns may carry `tool_calls`, tool turns a `tool_call_id`.
-    #[schema(value_type = Vec<Object>)]
-    pub messages: Vec<Value>,
-    /// `[{"type": "function", "function": {"name", "description", "parameters": JSON Schema}}]`.
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub tools: Option<Vec<Value>>,
-    /// `"auto"` (default), `"none"`, `"required"`, or `{"type": "function", "function": {"name": ...}}`;
-    /// the last two are enforced by constrained decoding.
-    #[schema(value_type = Option<Object>)]
-    pub tool_choice: Option<Value>,
-    /// `false`: at most one call with `tool_choice: "required"`.
-    pub parallel_tool_calls: Option<bool>,
-    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"name", "schema"}}`;
-    /// JSON answers are enforced by constrained decoding.
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<Value>,
-    /// Report each token's log-probability.
-    pub logprobs: Option<bool>,
-    /// With `logprobs`: this many alternatives per token (at most 20).
-    pub top_logprobs: Option<u32>,
-    /// Extra chat-template variables (vLLM's name), e.g. `{"enable_thinking": false}` for Qwen 3.
-    #[schema(value_type = Option<Object>)]
-    pub chat_template_kwargs: Option<Map<String, Value>>,
-    /// The last message is an assistant turn to continue (vLLM's name; Anthropic's prefill):
-    /// the answer carries on from its text instead of starting a new turn.
-    pub continue_final_message: Option<bool>,
-}
-
-/// A chat generation under way, with what a dialect needs to render it. Other dialects (Ollama,
-/// Anthropic, Responses) translate their requests into OpenAI's, the server's common form.
-pub struct StartedChat {
-    /// The served model's id.
-    pub model: String,
-    pub stream: RequestStream,
-    /// Splits the generated text into text, reasoning and tool calls.
-    pub parser: AnswerParser,
-    pub mode: ToolMode,
-    pub tokenizer: Arc<Tokenizer>,
-    /// `Some(top)` when per-token log-probabilities were asked for.
-    pub logprobs: Option<usize>,
-    pub prompt_tokens: usize,
-}
-
-/// A chat request's prompt, rendered and tokenized, with what generation needs next.
-pub struct RenderedChat {
-    pub served: Served,
-    pub info: ModelInfo,
-    pub text: String,
-    pub prompt_ids: Vec<u32>,
-    pub shape: AnswerShape<'static>,
-}
-
-/// Validates the messages and tools, renders the chat template and tokenizes (loading the
-/// model if it is not loaded).
-pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>) -> Result<RenderedChat, ApiError> {
-    let served = state.models.serve(state.resolve_model(model).as_deref()).await?;
-    let info = served.engine.model_info().clone();
-    let messages = normalize_messages(&request.messages, state.config.max_messages)?;
-    let template = info
-        .chat_template
-        .as_ref()
-        .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt"))?;
-    let mut messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
-    if template.source().contains("length != 9") {
-        nine_character_call_ids(&mut messages);
-    }
-    let prefill = match request.continue_final_message {
-        Some(true) => Some(final_assistant_text(&mut messages)?),
-        _ => None,
-    };
-    let shape = answer_shape(
-        request.tools.as_deref(),
-        request.tool_choice.as_ref(),
-        request.parallel_tool_calls,
-        request.response_format.as_ref(),
-        template.source(),
-    )?;
-    let render = RenderRequest {
-        messages: &messages,
-        tools: shape.prompt_tools,
-        add_generation_prompt: true,
-        extra: request.chat_template_kwargs.clone().unwrap_or_default(),
-    };
-    let mut text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    if let Some(prefill) = prefill {
-        text.push_str(&prefill);
-    }
-    let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
-    let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
-    Ok(RenderedChat { served, info, text, prompt_ids, shape })
-}
-
-/// Validates, renders the chat template, tokenizes and submits.
-pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
-    let RenderedChat { served, info, text, prompt_ids, shape } = render(state, request, common.model.as_deref()).await?;
-    let template = info.chat_template.as_ref().expect("rendered with a template");
-    let prompt_tokens = prompt_ids.len();
-    let top = request.top_logprobs.unwrap_or(0) as usize;
-    if top > 20 {
-        return Err(ApiError::invalid("top_logprobs", "top_logprobs may be at most 20"));
-    }
-    let logprobs = request.logprobs.unwrap_or(false).then_some(top);
-    let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
-    if let ToolMode::Auto(format) = shape.mode {
-        engine_request.special_text_tokens = format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
-    }
-    // A grammar decides the whole answer; a think block would break it.
-    let reasoning = if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
-    let parser = AnswerParser::new(&shape.mode, reasoning);
-    engine_request.grammar = shape.grammar.clone();
-    let stream = served.engine.submit(engine_request)?;
-    Ok(StartedChat { model: served.id, stream, parser, mode: shape.mode, tokenizer: info.tokenizer.clone(), logprobs, prompt_tokens })
-}
 
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
     let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } = start(&state, &request, &common).await?;
     let id = format!("chatcmpl-{}", stream.id);
-    let created = now();
+    let created = crate::server::unix_time();
     let forced = matches!(mode, ToolMode::Named(_));
     // A forced named call ends with "stop" (as OpenAI's); calls the model chose, with "tool_calls".
     let finish_of = move |reason: FinishReason, calls: bool| match reason {
@@ -160,7 +39,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         let logprobs = logprobs.map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
         let mut pieces = parser.push(&done.text);
         pieces.extend(parser.finish());
-        let answer = Answer::from_pieces(pieces, &mode);
+        let answer = Whole::from_pieces(pieces, &mode);
         let finish = finish_of(done.finish.reason, !answer.calls.is_empty());
         let message = AssistantMessage {
             role: "assistant",
@@ -222,8 +101,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             out.iter().map(to_json).collect()
         }
         Event::Finish(finish) => {
-            if let Some(error) = stream_error(&finish) {
-                return vec![error];
+            if let Some(error) = failure(&finish) {
+                return vec![error.body()];
             }
             let mut out: Vec<ChatCompletionChunk> = deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             let last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
@@ -239,37 +118,6 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     Ok(sse.into_response())
 }
 
-/// A whole answer: text, reasoning and calls.
-struct Answer {
-    content: Option<String>,
-    reasoning: String,
-    calls: Vec<ParsedCall>,
-}
-
-impl Answer {
-    fn from_pieces(pieces: Vec<Piece>, mode: &ToolMode) -> Answer {
-        let (mut text, mut reasoning, mut arguments, mut calls) = (String::new(), String::new(), String::new(), Vec::new());
-        for piece in pieces {
-            match piece {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Reasoning(t) => reasoning.push_str(&t),
-                Piece::Arguments(t) => arguments.push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
-        }
-        if let ToolMode::Named(name) = mode {
-            calls.push(ParsedCall { name: name.clone(), arguments });
-        }
-        // With calls, surrounding whitespace is noise and an empty content is null (OpenAI's shape).
-        let content = if calls.is_empty() {
-            Some(text)
-        } else {
-            Some(text.trim().to_string()).filter(|t| !t.is_empty())
-        };
-        Answer { content, reasoning, calls }
-    }
-}
-
 fn tool_call(call: ParsedCall, id: String) -> ToolCall {
     ToolCall { id, kind: "function", function: FunctionCall { name: call.name, arguments: call.arguments } }
 }
@@ -281,136 +129,6 @@ fn call_delta(index: usize, id: Option<String>, name: Option<String>, arguments:
     ChatDelta { tool_calls: Some(vec![ToolCallDelta { index, id, kind, function }]), ..Default::default() }
 }
 
-/// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
-pub fn call_id() -> String {
-    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = crate::sampling::Rng::from_entropy();
-    let id: String = (0..9).map(|_| CHARS[(rng.next_u64() % CHARS.len() as u64) as usize] as char).collect();
-    format!("call_{id}")
-}
-
-/// Messages as the chat template expects them: `content` as one string (text parts joined),
-/// `developer` as `system`, tool-call arguments as objects (what the templates `tojson`).
-/// Anything malformed is a 400 naming the message.
-pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    if messages.len() > max {
-        return Err(ApiError::invalid("messages", format!("at most {max} messages are allowed")));
-    }
-    messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let mut m = m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
-            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.role must be a string")))?;
-            let role = match role {
-                "system" | "user" | "assistant" | "tool" => role.to_string(),
-                "developer" => "system".to_string(),
-                other => return Err(ApiError::invalid(&param, format!("{param}.role {other:?} is not one of system, user, assistant, tool"))),
-            };
-            m.insert("role".into(), Value::String(role));
-            let content = match m.get("content") {
-                None | Some(Value::Null) => Value::Null,
-                Some(Value::String(s)) => Value::String(s.clone()),
-                Some(Value::Array(parts)) => Value::String(join_text_parts(parts, &param)?),
-                Some(_) => return Err(ApiError::invalid(&param, format!("{param}.content must be a string or a list of text parts"))),
-            };
-            m.insert("content".into(), content);
-            if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
-                for call in calls.iter_mut() {
-                    let args = call.pointer("/function/arguments").and_then(Value::as_str).map(str::to_string);
-                    if let Some(parsed) = args.and_then(|a| serde_json::from_str::<Value>(&a).ok()) {
-                        call["function"]["arguments"] = parsed;
-                    }
-                }
-            }
-            Ok(Value::Object(m))
-        })
-        .collect()
-}
-
-/// Takes off the final assistant message, to be continued: its text follows the generation prompt.
-fn final_assistant_text(messages: &mut Vec<Value>) -> Result<String, ApiError> {
-    let last = messages.last().filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none_or(Value::is_null));
-    if last.is_none() {
-        return Err(ApiError::invalid("continue_final_message", "continue_final_message needs a final assistant message without tool calls"));
-    }
-    let last = messages.pop().expect("checked");
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "a conversation cannot be only the assistant message to continue"));
-    }
-    Ok(last["content"].as_str().unwrap_or_default().to_string())
-}
-
-/// Mistral's templates refuse tool-call ids that are not 9 characters: each id (the calls' and the
-/// tool results') maps to 9 alphanumerics derived from it, so calls and results still pair up.
-fn nine_character_call_ids(messages: &mut [Value]) {
-    fn nine(id: &str) -> String {
-        if id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()) {
-            return id.to_string();
-        }
-        // FNV-1a, written in base 62 (62^9 > 2^53: distinct ids stay distinct in practice).
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in id.bytes() {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-        (0..9).map(|_| {
-            let c = CHARS[(hash % 62) as usize] as char;
-            hash /= 62;
-            c
-        }).collect()
-    }
-    for m in messages.iter_mut() {
-        if let Some(Value::String(id)) = m.get("tool_call_id") {
-            m["tool_call_id"] = Value::String(nine(id));
-        }
-        if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
-            for call in calls.iter_mut() {
-                if let Some(Value::String(id)) = call.get("id") {
-                    call["id"] = Value::String(nine(id));
-                }
-            }
-        }
-    }
-}
-
-/// For templates that know nothing of tool calls: an assistant turn's calls become its text (the
-/// JSON list `tool_choice: "required"` has the model write), so that the model sees what it
-/// called before the `tool` turns that answer it.
-fn inline_tool_calls(messages: Vec<Value>) -> Vec<Value> {
-    messages
-        .into_iter()
-        .map(|mut m| {
-            let Some(Value::Array(calls)) = m.get("tool_calls").cloned() else { return m };
-            let listed: Vec<Value> = calls
-                .iter()
-                .map(|c| json!({"name": c.pointer("/function/name").cloned().unwrap_or(Value::Null), "arguments": c.pointer("/function/arguments").cloned().unwrap_or(json!({}))}))
-                .collect();
-            let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-            let calls_text = Value::Array(listed).to_string();
-            m["content"] = Value::String(if text.is_empty() { calls_text } else { format!("{text}\n{calls_text}") });
-            m.as_object_mut().map(|o| o.remove("tool_calls"));
-            m
-        })
-        .collect()
-}
-
-fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for part in parts {
-        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(t)) => text.push_str(t),
-            (Some(kind), _) => return Err(ApiError::invalid(param, format!("{param}: content parts of type {kind:?} are not supported"))),
-            _ => return Err(ApiError::invalid(param, format!("{param}: each content part needs a type"))),
-        }
-    }
-    Ok(text)
-}
-
 /// OpenAI's per-token logprob object.
 fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
     let top = |token: u32, logprob: f32| {
@@ -419,33 +137,4 @@ fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
     };
     let chosen = top(l.token, l.logprob);
     TokenLogprob { token: chosen.token, logprob: chosen.logprob, bytes: chosen.bytes, top_logprobs: l.top.iter().map(|(t, lp)| top(*t, *lp)).collect() }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn call_ids_fit_mistral_and_still_pair() {
-        let mut messages = vec![
-            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_AbC123xyZ", "type": "function", "function": {"name": "w"}}, {"id": "ABCDEFGHI", "type": "function", "function": {"name": "w"}}]}),
-            json!({"role": "tool", "tool_call_id": "call_AbC123xyZ", "content": "sunny"}),
-            json!({"role": "tool", "tool_call_id": "ABCDEFGHI", "content": "rain"}),
-        ];
-        nine_character_call_ids(&mut messages);
-        let first = messages[0]["tool_calls"][0]["id"].as_str().unwrap().to_string();
-        assert!(first.len() == 9 && first.chars().all(|c| c.is_ascii_alphanumeric()), "{first}");
-        assert_eq!(messages[1]["tool_call_id"], first.as_str(), "the result still pairs with its call");
-        assert_eq!(messages[0]["tool_calls"][1]["id"], "ABCDEFGHI", "a valid id is kept");
-        assert_eq!(messages[2]["tool_call_id"], "ABCDEFGHI");
-    }
-
-    #[test]
-    fn a_final_assistant_message_is_continued() {
-        let mut messages = vec![json!({"role": "user", "content": "JSON please"}), json!({"role": "assistant", "content": "{\"a\":"})];
-        assert_eq!(final_assistant_text(&mut messages).unwrap(), "{\"a\":");
-        assert_eq!(messages.len(), 1);
-        let mut user_last = vec![json!({"role": "user", "content": "hi"})];
-        assert_eq!(final_assistant_text(&mut user_last).unwrap_err().param.as_deref(), Some("continue_final_message"));
-    }
 }

@@ -8,8 +8,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::types::{Completion, CompletionChoice, CompletionLogprobs, Usage};
-use super::{collect, finish_reason, now, stream_error, to_json, CommonParams};
+use super::{finish_reason, to_json};
 use crate::engine::Event;
+use crate::server::chat::outcome::{collect, failure};
+use crate::server::chat::raw::{self, RawError, RawPrompt, StartedRaw};
+use crate::server::chat::CommonParams;
 use crate::server::extract::{parse, ApiJson};
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
@@ -40,42 +43,33 @@ pub struct CompletionRequest {
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
-    let served = state.models.serve(state.resolve_model(common.model.as_deref()).as_deref()).await?;
-    let info = served.engine.model_info().clone();
     if request.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
-    let encode = |text: &str| info.tokenizer.encode(text, true, true).map_err(|e| ApiError::internal(e.to_string()));
+    let top = request.logprobs.map(|n| n as usize);
+    if top.is_some_and(|n| n > 5) {
+        return Err(ApiError::invalid("logprobs", "logprobs may be at most 5"));
+    }
     let suffix = request.suffix.as_deref().filter(|s| !s.is_empty());
     let prompt = match request.prompt {
         Prompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
         Prompt::TokenLists(mut v) if v.len() == 1 => Prompt::Tokens(v.remove(0)),
         other => other,
     };
-    let prompt_ids = match (prompt, suffix) {
-        // A suffix: fill in the middle, in the model's own markers.
-        (Prompt::Text(t), Some(suffix)) => {
-            let text = crate::server::fim::prompt(&info.tokenizer, &t, suffix)
-                .ok_or_else(|| ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"))?;
-            encode(&text)?
-        }
+    let prompt = match (&prompt, suffix) {
+        (Prompt::Text(t), Some(suffix)) => RawPrompt::Fim { prefix: t, suffix },
         (Prompt::Tokens(_), Some(_)) => return Err(ApiError::invalid("suffix", "suffix needs the prompt as text")),
-        (Prompt::Text(t), None) => encode(&t)?,
-        (Prompt::Tokens(ids), None) => ids,
+        (Prompt::Text(t), None) => RawPrompt::Text(t),
+        (Prompt::Tokens(ids), None) => RawPrompt::Tokens(ids.clone()),
         _ => return Err(ApiError::invalid("prompt", "exactly one prompt is supported per request")),
     };
-    if prompt_ids.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
-    }
-    let top = request.logprobs.map(|n| n as usize);
-    if top.is_some_and(|n| n > 5) {
-        return Err(ApiError::invalid("logprobs", "logprobs may be at most 5"));
-    }
-    let engine_request = common.to_request(&state, &info, prompt_ids, top)?;
-    let stream = served.engine.submit(engine_request)?;
+    let model = state.resolve_model(common.model.as_deref());
+    let StartedRaw { model, info, stream } = raw::start(&state, model.as_deref(), prompt, &common, top, None).await.map_err(|e| match e {
+        RawError::NoFim => ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"),
+        RawError::Api(e) => e,
+    })?;
     let id = format!("cmpl-{}", stream.id);
-    let model = served.id.clone();
-    let created = now();
+    let created = crate::server::unix_time();
     let tokenizer = info.tokenizer.clone();
     let legacy_logprobs = move |entries: &[crate::engine::TokenLogprob]| {
         let token = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
@@ -111,8 +105,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             vec![to_json(&completion(text, None, lp, None))]
         }
         Event::Finish(finish) => {
-            if let Some(error) = stream_error(&finish) {
-                return vec![error];
+            if let Some(error) = failure(&finish) {
+                return vec![error.body()];
             }
             let last = completion(String::new(), Some(finish_reason(finish.reason)), None, None);
             let mut out = vec![to_json(&last)];

@@ -188,23 +188,6 @@ pub struct Completion {
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ErrorDetail {
-    pub message: String,
-    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`, `server_error`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The request parameter at fault, if one is.
-    pub param: Option<String>,
-    pub code: Option<&'static str>,
-}
-
-/// Every error, as a response body and as a mid-stream `data:` event.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Health {
     /// Always `ok`.
     pub status: &'static str,

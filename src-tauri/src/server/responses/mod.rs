@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 
 use super::blocks::{BlockEvent, BlockKind, Blocks, Content};
 use super::extract::ApiJson;
-use super::openai::chat::{start, StartedChat};
-use super::openai::{collect, now};
+use super::chat::outcome::{collect, failure};
+use super::chat::{start, StartedChat};
+use super::unix_time as now;
 use super::sse::named_events;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
@@ -42,10 +43,9 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
     let sse = named_events(stream, first, move |event| match event {
         Event::Delta { text, .. } => blocks.push(parser.push(&text)).into_iter().flat_map(|e| response.apply(e)).collect(),
         Event::Finish(finish) => {
-            if matches!(finish.reason, FinishReason::Error | FinishReason::Cancelled) {
-                let message = finish.error.clone().unwrap_or_else(|| "generation stopped: the server is shutting down".into());
+            if let Some(error) = failure(&finish) {
                 let mut failed = response.snapshot("failed");
-                failed["error"] = json!({"code": "server_error", "message": message});
+                failed["error"] = json!({"code": "server_error", "message": error.message});
                 return vec![response.event("response.failed", json!({"response": failed}))];
             }
             let mut events = blocks.push(parser.finish());

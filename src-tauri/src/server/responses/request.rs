@@ -5,8 +5,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::server::openai::chat::ChatRequest;
-use crate::server::openai::CommonParams;
+use crate::server::chat::{ChatRequest, CommonParams};
 use crate::server::ApiError;
 
 pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {

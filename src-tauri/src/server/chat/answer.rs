@@ -102,7 +102,7 @@ fn parse_call_list(text: &str) -> Option<Vec<ToolCall>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::openai::tool_calls::ToolFormat;
+    use crate::server::chat::tool_calls::ToolFormat;
 
     fn run(mode: ToolMode, thinking: Option<bool>, pieces: &[&str]) -> Vec<Piece> {
         let mut p = AnswerParser::new(&mode, thinking.map(ReasoningSplitter::new));
