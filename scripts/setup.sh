@@ -9,8 +9,8 @@
 #   - Node.js and the web UI, built into ui/dist (served at /ui/, embedded in release builds)
 # With --test, also what the test suite needs:
 #   - a Python venv (.cache/venv) with the pinned reference tools (mlx, mlx-lm, transformers)
-#     and the real client libraries the API is tested with (openai, pytest)
-#   - the openai npm package (tests/clients/node_modules)
+#     and the real client libraries the API is tested with (openai, pytest, pytest-timeout)
+#   - the openai npm package (tests/clients/node_modules), the web UI's packages (its type check)
 #   - Chromium and playwright-core for the UI tests (tests/ui/node_modules); Xvfb and
 #     WebKitWebDriver for the desktop app's end-to-end test
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
@@ -168,6 +168,8 @@ if ((FOR_TESTS)); then
     echo "$REQS_SUM" > "$VENV/.requirements"
   fi
   npm_ci "$ROOT/tests/clients" "the npm client libraries"
+  # TypeScript for the UI's type check (an up-to-date ui/dist alone does not install it).
+  npm_ci "$UI" "the web UI's packages"
   # The UI tests drive Debian's Chromium through playwright-core (which cannot download a browser here).
   # The desktop app's end-to-end test runs the real window under Xvfb through WebKitWebDriver.
   if [[ "$OS" == "Linux" ]]; then

@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::OutputWithin;
+
 use std::process::Command;
 
 fn fastmlx() -> Command {
@@ -13,8 +15,7 @@ fn generate_streams_text_and_reports_speed_and_memory() {
     let out = fastmlx()
         .args(["generate", "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "12"])
         .env("FASTMLX_MODEL", common::smollm2_gguf())
-        .output()
-        .unwrap();
+        .output_within();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -27,13 +28,12 @@ fn generate_streams_text_and_reports_speed_and_memory() {
 fn sampling_with_a_seed_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny");
-    assert!(fastmlx().args(["make-test-model", "--arch", "qwen3"]).arg(&model).status().unwrap().success());
+    assert!(fastmlx().args(["make-test-model", "--arch", "qwen3"]).arg(&model).output_within().status.success());
     let run = |seed: &str| {
         let out = fastmlx()
             .args(["generate", "--prompt", "abc", "--max-tokens", "16", "--temp", "0.9", "--seed", seed, "--ignore-eos", "-m"])
             .arg(&model)
-            .output()
-            .unwrap();
+            .output_within();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out.stdout
     };
@@ -43,7 +43,7 @@ fn sampling_with_a_seed_is_reproducible() {
 
 #[test]
 fn bad_input_is_a_clear_error_not_a_crash() {
-    let out = fastmlx().args(["generate", "-m", "/no/such/model"]).output().unwrap();
+    let out = fastmlx().args(["generate", "-m", "/no/such/model"]).output_within();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/no/such/model") && stderr.contains("not found"), "{stderr}");
@@ -51,8 +51,7 @@ fn bad_input_is_a_clear_error_not_a_crash() {
     let out = fastmlx()
         .args(["generate", "--top-p", "0", "--prompt", "x"])
         .env("FASTMLX_MODEL", common::smollm2_gguf())
-        .output()
-        .unwrap();
+        .output_within();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
 }
@@ -72,13 +71,13 @@ fn config_file_is_below_environment_and_flags() {
         if let Some(m) = flag {
             cmd.args(["-m", m]);
         }
-        String::from_utf8_lossy(&cmd.output().unwrap().stderr).to_string()
+        String::from_utf8_lossy(&cmd.output_within().stderr).to_string()
     };
     assert!(run(None, None).contains("/from/file"));
     assert!(run(Some("/from/env"), None).contains("/from/env"));
     assert!(run(Some("/from/env"), Some("/from/flag")).contains("/from/flag"));
     std::fs::write(&config, "port = [1, {x = 2}]\n").unwrap();
-    let out = fastmlx().arg("generate").env("FASTMLX_CONFIG", &config).output().unwrap();
+    let out = fastmlx().arg("generate").env("FASTMLX_CONFIG", &config).output_within();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config file"));
 }
@@ -90,10 +89,10 @@ fn ls_and_rm_over_the_model_folders() {
     let dir = tempfile::tempdir().unwrap();
     let (own, hf) = (dir.path().join("own"), dir.path().join("hf"));
     let snapshot = hf.join("models--mlx-community--tiny/snapshots/r1");
-    assert!(fastmlx().args(["make-test-model", "--arch", "qwen2"]).arg(&snapshot).status().unwrap().success());
-    assert!(fastmlx().args(["make-test-model", "--arch", "llama"]).arg(own.join("mine")).status().unwrap().success());
+    assert!(fastmlx().args(["make-test-model", "--arch", "qwen2"]).arg(&snapshot).output_within().status.success());
+    assert!(fastmlx().args(["make-test-model", "--arch", "llama"]).arg(own.join("mine")).output_within().status.success());
     let run = |args: &[&str]| {
-        let out = fastmlx().args(args).env("FASTMLX_MODELS_DIR", &own).env("HF_HUB_CACHE", &hf).env("LMSTUDIO_MODELS_DIR", dir.path().join("none")).output().unwrap();
+        let out = fastmlx().args(args).env("FASTMLX_MODELS_DIR", &own).env("HF_HUB_CACHE", &hf).env("LMSTUDIO_MODELS_DIR", dir.path().join("none")).output_within();
         (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
     };
     let (ok, text) = run(&["ls"]);

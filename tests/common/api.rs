@@ -47,11 +47,18 @@ pub fn get(uri: &str) -> Request<Body> {
     Request::get(uri).header(header::HOST, "127.0.0.1:8080").body(Body::empty()).unwrap()
 }
 
+/// Longest a test request may take, answer and body, before the test fails (not hangs).
+pub const REQUEST_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub async fn send(h: &Harness, request: Request<Body>) -> (StatusCode, String) {
-    let response = app(h.state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).to_string())
+    let what = format!("{} {}", request.method(), request.uri());
+    let exchange = async {
+        let response = app(h.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).to_string())
+    };
+    tokio::time::timeout(REQUEST_LIMIT, exchange).await.unwrap_or_else(|_| panic!("{what}: no answer within {REQUEST_LIMIT:?}"))
 }
 
 pub async fn send_json(h: &Harness, request: Request<Body>) -> (StatusCode, Value) {

@@ -52,3 +52,43 @@ pub fn greedy(model: &LoadedModel, prompt_ids: Vec<u32>, max_tokens: usize) -> G
     let request = GenerateRequest { prompt_ids, params: SamplingParams::greedy(), max_tokens, stop: vec![], ignore_eos: true };
     generate(model, &request, |_| {}).expect("generation")
 }
+
+/// How long a command a test runs may take before the test fails (instead of hanging).
+pub const COMMAND_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `Command::output`, but killed, and the test failed with the command line, past [`COMMAND_LIMIT`].
+pub trait OutputWithin {
+    fn output_within(&mut self) -> std::process::Output;
+}
+
+impl OutputWithin for std::process::Command {
+    fn output_within(&mut self) -> std::process::Output {
+        use std::io::Read;
+        use std::process::Stdio;
+        let what = format!("{self:?}");
+        let mut child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+        // Read both pipes while waiting, so a chatty child never blocks on a full pipe.
+        let read = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        };
+        let stdout = read(Box::new(child.stdout.take().expect("piped")));
+        let stderr = read(Box::new(child.stderr.take().expect("piped")));
+        let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what}: still running after {COMMAND_LIMIT:?}; killed");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        std::process::Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+    }
+}

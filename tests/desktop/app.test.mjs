@@ -3,10 +3,12 @@
 // from the Models page, chats in the chat window (opened by the app's own `open_chat` command)
 // and sees the streamed answer, watches the Live graphs move while requests run, changes a
 // setting and sees it applied. Screenshots of each page go to target/desktop-screenshots/.
+// The app is a tray app: it outlives the WebDriver session, so the teardown ends every process
+// this file started (found by a marker in their environment), and none of them holds node's pipes.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, closeSync, mkdtempSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -16,9 +18,87 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
 const binary = process.env.FASTMLX_BIN ?? path.join(root, "target/debug/fastmlx");
 const driverBinary = process.env.WEBKIT_WEBDRIVER ?? "/usr/bin/WebKitWebDriver";
 const shots = path.join(root, "target/desktop-screenshots");
+const driverLog = path.join(root, "target/desktop-webdriver.log");
 const SMOL = "SmolLM2-135M-Instruct.Q4_1";
 
-let driver, driverUrl, session, tmp, driverLog = "";
+let driver, driverUrl, session, tmp, marker, appPid;
+
+/** Our processes whose environment holds this run's marker: the driver, the app it launched, the app's WebKit helpers. */
+function markedPids() {
+  const pids = [];
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/environ`, "latin1").split("\0").includes(marker)) pids.push(Number(name));
+    } catch {
+      // Gone meanwhile, or not ours to read.
+    }
+  }
+  return pids;
+}
+
+function signalAll(pids, sig) {
+  for (const pid of pids) {
+    try {
+      process.kill(pid, sig);
+    } catch {
+      // Already gone.
+    }
+  }
+}
+
+/** A process's state letter and parent pid, or null once it is gone. */
+function stat(pid) {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, "latin1");
+    const [state, ppid] = text.slice(text.lastIndexOf(")") + 2).split(" ");
+    return { state, ppid: Number(ppid) };
+  } catch {
+    return null;
+  }
+}
+
+// A zombie is dead already: only its parent's wait is missing.
+const running = (pid) => !["Z", "X", undefined].includes(stat(pid)?.state);
+
+/** Waits up to 5 s for `pids` to end. */
+async function gone(pids) {
+  const end = Date.now() + 5_000;
+  while (pids.some(running) && Date.now() < end) await new Promise((r) => setTimeout(r, 100));
+}
+
+/**
+ * Ends everything this file started: SIGTERM, then SIGKILL what is still there after 5 s.
+ * Children before parents (the app's WebKit helpers, the app, then the driver), so that each is
+ * reaped by its parent rather than left to an init that may never reap it.
+ */
+async function endStarted() {
+  if (!marker) return;
+  const termed = [];
+  const killed = [];
+  for (let round = 0; round < 10; round++) {
+    const live = markedPids().filter(running);
+    if (!live.length) break;
+    const leaves = live.filter((pid) => !live.some((other) => stat(other)?.ppid === pid));
+    signalAll(leaves, "SIGTERM");
+    termed.push(...leaves);
+    await gone(leaves);
+    const stubborn = leaves.filter(running);
+    signalAll(stubborn, "SIGKILL");
+    killed.push(...stubborn);
+    await gone(stubborn);
+  }
+  appendFileSync(driverLog, `\ntest teardown: SIGTERM to ${termed.join(" ") || "none"} (the app: ${appPid ?? "not seen"}); SIGKILL to ${killed.join(" ") || "none"}\n`);
+}
+
+// The runner ends this file with SIGTERM when it passes its --test-timeout, and `after` does not run then.
+for (const sig of ["SIGTERM", "SIGINT"]) {
+  process.once(sig, async () => {
+    await endStarted();
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
+    process.exit(1);
+  });
+}
 
 function freePort() {
   return new Promise((resolve) => {
@@ -83,15 +163,17 @@ async function api(route, init = {}) {
 
 before(async () => {
   tmp = mkdtempSync(path.join(tmpdir(), "fastmlx-desktop-"));
+  marker = `FASTMLX_DESKTOP_TEST=${path.basename(tmp)}`;
   const models = path.join(tmp, "models");
   const empty = path.join(tmp, "empty");
   mkdirSync(empty);
   execFileSync(binary, ["make-test-model", "--arch", "llama", path.join(models, "tiny-llama")], { stdio: "ignore" });
   const port = await freePort();
   driverUrl = `http://127.0.0.1:${port}`;
-  // The app inherits the driver's environment.
+  // The app inherits the driver's environment, marker included.
   const env = {
     ...process.env,
+    FASTMLX_DESKTOP_TEST: path.basename(tmp),
     TAURI_WEBVIEW_AUTOMATION: "true",
     FASTMLX_MODELS_DIR: models,
     HF_HUB_CACHE: empty,
@@ -101,9 +183,12 @@ before(async () => {
     XDG_DATA_HOME: path.join(tmp, "data"),
   };
   delete env.FASTMLX_API_KEY;
-  driver = spawn(driverBinary, [`--port=${port}`], { env, stdio: ["ignore", "pipe", "pipe"] });
-  driver.stdout.on("data", (d) => (driverLog += d));
-  driver.stderr.on("data", (d) => (driverLog += d));
+  // Output to a file, not a pipe: the app inherits it, and a pipe it holds open would keep
+  // `node --test` waiting for this file's output long after the tests ended.
+  mkdirSync(path.dirname(driverLog), { recursive: true });
+  const log = openSync(driverLog, "w");
+  driver = spawn(driverBinary, [`--port=${port}`], { env, stdio: ["ignore", log, log] });
+  closeSync(log);
   await until(async () => (await fetch(`${driverUrl}/status`)).ok, "WebKitWebDriver", 20_000);
   const res = await fetch(`${driverUrl}/session`, {
     method: "POST",
@@ -111,20 +196,26 @@ before(async () => {
     body: JSON.stringify({ capabilities: { alwaysMatch: { "webkitgtk:browserOptions": { binary, args: ["app", "--port", "0"] } } } }),
   });
   const json = await res.json();
-  assert.ok(res.ok, `no session: ${JSON.stringify(json)} ${driverLog}`);
+  assert.ok(res.ok, `no session: ${JSON.stringify(json)} ${readFileSync(driverLog, "utf8")}`);
   session = json.value.sessionId;
+  // The app's own pid, for the teardown (the driver starts it and does not end it).
+  const exe = realpathSync(binary);
+  const exeOf = (pid) => {
+    try {
+      // " (deleted)": the binary was rebuilt since the app started.
+      return readlinkSync(`/proc/${pid}/exe`).replace(/ \(deleted\)$/, "");
+    } catch {
+      return null;
+    }
+  };
+  appPid = await until(() => markedPids().find((pid) => pid !== driver.pid && exeOf(pid) === exe), "the app's process", 20_000);
 });
 
 after(async () => {
-  if (session) await fetch(`${driverUrl}/session/${session}`, { method: "DELETE" }).catch(() => {});
-  if (driver && driver.exitCode === null) {
-    // SIGTERM: a killed WebKitWebDriver leaves its browser behind.
-    driver.kill("SIGTERM");
-    await new Promise((r) => setTimeout(r, 1000));
-  }
-  mkdirSync(path.join(root, "target"), { recursive: true });
-  writeFileSync(path.join(root, "target/desktop-webdriver.log"), driverLog);
-  rmSync(tmp, { recursive: true, force: true });
+  if (session) await fetch(`${driverUrl}/session/${session}`, { method: "DELETE", signal: AbortSignal.timeout(15_000) }).catch(() => {});
+  // Closing the session closes the window, not the tray app: end it, the driver and their helpers.
+  await endStarted();
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
 });
 
 test("the dashboard window shows the UI with the app's API address", async () => {
