@@ -69,6 +69,27 @@ fn no_dialect_imports_the_openai_dialect() {
 }
 
 #[test]
+fn no_dialect_imports_another() {
+    let dialects = ["openai", "anthropic", "ollama", "responses"];
+    let mut offenders = Vec::new();
+    for dialect in dialects {
+        for (file, text) in sources(&src(&format!("server/{dialect}"))) {
+            for path in imports(&text) {
+                let other = dialects.iter().filter(|d| **d != dialect).find(|d| {
+                    // From a dialect's mod.rs, `super::` is `server::` already.
+                    let from_mod = file.ends_with("/mod.rs") && path.starts_with(&format!("super::{d}"));
+                    path.starts_with(&format!("crate::server::{d}")) || path.starts_with(&format!("super::super::{d}")) || from_mod
+                });
+                if other.is_some() {
+                    offenders.push(format!("{file}: {path}"));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "dialects translate into the chat core, never through each other:\n{}", offenders.join("\n"));
+}
+
+#[test]
 fn the_chat_core_imports_no_dialect() {
     let dialects = ["openai", "anthropic", "ollama", "responses"];
     let mut offenders = Vec::new();

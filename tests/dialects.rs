@@ -145,7 +145,10 @@ async fn ollama_chat_and_generate() {
     let raw = json!({"model": h.id, "prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "raw": true, "options": options});
     let (_, raw_body) = app_response(&h, post("/api/generate", raw.to_string())).await;
     let raw_lines = ndjson(&raw_body);
-    assert!(raw_lines.last().unwrap()["prompt_eval_count"].as_u64().unwrap() >= 8, "the raw prompt's special tokens, as they are");
+    // Nine tokens with the special tokens kept whole (dozens if they were spelled out); fewer are
+    // evaluated when the prefix cache holds the start of the prompt from the requests above.
+    let evaluated = raw_lines.last().unwrap()["prompt_eval_count"].as_u64().unwrap();
+    assert!((1..=9).contains(&evaluated), "the raw prompt's special tokens, as they are: {evaluated}");
     let (status, error) = send_json(&h, post("/api/generate", json!({"model": h.id, "prompt": "def f(", "suffix": "return x", "stream": false}).to_string())).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error["error"].as_str().unwrap().contains("does not support insert"), "{error}");

@@ -19,6 +19,8 @@ def server(tmp_path_factory):
     # Model discovery looks only at empty folders: the machine's own models stay out of the tests.
     empty = tmp_path_factory.mktemp("no-models")
     env = {**os.environ, "FASTMLX_MODELS_DIR": str(empty), "HF_HUB_CACHE": str(empty), "LMSTUDIO_MODELS_DIR": str(empty)}
+    # The prefix cache's disk tier in a folder of its own, not the machine's cache.
+    env["FASTMLX_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     # `--ollama-port 0`: the second listener, where Ollama clients look, on a free port here.
     command = [str(BINARY), "serve", "--port", "0", "--ollama-port", "0", "--max-batch", "16"]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -294,6 +294,19 @@ describe("web UI", { concurrency: false }, () => {
       assert.ok(rows.slice(0, 4).every((r) => r.includes(SMOL)));
       const summary = page.locator(`[data-testid=model-summary-row][data-model="${SMOL}"]`);
       await summary.waitFor();
+
+      // The same prompt again: its row shows the reused tokens, the model its hit rate and cache size.
+      const again = {
+        model: SMOL,
+        messages: [{ role: "user", content: "Tell me a short fact about the number 7." }],
+        max_tokens: 8,
+        temperature: 0,
+      };
+      const answer = await api(server, "/v1/chat/completions", { method: "POST", json: again });
+      const reused = answer.usage.prompt_tokens_details.cached_tokens;
+      assert.ok(reused > 0, "a prefix-cache hit");
+      await until(async () => (await text(page.getByTestId("recent-reused").first())).startsWith(String(reused)), "the reused tokens shown");
+      assert.match(await text(summary.getByTestId("prefix-cache")), /\d+% · \d+ tok · [\d.]+ \w?B/);
       await screenshot(page, "live");
       assertClean(page);
     } finally {
@@ -401,6 +414,13 @@ describe("web UI", { concurrency: false }, () => {
       await page.getByTestId("settings-form").waitFor();
       await until(async () => (await page.getByTestId("keep-alive").inputValue()) === "900", "keep-alive after reload");
       assert.equal(await page.getByTestId("max-batch").inputValue(), "4");
+
+      // The prefix cache: its size saved like the rest, and cleared from here.
+      await page.getByTestId("prefix-cache-mb").fill("256");
+      await page.getByTestId("settings-save").click();
+      await until(async () => (await api(server, "/admin/settings")).prefix_cache_mb === 256, "prefix cache size saved");
+      await page.getByTestId("clear-prefix-cache").click();
+      assert.match(await text(page.getByTestId("prefix-cache-cleared")), /Cleared for|No model loaded/);
 
       // Back to never unloading.
       await page.getByTestId("keep-alive").fill("");

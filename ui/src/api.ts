@@ -235,6 +235,7 @@ export interface Settings {
   api_key_set: boolean;
   max_batch: number;
   memory_budget_mb: number | null;
+  prefix_cache_mb: number;
   keep_alive_secs: number | null;
   models_dir: string;
 }
@@ -251,6 +252,20 @@ export interface ModelMetrics {
   kv_budget_bytes: number;
   requests_total: number;
   generated_tokens_total: number;
+  prefix_cache_hits: number;
+  prefix_cache_misses: number;
+  prefix_cache_tokens_reused: number;
+  prefix_cache_bytes: number;
+  prefix_cache_disk_bytes: number;
+}
+
+/** Where a prompt left a cached sequence of the same conversation (see the Live page). */
+export interface CacheMiss {
+  position: number;
+  cached_through: number;
+  message: number | null;
+  before: string;
+  after: string;
 }
 
 export interface FinishedRequest {
@@ -260,9 +275,12 @@ export interface FinishedRequest {
   queue_ms: number;
   ttft_ms: number | null;
   prompt_tokens: number;
+  /** Prompt tokens reused from the prefix cache. */
+  cached_tokens: number;
   completion_tokens: number;
   tokens_per_sec: number | null;
   reason: string;
+  cache_miss: CacheMiss | null;
 }
 
 export interface MetricsEvent {

@@ -1,6 +1,7 @@
 //! The `fastmlx` command line.
 
 mod bench_cmd;
+mod cache_cmd;
 mod generate_cmd;
 mod model_path;
 mod serve_cmd;
@@ -73,6 +74,9 @@ enum Command {
     Rm(store_cmd::RmArgs),
     /// Search the Hugging Face Hub for MLX models.
     Search(store_cmd::SearchArgs),
+    /// The prefix cache on disk: `ls` (per model) or `clear`.
+    #[command(subcommand)]
+    Cache(cache_cmd::CacheCommand),
     /// Print the OpenAPI description of the HTTP API (docs/openapi.json).
     Openapi,
     /// Write a tiny random-weight model (for tests and experiments).
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::Ls => store_cmd::ls(),
         Command::Rm(args) => store_cmd::rm(args),
         Command::Search(args) => store_cmd::search(args),
+        Command::Cache(command) => cache_cmd::run(command),
         Command::Openapi => {
             print!("{}", crate::server::openapi::document_json());
             Ok(())

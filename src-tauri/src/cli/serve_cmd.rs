@@ -40,6 +40,18 @@ pub struct ServeArgs {
     /// Limit the context window (prompt + output tokens) below the model's own.
     #[arg(long, env = "FASTMLX_CTX")]
     ctx: Option<usize>,
+    /// Most memory (MB) the prefix cache (keys and values of prompts seen before) holds per
+    /// model; it lives inside the KV budget and gives way to running requests.
+    #[arg(long, env = "FASTMLX_PREFIX_CACHE_MB", default_value_t = (crate::engine::DEFAULT_PREFIX_CACHE_BYTES >> 20) as u64)]
+    prefix_cache_mb: u64,
+    /// Most disk space (GB) the prefix cache keeps per model, so prompts seen before a restart
+    /// are read back instead of prefilled (0: RAM only). In `FASTMLX_CACHE_DIR`, else the
+    /// platform cache folder.
+    #[arg(long, env = "FASTMLX_PREFIX_CACHE_DISK_GB", default_value_t = 20.0)]
+    prefix_cache_disk_gb: f64,
+    /// Turn the prefix cache off (every prompt is prefilled in full).
+    #[arg(long, env = "FASTMLX_NO_PREFIX_CACHE")]
+    no_prefix_cache: bool,
     /// Another host name the server answers to (repeatable).
     #[arg(long = "allowed-host", env = "FASTMLX_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
@@ -67,7 +79,17 @@ impl ServeArgs {
 
     pub fn residency_config(&self) -> ResidencyConfig {
         let mut config = ResidencyConfig {
-            engine: EngineConfig { max_batch: self.max_batch, max_queue: self.max_queue, max_context: self.ctx, ..Default::default() },
+            engine: EngineConfig {
+                max_batch: self.max_batch,
+                max_queue: self.max_queue,
+                max_context: self.ctx,
+                prefix_cache_bytes: if self.no_prefix_cache { 0 } else { (self.prefix_cache_mb as usize) << 20 },
+                prefix_cache_disk: (self.prefix_cache_disk_gb > 0.0)
+                    .then(crate::engine::prefix_cache::default_disk_dir)
+                    .flatten()
+                    .map(|dir| (dir, (self.prefix_cache_disk_gb.min(1e6) * 1e9) as u64)),
+                ..Default::default()
+            },
             load: self.weights.load_options(),
             keep_alive: self.keep_alive.map(std::time::Duration::from_secs),
             ..Default::default()

@@ -23,7 +23,15 @@ pub struct EngineConfig {
     /// `None`: derived from the machine's memory and the model's size.
     pub kv_budget_bytes: Option<usize>,
     pub fault_injector: Option<FaultInjector>,
+    /// Most bytes the prefix cache may hold (0: no prefix cache). It lives inside the KV budget
+    /// and gives way to admitted requests.
+    pub prefix_cache_bytes: usize,
+    /// The prefix cache's disk tier: its folder and most bytes (`None`: RAM only).
+    pub prefix_cache_disk: Option<(std::path::PathBuf, u64)>,
 }
+
+/// The prefix cache's default cap; the KV budget bounds it further.
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 4 << 30;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -34,6 +42,8 @@ impl Default for EngineConfig {
             max_context: None,
             kv_budget_bytes: None,
             fault_injector: None,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+            prefix_cache_disk: None,
         }
     }
 }

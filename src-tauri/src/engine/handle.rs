@@ -152,6 +152,11 @@ impl EngineHandle {
         self.metrics.clone()
     }
 
+    /// Empties the prefix cache (takes effect between two steps).
+    pub fn clear_prefix_cache(&self) {
+        let _ = self.commands.send(Command::ClearPrefixCache);
+    }
+
     pub fn snapshot(&self) -> Metrics {
         self.metrics.borrow().clone()
     }

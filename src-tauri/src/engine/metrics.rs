@@ -13,11 +13,30 @@ pub struct RecentRequest {
     pub queue_ms: f64,
     pub ttft_ms: f64,
     pub prompt_tokens: usize,
+    /// Prompt tokens reused from the prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// Generated tokens per second after the first one.
     pub tokens_per_sec: f64,
     /// `stop`, `length`, `cancelled` or `error`.
     pub reason: &'static str,
+    /// Why it reused less of the prefix cache than it could have, when it did.
+    pub cache_miss: Option<CacheMiss>,
+}
+
+/// A prompt that left a cached sequence part-way: where, and what the text there says (the
+/// classic cause is a date line or an injected reminder early in an agent's system prompt).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CacheMiss {
+    /// Prompt tokens reused, i.e. the token where the prompt went its own way.
+    pub position: usize,
+    /// How far the cached sequence it left went.
+    pub cached_through: usize,
+    /// The chat message (0-based) the divergence falls in, when the prompt came from messages.
+    pub message: Option<usize>,
+    /// The prompt's text just before and just after the divergence.
+    pub before: String,
+    pub after: String,
 }
 
 /// How many finished requests [`Metrics::recent`] keeps.
@@ -52,6 +71,21 @@ pub struct Metrics {
     pub errors_total: u64,
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
+    /// The prefix cache: requests that reused a cached start and those that did not, tokens
+    /// reused, bytes and blocks held, blocks evicted.
+    pub prefix_cache_hits: u64,
+    pub prefix_cache_misses: u64,
+    pub prefix_cache_tokens_reused: u64,
+    pub prefix_cache_bytes: usize,
+    pub prefix_cache_blocks: usize,
+    pub prefix_cache_evictions: u64,
+    /// Its disk tier: bytes and blocks on disk, blocks read back, writes skipped (queue full),
+    /// and whether it is on (it turns itself off when it cannot write).
+    pub prefix_cache_disk_bytes: u64,
+    pub prefix_cache_disk_blocks: usize,
+    pub prefix_cache_disk_hits: u64,
+    pub prefix_cache_disk_write_skips: u64,
+    pub prefix_cache_disk_enabled: bool,
     /// The last finished requests, newest first.
     pub recent: VecDeque<RecentRequest>,
 }

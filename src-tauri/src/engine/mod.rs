@@ -7,11 +7,12 @@
 mod config;
 mod handle;
 mod metrics;
+pub mod prefix_cache;
 mod request;
 mod scheduler;
 mod sequence;
 
-pub use config::{EngineConfig, FaultInjector, ModelInfo};
+pub use config::{EngineConfig, FaultInjector, ModelInfo, DEFAULT_PREFIX_CACHE_BYTES};
 pub use handle::{EngineHandle, RequestStream, SubmitError};
-pub use metrics::{Metrics, RecentRequest, RECENT_REQUESTS};
+pub use metrics::{CacheMiss, Metrics, RecentRequest, RECENT_REQUESTS};
 pub use request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};

@@ -29,6 +29,9 @@ pub struct Request {
     pub grammar: Option<Arc<Grammar>>,
     /// Special tokens that appear in the output text (tool-call markers); others never do.
     pub special_text_tokens: Vec<u32>,
+    /// Where each chat message's text starts in the rendered prompt (characters), so that a
+    /// prefix-cache miss can be told by message (empty for raw prompts).
+    pub message_starts: Vec<usize>,
 }
 
 impl Request {
@@ -44,6 +47,7 @@ impl Request {
             logprobs: None,
             grammar: None,
             special_text_tokens: Vec::new(),
+            message_starts: Vec::new(),
         }
     }
 }
@@ -66,6 +70,8 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

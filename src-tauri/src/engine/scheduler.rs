@@ -14,6 +14,8 @@ use tokio::sync::{mpsc::UnboundedSender, watch};
 use super::config::{EngineConfig, ModelInfo};
 use crate::mlx::default_kv_budget;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
+use super::metrics::CacheMiss;
+use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
@@ -24,6 +26,7 @@ const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(crate) enum Command {
     Submit { id: RequestId, request: Box<Request>, events: UnboundedSender<Event> },
+    ClearPrefixCache,
     Shutdown,
 }
 
@@ -38,6 +41,8 @@ pub(crate) struct Scheduler {
     /// Rows of the batch, in cache row order.
     running: Vec<Sequence>,
     cache: Vec<BatchKvCache>,
+    /// Keys and values of sequences seen before (`None`: turned off).
+    prefix: Option<PrefixCache>,
     reserved_bytes: usize,
     queued: Arc<AtomicUsize>,
     metrics_tx: watch::Sender<Metrics>,
@@ -59,6 +64,9 @@ impl Scheduler {
             weights_bytes: model.weights_bytes,
         };
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
+        let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
+        let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
+        let prefix = (prefix_budget > 0).then(|| PrefixCache::new(model_identity(&model, info.context_length), prefix_budget, disk, &model.path.display().to_string()));
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
         Scheduler {
             model,
@@ -68,6 +76,7 @@ impl Scheduler {
             prefilling: None,
             running: Vec::new(),
             cache,
+            prefix,
             reserved_bytes: 0,
             queued,
             metrics_tx,
@@ -127,6 +136,13 @@ impl Scheduler {
                     .position(|w| w.request.priority < seq.request.priority)
                     .unwrap_or(self.waiting.len());
                 self.waiting.insert(at, seq);
+                true
+            }
+            Command::ClearPrefixCache => {
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.clear();
+                }
+                self.publish_metrics(0, 0);
                 true
             }
             Command::Shutdown => false,
@@ -205,6 +221,7 @@ impl Scheduler {
 
     /// Keeps the running rows at `keep`; the others (finished or abandoned) leave the batch.
     fn retain_rows(&mut self, keep: &[usize]) {
+        self.store_leaving_rows(keep);
         let mut kept = Vec::with_capacity(keep.len());
         let mut old: Vec<Option<Sequence>> = self.running.drain(..).map(Some).collect();
         for &i in keep {
@@ -232,6 +249,24 @@ impl Scheduler {
                 self.release(&seq);
             }
             self.cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
+        }
+    }
+
+    /// The sequences of the rows not in `keep` go to the prefix cache (what the next turn of a
+    /// conversation starts with), unless their state is in doubt (a failed step).
+    fn store_leaving_rows(&mut self, keep: &[usize]) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
+        for (row, seq) in self.running.iter().enumerate() {
+            if keep.contains(&row) || seq.finished == Some(FinishReason::Error) {
+                continue;
+            }
+            let Some(&len) = lengths.get(row) else { continue };
+            let tokens = seq.tokens();
+            let len = (len.max(0) as usize).min(tokens.len());
+            if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row) {
+                tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
+            }
         }
     }
 
@@ -286,6 +321,14 @@ impl Scheduler {
                 processed += n;
                 self.metrics.prompt_tokens_total += n as u64;
                 if *done + 1 < seq.request.prompt_ids.len() {
+                    // The whole blocks prefilled so far, for requests that share them; the
+                    // rest once the prompt is done.
+                    let whole = *done / BLOCK_TOKENS * BLOCK_TOKENS;
+                    if let Some(prefix) = self.prefix.as_mut() {
+                        if let Err(e) = prefix.store_prefill(&seq.request.prompt_ids[..whole], cache) {
+                            tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
+                        }
+                    }
                     continue;
                 }
             }
@@ -308,6 +351,28 @@ impl Scheduler {
         self.reserved_bytes += seq.reserved_bytes;
         seq.mark_admitted();
         seq.prefill = Some((self.model.transformer.new_cache(), 0));
+        if let Some(prefix) = self.prefix.as_mut() {
+            // Admitted requests come first: the cache gives up what they reserved.
+            prefix.shrink_to(self.info.kv_budget_bytes.saturating_sub(self.reserved_bytes));
+            // The last prompt token is the first decode input, so at most the rest is restored.
+            let prompt = &seq.request.prompt_ids;
+            match prefix.restore(prompt, prompt.len() - 1, self.cache.len()) {
+                Ok(restored) => {
+                    if restored.tokens > 0 {
+                        seq.prefill = Some((restored.caches, restored.tokens));
+                    }
+                    seq.cached_tokens = restored.tokens;
+                    seq.cache_miss = restored.divergence.and_then(|d| explain_miss(d, &seq.request, &self.model.tokenizer));
+                    if let Some(miss) = &seq.cache_miss {
+                        tracing::debug!(
+                            "request {}: prefix cache reused {} tokens; a cached sequence went on differently at token {} (message {:?}): ...{:?} | {:?}...",
+                            seq.id, miss.position, miss.position, miss.message, miss.before, miss.after
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!("prefix cache: restore failed, prefilling everything: {e}"),
+            }
+        }
         self.prefilling = Some(seq);
         true
     }
@@ -315,7 +380,12 @@ impl Scheduler {
     /// The prefilled sequence becomes the batch's last row.
     fn join_batch(&mut self) {
         let mut seq = self.prefilling.take().expect("a prefilled sequence");
-        let (cache, _) = seq.prefill.take().expect("prefill cache");
+        let (cache, done) = seq.prefill.take().expect("prefill cache");
+        if let Some(prefix) = self.prefix.as_mut() {
+            if let Err(e) = prefix.store_prefill(&seq.request.prompt_ids[..done], &cache) {
+                tracing::warn!("prefix cache: cannot store a prompt: {e}");
+            }
+        }
         for (batch, row) in self.cache.iter_mut().zip(&cache) {
             if let Err(e) = batch.push_row(row) {
                 // Rows already pushed for this sequence in earlier layers make the batch
@@ -349,6 +419,19 @@ impl Scheduler {
         m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
         m.kv_bytes = self.cache.iter().map(BatchKvCache::nbytes).sum();
         m.kv_reserved_bytes = self.reserved_bytes;
+        if let Some(stats) = self.prefix.as_ref().map(PrefixCache::stats) {
+            m.prefix_cache_hits = stats.hits;
+            m.prefix_cache_misses = stats.misses;
+            m.prefix_cache_tokens_reused = stats.tokens_reused;
+            m.prefix_cache_bytes = stats.bytes;
+            m.prefix_cache_blocks = stats.blocks;
+            m.prefix_cache_evictions = stats.evictions;
+            m.prefix_cache_disk_bytes = stats.disk.bytes;
+            m.prefix_cache_disk_blocks = stats.disk.blocks;
+            m.prefix_cache_disk_hits = stats.disk.hits;
+            m.prefix_cache_disk_write_skips = stats.disk.write_skips;
+            m.prefix_cache_disk_enabled = stats.disk.enabled;
+        }
         m.mlx_active_bytes = memory.active;
         m.mlx_peak_bytes = memory.peak;
         m.mlx_cache_bytes = memory.cache;
@@ -369,4 +452,27 @@ impl Scheduler {
         drop(self.model);
         let _ = mlx_rs::memory::clear_cache();
     }
+}
+
+/// Tokens of text shown on each side of a cache miss.
+const MISS_CONTEXT: usize = 12;
+
+/// Why a request reused less than a cached sequence offered: told when the cached text picks
+/// up again right after the divergence (the same conversation, edited), not for every prompt
+/// that merely starts like another one.
+fn explain_miss(d: Divergence, request: &Request, tokenizer: &crate::tokenizer::Tokenizer) -> Option<CacheMiss> {
+    let prompt = &request.prompt_ids;
+    if !d.resumes || d.position + 1 >= prompt.len() {
+        return None;
+    }
+    let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
+    let chars_before = text(&prompt[..d.position]).chars().count();
+    let message = request.message_starts.iter().rposition(|&start| start <= chars_before);
+    Some(CacheMiss {
+        position: d.position,
+        cached_through: d.cached_through,
+        message,
+        before: text(&prompt[d.position.saturating_sub(MISS_CONTEXT)..d.position]),
+        after: text(&prompt[d.position..(d.position + MISS_CONTEXT).min(prompt.len())]),
+    })
 }

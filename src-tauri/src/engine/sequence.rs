@@ -22,6 +22,10 @@ pub(crate) struct Sequence {
     pub prefill: Option<(Vec<KvCache>, usize)>,
     /// The token the next decode step feeds for this row.
     pub next_input: u32,
+    /// Prompt tokens restored from the prefix cache.
+    pub cached_tokens: usize,
+    /// Why it reused less of the prefix cache than a cached sequence offered.
+    pub cache_miss: Option<super::metrics::CacheMiss>,
     /// How it ended, once it has.
     pub finished: Option<FinishReason>,
     /// Its figures, once it has ended.
@@ -51,6 +55,8 @@ impl Sequence {
             reserved_bytes: (request.prompt_ids.len() + max_tokens) * kv_bytes_per_token,
             prefill: None,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
+            cached_tokens: 0,
+            cache_miss: None,
             finished: None,
             record: None,
             request,
@@ -60,6 +66,11 @@ impl Sequence {
             joined: None,
             first_token: None,
         }
+    }
+
+    /// The prompt and what was generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        self.continuation.history()
     }
 
     /// The caller dropped its stream.
@@ -123,7 +134,11 @@ impl Sequence {
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrived)).unwrap_or_default(),
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
         };
-        let usage = Usage { prompt_tokens: self.request.prompt_ids.len(), completion_tokens: self.continuation.generated() };
+        let usage = Usage {
+            prompt_tokens: self.request.prompt_ids.len(),
+            completion_tokens: self.continuation.generated(),
+            cached_tokens: self.cached_tokens,
+        };
         let decode_secs = timings.decode.as_secs_f64();
         self.record = Some(RecentRequest {
             request_id: self.id,
@@ -131,6 +146,7 @@ impl Sequence {
             queue_ms: timings.queue.as_secs_f64() * 1e3,
             ttft_ms: timings.time_to_first_token.as_secs_f64() * 1e3,
             prompt_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached_tokens,
             completion_tokens: usage.completion_tokens,
             tokens_per_sec: if decode_secs > 0.0 { usage.completion_tokens.saturating_sub(1) as f64 / decode_secs } else { 0.0 },
             reason: match reason {
@@ -139,6 +155,7 @@ impl Sequence {
                 FinishReason::Cancelled => "cancelled",
                 FinishReason::Error => "error",
             },
+            cache_miss: self.cache_miss.take(),
         });
         self.send(Event::Finish(Finish { reason, stop, error, usage, timings }));
     }

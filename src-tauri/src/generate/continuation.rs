@@ -85,6 +85,11 @@ impl Continuation {
         }
     }
 
+    /// The prompt and every token generated so far.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
     pub fn generated(&self) -> usize {
         self.generated
     }

@@ -44,6 +44,16 @@ impl BatchKvCache {
         self.buffers.nbytes()
     }
 
+    /// Row `row`'s keys and values, `[1, H, length, D]` each (`None` while it holds nothing).
+    pub fn row_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
+        let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) else { return Ok(None) };
+        let (r, pad) = (row as i32, self.left_padding[row]);
+        if pad >= self.idx {
+            return Ok(None);
+        }
+        Ok(Some((k.try_index((r..r + 1, .., pad..self.idx, ..))?, v.try_index((r..r + 1, .., pad..self.idx, ..))?)))
+    }
+
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
     pub fn push_row(&mut self, row: &KvCache) -> Result<()> {
         let contents = row.contents()?;

@@ -25,6 +25,11 @@ struct ModelLive {
     kv_budget_bytes: usize,
     requests_total: u64,
     generated_tokens_total: u64,
+    prefix_cache_hits: u64,
+    prefix_cache_misses: u64,
+    prefix_cache_tokens_reused: u64,
+    prefix_cache_bytes: usize,
+    prefix_cache_disk_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -64,6 +69,11 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
             kv_budget_bytes: m.kv_budget_bytes,
             requests_total: m.requests_total,
             generated_tokens_total: m.generated_tokens_total,
+            prefix_cache_hits: m.prefix_cache_hits,
+            prefix_cache_misses: m.prefix_cache_misses,
+            prefix_cache_tokens_reused: m.prefix_cache_tokens_reused,
+            prefix_cache_bytes: m.prefix_cache_bytes,
+            prefix_cache_disk_bytes: m.prefix_cache_disk_bytes,
         });
     }
     recent.sort_by_key(|r| std::cmp::Reverse(r.request.finished_ms));

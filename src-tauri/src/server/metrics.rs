@@ -36,5 +36,14 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     put("requests_failed_total", "counter", "Requests ended by an error.", &|m| m.errors_total as f64);
     put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &|m| m.prompt_tokens_total as f64);
     put("generated_tokens_total", "counter", "Tokens generated.", &|m| m.generated_tokens_total as f64);
+    put("prefix_cache_hits_total", "counter", "Requests that reused a cached prompt start.", &|m| m.prefix_cache_hits as f64);
+    put("prefix_cache_misses_total", "counter", "Requests that reused nothing from the prefix cache.", &|m| m.prefix_cache_misses as f64);
+    put("prefix_cache_tokens_reused_total", "counter", "Prompt tokens restored from the prefix cache.", &|m| m.prefix_cache_tokens_reused as f64);
+    put("prefix_cache_bytes", "gauge", "Bytes held by the prefix cache (RAM).", &|m| m.prefix_cache_bytes as f64);
+    put("prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache (RAM).", &|m| m.prefix_cache_blocks as f64);
+    put("prefix_cache_evictions_total", "counter", "Prefix-cache blocks evicted from RAM.", &|m| m.prefix_cache_evictions as f64);
+    put("prefix_cache_disk_bytes", "gauge", "Bytes held by the prefix cache's disk tier.", &|m| m.prefix_cache_disk_bytes as f64);
+    put("prefix_cache_disk_hits_total", "counter", "Prefix-cache blocks read back from disk.", &|m| m.prefix_cache_disk_hits as f64);
+    put("prefix_cache_disk_write_skips_total", "counter", "Prefix-cache blocks not written to disk (queue full).", &|m| m.prefix_cache_disk_write_skips as f64);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

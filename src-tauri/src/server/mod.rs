@@ -5,6 +5,7 @@ mod admin;
 pub mod aliases;
 mod anthropic;
 mod blocks;
+mod cache_admin;
 pub mod chat;
 mod dialect_errors;
 mod error;
@@ -155,6 +156,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/pulls", get(admin::pulls))
         .route("/admin/metrics/stream", get(live::stream))
         .route("/admin/settings", get(settings::get).post(settings::post))
+        .route("/admin/cache", get(cache_admin::list).delete(cache_admin::clear))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
     Router::new()
         .route("/", get(root).head(ollama::root))

@@ -1,5 +1,6 @@
 //! `GET/POST /admin/settings`: what the dashboard shows and may change while serving. Changes
-//! apply at once (max batch and memory budget to models loaded from now on, keep-alive to all)
+//! apply at once (max batch, memory budget and prefix cache size to models loaded from now on,
+//! keep-alive to all)
 //! and are saved to the config file for the next start.
 
 use std::time::Duration;
@@ -21,6 +22,8 @@ pub struct Settings {
     api_key_set: bool,
     max_batch: usize,
     memory_budget_mb: u64,
+    /// The prefix cache's cap per model (0: off).
+    prefix_cache_mb: u64,
     /// `None`: loaded models stay until evicted.
     keep_alive_secs: Option<u64>,
     models_dir: String,
@@ -36,6 +39,7 @@ fn current(state: &AppState) -> Settings {
         api_key_set: state.config.api_key.is_some(),
         max_batch: config.engine.max_batch,
         memory_budget_mb: config.memory_budget >> 20,
+        prefix_cache_mb: (config.engine.prefix_cache_bytes >> 20) as u64,
         keep_alive_secs: config.keep_alive.map(|k| k.as_secs()),
         models_dir: state.models.catalog().paths().models_dir.display().to_string(),
     }
@@ -50,6 +54,8 @@ pub async fn get(State(state): State<AppState>) -> Json<Settings> {
 struct Change {
     max_batch: Option<usize>,
     memory_budget_mb: Option<u64>,
+    /// 0 turns the prefix cache off (for models loaded from now on).
+    prefix_cache_mb: Option<u64>,
     /// `null` or 0: never unload for idleness.
     #[serde(default, deserialize_with = "some_or_null")]
     keep_alive_secs: Option<Option<u64>>,
@@ -76,6 +82,9 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         if let Some(m) = change.memory_budget_mb {
             c.memory_budget = m << 20;
         }
+        if let Some(m) = change.prefix_cache_mb {
+            c.engine.prefix_cache_bytes = (m.min(1 << 30) as usize) << 20;
+        }
         if let Some(k) = change.keep_alive_secs {
             c.keep_alive = k.filter(|&s| s > 0).map(Duration::from_secs);
         }
@@ -83,11 +92,14 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     // Kept for the next start (flags and environment variables still win over the file).
     if let Some(path) = &state.config.settings_file {
         let int = |n: u64| Some(toml::Value::Integer(n.min(i64::MAX as u64) as i64));
-        let changes = [
+        let mut changes = vec![
             ("max_batch", int(config.engine.max_batch as u64)),
             ("memory_budget_mb", int(config.memory_budget >> 20)),
             ("keep_alive", config.keep_alive.and_then(|k| int(k.as_secs()))),
         ];
+        if change.prefix_cache_mb.is_some() {
+            changes.push(("prefix_cache_mb", int((config.engine.prefix_cache_bytes >> 20) as u64)));
+        }
         crate::config_file::save(path, &changes)
             .map_err(|e| ApiError::internal(format!("the settings apply now but could not be saved: {e:#}")))?;
     }

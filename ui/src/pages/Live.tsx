@@ -1,6 +1,6 @@
 import { useEffect, useMemo, useState } from "preact/hooks";
 import type uPlot from "uplot";
-import { streamJson, type MetricsEvent } from "../api";
+import { streamJson, type CacheMiss, type MetricsEvent } from "../api";
 import { Chart } from "../components/Chart";
 import { ErrorBox } from "../components/common";
 import { bytes, ms, rate } from "../format";
@@ -126,12 +126,13 @@ export function LivePage() {
               <th class="num">KV used / reserved / budget</th>
               <th class="num">Requests</th>
               <th class="num">Tokens out</th>
+              <th class="num">Prefix cache: hit rate · reused · RAM / disk</th>
             </tr>
           </thead>
           <tbody>
             {models.length === 0 && (
               <tr>
-                <td colSpan={9} class="muted">
+                <td colSpan={10} class="muted">
                   No model loaded.
                 </td>
               </tr>
@@ -149,6 +150,10 @@ export function LivePage() {
                 </td>
                 <td class="num">{m.requests_total}</td>
                 <td class="num">{m.generated_tokens_total}</td>
+                <td class="num" data-testid="prefix-cache">
+                  {hitRate(m.prefix_cache_hits, m.prefix_cache_misses)} · {m.prefix_cache_tokens_reused} tok ·{" "}
+                  {bytes(m.prefix_cache_bytes)} / {bytes(m.prefix_cache_disk_bytes)}
+                </td>
               </tr>
             ))}
           </tbody>
@@ -197,6 +202,7 @@ export function LivePage() {
               <th class="num">Queue wait</th>
               <th class="num">TTFT</th>
               <th class="num">Prompt</th>
+              <th class="num">Reused</th>
               <th class="num">Completion</th>
               <th class="num">Speed</th>
               <th>Reason</th>
@@ -205,7 +211,7 @@ export function LivePage() {
           <tbody>
             {recent.length === 0 && (
               <tr>
-                <td colSpan={8} class="muted">
+                <td colSpan={9} class="muted">
                   No finished requests yet.
                 </td>
               </tr>
@@ -217,9 +223,20 @@ export function LivePage() {
                 <td class="num">{ms(r.queue_ms)}</td>
                 <td class="num">{ms(r.ttft_ms)}</td>
                 <td class="num">{r.prompt_tokens}</td>
+                <td class="num" data-testid="recent-reused" title={missText(r.cache_miss)}>
+                  {r.cached_tokens ?? 0}
+                  {r.cache_miss && <span class="warn-text"> ⚠</span>}
+                </td>
                 <td class="num">{r.completion_tokens}</td>
                 <td class="num">{rate(r.tokens_per_sec)}</td>
-                <td>{r.reason}</td>
+                <td>
+                  {r.reason}
+                  {r.cache_miss && (
+                    <div class="muted small-text" data-testid="cache-miss">
+                      {missText(r.cache_miss)}
+                    </div>
+                  )}
+                </td>
               </tr>
             ))}
           </tbody>
@@ -227,4 +244,17 @@ export function LivePage() {
       </div>
     </section>
   );
+}
+
+/** Hits over all lookups, as a percentage ("–" before any). */
+function hitRate(hits: number, misses: number): string {
+  const all = (hits ?? 0) + (misses ?? 0);
+  return all === 0 ? "–" : `${Math.round((100 * hits) / all)}%`;
+}
+
+/** Where a prompt left a cached sequence of its conversation, in words. */
+function missText(miss: CacheMiss | null | undefined): string {
+  if (!miss) return "";
+  const where = miss.message == null ? `token ${miss.position}` : `message ${miss.message + 1} (token ${miss.position})`;
+  return `Cache left at ${where}: …${miss.before}⟂${miss.after}… (the cached sequence went on to token ${miss.cached_through})`;
 }

@@ -1,11 +1,12 @@
 import { useEffect, useState } from "preact/hooks";
-import { getJson, postJson, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
+import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
 
 interface Form {
   max_batch: string;
   memory_budget_mb: string;
+  prefix_cache_mb: string;
   keep_alive_secs: string;
 }
 
@@ -13,6 +14,7 @@ function formOf(s: Settings): Form {
   return {
     max_batch: String(s.max_batch ?? ""),
     memory_budget_mb: s.memory_budget_mb == null ? "" : String(s.memory_budget_mb),
+    prefix_cache_mb: String(s.prefix_cache_mb ?? ""),
     keep_alive_secs: s.keep_alive_secs == null ? "" : String(s.keep_alive_secs),
   };
 }
@@ -33,6 +35,18 @@ export function ServerPage() {
   const [key, setKey] = useState(storedApiKey());
   const [keySaved, setKeySaved] = useState(false);
   const [launch, setLaunch] = useState<boolean | null>(null);
+  const [cleared, setCleared] = useState<string | null>(null);
+
+  async function clearCache() {
+    setCleared(null);
+    try {
+      const res = await request("/admin/cache", { method: "DELETE" });
+      const body = (await res.json()) as { cleared: string[] };
+      setCleared(body.cleared.length ? `Cleared for ${body.cleared.join(", ")}.` : "No model loaded.");
+    } catch (err) {
+      setError((err as Error).message);
+    }
+  }
 
   useEffect(() => {
     getJson<Settings>("/admin/settings")
@@ -55,6 +69,7 @@ export function ServerPage() {
     const wanted = {
       max_batch: int(form.max_batch),
       memory_budget_mb: int(form.memory_budget_mb),
+      prefix_cache_mb: int(form.prefix_cache_mb),
       keep_alive_secs: int(form.keep_alive_secs),
     };
     for (const [name, value] of Object.entries(wanted)) {
@@ -219,6 +234,8 @@ print(reply.choices[0].message.content)`,
             <input id="max-batch" type="number" min="1" step="1" {...field("max_batch")} data-testid="max-batch" />
             <label for="memory-budget">Memory budget (MB; empty: the default)</label>
             <input id="memory-budget" type="number" min="0" step="1" {...field("memory_budget_mb")} data-testid="memory-budget" />
+            <label for="prefix-cache">Prefix cache (MB per model; 0: off; models loaded from now on)</label>
+            <input id="prefix-cache" type="number" min="0" step="1" {...field("prefix_cache_mb")} data-testid="prefix-cache-mb" />
             <label for="keep-alive">Keep-alive (seconds idle before a model unloads; empty: never)</label>
             <input id="keep-alive" type="number" min="0" step="1" placeholder="never" {...field("keep_alive_secs")} data-testid="keep-alive" />
             <div class="row">
@@ -229,7 +246,19 @@ print(reply.choices[0].message.content)`,
                 <span class="ok-text" data-testid="settings-saved">
                   Applied: max batch {settings.max_batch}, budget{" "}
                   {settings.memory_budget_mb == null ? "default" : `${settings.memory_budget_mb} MB`}, keep-alive{" "}
-                  {settings.keep_alive_secs == null ? "never" : `${settings.keep_alive_secs} s`}
+                  {settings.keep_alive_secs == null ? "never" : `${settings.keep_alive_secs} s`}, prefix cache{" "}
+                  {settings.prefix_cache_mb ? `${settings.prefix_cache_mb} MB` : "off"}
+                </span>
+              )}
+            </div>
+            <div class="row">
+              <button type="button" class="small" onClick={clearCache} data-testid="clear-prefix-cache">
+                Clear prefix cache
+              </button>
+              <span class="muted small-text">Prompts seen before (RAM and disk) are forgotten; the next turn of each conversation prefills again.</span>
+              {cleared && (
+                <span class="ok-text" data-testid="prefix-cache-cleared">
+                  {cleared}
                 </span>
               )}
             </div>

@@ -38,7 +38,7 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": usage(done.finish.usage.prompt_tokens, done.finish.usage.completion_tokens),
+            "usage": usage(done.finish.usage),
         }))
         .into_response());
     }
@@ -47,7 +47,8 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
         "type": "message_start",
         "message": {
             "id": id, "type": "message", "role": "assistant", "model": requested, "content": [],
-            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt_tokens, 0),
+            "stop_reason": null, "stop_sequence": null,
+            "usage": usage(crate::engine::Usage { prompt_tokens, ..Default::default() }),
         }
     });
     let mut first = vec![("message_start", start_message), ("ping", json!({"type": "ping"}))];
@@ -73,7 +74,7 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
                 json!({
                     "type": "message_delta",
                     "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"input_tokens": finish.usage.prompt_tokens, "output_tokens": finish.usage.completion_tokens},
+                    "usage": usage(finish.usage),
                 }),
             ));
             out.push(("message_stop", json!({"type": "message_stop"})));
@@ -90,8 +91,16 @@ pub async fn count_tokens(State(state): State<AppState>, ApiJson(body): ApiJson<
     Ok(Json(json!({"input_tokens": rendered.prompt_ids.len()})))
 }
 
-fn usage(input: usize, output: usize) -> Value {
-    json!({"input_tokens": input, "output_tokens": output, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+/// Anthropic counts cached input apart: `input_tokens` are the ones processed, and the three
+/// input counts add up to the prompt. Every prompt is cached automatically as it is processed
+/// (there is no separate, billed cache write), so nothing is reported as cache creation.
+fn usage(u: crate::engine::Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
+        "output_tokens": u.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached_tokens,
+    })
 }
 
 fn stop_reason(finish: &Finish, calls: bool) -> (&'static str, Option<String>) {

@@ -68,6 +68,24 @@ pub struct RenderedChat {
     pub text: String,
     pub prompt_ids: Vec<u32>,
     pub shape: AnswerShape<'static>,
+    /// Where each message's text begins in `text` (characters), found in order.
+    pub message_starts: Vec<usize>,
+}
+
+/// The character offset in `text` where each message's content is found, in order (a message
+/// whose content is not found, e.g. an empty one, takes the previous one's offset).
+fn message_starts(text: &str, messages: &[Value]) -> Vec<usize> {
+    let mut from = 0;
+    messages
+        .iter()
+        .map(|m| {
+            let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
+            if let Some(at) = (!content.is_empty()).then(|| text[from..].find(content)).flatten() {
+                from += at;
+            }
+            text[..from].chars().count()
+        })
+        .collect()
 }
 
 /// Validates the messages and tools, renders the chat template and tokenizes (loading the
@@ -107,12 +125,13 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     }
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
     let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
-    Ok(RenderedChat { served, info, text, prompt_ids, shape })
+    let message_starts = message_starts(&text, &messages);
+    Ok(RenderedChat { served, info, text, prompt_ids, shape, message_starts })
 }
 
 /// Validates, renders the chat template, tokenizes and submits.
 pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
-    let RenderedChat { served, info, text, prompt_ids, shape } = render(state, request, common.model.as_deref()).await?;
+    let RenderedChat { served, info, text, prompt_ids, shape, message_starts } = render(state, request, common.model.as_deref()).await?;
     let template = info.chat_template.as_ref().expect("rendered with a template");
     let prompt_tokens = prompt_ids.len();
     let top = request.top_logprobs.unwrap_or(0) as usize;
@@ -128,6 +147,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     let reasoning = if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
     let parser = AnswerParser::new(&shape.mode, reasoning);
     engine_request.grammar = shape.grammar.clone();
+    engine_request.message_starts = message_starts;
     let stream = served.engine.submit(engine_request)?;
     Ok(StartedChat { model: served.id, stream, parser, mode: shape.mode, tokenizer: info.tokenizer.clone(), logprobs, prompt_tokens })
 }

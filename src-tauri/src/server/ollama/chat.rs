@@ -303,7 +303,8 @@ impl Render {
             "done_reason": reason,
             "total_duration": nanos(self.began.elapsed()),
             "load_duration": nanos(self.load),
-            "prompt_eval_count": finish.usage.prompt_tokens,
+            // Only the prompt tokens actually evaluated, as Ollama counts them (cached ones are not).
+            "prompt_eval_count": finish.usage.prompt_tokens - finish.usage.cached_tokens.min(finish.usage.prompt_tokens),
             "prompt_eval_duration": nanos(finish.timings.prefill),
             "eval_count": finish.usage.completion_tokens,
             "eval_duration": nanos(finish.timings.decode),

@@ -11,11 +11,23 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens reused from the prefix cache instead of being processed again.
+    pub cached_tokens: usize,
 }
 
 impl From<crate::engine::Usage> for Usage {
     fn from(u: crate::engine::Usage) -> Usage {
-        Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens, total_tokens: u.prompt_tokens + u.completion_tokens }
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+        }
     }
 }
 

@@ -137,7 +137,7 @@ impl ResponseBuilder {
         let (input, output) = (finish.usage.prompt_tokens, finish.usage.completion_tokens);
         response["usage"] = json!({
             "input_tokens": input,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": finish.usage.cached_tokens},
             "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input + output,
@@ -253,7 +253,7 @@ mod tests {
         let sequence: Vec<u64> = names.iter().map(|(_, s)| *s).collect();
         assert_eq!(sequence, (0..names.len() as u64).collect::<Vec<_>>());
         assert_eq!(names.iter().filter(|(n, _)| *n == "response.output_item.done").count(), 2);
-        let finish = Finish { reason: FinishReason::Stop, stop: None, error: None, usage: Usage { prompt_tokens: 3, completion_tokens: 4 }, timings: Timings::default() };
+        let finish = Finish { reason: FinishReason::Stop, stop: None, error: None, usage: Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 0 }, timings: Timings::default() };
         let done = r.finished(&finish);
         assert_eq!(done["output"][0]["content"][0]["text"], "Hi!");
         assert_eq!(done["output"][1]["arguments"], "{}");

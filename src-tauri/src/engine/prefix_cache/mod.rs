@@ -1,0 +1,290 @@
+//! The prefix cache: keys and values of sequences already computed, kept in fixed-size token
+//! blocks, so a prompt that starts the way an earlier one did (an agent's next turn, a second
+//! conversation with the same system prompt, another request running now) prefills only what
+//! is new.
+//!
+//! - Blocks are keyed by a hash chain over the model's identity and every token up to the end
+//!   of the block (`key`), held in a tree with LRU eviction (`store`).
+//! - What is stored: each prompt's blocks as soon as they are prefilled (so a concurrent request
+//!   reuses them), and every request's whole sequence — prompt and answer — when it leaves the
+//!   batch, finished or cancelled (a failed step's state is never stored).
+//! - A block holds one `[1, H, n, D]` copy of the keys and values of each layer: a copy, not a
+//!   view, so a cached block never keeps a request's (much larger) buffers alive. A restore
+//!   copies them into the request's own cache (the dense batch buffers need them contiguous).
+//! - The identity covers everything that changes the numbers: the weight files (size and
+//!   modification time), the configuration, the compute dtype and the weights' in-memory form.
+//!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
+
+mod disk;
+mod key;
+mod store;
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+pub use disk::{list_folders, DiskFolder, DiskStats};
+pub use key::BlockKey;
+pub use store::Divergence;
+use disk::{BlockFile, DiskTier, Tensor};
+use key::chain;
+use store::{BlockStore, Payload};
+
+use crate::model::{BatchKvCache, KvCache, LoadedModel};
+
+/// Tokens per block: small enough that little is lost where prompts diverge, large enough that a
+/// 30k-token prompt is a few hundred lookups.
+pub const BLOCK_TOKENS: usize = 64;
+
+type Result<T> = std::result::Result<T, crate::model::ModelError>;
+
+/// A block's keys and values in every layer.
+struct LayerBlocks(Vec<(Array, Array)>);
+
+impl Payload for LayerBlocks {
+    fn bytes(&self) -> usize {
+        self.0.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+    }
+}
+
+/// A prompt's cached start, restored into a fresh per-layer cache.
+pub struct Restored {
+    /// Tokens restored (0: nothing cached).
+    pub tokens: usize,
+    pub caches: Vec<KvCache>,
+    /// Where the prompt left a cached sequence that went on differently.
+    pub divergence: Option<Divergence>,
+}
+
+/// Counters for the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Requests that reused at least one token, and those that reused none.
+    pub hits: u64,
+    pub misses: u64,
+    pub tokens_reused: u64,
+    /// The RAM tier.
+    pub bytes: usize,
+    pub blocks: usize,
+    pub evictions: u64,
+    pub disk: DiskStats,
+}
+
+/// Where the disk tier lives, when there is one: `FASTMLX_CACHE_DIR`, else the platform cache
+/// folder (`~/Library/Caches/FastMLX` on macOS, `~/.cache/FastMLX` on Linux), `prefix/` in it.
+pub fn default_disk_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("FASTMLX_CACHE_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| directories::ProjectDirs::from("", "", "FastMLX").map(|d| d.cache_dir().to_path_buf()))?;
+    Some(base.join("prefix"))
+}
+
+pub struct PrefixCache {
+    store: BlockStore<LayerBlocks>,
+    /// Most bytes held (the scheduler lowers what it may use when requests need the room).
+    budget: usize,
+    disk: Option<DiskTier>,
+    hits: u64,
+    misses: u64,
+    tokens_reused: u64,
+}
+
+impl PrefixCache {
+    /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given.
+    pub fn new(identity: BlockKey, budget: usize, disk: Option<(&Path, u64)>, model: &str) -> PrefixCache {
+        let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
+        PrefixCache { store: BlockStore::new(identity, BLOCK_TOKENS), budget, disk, hits: 0, misses: 0, tokens_reused: 0 }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            tokens_reused: self.tokens_reused,
+            bytes: self.store.bytes(),
+            blocks: self.store.block_count(),
+            evictions: self.store.evictions,
+            disk: self.disk.as_ref().map(DiskTier::stats).unwrap_or_default(),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Evicts until at most `bytes` are held (never more than the budget).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        self.store.shrink_to(bytes.min(self.budget));
+    }
+
+    /// Empties both tiers.
+    pub fn clear(&mut self) {
+        self.store.clear();
+        if let Some(disk) = self.disk.as_mut() {
+            disk.clear();
+        }
+    }
+
+    /// Brings the blocks of `prompt[..limit]` that are on disk but not in RAM into RAM: the
+    /// whole blocks along the prompt, then the candidates for the block where it diverges.
+    fn pull_from_disk(&mut self, prompt: &[u32], limit: usize) {
+        let Some(disk) = self.disk.as_mut() else { return };
+        let tokens = &prompt[..limit.min(prompt.len())];
+        let mut parent = self.store.root();
+        let mut matched = 0;
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            let key = chain(&parent, chunk);
+            if !self.store.contains(&key) {
+                let Some(block) = disk.contains(&key).then(|| disk.read(&key)).flatten() else { break };
+                let Some(payload) = payload_of(&block) else { break };
+                self.store.insert_block(parent, block.tokens, payload);
+            }
+            parent = key;
+            matched += BLOCK_TOKENS;
+        }
+        let rest = &tokens[matched..];
+        for (key, block_tokens) in disk.children(&parent) {
+            let shares = block_tokens.first().is_some_and(|t| rest.first() == Some(t));
+            if shares && !self.store.contains(&key) {
+                if let Some(payload) = disk.read(&key).as_ref().and_then(payload_of) {
+                    self.store.insert_block(parent, block_tokens, payload);
+                }
+            }
+        }
+        self.store.shrink_to(self.budget);
+    }
+
+    /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers.
+    pub fn restore(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Restored> {
+        self.pull_from_disk(prompt, limit);
+        let found = self.store.find(prompt, limit);
+        let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
+        let (tokens, divergence) = (found.tokens, found.divergence);
+        if tokens > 0 {
+            for (layer, cache) in caches.iter_mut().enumerate() {
+                let mut keys = Vec::with_capacity(found.blocks.len());
+                let mut values = Vec::with_capacity(found.blocks.len());
+                for (block, n) in &found.blocks {
+                    let (k, v) = &block.0[layer];
+                    let n = *n as i32;
+                    let whole = k.dim(2) == n;
+                    keys.push(if whole { k.clone() } else { k.try_index((.., .., ..n, ..))? });
+                    values.push(if whole { v.clone() } else { v.try_index((.., .., ..n, ..))? });
+                }
+                let (k, v) = (concatenate(&keys, 2)?, concatenate(&values, 2)?);
+                cache.update(&k, &v)?;
+            }
+            let arrays: Vec<Array> = caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
+            mlx_rs::transforms::eval(&arrays)?;
+        }
+        if tokens > 0 {
+            self.hits += 1;
+            self.tokens_reused += tokens as u64;
+        } else {
+            self.misses += 1;
+        }
+        Ok(Restored { tokens, caches, divergence })
+    }
+
+    /// Stores the blocks of `tokens` (their keys and values are in `caches`, one per layer).
+    pub fn store_prefill(&mut self, tokens: &[u32], caches: &[KvCache]) -> Result<()> {
+        let contents: Vec<(Array, Array)> = caches.iter().map(|c| c.contents()).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        if contents.len() != caches.len() {
+            return Ok(());
+        }
+        self.store_from(tokens, &contents)
+    }
+
+    /// Stores the blocks of `tokens`, the sequence of batch row `row`.
+    pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize) -> Result<()> {
+        let contents: Vec<(Array, Array)> = batch.iter().map(|c| c.row_contents(row)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        if contents.len() != batch.len() {
+            return Ok(());
+        }
+        self.store_from(tokens, &contents)
+    }
+
+    /// `contents`: per layer, `[1, H, >= tokens.len(), D]` keys and values.
+    fn store_from(&mut self, tokens: &[u32], contents: &[(Array, Array)]) -> Result<()> {
+        let tokens = &tokens[..tokens.len().min(contents.first().map_or(0, |(k, _)| k.dim(2) as usize))];
+        let mut fresh: Vec<Array> = Vec::new();
+        let added = self.store.insert(tokens, |start, end| {
+            let (start, end) = (start as i32, end as i32);
+            let mut layers = Vec::with_capacity(contents.len());
+            for (k, v) in contents {
+                let k = k.try_index((.., .., start..end, ..))?.contiguous()?;
+                let v = v.try_index((.., .., start..end, ..))?.contiguous()?;
+                fresh.push(k.clone());
+                fresh.push(v.clone());
+                layers.push((k, v));
+            }
+            Ok::<_, crate::model::ModelError>(LayerBlocks(layers))
+        })?;
+        // Materialised now, so that the blocks stop referring to the request's buffers.
+        if !added.is_empty() {
+            mlx_rs::transforms::eval(&fresh)?;
+        }
+        // Written through to disk (by the disk tier's thread), so a restart finds them.
+        if let Some(disk) = self.disk.as_mut() {
+            for key in &added {
+                let Some((parent, tokens, payload)) = self.store.get(key) else { continue };
+                let layers: Option<Vec<(Tensor, Tensor)>> = payload.0.iter().map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?))).collect();
+                if let Some(layers) = layers {
+                    disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers });
+                }
+            }
+        }
+        self.store.shrink_to(self.budget);
+        Ok(())
+    }
+}
+
+/// A block read from disk as arrays.
+fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
+    let layers: Vec<(Array, Array)> = block.layers.iter().map(|(k, v)| (k.to_array(), v.to_array())).collect();
+    // The arrays copy the bytes when evaluated; do it now, while the bytes are alive.
+    let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
+    mlx_rs::transforms::eval(all).ok()?;
+    Some(LayerBlocks(layers))
+}
+
+/// What makes a model's numbers what they are: its weight and config files as they are on
+/// disk, the compute dtype, the weights' in-memory size (packed or expanded), the configuration
+/// (RoPE included), and the context window it is served with.
+pub fn model_identity(model: &LoadedModel, context_length: usize) -> BlockKey {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"fastmlx prefix cache v1\0");
+    describe_files(&model.path, &mut |line| h.update(line.as_bytes()));
+    let t = &model.transformer;
+    h.update(format!("{:?}\0{:?}\0{}\0{context_length}\0", t.config, t.dtype, model.weights_bytes).as_bytes());
+    h.finalize().into()
+}
+
+/// One line per weight/config file: name, size, modification time.
+fn describe_files(path: &Path, out: &mut impl FnMut(String)) {
+    let mut files: Vec<std::path::PathBuf> = if path.is_dir() {
+        std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_file()).collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    files.sort();
+    for file in files {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let weights_or_config = name.ends_with(".safetensors") || name.ends_with(".gguf") || name == "config.json";
+        if !weights_or_config {
+            continue;
+        }
+        let meta = std::fs::metadata(&file).ok();
+        let size = meta.as_ref().map_or(0, std::fs::Metadata::len);
+        let modified = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        out(format!("{name}\0{size}\0{modified}\n"));
+    }
+}
