@@ -36,7 +36,8 @@ fn imports(text: &str) -> Vec<String> {
         for start in ["crate::", "super::"] {
             let mut rest = line;
             while let Some(i) = rest.find(start) {
-                let path: String = rest[i..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+                let path: String =
+                    rest[i..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
                 found.push(path.trim_end_matches(':').to_string());
                 rest = &rest[i + start.len()..];
             }
@@ -58,14 +59,19 @@ fn no_dialect_imports_the_openai_dialect() {
             continue;
         }
         for path in imports(&text) {
-            let is_openai = path.starts_with("crate::server::openai") || (file.starts_with("server/") && path.starts_with("super::openai"));
+            let is_openai = path.starts_with("crate::server::openai")
+                || (file.starts_with("server/") && path.starts_with("super::openai"));
             // `super::` from a dialect's folder reaches `server::`, so `super::super::openai` too.
             if is_openai || path.contains("super::openai") {
                 offenders.push(format!("{file}: {path}"));
             }
         }
     }
-    assert!(offenders.is_empty(), "the chat core and the other dialects must not import server::openai:\n{}", offenders.join("\n"));
+    assert!(
+        offenders.is_empty(),
+        "the chat core and the other dialects must not import server::openai:\n{}",
+        offenders.join("\n")
+    );
 }
 
 #[test]
@@ -78,7 +84,9 @@ fn no_dialect_imports_another() {
                 let other = dialects.iter().filter(|d| **d != dialect).find(|d| {
                     // From a dialect's mod.rs, `super::` is `server::` already.
                     let from_mod = file.ends_with("/mod.rs") && path.starts_with(&format!("super::{d}"));
-                    path.starts_with(&format!("crate::server::{d}")) || path.starts_with(&format!("super::super::{d}")) || from_mod
+                    path.starts_with(&format!("crate::server::{d}"))
+                        || path.starts_with(&format!("super::super::{d}"))
+                        || from_mod
                 });
                 if other.is_some() {
                     offenders.push(format!("{file}: {path}"));
@@ -86,7 +94,11 @@ fn no_dialect_imports_another() {
             }
         }
     }
-    assert!(offenders.is_empty(), "dialects translate into the chat core, never through each other:\n{}", offenders.join("\n"));
+    assert!(
+        offenders.is_empty(),
+        "dialects translate into the chat core, never through each other:\n{}",
+        offenders.join("\n")
+    );
 }
 
 #[test]
@@ -95,7 +107,9 @@ fn the_chat_core_imports_no_dialect() {
     let mut offenders = Vec::new();
     for (file, text) in sources(&src("server/chat")) {
         for path in imports(&text) {
-            if dialects.iter().any(|d| path.starts_with(&format!("crate::server::{d}")) || path.starts_with(&format!("super::super::{d}"))) {
+            if dialects.iter().any(|d| {
+                path.starts_with(&format!("crate::server::{d}")) || path.starts_with(&format!("super::super::{d}"))
+            }) {
                 offenders.push(format!("{file}: {path}"));
             }
         }
@@ -139,13 +153,22 @@ fn engine_files_import_each_other_without_circles() {
         }
         let targets = imports(text)
             .into_iter()
-            .filter_map(|p| p.strip_prefix("super::").or_else(|| p.strip_prefix("crate::engine::")).map(|r| r.split("::").next().unwrap().to_string()))
+            .filter_map(|p| {
+                p.strip_prefix("super::")
+                    .or_else(|| p.strip_prefix("crate::engine::"))
+                    .map(|r| r.split("::").next().unwrap().to_string())
+            })
             .filter(|t| names.contains(t) && *t != from)
             .collect::<Vec<_>>();
         edges.entry(from).or_default().extend(targets);
     }
     // Depth-first search for a back edge.
-    fn visit(n: &str, edges: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, done: &mut BTreeSet<String>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
         if let Some(i) = path.iter().position(|p| p == n) {
             let mut cycle = path[i..].to_vec();
             cycle.push(n.to_string());
@@ -170,5 +193,8 @@ fn engine_files_import_each_other_without_circles() {
             panic!("engine files import each other in a circle: {}", cycle.join(" -> "));
         }
     }
-    assert!(edges.get("handle").is_some_and(|e| e.contains("scheduler")), "the check sees the engine's imports: {edges:?}");
+    assert!(
+        edges.get("handle").is_some_and(|e| e.contains("scheduler")),
+        "the check sees the engine's imports: {edges:?}"
+    );
 }

@@ -33,7 +33,9 @@ fn renders_like_transformers() {
         let result = template.render(&request);
         match (case["expected"].as_str(), result) {
             (Some(expected), Ok(got)) if got == expected => {}
-            (Some(expected), Ok(got)) => failures.push(format!("{label}: rendered differently\n--- expected\n{expected}\n--- got\n{got}")),
+            (Some(expected), Ok(got)) => {
+                failures.push(format!("{label}: rendered differently\n--- expected\n{expected}\n--- got\n{got}"))
+            }
             (Some(_), Err(e)) => failures.push(format!("{label}: failed: {e}")),
             (None, Ok(got)) => failures.push(format!("{label}: should fail, rendered\n{got}")),
             (None, Err(e)) => {

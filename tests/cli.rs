@@ -31,7 +31,19 @@ fn sampling_with_a_seed_is_reproducible() {
     assert!(fastmlx().args(["make-test-model", "--arch", "qwen3"]).arg(&model).output_within().status.success());
     let run = |seed: &str| {
         let out = fastmlx()
-            .args(["generate", "--prompt", "abc", "--max-tokens", "16", "--temp", "0.9", "--seed", seed, "--ignore-eos", "-m"])
+            .args([
+                "generate",
+                "--prompt",
+                "abc",
+                "--max-tokens",
+                "16",
+                "--temp",
+                "0.9",
+                "--seed",
+                seed,
+                "--ignore-eos",
+                "-m",
+            ])
             .arg(&model)
             .output_within();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -90,16 +102,29 @@ fn ls_and_rm_over_the_model_folders() {
     let (own, hf) = (dir.path().join("own"), dir.path().join("hf"));
     let snapshot = hf.join("models--mlx-community--tiny/snapshots/r1");
     assert!(fastmlx().args(["make-test-model", "--arch", "qwen2"]).arg(&snapshot).output_within().status.success());
-    assert!(fastmlx().args(["make-test-model", "--arch", "llama"]).arg(own.join("mine")).output_within().status.success());
+    assert!(fastmlx()
+        .args(["make-test-model", "--arch", "llama"])
+        .arg(own.join("mine"))
+        .output_within()
+        .status
+        .success());
     let run = |args: &[&str]| {
-        let out = fastmlx().args(args).env("FASTMLX_MODELS_DIR", &own).env("HF_HUB_CACHE", &hf).env("LMSTUDIO_MODELS_DIR", dir.path().join("none")).output_within();
+        let out = fastmlx()
+            .args(args)
+            .env("FASTMLX_MODELS_DIR", &own)
+            .env("HF_HUB_CACHE", &hf)
+            .env("LMSTUDIO_MODELS_DIR", dir.path().join("none"))
+            .output_within();
         (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
     };
     let (ok, text) = run(&["ls"]);
     assert!(ok, "{text}");
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert!(rows[0].starts_with("mine ") && rows[0].contains("llama") && rows[0].contains("fastmlx"), "{text}");
-    assert!(rows[1].starts_with("mlx-community/tiny ") && rows[1].contains("qwen2") && rows[1].contains("hf-cache"), "{text}");
+    assert!(
+        rows[1].starts_with("mlx-community/tiny ") && rows[1].contains("qwen2") && rows[1].contains("hf-cache"),
+        "{text}"
+    );
     let (ok, text) = run(&["rm", "mlx-community/tiny"]);
     assert!(!ok && text.contains("not downloaded by FastMLX"), "{text}");
     assert!(snapshot.exists());

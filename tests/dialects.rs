@@ -14,7 +14,11 @@ use fastmlx::server::ServerConfig;
 use serde_json::{json, Value};
 
 fn delete(uri: &str, body: Value) -> Request<Body> {
-    Request::delete(uri).header(header::HOST, "localhost").header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap()
+    Request::delete(uri)
+        .header(header::HOST, "localhost")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 /// NDJSON lines as JSON.
@@ -49,7 +53,8 @@ async fn ollama_listing_and_show() {
     let (status, body) = send(&h, get("/")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "Ollama is running"));
     // Ollama's clients send `Accept: */*` (or nothing); a browser asks for HTML and gets the UI.
-    let ollama_client = Request::get("/").header(header::HOST, "localhost").header(header::ACCEPT, "*/*").body(Body::empty()).unwrap();
+    let ollama_client =
+        Request::get("/").header(header::HOST, "localhost").header(header::ACCEPT, "*/*").body(Body::empty()).unwrap();
     assert_eq!(send(&h, ollama_client).await, (StatusCode::OK, "Ollama is running".to_string()));
     let browser = Request::get("/")
         .header(header::HOST, "127.0.0.1:8080")
@@ -87,7 +92,10 @@ async fn ollama_listing_and_show() {
         assert!(show["details"]["family"].is_string() && show["parameters"].is_string());
     }
     let (status, error) = send_json(&h, post("/api/show", json!({"model": "llama3.2:3b"}).to_string())).await;
-    assert_eq!((status, error), (StatusCode::NOT_FOUND, json!({"error": "model \"llama3.2:3b\" not found, try pulling it first"})));
+    assert_eq!(
+        (status, error),
+        (StatusCode::NOT_FOUND, json!({"error": "model \"llama3.2:3b\" not found, try pulling it first"}))
+    );
     let (status, error) = send_json(&h, post("/api/show", "{not json")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error["error"].as_str().unwrap().contains("not valid JSON"), "Ollama's envelope: {error}");
@@ -108,7 +116,8 @@ async fn ollama_chat_and_generate() {
     let _mlx = common::mlx_lock();
     let h = harness(EngineConfig::default(), ServerConfig::default()).await;
     let options = json!({"num_predict": 6, "temperature": 0, "seed": 1, "num_ctx": 2048});
-    let request = json!({"model": h.id, "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": options});
+    let request =
+        json!({"model": h.id, "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": options});
     let (status, whole) = send_json(&h, post("/api/chat", request.to_string())).await;
     assert_eq!(status, StatusCode::OK, "{whole}");
     assert_eq!((whole["done"].as_bool(), whole["message"]["role"].as_str()), (Some(true), Some("assistant")));
@@ -139,7 +148,14 @@ async fn ollama_chat_and_generate() {
     assert!(content["city"].is_string() && (1..=9).contains(&content["days"].as_i64().unwrap()), "{content}");
 
     // generate: templated, raw, and a suffix this model cannot fill.
-    let (status, generated) = send_json(&h, post("/api/generate", json!({"model": h.id, "prompt": "Why?", "stream": false, "options": options}).to_string())).await;
+    let (status, generated) = send_json(
+        &h,
+        post(
+            "/api/generate",
+            json!({"model": h.id, "prompt": "Why?", "stream": false, "options": options}).to_string(),
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{generated}");
     assert!(generated["response"].is_string() && generated["done"] == true);
     let raw = json!({"model": h.id, "prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "raw": true, "options": options});
@@ -149,16 +165,27 @@ async fn ollama_chat_and_generate() {
     // evaluated when the prefix cache holds the start of the prompt from the requests above.
     let evaluated = raw_lines.last().unwrap()["prompt_eval_count"].as_u64().unwrap();
     assert!((1..=9).contains(&evaluated), "the raw prompt's special tokens, as they are: {evaluated}");
-    let (status, error) = send_json(&h, post("/api/generate", json!({"model": h.id, "prompt": "def f(", "suffix": "return x", "stream": false}).to_string())).await;
+    let (status, error) = send_json(
+        &h,
+        post(
+            "/api/generate",
+            json!({"model": h.id, "prompt": "def f(", "suffix": "return x", "stream": false}).to_string(),
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error["error"].as_str().unwrap().contains("does not support insert"), "{error}");
     // OpenAI's legacy `suffix` takes the same fill-in-the-middle path.
-    let (status, error) = send_json(&h, post("/v1/completions", json!({"prompt": "def f(", "suffix": "return x"}).to_string())).await;
+    let (status, error) =
+        send_json(&h, post("/v1/completions", json!({"prompt": "def f(", "suffix": "return x"}).to_string())).await;
     assert_eq!((status, error["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("suffix")), "{error}");
 
     // Bad input, in Ollama's envelope.
     for (bad, what) in [
-        (json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "options": {"temperature": "hot"}}), "options.temperature"),
+        (
+            json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "options": {"temperature": "hot"}}),
+            "options.temperature",
+        ),
         (json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"}), "keep_alive"),
         (json!({"model": h.id, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), "images"),
         (json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "format": 7}), "format"),
@@ -169,8 +196,15 @@ async fn ollama_chat_and_generate() {
         let message = error["error"].as_str().unwrap_or_else(|| panic!("not Ollama's envelope: {error}"));
         assert!(message.contains(what), "{message} should name {what}");
     }
-    let (status, error) = send_json(&h, post("/api/chat", json!({"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "x"}]}).to_string())).await;
-    assert_eq!((status, error["error"].as_str()), (StatusCode::NOT_FOUND, Some("model \"qwen2.5:7b\" not found, try pulling it first")));
+    let (status, error) = send_json(
+        &h,
+        post("/api/chat", json!({"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "x"}]}).to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, error["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("model \"qwen2.5:7b\" not found, try pulling it first"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -205,7 +239,10 @@ async fn ollama_keep_alive_and_aliases_drive_the_model_store() {
     assert_eq!(h.state.models.loaded()[0].expires_in_secs, None);
     // Delete refuses what FastMLX did not download; pull refuses library names.
     let (status, error) = send_json(&h, delete("/api/delete", json!({"model": "nope"}))).await;
-    assert_eq!((status, error["error"].as_str()), (StatusCode::NOT_FOUND, Some("model \"nope\" not found, try pulling it first")));
+    assert_eq!(
+        (status, error["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("model \"nope\" not found, try pulling it first"))
+    );
     let (status, error) = send_json(&h, post("/api/pull", json!({"model": "llama3.2"}).to_string())).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error["error"].as_str().unwrap().contains("Hugging Face"), "{error}");
@@ -218,10 +255,14 @@ async fn anthropic_messages() {
     let request = json!({"model": "claude-sonnet-4-5", "max_tokens": 6, "temperature": 0, "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]});
     let (status, message) = send_json(&h, post("/v1/messages", request.to_string())).await;
     assert_eq!(status, StatusCode::OK, "{message}");
-    assert_eq!((message["type"].as_str(), message["role"].as_str(), message["model"].as_str()), (Some("message"), Some("assistant"), Some("claude-sonnet-4-5")));
+    assert_eq!(
+        (message["type"].as_str(), message["role"].as_str(), message["model"].as_str()),
+        (Some("message"), Some("assistant"), Some("claude-sonnet-4-5"))
+    );
     assert!(message["id"].as_str().unwrap().starts_with("msg_"));
     assert!(matches!(message["stop_reason"].as_str(), Some("end_turn" | "max_tokens")));
-    let (input, output) = (message["usage"]["input_tokens"].as_u64().unwrap(), message["usage"]["output_tokens"].as_u64().unwrap());
+    let (input, output) =
+        (message["usage"]["input_tokens"].as_u64().unwrap(), message["usage"]["output_tokens"].as_u64().unwrap());
     assert!(input > 0 && (1..=6).contains(&output));
     let text = message["content"][0]["text"].as_str().unwrap_or_default().to_string();
 
@@ -249,14 +290,24 @@ async fn anthropic_messages() {
     let forced = json!({"model": "claude-x", "max_tokens": 200, "messages": [{"role": "user", "content": "Oslo?"}], "tools": tools, "tool_choice": {"type": "tool", "name": "get_weather"}});
     let (status, called) = send_json(&h, post("/v1/messages", forced.to_string())).await;
     assert_eq!(status, StatusCode::OK, "{called}");
-    let block = called["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").cloned().unwrap_or_else(|| panic!("{called}"));
+    let block = called["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .cloned()
+        .unwrap_or_else(|| panic!("{called}"));
     assert!(block["id"].as_str().unwrap().starts_with("toolu_") && block["name"] == "get_weather");
     assert!(block["input"]["city"].is_string() && block["input"]["days"].is_i64(), "{block}");
     let mut forced_stream = forced.clone();
     forced_stream["stream"] = json!(true);
     let (_, body) = send(&h, post("/v1/messages", forced_stream.to_string())).await;
     let events = sse_events(&body);
-    let json_text: String = events.iter().filter(|(_, d)| d["delta"]["type"] == "input_json_delta").map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap()).collect();
+    let json_text: String = events
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
+        .collect();
     let streamed_input: Value = serde_json::from_str(&json_text).unwrap();
     assert!(streamed_input["city"].is_string(), "{streamed_input}");
     assert_eq!(events[2].1["content_block"]["type"], "tool_use");
@@ -282,20 +333,29 @@ async fn anthropic_messages() {
     let prefilled = json!({"model": "claude-x", "max_tokens": 64000, "temperature": 0, "messages": [chat[0], {"role": "assistant", "content": "Hello there"}]});
     let (status, answer) = send_json(&h, post("/v1/messages", prefilled.to_string())).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let (prompt, output) = (answer["usage"]["input_tokens"].as_u64().unwrap(), answer["usage"]["output_tokens"].as_u64().unwrap());
+    let (prompt, output) =
+        (answer["usage"]["input_tokens"].as_u64().unwrap(), answer["usage"]["output_tokens"].as_u64().unwrap());
     assert!(prompt + output <= 512, "{answer}");
-    let (_, plain) = send_json(&h, post("/v1/messages/count_tokens", json!({"model": "claude-x", "messages": chat}).to_string())).await;
+    let (_, plain) =
+        send_json(&h, post("/v1/messages/count_tokens", json!({"model": "claude-x", "messages": chat}).to_string()))
+            .await;
     assert!(prompt > plain["input_tokens"].as_u64().unwrap(), "the prefill is part of the prompt");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn anthropic_errors_in_anthropic_shape() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("sk-local".into()), ..ServerConfig::default() }).await;
-    let body = json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let h =
+        harness(EngineConfig::default(), ServerConfig { api_key: Some("sk-local".into()), ..ServerConfig::default() })
+            .await;
+    let body =
+        json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).to_string();
     let (status, error) = send_json(&h, post("/v1/messages", body.clone())).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!((error["type"].as_str(), error["error"]["type"].as_str()), (Some("error"), Some("authentication_error")));
+    assert_eq!(
+        (error["type"].as_str(), error["error"]["type"].as_str()),
+        (Some("error"), Some("authentication_error"))
+    );
     let keyed = |body: String| {
         Request::post("/v1/messages")
             .header(header::HOST, "localhost")
@@ -310,8 +370,14 @@ async fn anthropic_errors_in_anthropic_shape() {
     assert_eq!(status, StatusCode::OK, "x-api-key and Anthropic's headers: {ok}");
     for (bad, param) in [
         (json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}), "max_tokens"),
-        (json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}), "image"),
-        (json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "warm"}), "temperature"),
+        (
+            json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+            "image",
+        ),
+        (
+            json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "warm"}),
+            "temperature",
+        ),
         (json!({"model": "claude-x", "max_tokens": 5, "messages": "hi"}), "messages"),
     ] {
         let (status, error) = send_json(&h, keyed(bad.to_string())).await;
@@ -319,7 +385,13 @@ async fn anthropic_errors_in_anthropic_shape() {
         assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
         assert!(error["error"]["message"].as_str().unwrap().contains(param), "{error}");
     }
-    let (status, error) = send_json(&h, keyed(json!({"model": "not-here", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}).to_string())).await;
+    let (status, error) = send_json(
+        &h,
+        keyed(
+            json!({"model": "not-here", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}).to_string(),
+        ),
+    )
+    .await;
     assert_eq!((status, error["error"]["type"].as_str()), (StatusCode::NOT_FOUND, Some("not_found_error")));
 }
 
@@ -333,8 +405,17 @@ async fn responses_api() {
     assert_eq!((response["object"].as_str(), response["model"].as_str()), (Some("response"), Some(h.id.as_str())));
     assert!(matches!(response["status"].as_str(), Some("completed" | "incomplete")));
     let usage = &response["usage"];
-    assert_eq!(usage["total_tokens"].as_u64(), Some(usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap()));
-    let text: String = response["output"].as_array().unwrap().iter().filter(|i| i["type"] == "message").map(|i| i["content"][0]["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap())
+    );
+    let text: String = response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .map(|i| i["content"][0]["text"].as_str().unwrap().to_string())
+        .collect();
 
     let mut streamed = request.clone();
     streamed["stream"] = json!(true);
@@ -345,7 +426,11 @@ async fn responses_api() {
     assert!(matches!(*names.last().unwrap(), "response.completed" | "response.incomplete"));
     let sequence: Vec<u64> = events.iter().map(|(_, d)| d["sequence_number"].as_u64().unwrap()).collect();
     assert_eq!(sequence, (0..events.len() as u64).collect::<Vec<_>>(), "sequence numbers count up from 0");
-    let deltas: String = events.iter().filter(|(n, _)| n == "response.output_text.delta").map(|(_, d)| d["delta"].as_str().unwrap()).collect();
+    let deltas: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, d)| d["delta"].as_str().unwrap())
+        .collect();
     assert_eq!(deltas, text);
 
     // A forced function call, then its output sent back as an item.
@@ -353,7 +438,13 @@ async fn responses_api() {
     let forced = json!({"model": h.id, "input": "Oslo?", "tools": tools, "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 200});
     let (status, called) = send_json(&h, post("/v1/responses", forced.to_string())).await;
     assert_eq!(status, StatusCode::OK, "{called}");
-    let call = called["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").cloned().unwrap_or_else(|| panic!("{called}"));
+    let call = called["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .cloned()
+        .unwrap_or_else(|| panic!("{called}"));
     let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
     assert!(arguments["city"].is_string(), "{arguments}");
     let round = json!({"model": h.id, "tools": tools, "max_output_tokens": 4, "input": [
@@ -363,7 +454,10 @@ async fn responses_api() {
     assert_eq!(status, StatusCode::OK, "{answer}");
 
     // Nothing is stored: clear errors in OpenAI's envelope.
-    for (bad, param) in [(json!({"input": "x", "previous_response_id": "resp_1"}), "previous_response_id"), (json!({"input": "x", "store": true}), "store")] {
+    for (bad, param) in [
+        (json!({"input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+        (json!({"input": "x", "store": true}), "store"),
+    ] {
         let (status, error) = send_json(&h, post("/v1/responses", bad.to_string())).await;
         assert_eq!((status, error["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some(param)), "{error}");
         assert!(error["error"]["message"].as_str().unwrap().contains("not supported"));
@@ -378,7 +472,8 @@ async fn app_response(h: &Harness, request: Request<Body>) -> (String, String) {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
     let response = fastmlx::server::app(h.state.clone()).oneshot(request).await.unwrap();
-    let content_type = response.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let content_type =
+        response.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (content_type, String::from_utf8_lossy(&body).to_string())
 }
@@ -409,12 +504,26 @@ async fn suffix_fills_in_the_middle_with_the_models_markers() {
     assert_eq!(show["capabilities"], json!(["completion", "insert"]));
     let options = json!({"num_predict": 4, "temperature": 0});
     let (prefix, suffix) = ("def f(", "return x");
-    let (status, filled) = send_json(&h, post("/api/generate", json!({"model": h.id, "prompt": prefix, "suffix": suffix, "stream": false, "options": options}).to_string())).await;
+    let (status, filled) = send_json(
+        &h,
+        post(
+            "/api/generate",
+            json!({"model": h.id, "prompt": prefix, "suffix": suffix, "stream": false, "options": options}).to_string(),
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{filled}");
     // Byte-level tokens: one per byte, plus the three markers.
     let expected = (prefix.len() + suffix.len() + 3) as u64;
     assert_eq!(filled["prompt_eval_count"].as_u64(), Some(expected), "{filled}");
-    let (status, completion) = send_json(&h, post("/v1/completions", json!({"prompt": prefix, "suffix": suffix, "max_tokens": 4, "temperature": 0}).to_string())).await;
+    let (status, completion) = send_json(
+        &h,
+        post(
+            "/v1/completions",
+            json!({"prompt": prefix, "suffix": suffix, "max_tokens": 4, "temperature": 0}).to_string(),
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{completion}");
     assert_eq!(completion["usage"]["prompt_tokens"].as_u64(), Some(expected));
     assert_eq!(completion["choices"][0]["text"], filled["response"], "the same prompt, greedy: the same fill");
@@ -442,7 +551,8 @@ async fn a_cancelled_stream_never_ends_as_a_normal_finish() {
             std::thread::sleep(std::time::Duration::from_millis(5));
             Ok(())
         });
-        let h = harness(EngineConfig { fault_injector: Some(slow), ..Default::default() }, ServerConfig::default()).await;
+        let h =
+            harness(EngineConfig { fault_injector: Some(slow), ..Default::default() }, ServerConfig::default()).await;
         if uri.starts_with("/api/") {
             body["model"] = json!(h.id);
         }
@@ -464,22 +574,32 @@ async fn a_cancelled_stream_never_ends_as_a_normal_finish() {
             "/v1/chat/completions" | "/v1/completions" => {
                 let data = sse_data(&text);
                 assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{uri}: {text}");
-                let frames: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-                assert!(frames.iter().all(|f| f["choices"][0]["finish_reason"].is_null()), "{uri}: a finish_reason was sent: {text}");
+                let frames: Vec<Value> =
+                    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+                assert!(
+                    frames.iter().all(|f| f["choices"][0]["finish_reason"].is_null()),
+                    "{uri}: a finish_reason was sent: {text}"
+                );
                 let last = frames.last().unwrap();
                 assert_eq!(last["error"]["type"], "server_error", "{uri}: {last}");
                 assert!(last["error"]["message"].as_str().unwrap().contains("cancelled"), "{uri}: {last}");
             }
             "/v1/messages" => {
                 let events = sse_events(&text);
-                assert!(events.iter().all(|(name, _)| name != "message_delta" && name != "message_stop"), "{uri}: {text}");
+                assert!(
+                    events.iter().all(|(name, _)| name != "message_delta" && name != "message_stop"),
+                    "{uri}: {text}"
+                );
                 let (name, data) = events.last().unwrap();
                 assert_eq!((name.as_str(), data["type"].as_str()), ("error", Some("error")), "{uri}: {data}");
                 assert_eq!(data["error"]["type"], "overloaded_error", "{uri}: {data}");
             }
             "/v1/responses" => {
                 let events = sse_events(&text);
-                assert!(events.iter().all(|(name, _)| name != "response.completed" && name != "response.incomplete"), "{uri}: {text}");
+                assert!(
+                    events.iter().all(|(name, _)| name != "response.completed" && name != "response.incomplete"),
+                    "{uri}: {text}"
+                );
                 let (name, data) = events.last().unwrap();
                 assert_eq!(name, "response.failed", "{uri}: {data}");
                 assert_eq!(data["response"]["status"], "failed");

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use fake_hub::{fake_safetensors, random_bytes, sha256_hex, Corruption, FakeHub, FakeRepo, Logged};
 use fastmlx::store::download::{download_files, Progress};
-use fastmlx::store::select::{select_files, select_model_files};
 use fastmlx::store::hub::{HubClient, HubError, RemoteFile, RetryPolicy};
+use fastmlx::store::select::{select_files, select_model_files};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -60,7 +60,11 @@ fn mlx_repo() -> FakeRepo {
 fn gguf_repo() -> FakeRepo {
     let mut repo = FakeRepo::new(
         GGUF,
-        vec![("README.md", b"# gguf\n".to_vec()), ("Model-Q4_K_M.gguf", random_bytes(1_500_000, 6)), ("Model-Q8_0.gguf", random_bytes(2_000_000, 7))],
+        vec![
+            ("README.md", b"# gguf\n".to_vec()),
+            ("Model-Q4_K_M.gguf", random_bytes(1_500_000, 6)),
+            ("Model-Q8_0.gguf", random_bytes(2_000_000, 7)),
+        ],
     );
     repo.tags = vec!["gguf".into()];
     repo.downloads = 900;
@@ -68,7 +72,10 @@ fn gguf_repo() -> FakeRepo {
 }
 
 fn gated_repo() -> FakeRepo {
-    let mut repo = FakeRepo::new(GATED, vec![("config.json", b"{}".to_vec()), ("model.safetensors", fake_safetensors(800_000, 8))]);
+    let mut repo = FakeRepo::new(
+        GATED,
+        vec![("config.json", b"{}".to_vec()), ("model.safetensors", fake_safetensors(800_000, 8))],
+    );
     repo.gated = true;
     repo.tags = vec!["mlx".into()];
     repo.downloads = 100;
@@ -76,7 +83,8 @@ fn gated_repo() -> FakeRepo {
 }
 
 fn chat_repo() -> FakeRepo {
-    let mut repo = FakeRepo::new(CHAT, vec![("config.json", b"{}".to_vec()), ("model.safetensors", fake_safetensors(100_000, 9))]);
+    let mut repo =
+        FakeRepo::new(CHAT, vec![("config.json", b"{}".to_vec()), ("model.safetensors", fake_safetensors(100_000, 9))]);
     repo.tags = vec!["mlx".into()];
     repo.library = Some("mlx".into());
     repo.downloads = 2000;
@@ -89,7 +97,8 @@ async fn start_hub() -> FakeHub {
 
 /// Retries fast enough for tests: 3 failed requests in a row, 10 ms apart at first.
 fn quick_client(fake: &FakeHub, token: Option<&str>) -> HubClient {
-    HubClient::new(&fake.url, token.map(str::to_string)).with_retry_policy(RetryPolicy { attempts: 3, first_backoff: Duration::from_millis(10) })
+    HubClient::new(&fake.url, token.map(str::to_string))
+        .with_retry_policy(RetryPolicy { attempts: 3, first_backoff: Duration::from_millis(10) })
 }
 
 async fn within<T>(future: impl Future<Output = T>) -> T {
@@ -113,7 +122,13 @@ async fn download(client: &HubClient, repo: &str, files: &[RemoteFile], staging:
     download_with(client, repo, files, staging, &CancellationToken::new()).await
 }
 
-async fn download_with(client: &HubClient, repo: &str, files: &[RemoteFile], staging: &Path, cancel: &CancellationToken) -> Outcome {
+async fn download_with(
+    client: &HubClient,
+    repo: &str,
+    files: &[RemoteFile],
+    staging: &Path,
+    cancel: &CancellationToken,
+) -> Outcome {
     let (sender, mut receiver) = watch::channel(Progress::default());
     let watcher = tokio::spawn(async move {
         let mut seen = Vec::new();
@@ -175,7 +190,10 @@ async fn downloads_a_model_folder_verified_with_progress_to_the_end() {
     assert_eq!(info.sha, fake.repo(MLX).sha);
     assert_eq!((info.gated, info.library.as_deref()), (false, Some("mlx")));
     let shard = info.files.iter().find(|f| f.name == SHARD1).unwrap();
-    assert_eq!((shard.size, shard.sha256.clone()), (Some(SHARD1_SIZE as u64), Some(sha256_hex(fake.repo(MLX).file(SHARD1)))));
+    assert_eq!(
+        (shard.size, shard.sha256.clone()),
+        (Some(SHARD1_SIZE as u64), Some(sha256_hex(fake.repo(MLX).file(SHARD1))))
+    );
 
     let files = select_model_files(&client, &info, &info.sha, None).await.unwrap();
     let expected = [
@@ -235,7 +253,10 @@ async fn selects_one_gguf_file_by_quantization() {
     assert_eq!(files[0].sha256.as_deref(), Some(sha256_hex(fake.repo(GGUF).file("Model-Q4_K_M.gguf")).as_str()));
 
     let several = select_files(&info, Some("model")).unwrap_err().to_string();
-    assert!(several.contains(GGUF) && several.contains("Model-Q4_K_M.gguf") && several.contains("Model-Q8_0.gguf"), "{several}");
+    assert!(
+        several.contains(GGUF) && several.contains("Model-Q4_K_M.gguf") && several.contains("Model-Q8_0.gguf"),
+        "{several}"
+    );
     let as_folder = select_files(&info, None).unwrap_err().to_string();
     assert!(as_folder.contains("config.json") && as_folder.contains("Model-Q8_0.gguf"), "{as_folder}");
 
@@ -256,8 +277,11 @@ async fn resumes_after_a_cut_connection() {
 
     let requests = byte_requests(&fake, SHARD1);
     assert_eq!(requests.len(), 2, "{requests:?}");
-    let resumed_at: u64 =
-        requests[1].range.as_deref().and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok()).expect("a Range request");
+    let resumed_at: u64 = requests[1]
+        .range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
+        .expect("a Range request");
     assert!(resumed_at > 0 && resumed_at <= 1_500_000, "resumed at {resumed_at}");
     assert_eq!(requests[1].status, 206);
     let served = fake.bytes_served(SHARD1);
@@ -308,7 +332,8 @@ async fn cancel_stops_promptly_and_keeps_the_part() {
     let cancel = CancellationToken::new();
     let (sender, mut receiver) = watch::channel(Progress::default());
     let task = {
-        let (client, files, staging, cancel) = (client.clone(), files.clone(), staging.path().to_path_buf(), cancel.clone());
+        let (client, files, staging, cancel) =
+            (client.clone(), files.clone(), staging.path().to_path_buf(), cancel.clone());
         tokio::spawn(async move { download_files(&client, MLX, "main", &files, &staging, &sender, &cancel).await })
     };
     within(receiver.wait_for(|p| p.file == SHARD1 && p.file_done >= 300_000)).await.unwrap();
@@ -438,12 +463,21 @@ async fn a_changed_file_is_fetched_again_and_the_rest_skipped() {
     // Same size, other bytes, a later modification time: the sidecar no longer vouches for it.
     let path = staging.path().join(SHARD2);
     std::fs::write(&path, random_bytes(SHARD2_SIZE, 99)).unwrap();
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(std::time::SystemTime::now() + Duration::from_secs(10)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(10))
+        .unwrap();
     fake.reset_stats();
     download(&client, MLX, &files, staging.path()).await.result.unwrap();
     assert_files_match(&fake, MLX, &files, staging.path());
-    let fetched: BTreeSet<String> =
-        fake.requests().iter().filter(|r| r.path.contains("/resolve/")).map(|r| r.path.rsplit('/').next().unwrap().to_string()).collect();
+    let fetched: BTreeSet<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/resolve/"))
+        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
+        .collect();
     assert_eq!(fetched, [SHARD2.to_string()].into());
 }
 
@@ -468,7 +502,13 @@ async fn search_returns_hits_by_downloads() {
     let mlx_only: Vec<String> = client.search("tiny", 10, true).await.unwrap().into_iter().map(|h| h.id).collect();
     assert_eq!(mlx_only, [CHAT, MLX]);
     let query = fake.requests().last().unwrap().query.clone();
-    assert!(query.contains("filter=mlx") && query.contains("sort=downloads") && query.contains("expand=safetensors") && query.contains("expand=siblings"), "{query}");
+    assert!(
+        query.contains("filter=mlx")
+            && query.contains("sort=downloads")
+            && query.contains("expand=safetensors")
+            && query.contains("expand=siblings"),
+        "{query}"
+    );
     assert_eq!(client.search("tiny", 1, false).await.unwrap().len(), 1);
     assert!(client.search("no-such-model", 10, false).await.unwrap().is_empty());
 }
@@ -481,7 +521,11 @@ struct Tmpfs {
 impl Tmpfs {
     fn mount(size: &str) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
-        let status = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir.path()).status().expect("run mount");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
         assert!(status.success(), "mount -t tmpfs failed: the disk-full tests need root (CI runs them as root)");
         Tmpfs { dir }
     }

@@ -101,7 +101,12 @@ fn assert_batch_equals_single(engine: &EngineHandle, requests: &[Request]) {
     for (i, expected) in alone.iter().enumerate() {
         let got = &outcomes[&i];
         assert_eq!(got.finish.reason, FinishReason::Length);
-        assert_eq!(&got.tokens, expected, "request {i} (prompt {} tokens) differs inside the batch", requests[i].prompt_ids.len());
+        assert_eq!(
+            &got.tokens,
+            expected,
+            "request {i} (prompt {} tokens) differs inside the batch",
+            requests[i].prompt_ids.len()
+        );
     }
 }
 
@@ -200,9 +205,13 @@ fn invalid_requests_are_refused_at_submit() {
     let dir = tiny_model(Arch::Phi3);
     let engine = start(dir.path(), EngineConfig { kv_budget_bytes: Some(256 << 10), ..Default::default() });
     let ctx = engine.model_info().context_length;
-    assert!(matches!(engine.submit(greedy(vec![1; ctx], 1)), Err(SubmitError::PromptTooLong { limit, .. }) if limit == ctx));
+    assert!(
+        matches!(engine.submit(greedy(vec![1; ctx], 1)), Err(SubmitError::PromptTooLong { limit, .. }) if limit == ctx)
+    );
     assert!(matches!(engine.submit(greedy(vec![], 1)), Err(SubmitError::Invalid(_))));
-    assert!(matches!(engine.submit(greedy(vec![100_000], 1)), Err(SubmitError::Invalid(m)) if m.contains("vocabulary")));
+    assert!(
+        matches!(engine.submit(greedy(vec![100_000], 1)), Err(SubmitError::Invalid(m)) if m.contains("vocabulary"))
+    );
     let mut bad = greedy(vec![1], 1);
     bad.params = SamplingParams { top_p: 2.0, ..Default::default() };
     assert!(matches!(engine.submit(bad), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
@@ -266,7 +275,9 @@ fn an_error_in_one_request_does_not_disturb_the_others() {
         requests.iter().map(|r| collect(engine.submit(r.clone()).unwrap()).tokens).collect::<Vec<_>>()
     };
     let fault: fastmlx::engine::FaultInjector =
-        std::sync::Arc::new(|id, generated| if id == 3 && generated == 2 { Err("injected failure".into()) } else { Ok(()) });
+        std::sync::Arc::new(
+            |id, generated| if id == 3 && generated == 2 { Err("injected failure".into()) } else { Ok(()) },
+        );
     let engine = start(dir.path(), EngineConfig { fault_injector: Some(fault), ..Default::default() });
     let streams: Vec<RequestStream> = requests.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
     for (i, stream) in streams.into_iter().enumerate() {

@@ -80,7 +80,10 @@ fn bad_requests_are_errors() {
         Err(GenerateError::PromptTooLong { tokens, limit: l }) => assert_eq!((tokens, l), (limit + 5, limit)),
         other => panic!("expected PromptTooLong, got {:?}", other.map(|g| g.text)),
     }
-    assert!(matches!(generate(&model, &request(vec![1, 999_999], 4, &[]), |_| {}), Err(GenerateError::BadToken(999_999))));
+    assert!(matches!(
+        generate(&model, &request(vec![1, 999_999], 4, &[]), |_| {}),
+        Err(GenerateError::BadToken(999_999))
+    ));
     let mut bad = request(vec![1, 2, 3], 4, &[]);
     bad.params.temperature = -1.0;
     assert!(matches!(generate(&model, &bad, |_| {}), Err(GenerateError::InvalidParams(_))));

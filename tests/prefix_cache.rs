@@ -67,7 +67,13 @@ fn agent_session(dir: &Path, vocab: usize, system_len: usize, chunk: usize) {
         let w = run(&warm, prompt, max);
         let c = run(&cold, prompt, max);
         assert_eq!(c.finish.usage.cached_tokens, 0, "no cache, nothing reused");
-        assert_eq!(w.tokens, c.tokens, "a cache hit of {} tokens changed the answer ({} prompt tokens)", w.finish.usage.cached_tokens, prompt.len());
+        assert_eq!(
+            w.tokens,
+            c.tokens,
+            "a cache hit of {} tokens changed the answer ({} prompt tokens)",
+            w.finish.usage.cached_tokens,
+            prompt.len()
+        );
         w
     };
     let system = tokens(1, system_len, vocab);
@@ -77,11 +83,19 @@ fn agent_session(dir: &Path, vocab: usize, system_len: usize, chunk: usize) {
     // The next turn: the prompt, the answer as the template renders it back, one new message.
     let turn2 = [turn1.clone(), a1.tokens.clone(), tokens(3, 7, vocab)].concat();
     let a2 = both(&turn2, 10);
-    assert_eq!(a2.finish.usage.cached_tokens, turn1.len() + a1.tokens.len() - 1, "a hit through the answer (its last token was never fed)");
+    assert_eq!(
+        a2.finish.usage.cached_tokens,
+        turn1.len() + a1.tokens.len() - 1,
+        "a hit through the answer (its last token was never fed)"
+    );
     // A second conversation with the same system prompt.
     let other = [system.clone(), tokens(4, 11, vocab)].concat();
     let b = both(&other, 8);
-    assert!(b.finish.usage.cached_tokens >= system_len, "the shared system prompt: {} of {system_len}", b.finish.usage.cached_tokens);
+    assert!(
+        b.finish.usage.cached_tokens >= system_len,
+        "the shared system prompt: {} of {system_len}",
+        b.finish.usage.cached_tokens
+    );
     // Diverging in the middle of a block (an edited line in the system prompt).
     let mut edited = other.clone();
     let at = system_len / 2 + 3;
@@ -126,8 +140,12 @@ fn a_concurrent_request_reuses_a_prompt_as_soon_as_it_is_prefilled() {
     synthetic::write_tiny_model(dir.path(), Arch::Llama, 5, None).unwrap();
     let engine = start(dir.path(), 1 << 30, 64);
     let system = tokens(7, 400, synthetic::VOCAB);
-    let requests: Vec<Vec<u32>> = (0..4).map(|i| [system.clone(), tokens(10 + i, 5, synthetic::VOCAB)].concat()).collect();
-    let streams: Vec<RequestStream> = requests.iter().map(|p| engine.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 6) }).unwrap()).collect();
+    let requests: Vec<Vec<u32>> =
+        (0..4).map(|i| [system.clone(), tokens(10 + i, 5, synthetic::VOCAB)].concat()).collect();
+    let streams: Vec<RequestStream> = requests
+        .iter()
+        .map(|p| engine.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 6) }).unwrap())
+        .collect();
     let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
     let cached: Vec<usize> = outcomes.iter().map(|o| o.finish.usage.cached_tokens).collect();
     assert_eq!(cached[0], 0);
@@ -135,7 +153,12 @@ fn a_concurrent_request_reuses_a_prompt_as_soon_as_it_is_prefilled() {
     let m = wait_idle(&engine);
     // Held once: the system prompt's blocks are stored once however many requests used them.
     let per_token = engine.model_info().kv_bytes_per_token;
-    assert!(m.prefix_cache_bytes <= per_token * (400 + 4 * (5 + 6) + 64), "{} bytes for {} tokens", m.prefix_cache_bytes, m.prefix_cache_bytes / per_token);
+    assert!(
+        m.prefix_cache_bytes <= per_token * (400 + 4 * (5 + 6) + 64),
+        "{} bytes for {} tokens",
+        m.prefix_cache_bytes,
+        m.prefix_cache_bytes / per_token
+    );
     engine.shutdown();
 }
 
@@ -150,11 +173,24 @@ fn the_cache_gives_way_to_running_requests() {
     // A KV budget for about 600 tokens; requests of 150 (prompt 100 + 50 out) four at a time.
     let budget = per_token * 600;
     let path = dir.path().to_path_buf();
-    let config = EngineConfig { kv_budget_bytes: Some(budget), prefix_cache_bytes: budget, max_batch: 4, prefill_chunk: 64, ..Default::default() };
+    let config = EngineConfig {
+        kv_budget_bytes: Some(budget),
+        prefix_cache_bytes: budget,
+        max_batch: 4,
+        prefill_chunk: 64,
+        ..Default::default()
+    };
     let engine = EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap();
     for round in 0..4 {
         let streams: Vec<RequestStream> = (0..4)
-            .map(|i| engine.submit(Request { ignore_eos: true, ..Request::new(tokens(round * 10 + i, 100, synthetic::VOCAB), 50) }).unwrap())
+            .map(|i| {
+                engine
+                    .submit(Request {
+                        ignore_eos: true,
+                        ..Request::new(tokens(round * 10 + i, 100, synthetic::VOCAB), 50)
+                    })
+                    .unwrap()
+            })
             .collect();
         for outcome in streams.into_iter().map(collect) {
             assert_eq!(outcome.finish.reason, FinishReason::Length, "none refused or failed for the cache's sake");
@@ -186,7 +222,11 @@ fn cancelled_in_the_middle_of_prefill_leaves_a_usable_cache() {
     let m = wait_idle(&engine);
     assert!(m.prompt_tokens_total < 479, "cancelled before the prompt was done: {}", m.prompt_tokens_total);
     let again = run(&engine, &prompt, 6);
-    assert!(again.finish.usage.cached_tokens >= 192, "the blocks prefilled before the cancel: {}", again.finish.usage.cached_tokens);
+    assert!(
+        again.finish.usage.cached_tokens >= 192,
+        "the blocks prefilled before the cancel: {}",
+        again.finish.usage.cached_tokens
+    );
     assert_eq!(again.tokens, run(&cold, &prompt, 6).tokens);
     engine.shutdown();
     cold.shutdown();
@@ -213,16 +253,25 @@ fn clearing_empties_the_cache() {
 
 fn start_with(dir: &Path, config: EngineConfig, options: fastmlx::model::LoadOptions) -> EngineHandle {
     let path = dir.to_path_buf();
-    EngineHandle::start(config, move || fastmlx::model::load_model_with(&path, &fastmlx::mlx::Backend::init(), &options)).unwrap()
+    EngineHandle::start(config, move || {
+        fastmlx::model::load_model_with(&path, &fastmlx::mlx::Backend::init(), &options)
+    })
+    .unwrap()
 }
 
 fn disk_config(cache: &Path) -> EngineConfig {
-    EngineConfig { prefill_chunk: 48, prefix_cache_bytes: 1 << 30, prefix_cache_disk: Some((cache.to_path_buf(), 1 << 30)), ..Default::default() }
+    EngineConfig {
+        prefill_chunk: 48,
+        prefix_cache_bytes: 1 << 30,
+        prefix_cache_disk: Some((cache.to_path_buf(), 1 << 30)),
+        ..Default::default()
+    }
 }
 
 /// The `.safetensors` files of the disk tier (one folder per model identity).
 fn cache_files(cache: &Path) -> Vec<std::path::PathBuf> {
-    let mut files: Vec<_> = walk(cache).into_iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
+    let mut files: Vec<_> =
+        walk(cache).into_iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
     files.sort();
     files
 }
@@ -269,7 +318,10 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     // read it), others are truncated or from another model, and one is no safetensors file.
     let files = cache_files(cache.path());
     let first_block: String = turn2[..64].iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let is_first = |p: &std::path::PathBuf| String::from_utf8_lossy(&std::fs::read(p).unwrap()[..4096.min(std::fs::metadata(p).unwrap().len() as usize)]).contains(&format!("\"tokens\":\"{first_block}\""));
+    let is_first = |p: &std::path::PathBuf| {
+        String::from_utf8_lossy(&std::fs::read(p).unwrap()[..4096.min(std::fs::metadata(p).unwrap().len() as usize)])
+            .contains(&format!("\"tokens\":\"{first_block}\""))
+    };
     let flipped_file = files.iter().find(|p| is_first(p)).expect("the first block is on disk").clone();
     let others: Vec<_> = files.iter().filter(|p| **p != flipped_file).cloned().collect();
     let mut flipped = std::fs::read(&flipped_file).unwrap();
@@ -278,7 +330,8 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     std::fs::write(&flipped_file, &flipped).unwrap();
     let bytes = std::fs::read(&others[0]).unwrap();
     std::fs::write(&others[0], &bytes[..bytes.len() / 2]).unwrap();
-    let foreign = String::from_utf8_lossy(&std::fs::read(&others[1]).unwrap()).replace("\"identity\":\"", "\"identity\":\"00");
+    let foreign =
+        String::from_utf8_lossy(&std::fs::read(&others[1]).unwrap()).replace("\"identity\":\"", "\"identity\":\"00");
     std::fs::write(&others[1], foreign).unwrap();
     let garbage = flipped_file.parent().unwrap().join(format!("{}.safetensors", "ab".repeat(32)));
     std::fs::write(&garbage, b"not a safetensors file").unwrap();
@@ -316,7 +369,8 @@ fn another_weight_format_or_context_does_not_reuse_the_entries() {
     let other_format = start_with(dir.path(), disk_config(cache.path()), packed);
     assert_eq!(run(&other_format, &prompt, 4).finish.usage.cached_tokens, 0, "packed weights are not the dense ones");
     other_format.shutdown();
-    let other_context = start_with(dir.path(), EngineConfig { max_context: Some(400), ..disk_config(cache.path()) }, dense);
+    let other_context =
+        start_with(dir.path(), EngineConfig { max_context: Some(400), ..disk_config(cache.path()) }, dense);
     assert_eq!(run(&other_context, &prompt, 4).finish.usage.cached_tokens, 0, "another context setting");
     other_context.shutdown();
 }
@@ -353,7 +407,10 @@ async fn dialects_report_reused_tokens_and_explain_a_miss() {
     use serde_json::{json, Value};
     let _mlx = common::mlx_lock();
     let h = default_harness().await;
-    let system = format!("You are a careful coding agent. Today is Monday.\n{}", "Rules: read the file before you edit it; run the tests. ".repeat(4));
+    let system = format!(
+        "You are a careful coding agent. Today is Monday.\n{}",
+        "Rules: read the file before you edit it; run the tests. ".repeat(4)
+    );
     let chat = |system: &str, question: &str| json!({"model": h.id, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}], "max_tokens": 4, "temperature": 0});
     let (_, first) = send_json(&h, post("/v1/chat/completions", chat(&system, "Fix the bug.").to_string())).await;
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{first}");
@@ -390,7 +447,10 @@ async fn dialects_report_reused_tokens_and_explain_a_miss() {
     let live: Value = serde_json::to_value(&recent[0]).unwrap();
     let miss = &live["cache_miss"];
     assert_eq!(miss["message"], 0, "the system message: {live}");
-    assert!(miss["after"].as_str().unwrap().contains("Tues") || miss["before"].as_str().unwrap().contains("Today is"), "{miss}");
+    assert!(
+        miss["after"].as_str().unwrap().contains("Tues") || miss["before"].as_str().unwrap().contains("Today is"),
+        "{miss}"
+    );
 }
 
 #[test]
@@ -403,7 +463,10 @@ fn cache_ls_and_clear_on_the_command_line() {
     run(&engine, &tokens(4, 150, synthetic::VOCAB), 3);
     engine.shutdown();
     let fastmlx = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fastmlx")).args(args).env("FASTMLX_CACHE_DIR", cache_root.path()).output_within();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fastmlx"))
+            .args(args)
+            .env("FASTMLX_CACHE_DIR", cache_root.path())
+            .output_within();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()
     };

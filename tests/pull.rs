@@ -84,7 +84,11 @@ async fn pull_resume_list_load_chat_delete() {
     assert_eq!(last["state"], "done", "{sse}");
     assert_eq!(last["id"], REPO);
     assert_eq!(last["progress"]["done"], last["progress"]["total"]);
-    assert!(hub.bytes_served(WEIGHTS) < size + size / 2, "resumed, not refetched: {} of {size}", hub.bytes_served(WEIGHTS));
+    assert!(
+        hub.bytes_served(WEIGHTS) < size + size / 2,
+        "resumed, not refetched: {} of {size}",
+        hub.bytes_served(WEIGHTS)
+    );
     let ranged = hub.file_requests(WEIGHTS).iter().filter(|r| r.range.is_some()).count();
     assert!(ranged >= 1, "the second request asked for the rest with Range");
     assert!(!dir.path().join(REPO).join("README.md").exists(), "only the files a model needs");
@@ -93,7 +97,10 @@ async fn pull_resume_list_load_chat_delete() {
     let (_, list) = send(&s, request("GET", "/admin/models", Value::Null)).await;
     let list: Value = serde_json::from_str(&list).unwrap();
     let entry = list.as_array().unwrap().iter().find(|m| m["id"] == REPO).expect("listed");
-    assert_eq!((entry["owned"].as_bool(), entry["loaded"].as_bool(), entry["architecture"].as_str()), (Some(true), Some(false), Some("llama")));
+    assert_eq!(
+        (entry["owned"].as_bool(), entry["loaded"].as_bool(), entry["architecture"].as_str()),
+        (Some(true), Some(false), Some("llama"))
+    );
     assert!(entry["unloadable_reason"].is_null(), "{entry}");
 
     let chat = json!({"model": REPO, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
@@ -135,6 +142,10 @@ async fn failed_and_cancelled_pulls() {
     let (_, sse) = send(&s, request("POST", "/admin/pull", json!({"repo": REPO}))).await;
     assert_eq!(events(&sse).pop().unwrap()["state"], "done", "{sse}");
     let size = hub.repo(REPO).file(WEIGHTS).len() as u64;
-    assert!(hub.bytes_served(WEIGHTS) < size, "the second pull resumed the part: {} of {size}", hub.bytes_served(WEIGHTS));
+    assert!(
+        hub.bytes_served(WEIGHTS) < size,
+        "the second pull resumed the part: {} of {size}",
+        hub.bytes_served(WEIGHTS)
+    );
     assert!(s.models.catalog().find(REPO).is_ok());
 }

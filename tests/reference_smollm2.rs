@@ -16,7 +16,8 @@ fn check_against_reference(model: &LoadedModel, reference: &Value) {
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let messages = case["messages"].as_array().unwrap();
-        let text = template.render(&RenderRequest { messages, add_generation_prompt: true, ..Default::default() }).unwrap();
+        let text =
+            template.render(&RenderRequest { messages, add_generation_prompt: true, ..Default::default() }).unwrap();
         assert_eq!(text, case["prompt_text"].as_str().unwrap(), "{name}: chat template text");
         let prompt_ids = model.tokenizer.encode(&text, false, true).unwrap();
         assert_eq!(prompt_ids, common::ids(&case["prompt_ids"]), "{name}: prompt ids");
@@ -24,7 +25,11 @@ fn check_against_reference(model: &LoadedModel, reference: &Value) {
         let got = common::greedy(model, prompt_ids, expected.len()).tokens;
         if got != expected {
             let at = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(0);
-            mismatches.push(format!("{name}: first difference at token {at}: got {:?}, expected {:?}", &got[at..], &expected[at..]));
+            mismatches.push(format!(
+                "{name}: first difference at token {at}: got {:?}, expected {:?}",
+                &got[at..],
+                &expected[at..]
+            ));
         }
     }
     assert!(mismatches.is_empty(), "greedy tokens differ from mlx-lm:\n{}", mismatches.join("\n"));

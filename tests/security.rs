@@ -16,7 +16,11 @@ use serde_json::{json, Value};
 /// A request as a page's `fetch` sends it: an `Origin`, and a "simple" content type, so no
 /// preflight would stop it.
 fn from_page(method: Method, uri: &str, origin: Option<&str>, body: &str) -> Request<Body> {
-    let mut r = Request::builder().method(method).uri(uri).header(header::HOST, "127.0.0.1:8080").header(header::CONTENT_TYPE, "text/plain;charset=UTF-8");
+    let mut r = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::CONTENT_TYPE, "text/plain;charset=UTF-8");
     if let Some(origin) = origin {
         r = r.header(header::ORIGIN, origin);
     }
@@ -35,9 +39,17 @@ fn state_changing(id: &str) -> Vec<(Method, String, String)> {
         (Method::DELETE, format!("/admin/models/{id}?force=true"), String::new()),
         (Method::POST, "/v1/chat/completions".into(), chat.clone()),
         (Method::POST, "/v1/completions".into(), json!({"model": id, "prompt": "hi", "max_tokens": 2}).to_string()),
-        (Method::POST, "/v1/messages".into(), json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string()),
+        (
+            Method::POST,
+            "/v1/messages".into(),
+            json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string(),
+        ),
         (Method::POST, "/v1/responses".into(), json!({"input": "hi", "max_output_tokens": 2}).to_string()),
-        (Method::POST, "/api/chat".into(), json!({"model": id, "messages": [{"role": "user", "content": "hi"}], "stream": false}).to_string()),
+        (
+            Method::POST,
+            "/api/chat".into(),
+            json!({"model": id, "messages": [{"role": "user", "content": "hi"}], "stream": false}).to_string(),
+        ),
         (Method::POST, "/api/generate".into(), json!({"model": id, "prompt": "hi", "stream": false}).to_string()),
         (Method::POST, "/api/pull".into(), json!({"model": "hf.co/someone/some-model", "stream": false}).to_string()),
         (Method::DELETE, "/api/delete".into(), json!({"model": id}).to_string()),
@@ -50,7 +62,9 @@ async fn foreign_pages_are_refused_with_nothing_changed() {
     let config_dir = tempfile::tempdir().unwrap();
     let settings = config_dir.path().join("config.toml");
     std::fs::write(&settings, "port = 9000\n").unwrap();
-    let h = harness(EngineConfig::default(), ServerConfig { settings_file: Some(settings.clone()), ..Default::default() }).await;
+    let h =
+        harness(EngineConfig::default(), ServerConfig { settings_file: Some(settings.clone()), ..Default::default() })
+            .await;
     for origin in ["https://evil.example", "null", "http://localhost.evil.example", "file://"] {
         for (method, uri, body) in state_changing(&h.id) {
             let (status, answer) = send(&h, from_page(method.clone(), &uri, Some(origin), &body)).await;
@@ -60,7 +74,11 @@ async fn foreign_pages_are_refused_with_nothing_changed() {
             if uri.starts_with("/api/") {
                 assert!(answer["error"].as_str().unwrap().contains("not allowed"), "{uri}: {answer}");
             } else if uri.starts_with("/v1/messages") {
-                assert_eq!((answer["type"].as_str(), answer["error"]["type"].as_str()), (Some("error"), Some("permission_error")), "{answer}");
+                assert_eq!(
+                    (answer["type"].as_str(), answer["error"]["type"].as_str()),
+                    (Some("error"), Some("permission_error")),
+                    "{answer}"
+                );
             } else {
                 assert_eq!(answer["error"]["type"], "permission_error", "{uri}: {answer}");
             }
@@ -77,17 +95,27 @@ async fn foreign_pages_are_refused_with_nothing_changed() {
         assert_eq!(status, StatusCode::FORBIDDEN, "{uri}");
     }
     // An <img> pointed at the API sends no Origin, but the browser marks it cross-site.
-    let img = Request::get("/admin/search?q=x").header(header::HOST, "127.0.0.1:8080").header("sec-fetch-site", "cross-site").header("sec-fetch-mode", "no-cors");
+    let img = Request::get("/admin/search?q=x")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", "no-cors");
     assert_eq!(send(&h, img.body(Body::empty()).unwrap()).await.0, StatusCode::FORBIDDEN);
     // A link to the UI from another site is a navigation, and opens the UI.
-    let link = Request::get("/ui/").header(header::HOST, "127.0.0.1:8080").header("sec-fetch-site", "cross-site").header("sec-fetch-mode", "navigate");
+    let link = Request::get("/ui/")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", "navigate");
     assert_ne!(send(&h, link.body(Body::empty()).unwrap()).await.0, StatusCode::FORBIDDEN);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn own_local_app_and_editor_origins_and_plain_clients_are_served() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { allowed_origins: vec!["https://app.example".into()], ..Default::default() }).await;
+    let h = harness(
+        EngineConfig::default(),
+        ServerConfig { allowed_origins: vec!["https://app.example".into()], ..Default::default() },
+    )
+    .await;
     let chat = json!({"model": h.id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
     for origin in [
         Some("http://127.0.0.1:8080"),
@@ -104,11 +132,18 @@ async fn own_local_app_and_editor_origins_and_plain_clients_are_served() {
         assert_eq!(status, StatusCode::OK, "{origin:?}: {body}");
     }
     // A body with no Content-Type at all (curl -d with the header dropped) is served too.
-    let bare = Request::post("/api/generate").header(header::HOST, "localhost:11434").body(Body::from(json!({"model": h.id, "prompt": "hi", "stream": false, "options": {"num_predict": 2}}).to_string())).unwrap();
+    let bare = Request::post("/api/generate")
+        .header(header::HOST, "localhost:11434")
+        .body(Body::from(
+            json!({"model": h.id, "prompt": "hi", "stream": false, "options": {"num_predict": 2}}).to_string(),
+        ))
+        .unwrap();
     let (status, body) = send(&h, bare).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // `*` trusts every page, explicitly.
-    let open = harness(EngineConfig::default(), ServerConfig { allowed_origins: vec!["*".into()], ..Default::default() }).await;
+    let open =
+        harness(EngineConfig::default(), ServerConfig { allowed_origins: vec!["*".into()], ..Default::default() })
+            .await;
     let (status, _) = send(&open, from_page(Method::GET, "/v1/models", Some("https://anything.example"), "")).await;
     assert_eq!(status, StatusCode::OK);
 }
@@ -116,7 +151,11 @@ async fn own_local_app_and_editor_origins_and_plain_clients_are_served() {
 #[tokio::test(flavor = "multi_thread")]
 async fn preflights_agree_with_the_guard() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { allowed_origins: vec!["https://app.example".into()], ..Default::default() }).await;
+    let h = harness(
+        EngineConfig::default(),
+        ServerConfig { allowed_origins: vec!["https://app.example".into()], ..Default::default() },
+    )
+    .await;
     let preflight = |origin: &str| {
         Request::builder()
             .method(Method::OPTIONS)
@@ -129,12 +168,14 @@ async fn preflights_agree_with_the_guard() {
             .unwrap()
     };
     for origin in ["http://localhost:5173", "https://app.example", "tauri://localhost", "http://127.0.0.1:8080"] {
-        let response = tower::ServiceExt::oneshot(fastmlx::server::app(h.state.clone()), preflight(origin)).await.unwrap();
+        let response =
+            tower::ServiceExt::oneshot(fastmlx::server::app(h.state.clone()), preflight(origin)).await.unwrap();
         assert!(response.status().is_success(), "{origin}: {}", response.status());
         assert_eq!(response.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], origin);
     }
     for origin in ["https://evil.example", "null"] {
-        let response = tower::ServiceExt::oneshot(fastmlx::server::app(h.state.clone()), preflight(origin)).await.unwrap();
+        let response =
+            tower::ServiceExt::oneshot(fastmlx::server::app(h.state.clone()), preflight(origin)).await.unwrap();
         assert_eq!(response.status(), StatusCode::FORBIDDEN, "{origin}");
         assert!(response.headers().get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none(), "{origin}");
     }
@@ -149,12 +190,21 @@ async fn paths_are_not_model_names() {
     let outside = tempfile::tempdir().unwrap();
     let real_model = outside.path().join("elsewhere");
     synthetic::write_tiny_model(&real_model, Arch::Llama, 2, None).unwrap();
-    let existing = [real_model.to_string_lossy().into_owned(), "/etc/passwd".into(), "/".into(), "../../etc/passwd".into()];
-    let missing = [outside.path().join("nope").to_string_lossy().into_owned(), "/etc/no-such-file".into(), "/nope/".into(), "../../etc/nope".into()];
+    let existing =
+        [real_model.to_string_lossy().into_owned(), "/etc/passwd".into(), "/".into(), "../../etc/passwd".into()];
+    let missing = [
+        outside.path().join("nope").to_string_lossy().into_owned(),
+        "/etc/no-such-file".into(),
+        "/nope/".into(),
+        "../../etc/nope".into(),
+    ];
     let answers = |name: String| {
         let requests = vec![
             post("/admin/load", json!({"model": name}).to_string()),
-            post("/v1/chat/completions", json!({"model": name, "messages": [{"role": "user", "content": "hi"}]}).to_string()),
+            post(
+                "/v1/chat/completions",
+                json!({"model": name, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            ),
             post("/v1/completions", json!({"model": name, "prompt": "hi"}).to_string()),
             post("/api/show", json!({"model": name}).to_string()),
             post("/api/generate", json!({"model": name, "prompt": "hi", "stream": false}).to_string()),
@@ -191,7 +241,10 @@ async fn a_model_given_by_path_reloads_by_name() {
     let (status, body) = send_json(&h, post("/admin/unload", json!({"model": "my-model"}).to_string())).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (_, list) = send_json(&h, get("/admin/models")).await;
-    assert!(list.as_array().unwrap().iter().any(|m| m["id"] == "my-model" && m["loaded"] == false), "still listed: {list}");
+    assert!(
+        list.as_array().unwrap().iter().any(|m| m["id"] == "my-model" && m["loaded"] == false),
+        "still listed: {list}"
+    );
     let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"model": "my-model"})))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["model"], "my-model");

@@ -42,7 +42,8 @@ async fn health_and_models() {
 async fn chat_completion_non_streaming() {
     let _mlx = common::mlx_lock();
     let h = default_harness().await;
-    let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"logprobs": true, "top_logprobs": 2})))).await;
+    let (status, body) =
+        send_json(&h, post("/v1/chat/completions", chat(json!({"logprobs": true, "top_logprobs": 2})))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["object"], "chat.completion");
     assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
@@ -51,7 +52,11 @@ async fn chat_completion_non_streaming() {
     assert!(choice["message"]["content"].is_string());
     assert!(matches!(choice["finish_reason"].as_str(), Some("stop" | "length")));
     let usage = &body["usage"];
-    let (p, c, t) = (usage["prompt_tokens"].as_u64().unwrap(), usage["completion_tokens"].as_u64().unwrap(), usage["total_tokens"].as_u64().unwrap());
+    let (p, c, t) = (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["completion_tokens"].as_u64().unwrap(),
+        usage["total_tokens"].as_u64().unwrap(),
+    );
     assert!(p > 0 && c > 0 && c <= 8 && t == p + c, "{usage}");
     let lp = choice["logprobs"]["content"].as_array().unwrap();
     assert_eq!(lp.len() as u64, c);
@@ -115,32 +120,132 @@ async fn bad_requests_get_the_openai_envelope() {
     let cases: Vec<(&str, Request<Body>, StatusCode, Option<&str>)> = vec![
         ("malformed JSON", post("/v1/chat/completions", "{\"messages\": ["), StatusCode::BAD_REQUEST, None),
         ("not JSON at all", post("/v1/chat/completions", "hello"), StatusCode::BAD_REQUEST, None),
-        ("wrong type", post("/v1/chat/completions", chat(json!({"temperature": "hot"}))), StatusCode::BAD_REQUEST, Some("temperature")),
-        ("huge value", post("/v1/chat/completions", chat(json!({"max_tokens": 1e30}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
-        ("too many tokens", post("/v1/chat/completions", chat(json!({"max_tokens": 10_000_000}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
-        ("negative tokens", post("/v1/chat/completions", chat(json!({"max_tokens": -1}))), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        (
+            "wrong type",
+            post("/v1/chat/completions", chat(json!({"temperature": "hot"}))),
+            StatusCode::BAD_REQUEST,
+            Some("temperature"),
+        ),
+        (
+            "huge value",
+            post("/v1/chat/completions", chat(json!({"max_tokens": 1e30}))),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
+        (
+            "too many tokens",
+            post("/v1/chat/completions", chat(json!({"max_tokens": 10_000_000}))),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
+        (
+            "negative tokens",
+            post("/v1/chat/completions", chat(json!({"max_tokens": -1}))),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
         ("invalid UTF-8", post("/v1/chat/completions", vec![b'{', 0xff, 0xfe, b'}']), StatusCode::BAD_REQUEST, None),
-        ("unknown model", post("/v1/chat/completions", chat(json!({"model": "gpt-4o"}))), StatusCode::NOT_FOUND, Some("model")),
-        ("empty messages", post("/v1/chat/completions", json!({"messages": []}).to_string()), StatusCode::BAD_REQUEST, Some("messages")),
-        ("missing messages", post("/v1/chat/completions", json!({"model": id}).to_string()), StatusCode::BAD_REQUEST, None),
-        ("bad role", post("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string()), StatusCode::BAD_REQUEST, Some("messages[0]")),
-        ("image part", post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string()), StatusCode::BAD_REQUEST, Some("messages[0]")),
+        (
+            "unknown model",
+            post("/v1/chat/completions", chat(json!({"model": "gpt-4o"}))),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+        ),
+        (
+            "empty messages",
+            post("/v1/chat/completions", json!({"messages": []}).to_string()),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            "missing messages",
+            post("/v1/chat/completions", json!({"model": id}).to_string()),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+        (
+            "bad role",
+            post("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string()),
+            StatusCode::BAD_REQUEST,
+            Some("messages[0]"),
+        ),
+        (
+            "image part",
+            post(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+                    .to_string(),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("messages[0]"),
+        ),
         ("n = 2", post("/v1/chat/completions", chat(json!({"n": 2}))), StatusCode::BAD_REQUEST, Some("n")),
-        ("top_p out of range", post("/v1/chat/completions", chat(json!({"top_p": 3}))), StatusCode::BAD_REQUEST, Some("top_p")),
-        ("logit_bias on no token", post("/v1/chat/completions", chat(json!({"logit_bias": {"999999": 5}}))), StatusCode::BAD_REQUEST, Some("logit_bias")),
-        ("logit_bias too big", post("/v1/chat/completions", chat(json!({"logit_bias": {"3": 500}}))), StatusCode::BAD_REQUEST, Some("logit_bias")),
-        ("bad response_format", post("/v1/chat/completions", chat(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "x"}}}}))), StatusCode::BAD_REQUEST, Some("response_format")),
-        ("tool_choice without tools", post("/v1/chat/completions", chat(json!({"tool_choice": "required"}))), StatusCode::BAD_REQUEST, Some("tool_choice")),
-        ("too many stops", post("/v1/chat/completions", chat(json!({"stop": vec!["x"; 40]}))), StatusCode::BAD_REQUEST, Some("stop")),
-        ("prompt too long", post("/v1/completions", json!({"prompt": long_prompt}).to_string()), StatusCode::BAD_REQUEST, Some("messages")),
-        ("token outside vocabulary", post("/v1/completions", json!({"prompt": [1, 99999]}).to_string()), StatusCode::BAD_REQUEST, None),
-        ("body too large", post("/v1/completions", json!({"prompt": "x".repeat(100_000)}).to_string()), StatusCode::PAYLOAD_TOO_LARGE, None),
+        (
+            "top_p out of range",
+            post("/v1/chat/completions", chat(json!({"top_p": 3}))),
+            StatusCode::BAD_REQUEST,
+            Some("top_p"),
+        ),
+        (
+            "logit_bias on no token",
+            post("/v1/chat/completions", chat(json!({"logit_bias": {"999999": 5}}))),
+            StatusCode::BAD_REQUEST,
+            Some("logit_bias"),
+        ),
+        (
+            "logit_bias too big",
+            post("/v1/chat/completions", chat(json!({"logit_bias": {"3": 500}}))),
+            StatusCode::BAD_REQUEST,
+            Some("logit_bias"),
+        ),
+        (
+            "bad response_format",
+            post(
+                "/v1/chat/completions",
+                chat(
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "x"}}}}),
+                ),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("response_format"),
+        ),
+        (
+            "tool_choice without tools",
+            post("/v1/chat/completions", chat(json!({"tool_choice": "required"}))),
+            StatusCode::BAD_REQUEST,
+            Some("tool_choice"),
+        ),
+        (
+            "too many stops",
+            post("/v1/chat/completions", chat(json!({"stop": vec!["x"; 40]}))),
+            StatusCode::BAD_REQUEST,
+            Some("stop"),
+        ),
+        (
+            "prompt too long",
+            post("/v1/completions", json!({"prompt": long_prompt}).to_string()),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            "token outside vocabulary",
+            post("/v1/completions", json!({"prompt": [1, 99999]}).to_string()),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+        (
+            "body too large",
+            post("/v1/completions", json!({"prompt": "x".repeat(100_000)}).to_string()),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            None,
+        ),
         ("unknown route", get("/v1/nothing"), StatusCode::NOT_FOUND, None),
     ];
     for (label, request, status, param) in cases {
         let (got, body) = send(&h, request).await;
         assert_eq!(got, status, "{label}: {body}");
-        let json: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{label}: not our JSON envelope: {body}"));
+        let json: Value =
+            serde_json::from_str(&body).unwrap_or_else(|_| panic!("{label}: not our JSON envelope: {body}"));
         let error = &json["error"];
         assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{label}: {body}");
         assert!(error["type"].is_string(), "{label}: {body}");
@@ -156,7 +261,8 @@ async fn bad_requests_get_the_openai_envelope() {
 #[tokio::test(flavor = "multi_thread")]
 async fn host_allow_list_and_api_key() {
     let _mlx = common::mlx_lock();
-    let h = harness(EngineConfig::default(), ServerConfig { api_key: Some("s3cret".into()), ..Default::default() }).await;
+    let h =
+        harness(EngineConfig::default(), ServerConfig { api_key: Some("s3cret".into()), ..Default::default() }).await;
     let with = |host: &str, auth: Option<(&str, &str)>| {
         let mut r = Request::get("/v1/models").header(header::HOST, host);
         if let Some((k, v)) = auth {
@@ -273,7 +379,10 @@ async fn tools_round_trip_renders_with_a_tool_template() {
     assert_eq!(status, StatusCode::OK, "{with_tools}");
     let (status, without) = send_json(&h, request(json!({"tool_choice": "none"}))).await;
     assert_eq!(status, StatusCode::OK, "{without}");
-    assert!(prompt_tokens(&with_tools) > prompt_tokens(&without) + 50, "the tool definitions are in the prompt only with tools on");
+    assert!(
+        prompt_tokens(&with_tools) > prompt_tokens(&without) + 50,
+        "the tool definitions are in the prompt only with tools on"
+    );
     let (status, text) = send(&h, request(json!({"stream": true}))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
@@ -297,12 +406,16 @@ async fn json_schema_answers_of_a_random_model_validate() {
         let (status, text) = send(&h, post("/v1/chat/completions", body)).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         let (content, finish) = if stream {
-            let chunks: Vec<Value> = sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+            let chunks: Vec<Value> =
+                sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
             let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
             (content, chunks.last().unwrap()["choices"][0]["finish_reason"].clone())
         } else {
             let body: Value = serde_json::from_str(&text).unwrap();
-            (body["choices"][0]["message"]["content"].as_str().unwrap().to_string(), body["choices"][0]["finish_reason"].clone())
+            (
+                body["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+                body["choices"][0]["finish_reason"].clone(),
+            )
         };
         assert_eq!(finish, json!("stop"), "seed {seed}: {content:?}");
         let value: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("seed {seed}: {content:?}: {e}"));
@@ -317,7 +430,14 @@ async fn forced_tool_calls_from_a_random_model() {
     let tools = json!([
         {"type": "function", "function": {"name": "set_light", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}},
         {"type": "function", "function": {"name": "get_time"}}]);
-    let (status, body) = send_json(&h, post("/v1/chat/completions", chat(json!({"tools": tools, "tool_choice": "required", "temperature": 1.0, "seed": 3, "max_tokens": 200})))).await;
+    let (status, body) = send_json(
+        &h,
+        post(
+            "/v1/chat/completions",
+            chat(json!({"tools": tools, "tool_choice": "required", "temperature": 1.0, "seed": 3, "max_tokens": 200})),
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let choice = &body["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
@@ -333,7 +453,8 @@ async fn forced_tool_calls_from_a_random_model() {
     let named = json!({"type": "function", "function": {"name": "set_light"}});
     let (status, text) = send(&h, post("/v1/chat/completions", chat(json!({"tools": tools, "tool_choice": named, "stream": true, "temperature": 1.0, "seed": 4, "max_tokens": 200})))).await;
     assert_eq!(status, StatusCode::OK);
-    let chunks: Vec<Value> = sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> =
+        sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
     let calls: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
     assert_eq!(calls[0]["function"]["name"], "set_light");
     let args: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
@@ -354,7 +475,8 @@ async fn admin_lists_loads_unloads_and_guards_deletes() {
     let h = harness_in(dir, EngineConfig::default(), ServerConfig::default()).await;
     let (status, list) = send_json(&h, get("/admin/models")).await;
     assert_eq!(status, StatusCode::OK);
-    let entries: Vec<(&str, bool)> = list.as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["loaded"].as_bool().unwrap())).collect();
+    let entries: Vec<(&str, bool)> =
+        list.as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["loaded"].as_bool().unwrap())).collect();
     assert_eq!(entries, vec![("tiny-llama", false), ("tiny-qwen2", true)]);
     assert_eq!(list[0]["architecture"], "llama");
     assert_eq!(list[0]["source"], "fastmlx");
@@ -373,7 +495,8 @@ async fn admin_lists_loads_unloads_and_guards_deletes() {
     let (_, st) = send_json(&h, get("/admin/status")).await;
     assert_eq!(st["loaded"].as_array().unwrap().len(), 1);
     assert!(st["memory_budget_bytes"].as_u64().unwrap() > 0);
-    let (status, body) = send_json(&h, post("/admin/load", json!({"model": "tiny-llama", "keep_alive": 60}).to_string())).await;
+    let (status, body) =
+        send_json(&h, post("/admin/load", json!({"model": "tiny-llama", "keep_alive": 60}).to_string())).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["id"], "tiny-llama");
     assert_eq!(body["expires_in_secs"], 60);
@@ -407,7 +530,11 @@ async fn live_metrics_stream_and_recent_requests() {
     // may predate them; a later one (the stream republishes on every change) has them.
     let mut event = Value::Null;
     for _ in 0..50 {
-        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame()).await.expect("an event within 10 s").unwrap().unwrap();
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("an event within 10 s")
+            .unwrap()
+            .unwrap();
         let Ok(data) = frame.into_data() else { continue };
         let text = String::from_utf8_lossy(&data).to_string();
         let Some(json) = text.trim().strip_prefix("data: ") else { continue };
@@ -419,7 +546,10 @@ async fn live_metrics_stream_and_recent_requests() {
     assert_eq!(event["models"][0]["id"], h.id.as_str());
     assert_eq!(event["models"][0]["requests_total"], 1);
     let recent = &event["recent"][0];
-    assert_eq!((recent["model"].as_str(), recent["completion_tokens"].as_u64(), recent["reason"].as_str()), (Some(h.id.as_str()), Some(5), Some("length")));
+    assert_eq!(
+        (recent["model"].as_str(), recent["completion_tokens"].as_u64(), recent["reason"].as_str()),
+        (Some(h.id.as_str()), Some(5), Some("length"))
+    );
     assert!(recent["ttft_ms"].as_f64().unwrap() > 0.0 && recent["tokens_per_sec"].as_f64().unwrap() > 0.0, "{recent}");
     assert!(event["mlx_active_bytes"].as_u64().unwrap() > 0);
 }
@@ -430,24 +560,41 @@ async fn settings_change_while_serving() {
     let config_dir = tempfile::tempdir().unwrap();
     let config_file = config_dir.path().join("config.toml");
     std::fs::write(&config_file, "port = 9000\n").unwrap();
-    let h = harness(EngineConfig::default(), ServerConfig { settings_file: Some(config_file.clone()), ..Default::default() }).await;
+    let h = harness(
+        EngineConfig::default(),
+        ServerConfig { settings_file: Some(config_file.clone()), ..Default::default() },
+    )
+    .await;
     let (status, s) = send_json(&h, get("/admin/settings")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].is_null(), s["api_key_set"].as_bool()), (Some(32), true, Some(false)));
-    let (status, s) = send_json(&h, post("/admin/settings", json!({"max_batch": 4, "keep_alive_secs": 90}).to_string())).await;
+    assert_eq!(
+        (s["max_batch"].as_u64(), s["keep_alive_secs"].is_null(), s["api_key_set"].as_bool()),
+        (Some(32), true, Some(false))
+    );
+    let (status, s) =
+        send_json(&h, post("/admin/settings", json!({"max_batch": 4, "keep_alive_secs": 90}).to_string())).await;
     assert_eq!(status, StatusCode::OK, "{s}");
     assert_eq!((s["max_batch"].as_u64(), s["keep_alive_secs"].as_u64()), (Some(4), Some(90)));
     let (_, st) = send_json(&h, get("/admin/status")).await;
     assert_eq!(st["loaded"][0]["expires_in_secs"], 90, "the keep-alive applies to loaded models at once");
     let mut saved = fastmlx::config_file::parse(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
     saved.sort();
-    let names: Vec<(&str, &str)> = saved.iter().map(|(k, v)| (k.as_str(), v.as_str())).filter(|(k, _)| *k != "FASTMLX_MEMORY_BUDGET_MB").collect();
-    assert_eq!(names, [("FASTMLX_KEEP_ALIVE", "90"), ("FASTMLX_MAX_BATCH", "4"), ("FASTMLX_PORT", "9000")], "saved for the next start, other keys kept");
+    let names: Vec<(&str, &str)> =
+        saved.iter().map(|(k, v)| (k.as_str(), v.as_str())).filter(|(k, _)| *k != "FASTMLX_MEMORY_BUDGET_MB").collect();
+    assert_eq!(
+        names,
+        [("FASTMLX_KEEP_ALIVE", "90"), ("FASTMLX_MAX_BATCH", "4"), ("FASTMLX_PORT", "9000")],
+        "saved for the next start, other keys kept"
+    );
     let (status, _) = send_json(&h, post("/admin/settings", json!({"keep_alive_secs": null}).to_string())).await;
     assert_eq!(status, StatusCode::OK);
     let (_, s) = send_json(&h, get("/admin/settings")).await;
     assert!(s["keep_alive_secs"].is_null() && s["max_batch"] == 4);
-    for (bad, param) in [(json!({"max_batch": 0}), "max_batch"), (json!({"memory_budget_mb": 1}), "memory_budget_mb"), (json!({"colour": "red"}), "")] {
+    for (bad, param) in [
+        (json!({"max_batch": 0}), "max_batch"),
+        (json!({"memory_budget_mb": 1}), "memory_budget_mb"),
+        (json!({"colour": "red"}), ""),
+    ] {
         let (status, body) = send_json(&h, post("/admin/settings", bad.to_string())).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         if !param.is_empty() {
@@ -467,7 +614,13 @@ async fn ui_is_served_without_a_key() {
     assert_eq!(response.status(), StatusCode::OK, "run scripts/setup.sh to build ui/dist");
     assert!(response.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"));
     let html = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    let asset = html.split("src=\"").nth(1).and_then(|s| s.split('"').next()).expect("a script tag").trim_start_matches("./").to_string();
+    let asset = html
+        .split("src=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a script tag")
+        .trim_start_matches("./")
+        .to_string();
     let response = app(h.state.clone()).oneshot(get(&format!("/ui/{asset}"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK, "{asset}");
     let (status, _) = send(&h, get("/admin/settings")).await;

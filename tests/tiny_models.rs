@@ -13,7 +13,8 @@ fn tiny(arch: Arch, seed: u64, bits: Option<i32>) -> (tempfile::TempDir, LoadedM
     let dir = tempfile::tempdir().unwrap();
     let quant = bits.map(|bits| QuantSpec { group_size: 64, bits });
     synthetic::write_tiny_model(dir.path(), arch, seed, quant).unwrap();
-    let model = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
+    let model =
+        load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     (dir, model)
 }
 
@@ -169,20 +170,24 @@ fn per_layer_quantization_override() {
     let dir = tempfile::tempdir().unwrap();
     synthetic::write_tiny_model(dir.path(), Arch::Llama, 13, Some(QuantSpec { group_size: 64, bits: 4 })).unwrap();
     rewrite_weights(dir.path(), |t| {
-        let w = mlx_rs::ops::dequantize(&t["lm_head.weight"], &t["lm_head.scales"], &t["lm_head.biases"], 64, 4).unwrap();
+        let w =
+            mlx_rs::ops::dequantize(&t["lm_head.weight"], &t["lm_head.scales"], &t["lm_head.biases"], 64, 4).unwrap();
         let (w, s, b) = mlx_rs::ops::quantize(&w, 64, 8).unwrap();
         t.insert("lm_head.weight".into(), w);
         t.insert("lm_head.scales".into(), s);
         t.insert("lm_head.biases".into(), b);
     });
     // Without the override the 8-bit head does not fit the 4-bit default: a shape error.
-    let err = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).err().expect("must not load");
+    let err = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed })
+        .err()
+        .expect("must not load");
     assert!(err.to_string().contains("lm_head"), "{err}");
     edit_config(dir.path(), |c| {
         c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
         c["quantization_config"] = c["quantization"].clone();
     });
-    let mixed = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
+    let mixed =
+        load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     let ids = [3u32, 1, 4, 1, 5];
     let corr = correlation(&logits_of(&mixed, &ids), &logits_of(&four_bit, &ids));
     assert!(corr > 0.99, "an 8-bit head on 4-bit weights: correlation {corr}");

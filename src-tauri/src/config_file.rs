@@ -66,7 +66,8 @@ pub fn parse(text: &str) -> anyhow::Result<Vec<(String, String)>> {
                 toml::Value::Array(items) => items.iter().map(scalar).collect::<Option<Vec<_>>>().map(|v| v.join(",")),
                 other => scalar(other),
             };
-            let value = value.ok_or_else(|| anyhow::anyhow!("{key}: expected a string, number, boolean or list of them"))?;
+            let value =
+                value.ok_or_else(|| anyhow::anyhow!("{key}: expected a string, number, boolean or list of them"))?;
             Ok((format!("FASTMLX_{}", key.to_ascii_uppercase().replace('-', "_")), value))
         })
         .collect()
@@ -106,7 +107,10 @@ mod tests {
         save(&path, &[("max_batch", Some(toml::Value::Integer(4))), ("keep_alive", None)]).unwrap();
         let mut saved = parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
         saved.sort();
-        assert_eq!(saved, vec![("FASTMLX_MAX_BATCH".to_string(), "4".to_string()), ("FASTMLX_PORT".to_string(), "9000".to_string())]);
+        assert_eq!(
+            saved,
+            vec![("FASTMLX_MAX_BATCH".to_string(), "4".to_string()), ("FASTMLX_PORT".to_string(), "9000".to_string())]
+        );
         assert!(parse("[server]\nport = 1").is_err());
     }
 }

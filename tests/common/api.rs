@@ -25,7 +25,10 @@ pub async fn harness_in(dir: tempfile::TempDir, engine_config: EngineConfig, con
     if !model.exists() {
         synthetic::write_tiny_model(&model, Arch::Qwen2, 5, None).unwrap();
     }
-    let residency = Residency::new(Catalog::new(StorePaths::only(&models_dir)), ResidencyConfig { engine: engine_config, ..Default::default() });
+    let residency = Residency::new(
+        Catalog::new(StorePaths::only(&models_dir)),
+        ResidencyConfig { engine: engine_config, ..Default::default() },
+    );
     let served = residency.load("tiny-qwen2", None).await.unwrap();
     let state = AppState::new(residency, config);
     Harness { _dir: dir, engine: served.engine, state, id: served.id }
@@ -40,7 +43,11 @@ pub async fn default_harness() -> Harness {
 }
 
 pub fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
-    Request::post(uri).header(header::HOST, "localhost:8080").header(header::CONTENT_TYPE, "application/json").body(body.into()).unwrap()
+    Request::post(uri)
+        .header(header::HOST, "localhost:8080")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .unwrap()
 }
 
 pub fn get(uri: &str) -> Request<Body> {
@@ -58,7 +65,9 @@ pub async fn send(h: &Harness, request: Request<Body>) -> (StatusCode, String) {
         let body = response.into_body().collect().await.unwrap().to_bytes();
         (status, String::from_utf8_lossy(&body).to_string())
     };
-    tokio::time::timeout(REQUEST_LIMIT, exchange).await.unwrap_or_else(|_| panic!("{what}: no answer within {REQUEST_LIMIT:?}"))
+    tokio::time::timeout(REQUEST_LIMIT, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {REQUEST_LIMIT:?}"))
 }
 
 pub async fn send_json(h: &Harness, request: Request<Body>) -> (StatusCode, Value) {
@@ -78,4 +87,3 @@ pub fn chat(extra: Value) -> String {
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
-

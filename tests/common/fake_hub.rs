@@ -117,7 +117,8 @@ impl FakeHub {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let port = listener.local_addr().unwrap().port();
         let cdn_url = format!("http://localhost:{port}");
-        let shared = Arc::new(Shared { repos, knobs: Mutex::default(), stats: Mutex::default(), cdn_url: cdn_url.clone() });
+        let shared =
+            Arc::new(Shared { repos, knobs: Mutex::default(), stats: Mutex::default(), cdn_url: cdn_url.clone() });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.expect("the fake hub serves");
@@ -140,7 +141,10 @@ impl FakeHub {
     /// Requests for one file (`resolve` and CDN both), in order.
     pub fn file_requests(&self, file: &str) -> Vec<Logged> {
         let resolve = format!("/{file}");
-        self.requests().into_iter().filter(|r| (r.path.contains("/resolve/") || r.path.starts_with("/cdn/")) && r.path.ends_with(&resolve)).collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| (r.path.contains("/resolve/") || r.path.starts_with("/cdn/")) && r.path.ends_with(&resolve))
+            .collect()
     }
 
     /// Body bytes sent for one file, cut responses included.
@@ -184,36 +188,59 @@ fn route(hub: &Arc<Shared>, path: &str, query: &str, headers: &HeaderMap) -> Res
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     match parts.as_slice() {
         ["api", "models"] => search(hub, query),
-        ["api", "models", org, name, "revision", revision] => model_info(hub, &format!("{org}/{name}"), revision, query, headers),
+        ["api", "models", org, name, "revision", revision] => {
+            model_info(hub, &format!("{org}/{name}"), revision, query, headers)
+        }
         ["cdn", org, name, file @ ..] => match find_repo(hub, &format!("{org}/{name}")) {
             Ok(repo) => serve_file(hub, repo, &file.join("/"), headers),
             Err(refusal) => refusal,
         },
-        [org, name, "resolve", revision, file @ ..] if !file.is_empty() => resolve(hub, &format!("{org}/{name}"), revision, &file.join("/"), headers),
+        [org, name, "resolve", revision, file @ ..] if !file.is_empty() => {
+            resolve(hub, &format!("{org}/{name}"), revision, &file.join("/"), headers)
+        }
         _ => error(StatusCode::NOT_FOUND, None, "no such route"),
     }
 }
 
 fn find_repo<'a>(hub: &'a Shared, id: &str) -> Result<&'a FakeRepo, Response> {
-    hub.repos.iter().find(|r| r.id == id).ok_or_else(|| error(StatusCode::NOT_FOUND, Some("RepoNotFound"), "Repository not found"))
+    hub.repos
+        .iter()
+        .find(|r| r.id == id)
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, Some("RepoNotFound"), "Repository not found"))
 }
 
 /// The Hub's checks, in its order: a valid token where one is required, then the gate (files only).
 fn check_access(hub: &Shared, repo: &FakeRepo, headers: &HeaderMap, files: bool) -> Result<(), Response> {
     let knobs = hub.knobs.lock().unwrap();
-    let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
     if let Some(valid) = &knobs.require_token {
         match &token {
             None => return Err(error(StatusCode::UNAUTHORIZED, Some("RepoNotFound"), "Repository not found")),
-            Some(t) if t != valid => return Err(error(StatusCode::UNAUTHORIZED, None, "Invalid credentials in Authorization header")),
+            Some(t) if t != valid => {
+                return Err(error(StatusCode::UNAUTHORIZED, None, "Invalid credentials in Authorization header"))
+            }
             _ => {}
         }
     }
     if files && repo.gated {
         match &token {
-            None => return Err(error(StatusCode::UNAUTHORIZED, Some("GatedRepo"), "Access to this model is restricted: you must be authenticated")),
+            None => {
+                return Err(error(
+                    StatusCode::UNAUTHORIZED,
+                    Some("GatedRepo"),
+                    "Access to this model is restricted: you must be authenticated",
+                ))
+            }
             Some(t) if !knobs.gated_access.contains(t) => {
-                return Err(error(StatusCode::FORBIDDEN, Some("GatedRepo"), "Access to this model is restricted: accept the conditions"))
+                return Err(error(
+                    StatusCode::FORBIDDEN,
+                    Some("GatedRepo"),
+                    "Access to this model is restricted: accept the conditions",
+                ))
             }
             _ => {}
         }
@@ -260,7 +287,8 @@ fn model_info(hub: &Shared, id: &str, revision: &str, query: &str, headers: &Hea
 }
 
 fn model_json(repo: &FakeRepo) -> Map<String, Value> {
-    let safetensor_bytes: usize = repo.files.iter().filter(|(n, _)| n.ends_with(".safetensors")).map(|(_, b)| b.len()).sum();
+    let safetensor_bytes: usize =
+        repo.files.iter().filter(|(n, _)| n.ends_with(".safetensors")).map(|(_, b)| b.len()).sum();
     let mut model = json!({
         "_id": &repo.sha[..24],
         "id": repo.id,
@@ -297,7 +325,8 @@ fn model_json(repo: &FakeRepo) -> Map<String, Value> {
 fn search(hub: &Shared, query: &str) -> Response {
     let pairs = query_pairs(query);
     let get = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-    let expand: Vec<String> = pairs.iter().filter(|(k, _)| k == "expand" || k == "expand[]").map(|(_, v)| v.clone()).collect();
+    let expand: Vec<String> =
+        pairs.iter().filter(|(k, _)| k == "expand" || k == "expand[]").map(|(_, v)| v.clone()).collect();
     let needle = get("search").unwrap_or_default().to_lowercase();
     let limit = get("limit").and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
     let mut repos: Vec<&FakeRepo> = hub
@@ -351,7 +380,11 @@ fn serve_file(hub: &Arc<Shared>, repo: &FakeRepo, file: &str, headers: &HeaderMa
     };
     let len = data.len() as u64;
     let mut knobs = hub.knobs.lock().unwrap();
-    let range = if knobs.ignore_range { None } else { headers.get(header::RANGE).and_then(|v| v.to_str().ok()).and_then(parse_range) };
+    let range = if knobs.ignore_range {
+        None
+    } else {
+        headers.get(header::RANGE).and_then(|v| v.to_str().ok()).and_then(parse_range)
+    };
     let start = range.unwrap_or(0);
     if range.is_some() && start >= len {
         let mut response = error(StatusCode::RANGE_NOT_SATISFIABLE, None, "Requested range not satisfiable");
@@ -407,7 +440,9 @@ fn body_stream(
         let (hub, file, body) = (hub.clone(), file.clone(), body.clone());
         async move {
             if sent >= limit {
-                return cut_short.then(|| (Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake hub: cut")), usize::MAX));
+                return cut_short.then(|| {
+                    (Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake hub: cut")), usize::MAX)
+                });
             }
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
@@ -486,8 +521,11 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
 pub fn fake_safetensors(len: usize, seed: u64) -> Vec<u8> {
     const HEADER: usize = 128;
     let data_len = len - 8 - HEADER;
-    let header =
-        format!(r#"{{"__metadata__":{{"format":"mlx"}},"w":{{"dtype":"BF16","shape":[{}],"data_offsets":[0,{}]}}}}"#, data_len / 2, data_len / 2 * 2);
+    let header = format!(
+        r#"{{"__metadata__":{{"format":"mlx"}},"w":{{"dtype":"BF16","shape":[{}],"data_offsets":[0,{}]}}}}"#,
+        data_len / 2,
+        data_len / 2 * 2
+    );
     let mut bytes = (HEADER as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(format!("{header:<HEADER$}").as_bytes());
     bytes.extend(random_bytes(data_len, seed));

@@ -49,7 +49,8 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
 
 /// Greedy decoding of exactly `max_tokens` tokens (EOS does not stop it).
 pub fn greedy(model: &LoadedModel, prompt_ids: Vec<u32>, max_tokens: usize) -> Generation {
-    let request = GenerateRequest { prompt_ids, params: SamplingParams::greedy(), max_tokens, stop: vec![], ignore_eos: true };
+    let request =
+        GenerateRequest { prompt_ids, params: SamplingParams::greedy(), max_tokens, stop: vec![], ignore_eos: true };
     generate(model, &request, |_| {}).expect("generation")
 }
 
@@ -66,7 +67,12 @@ impl OutputWithin for std::process::Command {
         use std::io::Read;
         use std::process::Stdio;
         let what = format!("{self:?}");
-        let mut child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut child = self
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         // Read both pipes while waiting, so a chatty child never blocks on a full pipe.
         let read = |mut pipe: Box<dyn Read + Send>| {
             std::thread::spawn(move || {

@@ -17,7 +17,9 @@ pub enum CacheCommand {
 }
 
 pub fn run(command: CacheCommand) -> anyhow::Result<()> {
-    let Some(root) = default_disk_dir() else { anyhow::bail!("no cache folder on this platform (set FASTMLX_CACHE_DIR)") };
+    let Some(root) = default_disk_dir() else {
+        anyhow::bail!("no cache folder on this platform (set FASTMLX_CACHE_DIR)")
+    };
     let folders = list_folders(&root);
     match command {
         CacheCommand::Ls => {
@@ -33,9 +35,11 @@ pub fn run(command: CacheCommand) -> anyhow::Result<()> {
             println!("{} in {}", human_bytes(total), root.display());
         }
         CacheCommand::Clear { model } => {
-            let chosen: Vec<_> = folders.iter().filter(|f| model.as_ref().is_none_or(|m| f.model.contains(m.as_str()))).collect();
+            let chosen: Vec<_> =
+                folders.iter().filter(|f| model.as_ref().is_none_or(|m| f.model.contains(m.as_str()))).collect();
             for f in &chosen {
-                std::fs::remove_dir_all(&f.dir).map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", f.dir.display()))?;
+                std::fs::remove_dir_all(&f.dir)
+                    .map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", f.dir.display()))?;
                 println!("deleted {} ({} blocks, {})", f.model, f.blocks, human_bytes(f.bytes));
             }
             if chosen.is_empty() {

@@ -59,7 +59,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model)?;
     let load_started = Instant::now();
-    let model = load_model_with(&path, &backend, &args.weights.load_options()).with_context(|| format!("loading {}", path.display()))?;
+    let model = load_model_with(&path, &backend, &args.weights.load_options())
+        .with_context(|| format!("loading {}", path.display()))?;
     eprintln!(
         "loaded {} ({:?}, {} layers) on {} in {:.2}s",
         model.name,
@@ -77,7 +78,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             messages.push(json!({"role": "system", "content": system}));
         }
         messages.push(json!({"role": "user", "content": args.prompt}));
-        let text = template.render(&RenderRequest { messages: &messages, add_generation_prompt: true, ..Default::default() })?;
+        let text = template.render(&RenderRequest {
+            messages: &messages,
+            add_generation_prompt: true,
+            ..Default::default()
+        })?;
         model.tokenizer.encode(&text, false, true)?
     } else {
         model.tokenizer.encode(&args.prompt, true, true)?
@@ -107,8 +112,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let s = &generation.stats;
     eprintln!("==========");
     eprintln!("Prompt: {} tokens, {:.1} tokens-per-sec", s.prompt_tokens, s.prompt_tokens_per_sec());
-    eprintln!("Generation: {} tokens, {:.1} tokens-per-sec ({:?})", s.generated_tokens, s.generation_tokens_per_sec(), generation.finish);
-    eprintln!("Peak memory: {:.1} MB (MLX active now {:.1} MB)", s.peak_memory as f64 / 1e6, mlx::memory_stats().active as f64 / 1e6);
+    eprintln!(
+        "Generation: {} tokens, {:.1} tokens-per-sec ({:?})",
+        s.generated_tokens,
+        s.generation_tokens_per_sec(),
+        generation.finish
+    );
+    eprintln!(
+        "Peak memory: {:.1} MB (MLX active now {:.1} MB)",
+        s.peak_memory as f64 / 1e6,
+        mlx::memory_stats().active as f64 / 1e6
+    );
     Ok(())
 }
 

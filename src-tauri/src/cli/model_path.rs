@@ -8,7 +8,8 @@ pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Where the default model is looked for: FastMLX's data folder, then the source tree's cache
 /// (where the setup script puts it).
 pub fn default_model_path() -> Option<PathBuf> {
-    let data_dir = directories::ProjectDirs::from("", "", "FastMLX").map(|d| d.data_dir().join("models").join(DEFAULT_MODEL_FILE));
+    let data_dir =
+        directories::ProjectDirs::from("", "", "FastMLX").map(|d| d.data_dir().join("models").join(DEFAULT_MODEL_FILE));
     let source_cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/models").join(DEFAULT_MODEL_FILE);
     data_dir.into_iter().chain([source_cache]).find(|p| p.exists())
 }
@@ -19,6 +20,8 @@ pub fn resolve_model_path(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         return Ok(path);
     }
     default_model_path().ok_or_else(|| {
-        anyhow::anyhow!("no --model given and the default model ({DEFAULT_MODEL_FILE}) is not installed: run scripts/setup.sh")
+        anyhow::anyhow!(
+            "no --model given and the default model ({DEFAULT_MODEL_FILE}) is not installed: run scripts/setup.sh"
+        )
     })
 }

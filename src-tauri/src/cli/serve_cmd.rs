@@ -127,7 +127,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
     let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config());
-    let first = models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
+    let first =
+        models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
     models.spawn_idle_reaper();
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let server = RunningServer::start(models.clone(), pulls, args.server_config(), args.host, args.port)

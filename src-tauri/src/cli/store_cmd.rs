@@ -6,8 +6,8 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::store::fit::{fit, memory_needed};
-use crate::store::human_bytes;
 use crate::store::hub::HubClient;
+use crate::store::human_bytes;
 use crate::store::{Catalog, PullRequest, PullState, Pulls, StorePaths};
 
 #[derive(Args)]
@@ -51,9 +51,11 @@ pub fn pull(args: PullArgs) -> anyhow::Result<()> {
         let mut watch = pulls.start(PullRequest { repo: args.repo.clone(), revision: args.revision, gguf: args.gguf });
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("a valid template")
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
         );
         let cancel = tokio::spawn({
             let (pulls, repo) = (pulls.clone(), args.repo.clone());
@@ -101,7 +103,8 @@ pub fn ls() -> anyhow::Result<()> {
     for m in models {
         let s = &m.summary;
         let params = s.parameters.map_or("-".into(), |p| format!("{:.1}B", p as f64 / 1e9));
-        let source = serde_json::to_value(m.source).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        let source =
+            serde_json::to_value(m.source).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let notes = s.unloadable_reason.as_ref().map_or(String::new(), |r| format!("cannot load: {r}"));
         println!(
             "{:<56} {:>9} {:>8} {:<18} {:<10} {:<8} {notes}",

@@ -22,7 +22,10 @@ pub enum Node {
     /// Exactly these bytes (`const`, `true`, `false`, `null`).
     Literal(Vec<u8>),
     /// A string with a length (in characters) between these.
-    String { min_len: u32, max_len: Option<u32> },
+    String {
+        min_len: u32,
+        max_len: Option<u32>,
+    },
     Number(NumberRule),
     Object(ObjectRule),
     Array(ArrayRule),
@@ -229,13 +232,19 @@ impl Compiler<'_> {
             return self.add(Node::Literal(literal(value)));
         }
         if let Some(values) = map.get("enum") {
-            let values = values.as_array().filter(|v| !v.is_empty()).ok_or_else(|| SchemaError("enum must be a non-empty array".into()))?;
+            let values = values
+                .as_array()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| SchemaError("enum must be a non-empty array".into()))?;
             let alternatives = values.iter().map(|v| self.add(Node::Literal(literal(v)))).collect::<Result<_, _>>()?;
             return self.add(Node::Union(alternatives));
         }
         for keyword in ["anyOf", "oneOf"] {
             if let Some(options) = map.get(keyword) {
-                let options = options.as_array().filter(|v| !v.is_empty()).ok_or_else(|| SchemaError(format!("{keyword} must be a non-empty array")))?;
+                let options = options
+                    .as_array()
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| SchemaError(format!("{keyword} must be a non-empty array")))?;
                 let alternatives = options.iter().map(|s| self.compile(s, depth + 1)).collect::<Result<_, _>>()?;
                 return self.add(Node::Union(alternatives));
             }
@@ -249,9 +258,10 @@ impl Compiler<'_> {
         let types: Vec<&str> = match map.get("type") {
             None => vec![implied_type(map)],
             Some(Value::String(t)) => vec![t.as_str()],
-            Some(Value::Array(list)) if !list.is_empty() => {
-                list.iter().map(|t| t.as_str().ok_or_else(|| SchemaError("type must be a string or a list of strings".into()))).collect::<Result<_, _>>()?
-            }
+            Some(Value::Array(list)) if !list.is_empty() => list
+                .iter()
+                .map(|t| t.as_str().ok_or_else(|| SchemaError("type must be a string or a list of strings".into())))
+                .collect::<Result<_, _>>()?,
             Some(_) => return Err(SchemaError("type must be a string or a non-empty list of strings".into())),
         };
         let mut alternatives = types.into_iter().map(|t| self.typed(t, map, depth)).collect::<Result<Vec<_>, _>>()?;
@@ -285,7 +295,10 @@ impl Compiler<'_> {
                 self.add(Node::Number(rule))
             }
             "number" => {
-                if let Some(k) = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"].iter().find(|k| map.contains_key(**k)) {
+                if let Some(k) = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+                    .iter()
+                    .find(|k| map.contains_key(**k))
+                {
                     return Err(SchemaError(format!("{k} is supported on integers only")));
                 }
                 Ok(ANY_NUMBER)
@@ -299,9 +312,10 @@ impl Compiler<'_> {
     fn object(&mut self, map: &Map<String, Value>, depth: usize) -> Result<NodeId, SchemaError> {
         let required: Vec<&str> = match map.get("required") {
             None => Vec::new(),
-            Some(Value::Array(names)) => {
-                names.iter().map(|n| n.as_str().ok_or_else(|| SchemaError("required must be a list of strings".into()))).collect::<Result<_, _>>()?
-            }
+            Some(Value::Array(names)) => names
+                .iter()
+                .map(|n| n.as_str().ok_or_else(|| SchemaError("required must be a list of strings".into())))
+                .collect::<Result<_, _>>()?,
             Some(_) => return Err(SchemaError("required must be a list of strings".into())),
         };
         let properties = match map.get("properties") {
@@ -329,7 +343,12 @@ impl Compiler<'_> {
     }
 
     fn array(&mut self, map: &Map<String, Value>, depth: usize) -> Result<NodeId, SchemaError> {
-        let mut rule = ArrayRule { prefix: Vec::new(), items: Some(ANY), min: count(map, "minItems")?.unwrap_or(0), max: count(map, "maxItems")? };
+        let mut rule = ArrayRule {
+            prefix: Vec::new(),
+            items: Some(ANY),
+            min: count(map, "minItems")?.unwrap_or(0),
+            max: count(map, "maxItems")?,
+        };
         if map.get("uniqueItems") == Some(&Value::Bool(true)) {
             return Err(SchemaError("uniqueItems is not supported".into()));
         }
@@ -364,8 +383,13 @@ impl Compiler<'_> {
         if let Some(&id) = self.refs.get(reference) {
             return Ok(id);
         }
-        let pointer = reference.strip_prefix('#').ok_or_else(|| SchemaError(format!("only local $refs (\"#/...\") are supported, not {reference:?}")))?;
-        let target = self.root_schema.pointer(pointer).ok_or_else(|| SchemaError(format!("$ref {reference:?} points nowhere")))?;
+        let pointer = reference
+            .strip_prefix('#')
+            .ok_or_else(|| SchemaError(format!("only local $refs (\"#/...\") are supported, not {reference:?}")))?;
+        let target = self
+            .root_schema
+            .pointer(pointer)
+            .ok_or_else(|| SchemaError(format!("$ref {reference:?} points nowhere")))?;
         // Reserve the id first so that a recursive reference finds it.
         let id = self.add(Node::Ref(ANY))?;
         self.refs.insert(reference.to_string(), id);
@@ -397,7 +421,10 @@ fn literal(value: &Value) -> Vec<u8> {
 fn count(map: &Map<String, Value>, key: &str) -> Result<Option<u32>, SchemaError> {
     match map.get(key) {
         None => Ok(None),
-        Some(v) => v.as_u64().map(|n| Some(n.min(u64::from(u32::MAX)) as u32)).ok_or_else(|| SchemaError(format!("{key} must be a non-negative integer"))),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n.min(u64::from(u32::MAX)) as u32))
+            .ok_or_else(|| SchemaError(format!("{key} must be a non-negative integer"))),
     }
 }
 

@@ -73,17 +73,42 @@ enum ArrayState {
 enum Frame {
     /// A value of this node, not started.
     Value(NodeId),
-    Literal { node: NodeId, pos: u32 },
+    Literal {
+        node: NodeId,
+        pos: u32,
+    },
     /// The key of property `prop` of object `node` (its opening quote already read).
-    Key { node: NodeId, prop: u32, pos: u32 },
-    String { node: NodeId, chars: u32, escape: Escape },
+    Key {
+        node: NodeId,
+        prop: u32,
+        pos: u32,
+    },
+    String {
+        node: NodeId,
+        chars: u32,
+        escape: Escape,
+    },
     /// `magnitude`: an integer's value so far (for bounds); `digits`: digits in the current
     /// part (integer, fraction or exponent).
-    Number { node: NodeId, state: Num, negative: bool, magnitude: u64, digits: u8 },
+    Number {
+        node: NodeId,
+        state: Num,
+        negative: bool,
+        magnitude: u64,
+        digits: u8,
+    },
     /// `next`: the first property that may still come (properties are generated in order);
     /// with free-form keys, unused.
-    Object { node: NodeId, state: ObjectState, next: u32 },
-    Array { node: NodeId, state: ArrayState, count: u32 },
+    Object {
+        node: NodeId,
+        state: ObjectState,
+        next: u32,
+    },
+    Array {
+        node: NodeId,
+        state: ArrayState,
+        count: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -271,7 +296,10 @@ impl Matcher {
                 if !negative && !feasible(rule, false, magnitude, state == Num::Int) {
                     return;
                 }
-                replace_top(&mut stack, Frame::Number { node, state, negative, magnitude, digits: u8::from(!negative) });
+                replace_top(
+                    &mut stack,
+                    Frame::Number { node, state, negative, magnitude, digits: u8::from(!negative) },
+                );
                 out.push(stack);
             }
             Node::Object(_) => {
@@ -291,7 +319,9 @@ impl Matcher {
 
     /// Inside a literal (`true`, an enum value, ...): the next byte must be the literal's.
     fn feed_literal(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::Literal { node, pos }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::Literal { node, pos }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let g = &*self.grammar;
         let Node::Literal(bytes) = g.node(node) else { unreachable!("literal frames point at literals") };
         if bytes.get(pos as usize) == Some(&byte) {
@@ -302,12 +332,13 @@ impl Matcher {
             }
             out.push(stack);
         }
-    
     }
 
     /// Inside a known property's key.
     fn feed_key(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::Key { node, prop, pos }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::Key { node, prop, pos }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let g = &*self.grammar;
         let Node::Object(rule) = g.node(node) else { unreachable!("key frames point at objects") };
         let key = &rule.properties[prop as usize].key;
@@ -319,12 +350,13 @@ impl Matcher {
             }
             out.push(stack);
         }
-    
     }
 
     /// Inside a string: escapes, UTF-8 continuation bytes and the length bounds.
     fn feed_string(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::String { node, chars, escape }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::String { node, chars, escape }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let g = &*self.grammar;
         let Node::String { min_len, max_len } = *g.node(node) else { unreachable!("string frames point at strings") };
         let starts_char = |chars: u32| max_len.is_none_or(|max| chars < max);
@@ -337,12 +369,20 @@ impl Matcher {
                 out.push(stack);
                 return;
             }
-            (Escape::None, b'\\') if starts_char(chars) => Frame::String { node, chars: chars + 1, escape: Escape::Backslash },
+            (Escape::None, b'\\') if starts_char(chars) => {
+                Frame::String { node, chars: chars + 1, escape: Escape::Backslash }
+            }
             (Escape::None, 0x00..=0x1f | 0x80..=0xc1 | 0xf5..=0xff) => return,
             (Escape::None, 0x20..=0x7f) if starts_char(chars) => Frame::String { node, chars: chars + 1, escape },
             // The lead byte of a multi-byte character: the character counts once.
             (Escape::None, 0xc2..=0xf4) if starts_char(chars) => {
-                let more = if byte >= 0xf0 { 3 } else if byte >= 0xe0 { 2 } else { 1 };
+                let more = if byte >= 0xf0 {
+                    3
+                } else if byte >= 0xe0 {
+                    2
+                } else {
+                    1
+                };
                 Frame::String { node, chars: chars + 1, escape: Escape::Utf8(more) }
             }
             (Escape::None, _) => return,
@@ -350,7 +390,9 @@ impl Matcher {
                 let escape = if left == 1 { Escape::None } else { Escape::Utf8(left - 1) };
                 Frame::String { node, chars, escape }
             }
-            (Escape::Backslash, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Frame::String { node, chars, escape: Escape::None },
+            (Escape::Backslash, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                Frame::String { node, chars, escape: Escape::None }
+            }
             (Escape::Backslash, b'u') => Frame::String { node, chars, escape: Escape::Unicode(4) },
             (Escape::Unicode(left), b) if b.is_ascii_hexdigit() => {
                 let escape = if left == 1 { Escape::None } else { Escape::Unicode(left - 1) };
@@ -360,12 +402,13 @@ impl Matcher {
         };
         replace_top(&mut stack, next);
         out.push(stack);
-    
     }
 
     /// Inside a number: the JSON number grammar, digit limits and integer bounds.
     fn feed_number(&self, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::Number { node, state, negative, magnitude, digits }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::Number { node, state, negative, magnitude, digits }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let rule = self.number_rule(node).expect("number frames point at numbers");
         let next = match (state, byte) {
             (Num::Minus, b'0') => Some(Num::Zero),
@@ -406,12 +449,13 @@ impl Matcher {
             }
             None => {}
         }
-    
     }
 
     /// Between the tokens of an object: keys in schema order, required ones not skipped.
     fn feed_object(&self, mut stack: Stack, after_whitespace: bool, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::Object { node, state, next }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::Object { node, state, next }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let g = &*self.grammar;
         let Node::Object(rule) = g.node(node) else { unreachable!("object frames point at objects") };
         let free_form = rule.properties.is_empty();
@@ -445,23 +489,30 @@ impl Matcher {
                 out.push(stack);
             }
             (ObjectState::AfterColon, _) => {
-                let value = if free_form { rule.additional.expect("a key was read") } else { rule.properties[next as usize - 1].value };
+                let value = if free_form {
+                    rule.additional.expect("a key was read")
+                } else {
+                    rule.properties[next as usize - 1].value
+                };
                 set(&mut stack, ObjectState::AfterValue, next);
                 stack.frames.push(Frame::Value(value));
                 self.feed(stack, byte, out);
             }
-            (ObjectState::AfterValue, b',') if !after_whitespace && (free_form || (next as usize) < rule.properties.len()) => {
+            (ObjectState::AfterValue, b',')
+                if !after_whitespace && (free_form || (next as usize) < rule.properties.len()) =>
+            {
                 set(&mut stack, ObjectState::AfterComma, next);
                 out.push(stack);
             }
             _ => {}
         }
-    
     }
 
     /// Between the tokens of an array: item count bounds.
     fn feed_array(&self, mut stack: Stack, after_whitespace: bool, byte: u8, out: &mut Vec<Stack>) {
-        let Some(&Frame::Array { node, state, count }) = stack.frames.last() else { unreachable!("called for its frame kind") };
+        let Some(&Frame::Array { node, state, count }) = stack.frames.last() else {
+            unreachable!("called for its frame kind")
+        };
         let g = &*self.grammar;
         let Node::Array(rule) = g.node(node) else { unreachable!("array frames point at arrays") };
         let set = |stack: &mut Stack, state, count| replace_top(stack, Frame::Array { node, state, count });
@@ -470,7 +521,11 @@ impl Matcher {
                 stack.frames.pop();
                 out.push(stack);
             }
-            (ArrayState::AfterItem, b',') if !after_whitespace && rule.max.is_none_or(|max| count < max) && rule.item(count as usize).is_some() => {
+            (ArrayState::AfterItem, b',')
+                if !after_whitespace
+                    && rule.max.is_none_or(|max| count < max)
+                    && rule.item(count as usize).is_some() =>
+            {
                 set(&mut stack, ArrayState::AfterComma, count);
                 out.push(stack);
             }
@@ -485,7 +540,6 @@ impl Matcher {
             }
             _ => {}
         }
-    
     }
 }
 

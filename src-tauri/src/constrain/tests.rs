@@ -27,7 +27,17 @@ fn any_object_accepts_json_objects_only() {
         let mut matcher = m();
         assert!(matcher.advance(text.as_bytes()) && matcher.is_complete(), "{text}");
     }
-    for text in ["[1]", "\"s\"", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1,}", "{'a': 1}", "{\"a\": tru}", "{\"a\":\"\x01\"}", "{} x"] {
+    for text in [
+        "[1]",
+        "\"s\"",
+        "{\"a\" 1}",
+        "{\"a\": 01}",
+        "{\"a\": 1,}",
+        "{'a': 1}",
+        "{\"a\": tru}",
+        "{\"a\":\"\x01\"}",
+        "{} x",
+    ] {
         let mut matcher = m();
         assert!(!(matcher.advance(text.as_bytes()) && matcher.is_complete()), "{text:?} accepted");
     }
@@ -77,7 +87,11 @@ fn enums_consts_unions_and_nullable() {
 fn numbers_have_bounded_digits() {
     let schema = json!({"type": "number"});
     assert!(matches(&schema, "1234567890123456") && matches(&schema, "-0.1234567890123456e-12"));
-    assert!(!prefix_ok(&schema, "12345678901234567") && !prefix_ok(&schema, "0.12345678901234567") && !prefix_ok(&schema, "1e123"));
+    assert!(
+        !prefix_ok(&schema, "12345678901234567")
+            && !prefix_ok(&schema, "0.12345678901234567")
+            && !prefix_ok(&schema, "1e123")
+    );
 }
 
 #[test]
@@ -131,11 +145,17 @@ fn whitespace_is_bounded() {
     assert!(!prefix_ok(&schema, "{\"a\" :"), "no space before a colon");
     assert!(!prefix_ok(&schema, "{\"a\": 1 ,") && !prefix_ok(&schema, "[1\n,"), "nor before a comma");
     let required = json!({"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]});
-    assert!(!prefix_ok(&required, "{\"a\": 1 "), "whitespace there would lead nowhere: no comma after it, no closing yet");
+    assert!(
+        !prefix_ok(&required, "{\"a\": 1 "),
+        "whitespace there would lead nowhere: no comma after it, no closing yet"
+    );
     assert!(!prefix_ok(&json!({"type": "array", "minItems": 2}), "[1 "));
     let many = format!("{{{}", " ".repeat(25));
     assert!(!prefix_ok(&schema, &many), "a run of 25 spaces is refused");
-    assert!(prefix_ok(&schema, "{\r\n\t\t") && !prefix_ok(&schema, "{\n\n") && !prefix_ok(&schema, "{\n \r"), "one line break per run");
+    assert!(
+        prefix_ok(&schema, "{\r\n\t\t") && !prefix_ok(&schema, "{\n\n") && !prefix_ok(&schema, "{\n \r"),
+        "one line break per run"
+    );
     assert!(!matches(&schema, "{}   "), "at most two bytes after the document");
 }
 
@@ -155,7 +175,10 @@ fn unsupported_or_broken_schemas_are_refused_with_reasons() {
         (json!({"$ref": "#"}), "itself"),
         (json!({"anyOf": [{"$ref": "#"}, {"type": "string"}]}), "loop"),
         (json!({"anyOf": [{"$ref": "#"}, {"$ref": "#/anyOf/0"}]}), "loop"),
-        (json!({"$defs": {"a": {"oneOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}), "loop"),
+        (
+            json!({"$defs": {"a": {"oneOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}),
+            "loop",
+        ),
     ] {
         let err = Grammar::from_schema(&schema).expect_err(&schema.to_string()).to_string();
         assert!(err.contains(expect), "{schema}: {err}");
@@ -177,7 +200,11 @@ fn random_walks_produce_valid_documents() {
     let mut rng = Rng::seeded(11);
     for schema in &schemas {
         let validator = jsonschema::validator_for(schema).expect("valid schema");
-        let grammar = Arc::new(if schema == &json!({"type": "object"}) { Grammar::any_object() } else { Grammar::from_schema(schema).unwrap() });
+        let grammar = Arc::new(if schema == &json!({"type": "object"}) {
+            Grammar::any_object()
+        } else {
+            Grammar::from_schema(schema).unwrap()
+        });
         let mut produced = 0;
         for _ in 0..300 {
             let mut m = Matcher::new(grammar.clone());

@@ -45,7 +45,9 @@ impl TokenConstraint {
                 self.matcher.is_complete()
             } else {
                 match self.vocab.get(id) {
-                    Some(bytes) if !bytes.is_empty() && first_byte_ok[bytes[0] as usize] => bytes.len() == 1 || self.matcher.accepts(bytes),
+                    Some(bytes) if !bytes.is_empty() && first_byte_ok[bytes[0] as usize] => {
+                        bytes.len() == 1 || self.matcher.accepts(bytes)
+                    }
                     _ => false,
                 }
             };

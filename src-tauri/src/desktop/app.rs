@@ -133,9 +133,18 @@ fn native_menu<R: Runtime>(app: &AppHandle<R>, items: &[Item]) -> tauri::Result<
             Item::Separator => menu.append(&PredefinedMenuItem::separator(app)?)?,
             Item::Model { id, checked, loading } => {
                 let action = Action::ServeModel(id.clone());
-                menu.append(&CheckMenuItem::with_id(app, action.id(), model_label(id, *loading), !*loading, *checked, None::<&str>)?)?
+                menu.append(&CheckMenuItem::with_id(
+                    app,
+                    action.id(),
+                    model_label(id, *loading),
+                    !*loading,
+                    *checked,
+                    None::<&str>,
+                )?)?
             }
-            Item::Button { action, label, enabled } => menu.append(&MenuItem::with_id(app, action.id(), label, *enabled, None::<&str>)?)?,
+            Item::Button { action, label, enabled } => {
+                menu.append(&MenuItem::with_id(app, action.id(), label, *enabled, None::<&str>)?)?
+            }
         }
     }
     Ok(menu)
@@ -207,8 +216,12 @@ pub fn show_window<R: Runtime>(app: &AppHandle<R>, window: Window) -> tauri::Res
         return existing.set_focus();
     }
     let control = app.state::<Arc<Control>>().inner().clone();
-    let key = control.config.api_key.as_ref().map_or("null".to_string(), |k| serde_json::to_string(k).unwrap_or_default());
-    let script = format!("window.__FASTMLX__ = {{ apiBase: {}, apiKey: {key}, desktop: true }};", serde_json::to_string(&control.api_base()).unwrap_or_default());
+    let key =
+        control.config.api_key.as_ref().map_or("null".to_string(), |k| serde_json::to_string(k).unwrap_or_default());
+    let script = format!(
+        "window.__FASTMLX__ = {{ apiBase: {}, apiKey: {key}, desktop: true }};",
+        serde_json::to_string(&control.api_base()).unwrap_or_default()
+    );
     let (route, title, size) = match window {
         Window::Dashboard => ("index.html#/models", "FastMLX", (1100.0, 760.0)),
         Window::Chat => ("index.html#/chat", "FastMLX Chat", (820.0, 760.0)),

@@ -41,7 +41,12 @@ impl Autostart {
     pub fn new(home: &Path, xdg_config: Option<&Path>, exe: &Path) -> Option<Autostart> {
         let config = xdg_config.map_or_else(|| home.join(".config"), Path::to_path_buf);
         // Desktop-entry Exec quoting: the path in double quotes, with `"`, `` ` ``, `$` and `\` escaped.
-        let quoted: String = exe.display().to_string().chars().flat_map(|c| if "\"`$\\".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
+        let quoted: String = exe
+            .display()
+            .to_string()
+            .chars()
+            .flat_map(|c| if "\"`$\\".contains(c) { vec!['\\', c] } else { vec![c] })
+            .collect();
         let contents = format!(
             "[Desktop Entry]\nType=Application\nName=FastMLX\nComment=Local LLM server\nExec=\"{quoted}\" app --hidden\nTerminal=false\nX-GNOME-Autostart-enabled=true\n"
         );

@@ -69,14 +69,23 @@ mod tests {
         });
         let app = mock_builder()
             .manage(control)
-            .invoke_handler(tauri::generate_handler![open_chat, open_dashboard, get_launch_at_login, set_launch_at_login])
+            .invoke_handler(tauri::generate_handler![
+                open_chat,
+                open_dashboard,
+                get_launch_at_login,
+                set_launch_at_login
+            ])
             .build(mock_context(noop_assets()))
             .unwrap();
         let caller = WebviewWindowBuilder::new(&app, "caller", Default::default()).build().unwrap();
         (app, caller)
     }
 
-    fn invoke(webview: &WebviewWindow<MockRuntime>, cmd: &str, body: serde_json::Value) -> Result<serde_json::Value, serde_json::Value> {
+    fn invoke(
+        webview: &WebviewWindow<MockRuntime>,
+        cmd: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, serde_json::Value> {
         let request = InvokeRequest {
             cmd: cmd.into(),
             callback: CallbackFn(0),
@@ -115,6 +124,9 @@ mod tests {
         assert_eq!(invoke(&caller, "get_launch_at_login", serde_json::json!({})), Ok(serde_json::json!(true)));
         invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": false})).unwrap();
         assert_eq!(invoke(&caller, "get_launch_at_login", serde_json::json!({})), Ok(serde_json::json!(false)));
-        assert!(invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": "yes"})).is_err(), "a bad argument is an error, not a crash");
+        assert!(
+            invoke(&caller, "set_launch_at_login", serde_json::json!({"enabled": "yes"})).is_err(),
+            "a bad argument is an error, not a crash"
+        );
     }
 }

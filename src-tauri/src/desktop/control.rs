@@ -42,7 +42,11 @@ impl Control {
 
     /// `http://host:port` for the web UI's API calls.
     pub fn api_base(&self) -> String {
-        format!("http://{}:{}", if self.host.is_unspecified() { "127.0.0.1".to_string() } else { self.host.to_string() }, *Self::lock(&self.port))
+        format!(
+            "http://{}:{}",
+            if self.host.is_unspecified() { "127.0.0.1".to_string() } else { self.host.to_string() },
+            *Self::lock(&self.port)
+        )
     }
 
     pub fn start_server(&self) -> anyhow::Result<String> {
@@ -50,7 +54,13 @@ impl Control {
             return Ok(url);
         }
         let port = *Self::lock(&self.port);
-        let server = self.runtime.block_on(RunningServer::start(self.models.clone(), self.pulls.clone(), self.config.clone(), self.host, port))?;
+        let server = self.runtime.block_on(RunningServer::start(
+            self.models.clone(),
+            self.pulls.clone(),
+            self.config.clone(),
+            self.host,
+            port,
+        ))?;
         *Self::lock(&self.port) = server.address.port();
         let url = server.url();
         *Self::lock(&self.server) = Some(server);
@@ -83,7 +93,14 @@ impl Control {
         match listed.as_ref() {
             Some((at, ids)) if at.elapsed() < RESCAN => ids.clone(),
             _ => {
-                let ids: Vec<String> = self.models.catalog().list().into_iter().filter(|m| m.summary.unloadable_reason.is_none()).map(|m| m.id).collect();
+                let ids: Vec<String> = self
+                    .models
+                    .catalog()
+                    .list()
+                    .into_iter()
+                    .filter(|m| m.summary.unloadable_reason.is_none())
+                    .map(|m| m.id)
+                    .collect();
                 *listed = Some((Instant::now(), ids.clone()));
                 ids
             }

@@ -31,8 +31,16 @@ pub enum Action {
 pub enum Item {
     /// Shown, not clickable.
     Label(String),
-    Model { id: String, checked: bool, loading: bool },
-    Button { action: Action, label: String, enabled: bool },
+    Model {
+        id: String,
+        checked: bool,
+        loading: bool,
+    },
+    Button {
+        action: Action,
+        label: String,
+        enabled: bool,
+    },
     Separator,
 }
 
@@ -72,7 +80,9 @@ pub fn status_line(state: &TrayState) -> String {
     match (&state.url, &state.serving) {
         (None, _) => "Server stopped".into(),
         (Some(url), None) => format!("No model loaded · {url}"),
-        (Some(url), Some(model)) if state.tokens_per_sec >= 0.05 => format!("{model} · {url} · {:.1} tok/s", state.tokens_per_sec),
+        (Some(url), Some(model)) if state.tokens_per_sec >= 0.05 => {
+            format!("{model} · {url} · {:.1} tok/s", state.tokens_per_sec)
+        }
         (Some(url), Some(model)) => format!("{model} · {url}"),
     }
 }
@@ -84,14 +94,22 @@ pub fn menu(state: &TrayState) -> Vec<Item> {
         items.push(Item::Label("No local models: Open Dashboard → Discover".into()));
     }
     for id in &state.models {
-        items.push(Item::Model { id: id.clone(), checked: state.serving.as_ref() == Some(id), loading: state.loading.as_ref() == Some(id) });
+        items.push(Item::Model {
+            id: id.clone(),
+            checked: state.serving.as_ref() == Some(id),
+            loading: state.loading.as_ref() == Some(id),
+        });
     }
     let running = state.url.is_some();
     items.push(Item::Separator);
     items.push(Item::Button { action: Action::OpenDashboard, label: "Open Dashboard".into(), enabled: true });
     items.push(Item::Button { action: Action::OpenChat, label: "Open Chat".into(), enabled: running });
     items.push(Item::Button { action: Action::CopyApiUrl, label: "Copy API URL".into(), enabled: running });
-    items.push(Item::Button { action: Action::ToggleServer, label: if running { "Stop Server" } else { "Start Server" }.into(), enabled: true });
+    items.push(Item::Button {
+        action: Action::ToggleServer,
+        label: if running { "Stop Server" } else { "Start Server" }.into(),
+        enabled: true,
+    });
     items.push(Item::Separator);
     items.push(Item::Button { action: Action::Quit, label: "Quit FastMLX".into(), enabled: true });
     items
@@ -127,7 +145,10 @@ mod tests {
         assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false });
         assert_eq!(items[3], Item::Model { id: "b/two".into(), checked: false, loading: true });
         assert_eq!(model_label("b/two", true), "b/two (loading…)");
-        let labels: Vec<&str> = items.iter().filter_map(|i| if let Item::Button { label, .. } = i { Some(label.as_str()) } else { None }).collect();
+        let labels: Vec<&str> = items
+            .iter()
+            .filter_map(|i| if let Item::Button { label, .. } = i { Some(label.as_str()) } else { None })
+            .collect();
         assert_eq!(labels, ["Open Dashboard", "Open Chat", "Copy API URL", "Stop Server", "Quit FastMLX"]);
     }
 
@@ -136,7 +157,9 @@ mod tests {
         let stopped = TrayState { url: None, ..state() };
         let items = menu(&stopped);
         assert_eq!(items[0], Item::Label("Server stopped".into()));
-        let enabled = |action: Action| items.iter().any(|i| matches!(i, Item::Button { action: a, enabled: true, .. } if *a == action));
+        let enabled = |action: Action| {
+            items.iter().any(|i| matches!(i, Item::Button { action: a, enabled: true, .. } if *a == action))
+        };
         assert!(!enabled(Action::OpenChat) && !enabled(Action::CopyApiUrl) && enabled(Action::OpenDashboard));
         assert!(items.iter().any(|i| matches!(i, Item::Button { label, .. } if label == "Start Server")));
         let empty = menu(&TrayState { models: vec![], serving: None, ..state() });
@@ -146,7 +169,14 @@ mod tests {
 
     #[test]
     fn ids_round_trip_to_actions() {
-        for action in [Action::ServeModel("org/m:q4".into()), Action::OpenDashboard, Action::OpenChat, Action::CopyApiUrl, Action::ToggleServer, Action::Quit] {
+        for action in [
+            Action::ServeModel("org/m:q4".into()),
+            Action::OpenDashboard,
+            Action::OpenChat,
+            Action::CopyApiUrl,
+            Action::ToggleServer,
+            Action::Quit,
+        ] {
             assert_eq!(Action::from_id(&action.id()), Some(action));
         }
         assert_eq!(Action::from_id("model:"), None);

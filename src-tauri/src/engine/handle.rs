@@ -131,7 +131,10 @@ impl EngineHandle {
             return Err(SubmitError::PromptTooLong { tokens: r.prompt_ids.len(), limit: info.context_length });
         }
         if let Some(bad) = r.prompt_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(SubmitError::Invalid(format!("token id {bad} is outside the vocabulary ({})", info.vocab_size)));
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                info.vocab_size
+            )));
         }
         if r.max_tokens == 0 {
             return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));

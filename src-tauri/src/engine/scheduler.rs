@@ -12,13 +12,13 @@ use mlx_rs::{Array, Dtype};
 use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use super::config::{EngineConfig, ModelInfo};
-use crate::mlx::default_kv_budget;
-use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::metrics::CacheMiss;
+use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
+use crate::mlx::default_kv_budget;
 use crate::model::{BatchKvCache, LoadedModel};
 
 /// How often an idle engine republishes its metrics.
@@ -51,13 +51,20 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(model: LoadedModel, config: EngineConfig, metrics_tx: watch::Sender<Metrics>, queued: Arc<AtomicUsize>) -> Scheduler {
+    pub fn new(
+        model: LoadedModel,
+        config: EngineConfig,
+        metrics_tx: watch::Sender<Metrics>,
+        queued: Arc<AtomicUsize>,
+    ) -> Scheduler {
         let t = &model.transformer;
         let info = ModelInfo {
             name: model.name.clone(),
             tokenizer: model.tokenizer.clone(),
             chat_template: model.chat_template.clone(),
-            context_length: config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings)),
+            context_length: config
+                .max_context
+                .map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings)),
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
@@ -66,7 +73,14 @@ impl Scheduler {
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
-        let prefix = (prefix_budget > 0).then(|| PrefixCache::new(model_identity(&model, info.context_length), prefix_budget, disk, &model.path.display().to_string()));
+        let prefix = (prefix_budget > 0).then(|| {
+            PrefixCache::new(
+                model_identity(&model, info.context_length),
+                prefix_budget,
+                disk,
+                &model.path.display().to_string(),
+            )
+        });
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
         Scheduler {
             model,
@@ -362,7 +376,8 @@ impl Scheduler {
                         seq.prefill = Some((restored.caches, restored.tokens));
                     }
                     seq.cached_tokens = restored.tokens;
-                    seq.cache_miss = restored.divergence.and_then(|d| explain_miss(d, &seq.request, &self.model.tokenizer));
+                    seq.cache_miss =
+                        restored.divergence.and_then(|d| explain_miss(d, &seq.request, &self.model.tokenizer));
                     if let Some(miss) = &seq.cache_miss {
                         tracing::debug!(
                             "request {}: prefix cache reused {} tokens; a cached sequence went on differently at token {} (message {:?}): ...{:?} | {:?}...",

@@ -37,7 +37,13 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(id: RequestId, request: Request, events: UnboundedSender<Event>, context_length: usize, kv_bytes_per_token: usize) -> Sequence {
+    pub fn new(
+        id: RequestId,
+        request: Request,
+        events: UnboundedSender<Event>,
+        context_length: usize,
+        kv_bytes_per_token: usize,
+    ) -> Sequence {
         let max_tokens = request.max_tokens.min(context_length - request.prompt_ids.len());
         let spec = ContinuationSpec {
             params: request.params.clone(),
@@ -87,7 +93,12 @@ impl Sequence {
     }
 
     /// Takes this step's logits row and emits what became final; true while it goes on.
-    pub fn on_logits(&mut self, logits: &mut [f32], tokenizer: &Tokenizer, fault: Option<&super::FaultInjector>) -> bool {
+    pub fn on_logits(
+        &mut self,
+        logits: &mut [f32],
+        tokenizer: &Tokenizer,
+        fault: Option<&super::FaultInjector>,
+    ) -> bool {
         self.first_token.get_or_insert_with(Instant::now);
         let produced = match self.continuation.push_logits(logits, tokenizer) {
             Ok(produced) => produced,
@@ -142,13 +153,19 @@ impl Sequence {
         let decode_secs = timings.decode.as_secs_f64();
         self.record = Some(RecentRequest {
             request_id: self.id,
-            finished_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            finished_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             queue_ms: timings.queue.as_secs_f64() * 1e3,
             ttft_ms: timings.time_to_first_token.as_secs_f64() * 1e3,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
             completion_tokens: usage.completion_tokens,
-            tokens_per_sec: if decode_secs > 0.0 { usage.completion_tokens.saturating_sub(1) as f64 / decode_secs } else { 0.0 },
+            tokens_per_sec: if decode_secs > 0.0 {
+                usage.completion_tokens.saturating_sub(1) as f64 / decode_secs
+            } else {
+                0.0
+            },
             reason: match reason {
                 FinishReason::Stop => "stop",
                 FinishReason::Length => "length",

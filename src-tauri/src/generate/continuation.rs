@@ -99,12 +99,16 @@ impl Continuation {
         let recent_from = self.history.len().saturating_sub(self.spec.params.repetition_context);
         let recent = &self.history[recent_from..];
         if let (Some(grammar), None) = (&self.spec.grammar, &self.constraint) {
-            self.constraint = Some(TokenConstraint::new(grammar.clone(), tokenizer.token_bytes(), tokenizer.eos_ids.clone()));
+            self.constraint =
+                Some(TokenConstraint::new(grammar.clone(), tokenizer.token_bytes(), tokenizer.eos_ids.clone()));
         }
         let sampled = match &mut self.constraint {
             None => self.sampler.sample(logits, recent),
             Some(constraint) => {
-                let sampled = self.sampler.sample_constrained(logits, recent, constraint).ok_or(ContinuationError::NoAllowedToken)?;
+                let sampled = self
+                    .sampler
+                    .sample_constrained(logits, recent, constraint)
+                    .ok_or(ContinuationError::NoAllowedToken)?;
                 constraint.advance(sampled.token);
                 sampled
             }
@@ -118,7 +122,8 @@ impl Continuation {
         self.generated += 1;
         self.history.push(token);
 
-        let stop_token = !self.spec.ignore_eos && (tokenizer.is_eos(token) || self.spec.stop_token_ids.contains(&token));
+        let stop_token =
+            !self.spec.ignore_eos && (tokenizer.is_eos(token) || self.spec.stop_token_ids.contains(&token));
         if stop_token {
             let text = self.release_held_text(tokenizer)?;
             return Ok(Produced { token, text, logprob, ended: Some(Ended::Stop { stop: None }) });
@@ -183,7 +188,10 @@ mod tests {
         let spec = |special_text_tokens| ContinuationSpec { max_tokens: 10, special_text_tokens, ..Default::default() };
         let run = |spec: ContinuationSpec| {
             let mut c = Continuation::new(&[1], spec);
-            [byte_id(&t, 'a'), 257, byte_id(&t, 'b')].iter().map(|&tok| c.push_logits(&mut logits_for(tok, 0), &t).unwrap().text).collect::<String>()
+            [byte_id(&t, 'a'), 257, byte_id(&t, 'b')]
+                .iter()
+                .map(|&tok| c.push_logits(&mut logits_for(tok, 0), &t).unwrap().text)
+                .collect::<String>()
         };
         assert_eq!(run(spec(vec![])), "ab");
         assert_eq!(run(spec(vec![257])), "a<|im_start|>b");
@@ -193,7 +201,8 @@ mod tests {
     fn a_grammar_overrides_the_likeliest_token_and_ends_with_eos() {
         let t = tokenizer();
         let grammar = Arc::new(Grammar::from_schema(&serde_json::json!({"enum": [true]})).unwrap());
-        let mut c = Continuation::new(&[1], ContinuationSpec { max_tokens: 10, grammar: Some(grammar), ..Default::default() });
+        let mut c =
+            Continuation::new(&[1], ContinuationSpec { max_tokens: 10, grammar: Some(grammar), ..Default::default() });
         let mut text = String::new();
         // The model wants "x" (then "t") every time; the grammar allows only `true`, then EOS.
         for _ in 0..5 {

@@ -90,7 +90,11 @@ impl From<mlx_rs::error::Exception> for GenerateError {
 }
 
 /// Runs `request` to completion, calling `on_text` with each piece of stable text.
-pub fn generate(model: &LoadedModel, request: &GenerateRequest, mut on_text: impl FnMut(&str)) -> Result<Generation, GenerateError> {
+pub fn generate(
+    model: &LoadedModel,
+    request: &GenerateRequest,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation, GenerateError> {
     let transformer = &model.transformer;
     let prompt = &request.prompt_ids;
     let limit = transformer.config.max_position_embeddings;

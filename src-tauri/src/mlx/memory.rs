@@ -22,7 +22,13 @@ pub fn total_memory_bytes() -> Option<u64> {
         let mut len = std::mem::size_of::<u64>();
         // SAFETY: "hw.memsize" is a u64; the out-pointer and its length match.
         let rc = unsafe {
-            libc::sysctlbyname(c"hw.memsize".as_ptr(), (&mut size as *mut u64).cast(), &mut len, std::ptr::null_mut(), 0)
+            libc::sysctlbyname(
+                c"hw.memsize".as_ptr(),
+                (&mut size as *mut u64).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
         };
         (rc == 0).then_some(size)
     }

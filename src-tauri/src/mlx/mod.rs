@@ -6,7 +6,10 @@
 
 mod memory;
 
-pub use memory::{default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, FALLBACK_MEMORY_BYTES, USABLE_PERCENT};
+pub use memory::{
+    default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, FALLBACK_MEMORY_BYTES,
+    USABLE_PERCENT,
+};
 
 use mlx_rs::{Device, Dtype};
 

@@ -173,4 +173,3 @@ impl LayerCache for BatchKvCache {
         Ok(out)
     }
 }
-

@@ -46,12 +46,7 @@ pub enum RopeScaling {
     /// NTK-aware base, stretched once a sequence passes the trained context (as mlx-lm).
     Dynamic { factor: f32 },
     /// Llama 3.1's frequency-dependent scaling.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: usize,
-    },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
     /// Per-pair wavelength factors as GGUF stores them for Llama 3.1 (`rope_freqs.weight`).
     Factors { factors: Vec<f32> },
     /// Phi-3's "longrope"/"su": per-dimension factors plus a magnitude scale.

@@ -42,7 +42,9 @@ impl Buffers {
     /// Columns `..len` of both buffers (`None` while empty).
     pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
         match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if len > 0 => Ok(Some((k.try_index((.., .., ..len, ..))?, v.try_index((.., .., ..len, ..))?))),
+            (Some(k), Some(v)) if len > 0 => {
+                Ok(Some((k.try_index((.., .., ..len, ..))?, v.try_index((.., .., ..len, ..))?)))
+            }
             _ => Ok(None),
         }
     }

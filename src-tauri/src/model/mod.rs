@@ -12,10 +12,10 @@ pub mod synthetic;
 pub mod transformer;
 pub mod weights;
 
-pub use config::{Arch, ModelConfig};
-pub use error::ModelError;
 pub use batch_cache::BatchKvCache;
 pub use cache::{LayerCache, Positions};
+pub use config::{Arch, ModelConfig};
+pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use load::{inspect, load_model, load_model_with, LoadOptions, LoadedModel, ModelSummary, WeightFormat};
 pub use transformer::Transformer;

@@ -130,7 +130,8 @@ pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)
 /// A byte-level BPE tokenizer over the 256 byte symbols (no merges) plus the special tokens.
 pub fn tokenizer_json() -> Value {
     let bytes = byte_level_alphabet();
-    let vocab: serde_json::Map<String, Value> = bytes.iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+    let vocab: serde_json::Map<String, Value> =
+        bytes.iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
     let added: Vec<Value> = SPECIAL_TOKENS
         .iter()
         .enumerate()
@@ -173,10 +174,13 @@ pub fn write_tiny_model(dir: &Path, arch: Arch, seed: u64, quant: Option<QuantSp
     };
     write_json("config.json", &config_json(arch, quant))?;
     write_json("tokenizer.json", &tokenizer_json())?;
-    write_json("tokenizer_config.json", &json!({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE,
-        "tokenizer_class": "PreTrainedTokenizerFast"
-    }))?;
+    write_json(
+        "tokenizer_config.json",
+        &json!({
+            "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE,
+            "tokenizer_class": "PreTrainedTokenizerFast"
+        }),
+    )?;
     write_json("generation_config.json", &json!({"eos_token_id": [258, 256]}))?;
 
     let mut arrays: HashMap<String, Array> = HashMap::new();

@@ -45,7 +45,12 @@ impl Transformer {
         for i in 0..c.num_layers {
             let p = format!("model.layers.{i}");
             let qkv = if c.fused_projections {
-                QkvProjection::Fused(weights.linear(&format!("{p}.self_attn.qkv_proj"), q_dim + 2 * kv_dim, hidden, c.qkv_bias)?)
+                QkvProjection::Fused(weights.linear(
+                    &format!("{p}.self_attn.qkv_proj"),
+                    q_dim + 2 * kv_dim,
+                    hidden,
+                    c.qkv_bias,
+                )?)
             } else {
                 QkvProjection::Separate {
                     q: weights.linear(&format!("{p}.self_attn.q_proj"), q_dim, hidden, c.qkv_bias)?,

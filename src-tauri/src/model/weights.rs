@@ -108,7 +108,9 @@ impl Weights {
                 Ok(Linear::Dense { weight: dequantize(&weight, &scales, &biases, quant)?, bias })
             }
             Some((weight, scales, biases, quant)) => Ok(Linear::Quantized { weight, scales, biases, bias, quant }),
-            None => Ok(Linear::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[outputs, inputs])?, bias }),
+            None => {
+                Ok(Linear::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[outputs, inputs])?, bias })
+            }
         }
     }
 
@@ -124,7 +126,12 @@ impl Weights {
 
     /// `(weight, scales, biases, spec)` when `prefix` is stored quantized, checked against
     /// an `[outputs, inputs]` matrix.
-    fn quantized_parts(&mut self, prefix: &str, outputs: i32, inputs: i32) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
+    fn quantized_parts(
+        &mut self,
+        prefix: &str,
+        outputs: i32,
+        inputs: i32,
+    ) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
         let scales_name = format!("{prefix}.scales");
         if !self.contains(&scales_name) {
             return Ok(None);
@@ -132,16 +139,22 @@ impl Weights {
         let weight_name = format!("{prefix}.weight");
         let weight = self.take(&weight_name)?;
         let scales = self.take(&scales_name)?;
-        let biases = self.take(&format!("{prefix}.biases")).map_err(|_| self.quant_error(prefix, "no `biases`: only MLX's affine mode is supported"))?;
+        let biases = self
+            .take(&format!("{prefix}.biases"))
+            .map_err(|_| self.quant_error(prefix, "no `biases`: only MLX's affine mode is supported"))?;
         let spec = self.quant_spec(prefix, &weight, inputs)?;
         if weight.dtype() != Dtype::Uint32 {
-            return Err(self.quant_error(prefix, format!("packed weight has dtype {:?}, expected uint32", weight.dtype())));
+            return Err(
+                self.quant_error(prefix, format!("packed weight has dtype {:?}, expected uint32", weight.dtype()))
+            );
         }
         if !matches!(spec.bits, 2 | 3 | 4 | 5 | 6 | 8) || !matches!(spec.group_size, 32 | 64 | 128) {
             return Err(self.quant_error(prefix, format!("{} bits, group size {}", spec.bits, spec.group_size)));
         }
         if inputs % spec.group_size != 0 {
-            return Err(self.quant_error(prefix, format!("{inputs} inputs do not divide into groups of {}", spec.group_size)));
+            return Err(
+                self.quant_error(prefix, format!("{inputs} inputs do not divide into groups of {}", spec.group_size))
+            );
         }
         self.check_shape(&weight_name, &weight, &[outputs, inputs * spec.bits / 32])?;
         let groups = [outputs, inputs / spec.group_size];

@@ -43,7 +43,12 @@ impl Sampler {
     /// As [`Sampler::sample`], restricted to the tokens `constraint` allows: the usual choice
     /// when it is allowed (almost always, and cheap to check), otherwise a choice among the
     /// allowed tokens with the others masked out. `None` when no token is allowed.
-    pub fn sample_constrained(&mut self, logits: &mut [f32], recent: &[u32], constraint: &TokenConstraint) -> Option<Sampled> {
+    pub fn sample_constrained(
+        &mut self,
+        logits: &mut [f32],
+        recent: &[u32],
+        constraint: &TokenConstraint,
+    ) -> Option<Sampled> {
         self.apply_penalties(logits, recent);
         let mut token = self.choose(logits);
         if !constraint.allows(token) {
@@ -119,10 +124,13 @@ impl Sampler {
         let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut cumulative = 0.0;
-            keep = probs.iter().position(|x| {
-                cumulative += x;
-                cumulative >= f64::from(p.top_p)
-            }).map_or(keep, |i| i + 1);
+            keep = probs
+                .iter()
+                .position(|x| {
+                    cumulative += x;
+                    cumulative >= f64::from(p.top_p)
+                })
+                .map_or(keep, |i| i + 1);
         }
         if p.min_p > 0.0 {
             let floor = probs[0] * f64::from(p.min_p);

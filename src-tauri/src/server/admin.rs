@@ -72,17 +72,25 @@ pub struct DeleteQuery {
     force: bool,
 }
 
-pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, Query(q): Query<DeleteQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<Json<Value>, ApiError> {
     if state.models.loaded().iter().any(|m| m.id == id) {
         state.models.unload(&id).await?;
     }
     let catalog = state.models.catalog().clone();
     let id2 = id.clone();
-    let removed = tokio::task::spawn_blocking(move || catalog.delete(&id2, q.force)).await.map_err(|e| ApiError::internal(e.to_string()))?;
+    let removed = tokio::task::spawn_blocking(move || catalog.delete(&id2, q.force))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     match removed {
         Ok(path) => Ok(Json(json!({"deleted": id, "path": path}))),
         Err(CatalogError::NotFound(id)) => Err(ApiError::model_not_found(&id)),
-        Err(e @ CatalogError::NotOwned { .. }) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string())),
+        Err(e @ CatalogError::NotOwned { .. }) => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string()))
+        }
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
 }
@@ -106,7 +114,10 @@ pub struct SearchResult {
     fit: Option<&'static str>,
 }
 
-pub async fn search(State(state): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<Vec<SearchResult>>, ApiError> {
+pub async fn search(
+    State(state): State<AppState>,
+    Query(q): Query<SearchQuery>,
+) -> Result<Json<Vec<SearchResult>>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
     let machine = crate::mlx::machine_memory_bytes();
@@ -132,10 +143,19 @@ struct PullBody {
 pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let body: PullBody = parse(&body)?;
     if body.repo.split('/').count() != 2 || body.repo.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
-        return Err(ApiError::invalid("repo", "repo must be a Hugging Face id like mlx-community/Qwen2.5-0.5B-Instruct-4bit"));
+        return Err(ApiError::invalid(
+            "repo",
+            "repo must be a Hugging Face id like mlx-community/Qwen2.5-0.5B-Instruct-4bit",
+        ));
     }
-    let watch = state.pulls.start(PullRequest { repo: body.repo, revision: body.revision.unwrap_or_else(|| "main".into()), gguf: body.gguf });
-    Ok(Sse::new(pull_events(watch)).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keepalive")).into_response())
+    let watch = state.pulls.start(PullRequest {
+        repo: body.repo,
+        revision: body.revision.unwrap_or_else(|| "main".into()),
+        gguf: body.gguf,
+    });
+    Ok(Sse::new(pull_events(watch))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keepalive"))
+        .into_response())
 }
 
 /// A status event at most every 250 ms while it runs, then the final one.
@@ -155,7 +175,10 @@ fn pull_events(watch: PullWatch) -> impl Stream<Item = Result<SseEvent, Infallib
     })
 }
 
-pub async fn cancel_pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+pub async fn cancel_pull(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
     let body: PullBody = parse(&body)?;
     if state.pulls.cancel(&body.repo) {
         Ok(Json(json!({"cancelled": body.repo})))

@@ -50,10 +50,11 @@ mod tests {
 
     #[test]
     fn exact_then_longest_pattern() {
-        let aliases: Vec<Alias> = ["qwen2.5:7b=mlx-community/Qwen2.5-7B-Instruct-4bit", "claude-*=", "claude-opus-*=big", "CLAUDE-X=x"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let aliases: Vec<Alias> =
+            ["qwen2.5:7b=mlx-community/Qwen2.5-7B-Instruct-4bit", "claude-*=", "claude-opus-*=big", "CLAUDE-X=x"]
+                .iter()
+                .map(|s| s.parse().unwrap())
+                .collect();
         assert_eq!(resolve(&aliases, "qwen2.5:7b"), Some("mlx-community/Qwen2.5-7B-Instruct-4bit"));
         assert_eq!(resolve(&aliases, "claude-sonnet-4-5"), Some(""));
         assert_eq!(resolve(&aliases, "claude-opus-4-1"), Some("big"));

@@ -162,11 +162,21 @@ mod tests {
     fn text_thinking_and_calls_become_ordered_blocks() {
         let (mut blocks, first) = Blocks::start(&ToolMode::Off);
         assert!(first.is_empty());
-        let mut events = blocks.push(vec![Piece::Reasoning("hm".into()), Piece::Reasoning("m".into()), Piece::Text("Hi".into())]);
-        events.extend(blocks.push(vec![Piece::Text(" there\n".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() })]));
+        let mut events =
+            blocks.push(vec![Piece::Reasoning("hm".into()), Piece::Reasoning("m".into()), Piece::Text("Hi".into())]);
+        events.extend(blocks.push(vec![
+            Piece::Text(" there\n".into()),
+            Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() }),
+        ]));
         events.extend(blocks.finish());
-        let starts: Vec<usize> = events.iter().filter_map(|e| if let BlockEvent::Start { index, .. } = e { Some(*index) } else { None }).collect();
-        let stops: Vec<usize> = events.iter().filter_map(|e| if let BlockEvent::Stop { index } = e { Some(*index) } else { None }).collect();
+        let starts: Vec<usize> = events
+            .iter()
+            .filter_map(|e| if let BlockEvent::Start { index, .. } = e { Some(*index) } else { None })
+            .collect();
+        let stops: Vec<usize> = events
+            .iter()
+            .filter_map(|e| if let BlockEvent::Stop { index } = e { Some(*index) } else { None })
+            .collect();
         assert_eq!((starts, stops), (vec![0, 1, 2], vec![0, 1, 2]));
         let folded = fold(events);
         assert_eq!(folded[0], Block { kind: BlockKind::Thinking, text: "hmm".into() });

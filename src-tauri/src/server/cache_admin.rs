@@ -39,7 +39,10 @@ pub async fn clear(State(state): State<AppState>, Query(q): Query<ClearQuery>) -
     let engines = state.models.engines();
     let chosen: Vec<_> = engines.iter().filter(|s| q.model.as_ref().is_none_or(|m| *m == s.id)).collect();
     if let (Some(model), true) = (&q.model, chosen.is_empty()) {
-        return Err(ApiError { param: Some("model".into()), ..ApiError::not_found(&format!("loaded model {model:?}")) });
+        return Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found(&format!("loaded model {model:?}"))
+        });
     }
     for served in &chosen {
         served.engine.clear_prefix_cache();

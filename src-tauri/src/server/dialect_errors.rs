@@ -31,7 +31,8 @@ pub fn dialect_of(path: &str) -> Dialect {
 pub async fn rewrite(request: Request, next: Next) -> Response {
     let dialect = dialect_of(request.uri().path());
     let response = next.run(request).await;
-    let is_json = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let is_json =
+        response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if dialect == Dialect::OpenAi || response.status().as_u16() < 400 || !is_json {
         return response;
     }
@@ -57,7 +58,9 @@ pub fn convert(dialect: Dialect, status: StatusCode, body: &Value) -> Option<Val
     Some(match dialect {
         Dialect::OpenAi => body.clone(),
         Dialect::Ollama => json!({ "error": message }),
-        Dialect::Anthropic => json!({ "type": "error", "error": { "type": anthropic_type(status), "message": message } }),
+        Dialect::Anthropic => {
+            json!({ "type": "error", "error": { "type": anthropic_type(status), "message": message } })
+        }
     })
 }
 
@@ -89,13 +92,21 @@ mod tests {
     #[test]
     fn envelopes() {
         let e = ApiError::invalid("max_tokens", "max_tokens must be at least 1");
-        assert_eq!(convert(Dialect::Ollama, e.status, &e.body()), Some(json!({"error": "max_tokens must be at least 1"})));
+        assert_eq!(
+            convert(Dialect::Ollama, e.status, &e.body()),
+            Some(json!({"error": "max_tokens must be at least 1"}))
+        );
         assert_eq!(
             convert(Dialect::Anthropic, e.status, &e.body()),
-            Some(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens must be at least 1"}}))
+            Some(
+                json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens must be at least 1"}})
+            )
         );
         let busy = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "busy");
-        assert_eq!(convert(Dialect::Anthropic, busy.status, &busy.body()).unwrap()["error"]["type"], "overloaded_error");
+        assert_eq!(
+            convert(Dialect::Anthropic, busy.status, &busy.body()).unwrap()["error"]["type"],
+            "overloaded_error"
+        );
         assert_eq!(convert(Dialect::Ollama, StatusCode::OK, &json!({"ok": true})), None);
         assert_eq!(dialect_of("/v1/messages/count_tokens"), Dialect::Anthropic);
         assert_eq!(dialect_of("/api/chat"), Dialect::Ollama);

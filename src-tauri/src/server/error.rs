@@ -2,11 +2,11 @@
 //! `{"error": {"message", "type", "param", "code"}}` with the right status, as a JSON response
 //! or as an SSE event mid-stream.
 
+use crate::engine::SubmitError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
-use crate::engine::SubmitError;
 
 /// A name from a request, quoted, as an error message shows it: cut short when it is long, so
 /// a hostile 100 kB name is not echoed back whole.
@@ -36,7 +36,10 @@ impl ApiError {
 
     /// 400 about one parameter.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -46,7 +49,11 @@ impl ApiError {
     pub fn unauthorized() -> ApiError {
         ApiError {
             code: Some("invalid_api_key"),
-            ..ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "a valid API key is required (Authorization: Bearer <key> or x-api-key)")
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "a valid API key is required (Authorization: Bearer <key> or x-api-key)",
+            )
         }
     }
 
@@ -58,7 +65,9 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found_error",
-                format!("no model {model} on this machine (`fastmlx ls` lists them; `fastmlx pull <repo>` downloads one)"),
+                format!(
+                    "no model {model} on this machine (`fastmlx ls` lists them; `fastmlx pull <repo>` downloads one)"
+                ),
             )
         }
     }
@@ -72,7 +81,8 @@ impl ApiError {
     }
 
     pub fn body(&self) -> serde_json::Value {
-        let detail = ErrorDetail { message: self.message.clone(), kind: self.kind, param: self.param.clone(), code: self.code };
+        let detail =
+            ErrorDetail { message: self.message.clone(), kind: self.kind, param: self.param.clone(), code: self.code };
         serde_json::to_value(ErrorBody { error: detail }).expect("errors serialize")
     }
 }
@@ -116,9 +126,17 @@ impl From<crate::store::ResidencyError> for ApiError {
         let message = e.to_string();
         match e {
             ResidencyError::Catalog(CatalogError::NotFound(id)) => ApiError::model_not_found(&id),
-            ResidencyError::Unloadable { .. } | ResidencyError::NoModel => ApiError { param: Some("model".into()), ..ApiError::bad_request(message) },
-            ResidencyError::NotLoaded(_) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message) },
-            ResidencyError::NoRoom { .. } => ApiError { code: Some("insufficient_memory"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message) },
+            ResidencyError::Unloadable { .. } | ResidencyError::NoModel => {
+                ApiError { param: Some("model".into()), ..ApiError::bad_request(message) }
+            }
+            ResidencyError::NotLoaded(_) => ApiError {
+                param: Some("model".into()),
+                ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
+            },
+            ResidencyError::NoRoom { .. } => ApiError {
+                code: Some("insufficient_memory"),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+            },
             ResidencyError::Catalog(_) | ResidencyError::LoadFailed { .. } => ApiError::internal(message),
         }
     }

@@ -78,8 +78,16 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
     }
     recent.sort_by_key(|r| std::cmp::Reverse(r.request.finished_ms));
     recent.truncate(crate::engine::RECENT_REQUESTS);
-    let time_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    LiveSnapshot { time_ms, mlx_active_bytes: memory.active, mlx_cache_bytes: memory.cache, memory_budget_bytes: state.models.memory_budget(), models, recent }
+    let time_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    LiveSnapshot {
+        time_ms,
+        mlx_active_bytes: memory.active,
+        mlx_cache_bytes: memory.cache,
+        memory_budget_bytes: state.models.memory_budget(),
+        models,
+        recent,
+    }
 }
 
 pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {

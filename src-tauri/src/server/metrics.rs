@@ -10,20 +10,30 @@ use super::AppState;
 use crate::engine::Metrics;
 
 pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
-    let engines: Vec<(String, Metrics)> = state.models.engines().into_iter().map(|s| (s.id, s.engine.snapshot())).collect();
+    let engines: Vec<(String, Metrics)> =
+        state.models.engines().into_iter().map(|s| (s.id, s.engine.snapshot())).collect();
     let mut out = String::new();
     // One series per loaded model, labelled with its id.
     let mut put = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Metrics) -> f64| {
         let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} {kind}");
         for (id, m) in &engines {
-            let _ = writeln!(out, "fastmlx_{name}{{model=\"{}\"}} {}", id.replace('\\', "\\\\").replace('"', "\\\""), value(m));
+            let _ = writeln!(
+                out,
+                "fastmlx_{name}{{model=\"{}\"}} {}",
+                id.replace('\\', "\\\\").replace('"', "\\\""),
+                value(m)
+            );
         }
     };
     put("running_requests", "gauge", "Rows in the running batch.", &|m| m.running as f64);
     put("queued_requests", "gauge", "Requests waiting to start.", &|m| m.queued as f64);
     put("batch_size", "gauge", "Rows decoded in the last engine step.", &|m| m.batch_size as f64);
-    put("prefill_tokens_per_second", "gauge", "Prompt tokens processed per second, last seconds.", &|m| m.prefill_tokens_per_sec);
-    put("decode_tokens_per_second", "gauge", "Tokens generated per second, last seconds.", &|m| m.decode_tokens_per_sec);
+    put("prefill_tokens_per_second", "gauge", "Prompt tokens processed per second, last seconds.", &|m| {
+        m.prefill_tokens_per_sec
+    });
+    put("decode_tokens_per_second", "gauge", "Tokens generated per second, last seconds.", &|m| {
+        m.decode_tokens_per_sec
+    });
     put("kv_cache_tokens", "gauge", "Tokens held in the batch's KV cache.", &|m| m.kv_tokens as f64);
     put("kv_cache_bytes", "gauge", "Bytes allocated for the batch's KV cache.", &|m| m.kv_bytes as f64);
     put("kv_reserved_bytes", "gauge", "KV bytes reserved by admitted requests.", &|m| m.kv_reserved_bytes as f64);
@@ -36,14 +46,33 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     put("requests_failed_total", "counter", "Requests ended by an error.", &|m| m.errors_total as f64);
     put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &|m| m.prompt_tokens_total as f64);
     put("generated_tokens_total", "counter", "Tokens generated.", &|m| m.generated_tokens_total as f64);
-    put("prefix_cache_hits_total", "counter", "Requests that reused a cached prompt start.", &|m| m.prefix_cache_hits as f64);
-    put("prefix_cache_misses_total", "counter", "Requests that reused nothing from the prefix cache.", &|m| m.prefix_cache_misses as f64);
-    put("prefix_cache_tokens_reused_total", "counter", "Prompt tokens restored from the prefix cache.", &|m| m.prefix_cache_tokens_reused as f64);
+    put("prefix_cache_hits_total", "counter", "Requests that reused a cached prompt start.", &|m| {
+        m.prefix_cache_hits as f64
+    });
+    put("prefix_cache_misses_total", "counter", "Requests that reused nothing from the prefix cache.", &|m| {
+        m.prefix_cache_misses as f64
+    });
+    put("prefix_cache_tokens_reused_total", "counter", "Prompt tokens restored from the prefix cache.", &|m| {
+        m.prefix_cache_tokens_reused as f64
+    });
     put("prefix_cache_bytes", "gauge", "Bytes held by the prefix cache (RAM).", &|m| m.prefix_cache_bytes as f64);
-    put("prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache (RAM).", &|m| m.prefix_cache_blocks as f64);
-    put("prefix_cache_evictions_total", "counter", "Prefix-cache blocks evicted from RAM.", &|m| m.prefix_cache_evictions as f64);
-    put("prefix_cache_disk_bytes", "gauge", "Bytes held by the prefix cache's disk tier.", &|m| m.prefix_cache_disk_bytes as f64);
-    put("prefix_cache_disk_hits_total", "counter", "Prefix-cache blocks read back from disk.", &|m| m.prefix_cache_disk_hits as f64);
-    put("prefix_cache_disk_write_skips_total", "counter", "Prefix-cache blocks not written to disk (queue full).", &|m| m.prefix_cache_disk_write_skips as f64);
+    put("prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache (RAM).", &|m| {
+        m.prefix_cache_blocks as f64
+    });
+    put("prefix_cache_evictions_total", "counter", "Prefix-cache blocks evicted from RAM.", &|m| {
+        m.prefix_cache_evictions as f64
+    });
+    put("prefix_cache_disk_bytes", "gauge", "Bytes held by the prefix cache's disk tier.", &|m| {
+        m.prefix_cache_disk_bytes as f64
+    });
+    put("prefix_cache_disk_hits_total", "counter", "Prefix-cache blocks read back from disk.", &|m| {
+        m.prefix_cache_disk_hits as f64
+    });
+    put(
+        "prefix_cache_disk_write_skips_total",
+        "counter",
+        "Prefix-cache blocks not written to disk (queue full).",
+        &|m| m.prefix_cache_disk_write_skips as f64,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

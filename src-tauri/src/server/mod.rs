@@ -14,8 +14,8 @@ mod live;
 mod metrics;
 mod ollama;
 mod openai;
-mod origin;
 pub mod openapi;
+mod origin;
 mod responses;
 mod run;
 mod security;
@@ -177,14 +177,18 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<openai::types::Health> {
-    axum::Json(openai::types::Health { status: "ok", loaded: state.models.loaded().into_iter().map(|m| m.id).collect() })
+    axum::Json(openai::types::Health {
+        status: "ok",
+        loaded: state.models.loaded().into_iter().map(|m| m.id).collect(),
+    })
 }
 
 /// `/`: a browser (it asks for `text/html`) is sent to the web UI; everyone else gets Ollama's
 /// "Ollama is running", which Ollama clients check for.
 async fn root(headers: axum::http::HeaderMap) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let wants_html = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/html"));
+    let wants_html =
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/html"));
     if wants_html {
         axum::response::Redirect::to("/ui/").into_response()
     } else {

@@ -5,7 +5,9 @@
 use serde::Deserialize;
 use utoipa::openapi::path::{OperationBuilder, ParameterBuilder, ParameterIn, PathItemBuilder};
 use utoipa::openapi::request_body::RequestBodyBuilder;
-use utoipa::openapi::{ContentBuilder, HttpMethod, OpenApi, OpenApiBuilder, PathsBuilder, Ref, ResponseBuilder, ResponsesBuilder};
+use utoipa::openapi::{
+    ContentBuilder, HttpMethod, OpenApi, OpenApiBuilder, PathsBuilder, Ref, ResponseBuilder, ResponsesBuilder,
+};
 use utoipa::{OpenApi as _, ToSchema};
 
 use super::chat::{ChatRequest, CommonParams};
@@ -35,9 +37,20 @@ struct TextCompletionRequest {
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(title = "FastMLX", description = "OpenAI-compatible API of a local LLM server on MLX. Errors, also mid-stream, are `ErrorBody`."),
+    info(
+        title = "FastMLX",
+        description = "OpenAI-compatible API of a local LLM server on MLX. Errors, also mid-stream, are `ErrorBody`."
+    ),
     components(schemas(
-        ChatCompletionRequest, TextCompletionRequest, ChatCompletion, ChatCompletionChunk, Completion, ModelList, Model, ErrorBody, Health
+        ChatCompletionRequest,
+        TextCompletionRequest,
+        ChatCompletion,
+        ChatCompletionChunk,
+        Completion,
+        ModelList,
+        Model,
+        ErrorBody,
+        Health
     ))
 )]
 struct Components;
@@ -59,7 +72,9 @@ fn error_responses(builder: ResponsesBuilder, codes: &[(&str, &str)]) -> Respons
 /// A generation endpoint: JSON body in, JSON or (with `stream: true`) SSE out.
 fn generation(summary: &str, request: &str, response: &str, chunk: &str) -> utoipa::openapi::path::Operation {
     let ok = ResponseBuilder::new()
-        .description("The whole answer; with `stream: true` server-sent events, one chunk per `data:` line, then `data: [DONE]`")
+        .description(
+            "The whole answer; with `stream: true` server-sent events, one chunk per `data:` line, then `data: [DONE]`",
+        )
         .content("application/json", json_body(response))
         .content("text/event-stream", json_body(chunk));
     let responses = error_responses(
@@ -76,30 +91,77 @@ fn generation(summary: &str, request: &str, response: &str, chunk: &str) -> utoi
     );
     OperationBuilder::new()
         .summary(Some(summary))
-        .request_body(Some(RequestBodyBuilder::new().content("application/json", json_body(request)).required(Some(utoipa::openapi::Required::True)).build()))
+        .request_body(Some(
+            RequestBodyBuilder::new()
+                .content("application/json", json_body(request))
+                .required(Some(utoipa::openapi::Required::True))
+                .build(),
+        ))
         .responses(responses.build())
         .build()
 }
 
 fn get_json(summary: &str, response: &str, errors: &[(&str, &str)]) -> utoipa::openapi::path::Operation {
     let ok = ResponseBuilder::new().description("OK").content("application/json", json_body(response));
-    OperationBuilder::new().summary(Some(summary)).responses(error_responses(ResponsesBuilder::new().response("200", ok), errors).build()).build()
+    OperationBuilder::new()
+        .summary(Some(summary))
+        .responses(error_responses(ResponsesBuilder::new().response("200", ok), errors).build())
+        .build()
 }
 
 pub fn document() -> OpenApi {
-    let model_id = ParameterBuilder::new().name("id").parameter_in(ParameterIn::Path).required(utoipa::openapi::Required::True).schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String))).build();
-    let mut get_model = get_json("A local model, loaded or loadable on demand", "Model", &[("404", "No local model has this id")]);
+    let model_id = ParameterBuilder::new()
+        .name("id")
+        .parameter_in(ParameterIn::Path)
+        .required(utoipa::openapi::Required::True)
+        .schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String)))
+        .build();
+    let mut get_model =
+        get_json("A local model, loaded or loadable on demand", "Model", &[("404", "No local model has this id")]);
     get_model.parameters = Some(vec![model_id]);
     let metrics = OperationBuilder::new()
         .summary(Some("Engine metrics in Prometheus text format"))
-        .responses(ResponsesBuilder::new().response("200", ResponseBuilder::new().description("Prometheus exposition format").content("text/plain", ContentBuilder::new().build())).build())
+        .responses(
+            ResponsesBuilder::new()
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("Prometheus exposition format")
+                        .content("text/plain", ContentBuilder::new().build()),
+                )
+                .build(),
+        )
         .build();
     let paths = PathsBuilder::new()
-        .path("/v1/chat/completions", PathItemBuilder::new().operation(HttpMethod::Post, generation("Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk")).build())
-        .path("/v1/completions", PathItemBuilder::new().operation(HttpMethod::Post, generation("Text completion of a raw prompt", "TextCompletionRequest", "Completion", "Completion")).build())
-        .path("/v1/models", PathItemBuilder::new().operation(HttpMethod::Get, get_json("The served models", "ModelList", &[])).build())
+        .path(
+            "/v1/chat/completions",
+            PathItemBuilder::new()
+                .operation(
+                    HttpMethod::Post,
+                    generation("Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"),
+                )
+                .build(),
+        )
+        .path(
+            "/v1/completions",
+            PathItemBuilder::new()
+                .operation(
+                    HttpMethod::Post,
+                    generation("Text completion of a raw prompt", "TextCompletionRequest", "Completion", "Completion"),
+                )
+                .build(),
+        )
+        .path(
+            "/v1/models",
+            PathItemBuilder::new().operation(HttpMethod::Get, get_json("The served models", "ModelList", &[])).build(),
+        )
         .path("/v1/models/{id}", PathItemBuilder::new().operation(HttpMethod::Get, get_model).build())
-        .path("/health", PathItemBuilder::new().operation(HttpMethod::Get, get_json("Liveness, and the served model", "Health", &[])).build())
+        .path(
+            "/health",
+            PathItemBuilder::new()
+                .operation(HttpMethod::Get, get_json("Liveness, and the served model", "Health", &[]))
+                .build(),
+        )
         .path("/metrics", PathItemBuilder::new().operation(HttpMethod::Get, metrics).build())
         .build();
     let mut doc = OpenApiBuilder::from(Components::openapi()).paths(paths).build();
@@ -118,6 +180,9 @@ mod tests {
     fn checked_in_document_is_current() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
         let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(checked_in == super::document_json(), "docs/openapi.json is stale: run `cargo run -- openapi > docs/openapi.json`");
+        assert!(
+            checked_in == super::document_json(),
+            "docs/openapi.json is stale: run `cargo run -- openapi > docs/openapi.json`"
+        );
     }
 }

@@ -78,8 +78,10 @@ pub fn refusal(headers: &HeaderMap, allowed: &[String]) -> Option<String> {
             let cross_site = fetch("sec-fetch-site").eq_ignore_ascii_case("cross-site");
             let navigation = fetch("sec-fetch-mode").eq_ignore_ascii_case("navigate");
             let wildcard = allowed.iter().any(|a| a == "*");
-            (cross_site && !navigation && !wildcard)
-                .then(|| "cross-site requests from a web page are not allowed (trust an origin with --allowed-origin)".to_string())
+            (cross_site && !navigation && !wildcard).then(|| {
+                "cross-site requests from a web page are not allowed (trust an origin with --allowed-origin)"
+                    .to_string()
+            })
         }
     }
 }
@@ -146,8 +148,14 @@ mod tests {
             h
         };
         assert!(refusal(&headers(&[]), &[]).is_none(), "SDKs and curl send no Origin");
-        assert!(refusal(&headers(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")]), &[]).is_none(), "a link to the UI");
-        assert!(refusal(&headers(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors")]), &[]).is_some(), "an <img> at the API");
+        assert!(
+            refusal(&headers(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")]), &[]).is_none(),
+            "a link to the UI"
+        );
+        assert!(
+            refusal(&headers(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors")]), &[]).is_some(),
+            "an <img> at the API"
+        );
         assert!(refusal(&headers(&[("sec-fetch-site", "same-origin")]), &[]).is_none());
         assert!(refusal(&headers(&[("origin", "null")]), &[]).is_some());
     }

@@ -19,11 +19,21 @@ pub struct RunningServer {
 impl RunningServer {
     /// Binds `host:port` (0: any free port), and `host:ollama_port` when configured, and serves
     /// until [`RunningServer::stop`].
-    pub async fn start(models: Residency, pulls: Pulls, mut config: ServerConfig, host: IpAddr, port: u16) -> std::io::Result<RunningServer> {
+    pub async fn start(
+        models: Residency,
+        pulls: Pulls,
+        mut config: ServerConfig,
+        host: IpAddr,
+        port: u16,
+    ) -> std::io::Result<RunningServer> {
         let listener = tokio::net::TcpListener::bind((host, port)).await?;
         let address = listener.local_addr()?;
         let ollama = match config.ollama_port {
-            Some(p) => Some(tokio::net::TcpListener::bind((host, p)).await.map_err(|e| std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")))?),
+            Some(p) => Some(
+                tokio::net::TcpListener::bind((host, p))
+                    .await
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")))?,
+            ),
             None => None,
         };
         let ollama_address = ollama.as_ref().map(|l| l.local_addr()).transpose()?;

@@ -46,7 +46,8 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         rest.split(']').next().unwrap_or_default()
     } else {
-        host.rsplit_once(':').map_or(host, |(name, port)| if port.chars().all(|c| c.is_ascii_digit()) { name } else { host })
+        host.rsplit_once(':')
+            .map_or(host, |(name, port)| if port.chars().all(|c| c.is_ascii_digit()) { name } else { host })
     };
     allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }

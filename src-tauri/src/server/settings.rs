@@ -73,7 +73,10 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     }
     let machine_mb = crate::mlx::total_memory_bytes().map(|b| b >> 20);
     if change.memory_budget_mb.is_some_and(|m| m < 256 || machine_mb.is_some_and(|total| m > total)) {
-        return Err(ApiError::invalid("memory_budget_mb", "memory_budget_mb must be at least 256 and at most the machine's memory"));
+        return Err(ApiError::invalid(
+            "memory_budget_mb",
+            "memory_budget_mb must be at least 256 and at most the machine's memory",
+        ));
     }
     let config = state.models.update_config(|c| {
         if let Some(b) = change.max_batch {

@@ -66,7 +66,12 @@ pub fn stream_events(
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     let first = first.into_iter().map(data).collect();
     let mut map = map;
-    let events = frames(engine_stream, first, move |e| map(e).into_iter().map(data).collect(), vec![SseEvent::default().data("[DONE]")]);
+    let events = frames(
+        engine_stream,
+        first,
+        move |e| map(e).into_iter().map(data).collect(),
+        vec![SseEvent::default().data("[DONE]")],
+    );
     with_keepalive(events.map(Ok))
 }
 

@@ -32,7 +32,8 @@ fn asset(path: &str) -> Response {
             ([(header::CONTENT_TYPE, mime), (header::CACHE_CONTROL, cache.to_string())], file.data).into_response()
         }
         None if path == "index.html" => {
-            (StatusCode::NOT_FOUND, "the UI is not built: run scripts/setup.sh (it builds ui/ with npm)").into_response()
+            (StatusCode::NOT_FOUND, "the UI is not built: run scripts/setup.sh (it builds ui/ with npm)")
+                .into_response()
         }
         None => super::ApiError::not_found("file").into_response(),
     }

@@ -37,7 +37,8 @@ impl Catalog {
     /// The models given on the command line first (the user named them), then the folders'.
     pub fn list(&self) -> Vec<LocalModel> {
         let given: Vec<LocalModel> = self.given.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut models: Vec<LocalModel> = given.iter().map(|m| LocalModel { summary: inspect(&m.path), ..m.clone() }).collect();
+        let mut models: Vec<LocalModel> =
+            given.iter().map(|m| LocalModel { summary: inspect(&m.path), ..m.clone() }).collect();
         models.extend(discover(&self.paths).into_iter().filter(|m| !given.iter().any(|g| g.id == m.id)));
         models
     }
@@ -69,27 +70,40 @@ impl Catalog {
 
     /// A model given by its path: its id is the folder or file name (without `.gguf`).
     pub fn at_path(path: &Path) -> LocalModel {
-        let id = path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string()).unwrap_or_else(|| path.display().to_string());
+        let id = path
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| path.display().to_string());
         LocalModel { summary: inspect(path), id, path: path.to_path_buf(), source: Source::Path, owned: false }
     }
 
     /// Deletes a model FastMLX downloaded; others only with `force` (for the HF cache, the
     /// whole `models--org--name` folder).
     pub fn delete(&self, id: &str, force: bool) -> Result<PathBuf, CatalogError> {
-        let model = self.list().into_iter().find(|m| m.id == id).ok_or_else(|| CatalogError::NotFound(id.to_string()))?;
+        let model =
+            self.list().into_iter().find(|m| m.id == id).ok_or_else(|| CatalogError::NotFound(id.to_string()))?;
         if !model.owned && !force {
             return Err(CatalogError::NotOwned { id: model.id, path: model.path });
         }
         let target = match model.source {
             // <cache>/models--org--name/snapshots/<rev>[/file.gguf]
-            Source::HfCache => model.path.ancestors().find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("models--"))).unwrap_or(&model.path).to_path_buf(),
+            Source::HfCache => model
+                .path
+                .ancestors()
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("models--")))
+                .unwrap_or(&model.path)
+                .to_path_buf(),
             _ => model.path.clone(),
         };
         let result = if target.is_dir() { std::fs::remove_dir_all(&target) } else { std::fs::remove_file(&target) };
         result.map_err(|e| CatalogError::Io { path: target.clone(), message: e.to_string() })?;
         // A downloaded GGUF's folder goes too once no model is left in it.
         if let (true, Some(folder)) = (model.owned && model.summary.format == "gguf", target.parent()) {
-            let models_left = std::fs::read_dir(folder).into_iter().flatten().flatten().any(|e| e.path().extension().is_some_and(|x| x == "gguf"));
+            let models_left = std::fs::read_dir(folder)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "gguf"));
             if !models_left {
                 let _ = std::fs::remove_dir_all(folder);
             }
@@ -109,9 +123,12 @@ mod tests {
     }
 
     fn model_folder(dir: &Path) {
-        write(&dir.join("config.json"), r#"{"model_type": "llama", "max_position_embeddings": 2048, "hidden_size": 64, "num_hidden_layers": 2,
+        write(
+            &dir.join("config.json"),
+            r#"{"model_type": "llama", "max_position_embeddings": 2048, "hidden_size": 64, "num_hidden_layers": 2,
             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-5,
-            "quantization": {"group_size": 64, "bits": 4}}"#);
+            "quantization": {"group_size": 64, "bits": 4}}"#,
+        );
         write(&dir.join("tokenizer.json"), "{}");
         write(&dir.join("model.safetensors"), "x");
     }
@@ -192,11 +209,18 @@ mod tests {
         let given_path = dir.path().join("elsewhere/given");
         let by_path = given_path.to_string_lossy().into_owned();
         assert!(matches!(catalog.find(&by_path), Err(CatalogError::NotFound(_))), "a path is no name");
-        assert!(matches!(catalog.find_or_add_path(&dir.path().join("nope").to_string_lossy()), Err(CatalogError::NotFound(_))));
+        assert!(matches!(
+            catalog.find_or_add_path(&dir.path().join("nope").to_string_lossy()),
+            Err(CatalogError::NotFound(_))
+        ));
         let given = catalog.find_or_add_path(&by_path).unwrap();
         assert_eq!((given.id.as_str(), given.source), ("given", Source::Path));
         let clone = catalog.clone();
-        assert_eq!(clone.find("given").unwrap().path, given_path.canonicalize().unwrap(), "known by its id from now on, in every clone");
+        assert_eq!(
+            clone.find("given").unwrap().path,
+            given_path.canonicalize().unwrap(),
+            "known by its id from now on, in every clone"
+        );
         assert_eq!(clone.list().iter().filter(|m| m.id == "given").count(), 1);
     }
 }

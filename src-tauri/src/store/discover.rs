@@ -119,9 +119,15 @@ fn hf_cache_models(cache: &Path, found: &mut Found) {
         let name = file_name(&repo);
         let Some(id) = name.strip_prefix("models--").map(|r| r.replacen("--", "/", 1)) else { continue };
         let snapshots = repo.join("snapshots");
-        let main = std::fs::read_to_string(repo.join("refs/main")).ok().map(|s| snapshots.join(s.trim())).filter(|p| p.is_dir());
+        let main = std::fs::read_to_string(repo.join("refs/main"))
+            .ok()
+            .map(|s| snapshots.join(s.trim()))
+            .filter(|p| p.is_dir());
         let newest = || {
-            entries(&snapshots).into_iter().filter(|p| p.is_dir()).max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            entries(&snapshots)
+                .into_iter()
+                .filter(|p| p.is_dir())
+                .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         };
         let Some(snapshot) = main.or_else(newest) else { continue };
         if is_model_folder(&snapshot) {

@@ -142,7 +142,12 @@ async fn fetch_file(job: &mut Job<'_>, file: &RemoteFile, reporter: &mut Reporte
 }
 
 /// Brings the part to the end of the file, resuming after connection failures.
-async fn transfer(job: &Job<'_>, file: &RemoteFile, part: &mut PartFile, reporter: &mut Reporter<'_>) -> Result<(), HubError> {
+async fn transfer(
+    job: &Job<'_>,
+    file: &RemoteFile,
+    part: &mut PartFile,
+    reporter: &mut Reporter<'_>,
+) -> Result<(), HubError> {
     let policy = job.client.retry_policy();
     let mut failures = 0; // in a row, none of them fetching a byte
     let mut restarts = 0;
@@ -156,7 +161,10 @@ async fn transfer(job: &Job<'_>, file: &RemoteFile, part: &mut PartFile, reporte
             Ok(Fetched::StartOver) => {
                 restarts += 1;
                 if restarts > 2 {
-                    return Err(HubError::Http { status: 416, message: format!("{}: the Hub keeps refusing to resume it", file.name) });
+                    return Err(HubError::Http {
+                        status: 416,
+                        message: format!("{}: the Hub keeps refusing to resume it", file.name),
+                    });
                 }
                 part.truncate()?;
                 reporter.set_file_done(0);
@@ -186,7 +194,12 @@ enum Fetched {
 }
 
 /// One request: the file from the part's length to its end, appended to the part.
-async fn fetch_rest(job: &Job<'_>, file: &RemoteFile, part: &mut PartFile, reporter: &mut Reporter<'_>) -> Result<Fetched, HubError> {
+async fn fetch_rest(
+    job: &Job<'_>,
+    file: &RemoteFile,
+    part: &mut PartFile,
+    reporter: &mut Reporter<'_>,
+) -> Result<Fetched, HubError> {
     let offset = part.len;
     let opened = tokio::select! {
         biased;
@@ -196,7 +209,11 @@ async fn fetch_rest(job: &Job<'_>, file: &RemoteFile, part: &mut PartFile, repor
     let mut stream = match opened {
         // 416: complete if the sizes agree; otherwise the file changed under the part.
         FileBody::PastEnd { file_size } => {
-            return Ok(if file_size.or(file.size).is_none_or(|size| size == offset) { Fetched::ToTheEnd } else { Fetched::StartOver });
+            return Ok(if file_size.or(file.size).is_none_or(|size| size == offset) {
+                Fetched::ToTheEnd
+            } else {
+                Fetched::StartOver
+            });
         }
         FileBody::Stream(stream) => stream,
     };
@@ -217,14 +234,17 @@ async fn fetch_rest(job: &Job<'_>, file: &RemoteFile, part: &mut PartFile, repor
         };
         let Some(chunk) = chunk else { break };
         let bytes = chunk.as_ref();
-        part.append(bytes).map_err(|e| write_error(&part.path, e, reporter.still_needed().max(bytes.len() as u64), job.staging))?;
+        part.append(bytes)
+            .map_err(|e| write_error(&part.path, e, reporter.still_needed().max(bytes.len() as u64), job.staging))?;
         reporter.received(bytes.len() as u64);
         if expected_size.is_some_and(|size| part.len > size) {
             return Ok(Fetched::ToTheEnd); // too long: verification rejects it
         }
     }
     match expected_size {
-        Some(size) if part.len < size => Err(HubError::Network(format!("the connection ended at byte {} of {size} of {}", part.len, file.name))),
+        Some(size) if part.len < size => {
+            Err(HubError::Network(format!("the connection ended at byte {} of {size} of {}", part.len, file.name)))
+        }
         _ => Ok(Fetched::ToTheEnd),
     }
 }
@@ -430,7 +450,10 @@ struct VerifiedEntry {
 
 impl VerifiedLog {
     fn load(staging: &Path) -> VerifiedLog {
-        fs::read(staging.join(VERIFIED_FILE)).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
+        fs::read(staging.join(VERIFIED_FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
     }
 
     fn save(&mut self, staging: &Path) -> Result<(), HubError> {
@@ -447,7 +470,9 @@ impl VerifiedLog {
 
     fn vouches_for(&self, name: &str, file: &RemoteFile, metadata: &Metadata) -> bool {
         let (Some(entry), Some(expected)) = (self.files.get(name), &file.sha256) else { return false };
-        entry.sha256.eq_ignore_ascii_case(expected) && entry.size == metadata.len() && Some(entry.modified_ns) == modified_ns(metadata)
+        entry.sha256.eq_ignore_ascii_case(expected)
+            && entry.size == metadata.len()
+            && Some(entry.modified_ns) == modified_ns(metadata)
     }
 
     fn record(&mut self, name: &str, path: &Path, sha256: String) {
@@ -484,7 +509,9 @@ impl RateMeter {
     }
 
     fn bytes_per_sec(&self) -> f64 {
-        let (Some(&(first_at, first)), Some(&(last_at, last))) = (self.samples.front(), self.samples.back()) else { return 0.0 };
+        let (Some(&(first_at, first)), Some(&(last_at, last))) = (self.samples.front(), self.samples.back()) else {
+            return 0.0;
+        };
         let seconds = last_at.duration_since(first_at).as_secs_f64();
         // Too short a span gives wild numbers.
         if seconds < 0.2 {
@@ -521,7 +548,14 @@ impl<'a> Reporter<'a> {
     fn new(sender: &'a watch::Sender<Progress>, files: &[RemoteFile]) -> Reporter<'a> {
         let total = files.iter().filter_map(|f| f.size).sum();
         let progress = Progress { total, files_total: files.len(), ..Progress::default() };
-        Reporter { sender, progress, finished_bytes: 0, received: 0, meter: RateMeter::new(RATE_WINDOW), last_sent: None }
+        Reporter {
+            sender,
+            progress,
+            finished_bytes: 0,
+            received: 0,
+            meter: RateMeter::new(RATE_WINDOW),
+            last_sent: None,
+        }
     }
 
     fn start_file(&mut self, file: &RemoteFile, on_disk: u64) {
@@ -629,7 +663,10 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), data);
         part.truncate().unwrap();
         part.append(b"abc").unwrap();
-        assert_eq!(hex(&part.hasher.unwrap().finalize()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            hex(&part.hasher.unwrap().finalize()),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(fs::read(&path).unwrap(), b"abc");
     }
 

@@ -55,7 +55,6 @@ impl HubError {
     }
 }
 
-
 /// One file of a repo, as the Hub lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RemoteFile {
@@ -168,7 +167,8 @@ impl HubClient {
     /// `HF_ENDPOINT` (default huggingface.co) and the token `huggingface-cli login` would use.
     pub fn from_env() -> HubClient {
         let env = |key: &str| std::env::var(key).ok();
-        let endpoint = env("HF_ENDPOINT").filter(|e| !e.trim().is_empty()).unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+        let endpoint =
+            env("HF_ENDPOINT").filter(|e| !e.trim().is_empty()).unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
         HubClient::new(&endpoint, find_token(&env, &|path| std::fs::read_to_string(path).ok()))
     }
 
@@ -215,7 +215,17 @@ impl HubClient {
             pairs.append_pair("sort", "downloads");
             pairs.append_pair("limit", &limit.clamp(1, 1000).to_string());
             // With `expand` the Hub returns only these fields (and the id).
-            for field in ["downloads", "likes", "tags", "lastModified", "library_name", "gated", "safetensors", "gguf", "siblings"] {
+            for field in [
+                "downloads",
+                "likes",
+                "tags",
+                "lastModified",
+                "library_name",
+                "gated",
+                "safetensors",
+                "gguf",
+                "siblings",
+            ] {
                 pairs.append_pair("expand", field);
             }
         }
@@ -238,21 +248,31 @@ impl HubClient {
         let response = self.send(request).await?;
         match response.status() {
             StatusCode::PARTIAL_CONTENT => {
-                let range = content_range(response.headers())
-                    .ok_or_else(|| HubError::Http { status: 206, message: format!("{what}: a partial answer without a valid Content-Range") })?;
+                let range = content_range(response.headers()).ok_or_else(|| HubError::Http {
+                    status: 206,
+                    message: format!("{what}: a partial answer without a valid Content-Range"),
+                })?;
                 Ok(FileBody::Stream(FileStream { start: range.start, file_size: range.file_size, response }))
             }
             StatusCode::RANGE_NOT_SATISFIABLE if offset > 0 => {
                 Ok(FileBody::PastEnd { file_size: content_range(response.headers()).and_then(|r| r.file_size) })
             }
             // 200: the whole file, also when a Range was asked for and ignored.
-            status if status.is_success() => Ok(FileBody::Stream(FileStream { start: 0, file_size: response.content_length(), response })),
+            status if status.is_success() => {
+                Ok(FileBody::Stream(FileStream { start: 0, file_size: response.content_length(), response }))
+            }
             _ => Err(refusal(response, repo, &what).await),
         }
     }
 
     /// A small file read whole (an index, a config), refused above `max_bytes`.
-    pub async fn fetch_small_file(&self, repo: &str, revision: &str, file: &str, max_bytes: u64) -> Result<Vec<u8>, HubError> {
+    pub async fn fetch_small_file(
+        &self,
+        repo: &str,
+        revision: &str,
+        file: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, HubError> {
         let FileBody::Stream(mut stream) = self.open_file(repo, revision, file, 0).await? else {
             return Err(HubError::Http { status: 416, message: format!("{file}: the Hub refused to send it") });
         };
@@ -260,7 +280,10 @@ impl HubClient {
         while let Some(chunk) = stream.next_chunk().await? {
             bytes.extend_from_slice(chunk.as_ref());
             if bytes.len() as u64 > max_bytes {
-                return Err(HubError::Http { status: 200, message: format!("{file} in {repo} is larger than {}", human_bytes(max_bytes)) });
+                return Err(HubError::Http {
+                    status: 200,
+                    message: format!("{file} in {repo} is larger than {}", human_bytes(max_bytes)),
+                });
             }
         }
         Ok(bytes)
@@ -285,7 +308,12 @@ impl HubClient {
     }
 
     /// Sends; anything but a 2xx becomes an error about `repo` / `what`.
-    async fn send_expecting_success(&self, request: reqwest::RequestBuilder, repo: &str, what: &str) -> Result<reqwest::Response, HubError> {
+    async fn send_expecting_success(
+        &self,
+        request: reqwest::RequestBuilder,
+        repo: &str,
+        what: &str,
+    ) -> Result<reqwest::Response, HubError> {
         let response = self.send(request).await?;
         if response.status().is_success() {
             Ok(response)
@@ -389,7 +417,9 @@ fn token_path(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     if let Some(home) = set("HF_HOME") {
         return Some(PathBuf::from(home).join("token"));
     }
-    let cache = set("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    let cache = set("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
     Some(cache.join("huggingface").join("token"))
 }
 
@@ -453,13 +483,21 @@ impl WireModel {
                 RemoteFile { name: s.rfilename, size: s.size.or(lfs_size), sha256 }
             })
             .collect();
-        RepoInfo { id: self.id, sha: self.sha.unwrap_or_default(), files, gated, tags: self.tags.unwrap_or_default(), library: self.library_name }
+        RepoInfo {
+            id: self.id,
+            sha: self.sha.unwrap_or_default(),
+            files,
+            gated,
+            tags: self.tags.unwrap_or_default(),
+            library: self.library_name,
+        }
     }
 
     fn into_search_hit(self) -> SearchHit {
         let gated = self.is_gated();
         let storage_bytes = self.safetensors.as_ref().and_then(|s| {
-            let bytes: Option<u64> = s.parameters.iter().map(|(dtype, count)| dtype_bytes(dtype).map(|b| b * count)).sum();
+            let bytes: Option<u64> =
+                s.parameters.iter().map(|(dtype, count)| dtype_bytes(dtype).map(|b| b * count)).sum();
             bytes.filter(|b| *b > 0)
         });
         let tags = self.tags.unwrap_or_default();
@@ -507,13 +545,26 @@ mod tests {
     #[test]
     fn token_lookup_order() {
         let file = [("/home/me/.cache/huggingface/token", "hf_file\n")];
-        assert_eq!(lookup(&[("HF_TOKEN", "hf_a"), ("HUGGING_FACE_HUB_TOKEN", "hf_b"), ("HOME", "/home/me")], &file).as_deref(), Some("hf_a"));
-        assert_eq!(lookup(&[("HF_TOKEN", "  "), ("HUGGING_FACE_HUB_TOKEN", "hf_b"), ("HOME", "/home/me")], &file).as_deref(), Some("hf_b"));
+        assert_eq!(
+            lookup(&[("HF_TOKEN", "hf_a"), ("HUGGING_FACE_HUB_TOKEN", "hf_b"), ("HOME", "/home/me")], &file).as_deref(),
+            Some("hf_a")
+        );
+        assert_eq!(
+            lookup(&[("HF_TOKEN", "  "), ("HUGGING_FACE_HUB_TOKEN", "hf_b"), ("HOME", "/home/me")], &file).as_deref(),
+            Some("hf_b")
+        );
         assert_eq!(lookup(&[("HOME", "/home/me")], &file).as_deref(), Some("hf_file"));
-        assert_eq!(lookup(&[("HOME", "/home/me"), ("XDG_CACHE_HOME", "/xdg")], &[("/xdg/huggingface/token", "hf_xdg")]).as_deref(), Some("hf_xdg"));
+        assert_eq!(
+            lookup(&[("HOME", "/home/me"), ("XDG_CACHE_HOME", "/xdg")], &[("/xdg/huggingface/token", "hf_xdg")])
+                .as_deref(),
+            Some("hf_xdg")
+        );
         let hf_home = [("/hf/token", "hf_home"), ("/custom/tok", "hf_custom")];
         assert_eq!(lookup(&[("HF_HOME", "/hf"), ("HOME", "/home/me")], &hf_home).as_deref(), Some("hf_home"));
-        assert_eq!(lookup(&[("HF_TOKEN_PATH", "/custom/tok"), ("HF_HOME", "/hf")], &hf_home).as_deref(), Some("hf_custom"));
+        assert_eq!(
+            lookup(&[("HF_TOKEN_PATH", "/custom/tok"), ("HF_HOME", "/hf")], &hf_home).as_deref(),
+            Some("hf_custom")
+        );
         assert_eq!(lookup(&[("HOME", "/home/me")], &[("/home/me/.cache/huggingface/token", "\n")]), None);
         assert_eq!(lookup(&[], &file), None);
     }
@@ -535,7 +586,9 @@ mod tests {
             headers
         };
         let none = HeaderMap::new();
-        let map = |status: u16, headers: &HeaderMap| status_error(StatusCode::from_u16(status).unwrap(), headers, "nope", "org/m", "thing");
+        let map = |status: u16, headers: &HeaderMap| {
+            status_error(StatusCode::from_u16(status).unwrap(), headers, "nope", "org/m", "thing")
+        };
         assert_eq!(map(401, &with_code("RepoNotFound")), HubError::Unauthorized { repo: "org/m".into() });
         assert_eq!(map(401, &with_code("GatedRepo")), HubError::Unauthorized { repo: "org/m".into() });
         assert_eq!(map(403, &with_code("GatedRepo")), HubError::Forbidden { repo: "org/m".into() });
@@ -577,7 +630,10 @@ mod tests {
         let info = serde_json::from_value::<WireModel>(json).unwrap().into_repo_info();
         assert!(info.gated);
         assert_eq!(info.sha, "abc");
-        assert_eq!(info.files[1], RemoteFile { name: "model.safetensors".into(), size: Some(20), sha256: Some("abcd".into()) });
+        assert_eq!(
+            info.files[1],
+            RemoteFile { name: "model.safetensors".into(), size: Some(20), sha256: Some("abcd".into()) }
+        );
         assert_eq!(info.files[2].size, None);
         let hit = serde_json::json!({"id": "org/m", "gated": false, "safetensors": {"parameters": {"BF16": 10, "U32": 5}, "total": 15}});
         let hit = serde_json::from_value::<WireModel>(hit).unwrap().into_search_hit();

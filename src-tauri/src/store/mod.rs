@@ -15,8 +15,8 @@ mod residency;
 pub mod select;
 
 pub use catalog::{Catalog, CatalogError};
-pub use human::human_bytes;
 pub use discover::{LocalModel, Source, MANIFEST};
+pub use human::human_bytes;
 pub use layout::StorePaths;
-pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};
 pub use pull::{PullRequest, PullState, PullStatus, PullWatch, Pulls};
+pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::discover::MANIFEST;
 use super::download::{download_files, Progress};
-use super::select::select_model_files;
 use super::hub::{HubClient, HubError, RemoteFile};
 use super::layout::StorePaths;
+use super::select::select_model_files;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullRequest {
@@ -32,8 +32,13 @@ pub struct PullRequest {
 pub enum PullState {
     Running,
     /// The model is ready at `path` under id `id`.
-    Done { id: String, path: PathBuf },
-    Failed { message: String },
+    Done {
+        id: String,
+        path: PathBuf,
+    },
+    Failed {
+        message: String,
+    },
     Cancelled,
 }
 
@@ -61,7 +66,11 @@ pub struct PullWatch {
 
 impl PullWatch {
     pub fn status(&self) -> PullStatus {
-        PullStatus { repo: self.repo.clone(), state: self.state.borrow().clone(), progress: self.progress.borrow().clone() }
+        PullStatus {
+            repo: self.repo.clone(),
+            state: self.state.borrow().clone(),
+            progress: self.progress.borrow().clone(),
+        }
     }
 
     /// Waits for the end and returns how it ended.
@@ -142,7 +151,13 @@ impl Pulls {
     }
 }
 
-async fn pull(hub: &HubClient, paths: &StorePaths, request: &PullRequest, progress: &watch::Sender<Progress>, cancel: &CancellationToken) -> Result<(String, PathBuf), HubError> {
+async fn pull(
+    hub: &HubClient,
+    paths: &StorePaths,
+    request: &PullRequest,
+    progress: &watch::Sender<Progress>,
+    cancel: &CancellationToken,
+) -> Result<(String, PathBuf), HubError> {
     let info = hub.repo_info(&request.repo, &request.revision).await?;
     let files = select_model_files(hub, &info, &info.sha, request.gguf.as_deref()).await?;
     let staging = paths.staging_dir(&request.repo);
@@ -150,7 +165,10 @@ async fn pull(hub: &HubClient, paths: &StorePaths, request: &PullRequest, progre
     let target = paths.repo_dir(&request.repo);
     let io = |path: &Path, e: std::io::Error| HubError::Io { path: path.display().to_string(), message: e.to_string() };
     if target.exists() && !target.join(MANIFEST).exists() {
-        return Err(HubError::Io { path: target.display().to_string(), message: "already exists and was not downloaded by FastMLX; move it away first".into() });
+        return Err(HubError::Io {
+            path: target.display().to_string(),
+            message: "already exists and was not downloaded by FastMLX; move it away first".into(),
+        });
     }
     std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
     // Files move into place one by one (a GGUF joins the other files of its repo); the

@@ -11,7 +11,12 @@ const MAX_GGUF_LISTED: usize = 6;
 
 /// A short label such as `4-bit`, `4-bit DWQ`, `BF16`, `MXFP4`, `Q4_K_M`, `GGUF Q4_K_M, Q8_0`;
 /// `None` when nothing tells.
-pub fn quantization_label(id: &str, tags: &[String], dtypes: &BTreeMap<String, u64>, files: &[String]) -> Option<String> {
+pub fn quantization_label(
+    id: &str,
+    tags: &[String],
+    dtypes: &BTreeMap<String, u64>,
+    files: &[String],
+) -> Option<String> {
     gguf_files_label(files)
         .or_else(|| name_label(id.rsplit('/').next().unwrap_or(id)))
         .or_else(|| tags.iter().find_map(|t| tag_label(t)))
@@ -25,7 +30,13 @@ fn gguf_files_label(files: &[String]) -> Option<String> {
         let stem = file.rsplit('/').next().unwrap_or(file);
         let stem = &stem[..stem.len() - ".gguf".len()];
         // Split shards (`-00001-of-00003`) name the same quantization.
-        let quant = |t: &str| gguf_quant(t).or_else(|| float_format(&t.to_ascii_lowercase()).filter(|f| matches!(*f, "F16" | "F32" | "BF16")).map(str::to_string));
+        let quant = |t: &str| {
+            gguf_quant(t).or_else(|| {
+                float_format(&t.to_ascii_lowercase())
+                    .filter(|f| matches!(*f, "F16" | "F32" | "BF16"))
+                    .map(str::to_string)
+            })
+        };
         if let Some(q) = name_tokens(stem).rev().find_map(quant) {
             if !quants.contains(&q) {
                 quants.push(q);
@@ -116,13 +127,16 @@ fn tag_label(tag: &str) -> Option<String> {
 /// From the safetensors element counts by dtype: packed integers mean quantized weights (the bit
 /// width is not recoverable without the config); otherwise the float type holding most elements.
 fn dtype_label(dtypes: &BTreeMap<String, u64>) -> Option<String> {
-    if dtypes.keys().any(|d| d == "U32" || d == "I32") && dtypes.keys().any(|d| matches!(d.as_str(), "BF16" | "F16" | "F32")) {
+    if dtypes.keys().any(|d| d == "U32" || d == "I32")
+        && dtypes.keys().any(|d| matches!(d.as_str(), "BF16" | "F16" | "F32"))
+    {
         return Some("quantized".into());
     }
     if dtypes.keys().any(|d| d.starts_with("F8_")) {
         return Some("FP8".into());
     }
-    let (dtype, _) = dtypes.iter().filter(|(d, _)| matches!(d.as_str(), "BF16" | "F16" | "F32")).max_by_key(|(_, n)| **n)?;
+    let (dtype, _) =
+        dtypes.iter().filter(|(d, _)| matches!(d.as_str(), "BF16" | "F16" | "F32")).max_by_key(|(_, n)| **n)?;
     Some(dtype.clone())
 }
 

@@ -115,7 +115,15 @@ const KV_FLOOR: u64 = 256 << 20;
 impl Residency {
     pub fn new(catalog: Catalog, config: ResidencyConfig) -> Residency {
         let (changes, _) = watch::channel(0);
-        Residency { inner: Arc::new(Inner { catalog, config: Mutex::new(config), residents: Mutex::new(Vec::new()), loading: tokio::sync::Mutex::new(()), changes }) }
+        Residency {
+            inner: Arc::new(Inner {
+                catalog,
+                config: Mutex::new(config),
+                residents: Mutex::new(Vec::new()),
+                loading: tokio::sync::Mutex::new(()),
+                changes,
+            }),
+        }
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -201,10 +209,12 @@ impl Residency {
         let kv = self.make_room(&model.id, weights)?;
         let engine_config = EngineConfig { kv_budget_bytes: Some(kv as usize), ..config.engine.clone() };
         let (path, options) = (model.path.clone(), config.load);
-        let engine = tokio::task::spawn_blocking(move || EngineHandle::start(engine_config, move || load_model_with(&path, &Backend::init(), &options)))
-            .await
-            .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?
-            .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?;
+        let engine = tokio::task::spawn_blocking(move || {
+            EngineHandle::start(engine_config, move || load_model_with(&path, &Backend::init(), &options))
+        })
+        .await
+        .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?
+        .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?;
         let footprint = engine.model_info().weights_bytes as u64 + kv;
         let resident = Resident {
             id: model.id.clone(),
@@ -238,9 +248,16 @@ impl Residency {
                     Some(i) => evicted.push(residents.remove(i)),
                     None => {
                         let busy: Vec<&str> = residents.iter().map(|r| r.id.as_str()).collect();
-                        let busy = if busy.is_empty() { String::new() } else { format!(" (in use by {})", busy.join(", ")) };
+                        let busy =
+                            if busy.is_empty() { String::new() } else { format!(" (in use by {})", busy.join(", ")) };
                         let mb = |b: u64| b >> 20;
-                        break Err(ResidencyError::NoRoom { id: id.to_string(), needed_mb: mb(weights + KV_FLOOR), free_mb: mb(free), budget_mb: mb(budget), busy });
+                        break Err(ResidencyError::NoRoom {
+                            id: id.to_string(),
+                            needed_mb: mb(weights + KV_FLOOR),
+                            free_mb: mb(free),
+                            budget_mb: mb(budget),
+                            busy,
+                        });
                     }
                 }
             }
@@ -265,7 +282,8 @@ impl Residency {
     pub async fn unload(&self, id: &str) -> Result<(), ResidencyError> {
         let resident = {
             let mut residents = self.residents();
-            let i = residents.iter().position(|r| r.id == id).ok_or_else(|| ResidencyError::NotLoaded(id.to_string()))?;
+            let i =
+                residents.iter().position(|r| r.id == id).ok_or_else(|| ResidencyError::NotLoaded(id.to_string()))?;
             residents.remove(i)
         };
         let engine = resident.engine;

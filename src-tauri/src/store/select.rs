@@ -35,13 +35,19 @@ pub fn select_files(info: &RepoInfo, gguf: Option<&str>) -> Result<Vec<RemoteFil
 
 /// [`select_files`], then for a sharded model only the shards its index names (the index is
 /// read from the Hub at `revision`).
-pub async fn select_model_files(client: &HubClient, info: &RepoInfo, revision: &str, gguf: Option<&str>) -> Result<Vec<RemoteFile>, HubError> {
+pub async fn select_model_files(
+    client: &HubClient,
+    info: &RepoInfo,
+    revision: &str,
+    gguf: Option<&str>,
+) -> Result<Vec<RemoteFile>, HubError> {
     let files = select_files(info, gguf)?;
     if !files.iter().any(|f| f.name == INDEX_FILE) {
         return Ok(files);
     }
     let index = client.fetch_small_file(&info.id, revision, INDEX_FILE, MAX_INDEX_BYTES).await?;
-    let shards = shards_in_index(&index).map_err(|e| selection_error(info, format!("{INDEX_FILE} is not a valid index: {e}")))?;
+    let shards = shards_in_index(&index)
+        .map_err(|e| selection_error(info, format!("{INDEX_FILE} is not a valid index: {e}")))?;
     keep_indexed_shards(info, files, &shards)
 }
 
@@ -55,7 +61,11 @@ pub fn shards_in_index(index_json: &[u8]) -> Result<BTreeSet<String>, serde_json
 }
 
 /// Drops the `.safetensors` files the index does not name (e.g. a consolidated copy of the shards).
-pub fn keep_indexed_shards(info: &RepoInfo, files: Vec<RemoteFile>, shards: &BTreeSet<String>) -> Result<Vec<RemoteFile>, HubError> {
+pub fn keep_indexed_shards(
+    info: &RepoInfo,
+    files: Vec<RemoteFile>,
+    shards: &BTreeSet<String>,
+) -> Result<Vec<RemoteFile>, HubError> {
     if let Some(missing) = shards.iter().find(|shard| !files.iter().any(|f| &f.name == *shard)) {
         return Err(selection_error(info, format!("{INDEX_FILE} names {missing}, which the repo does not have")));
     }
@@ -76,17 +86,23 @@ fn select_model_folder(info: &RepoInfo) -> Result<Vec<RemoteFile>, HubError> {
     let files: Vec<RemoteFile> = info
         .files
         .iter()
-        .filter(|f| !f.name.contains('/') && (MODEL_FILES.contains(&f.name.as_str()) || f.name.ends_with(".safetensors")))
+        .filter(|f| {
+            !f.name.contains('/') && (MODEL_FILES.contains(&f.name.as_str()) || f.name.ends_with(".safetensors"))
+        })
         .cloned()
         .collect();
     if !files.iter().any(|f| f.name.ends_with(".safetensors")) {
-        return Err(selection_error(info, "no .safetensors weights at the top of the repo (FastMLX does not load .bin or .pt checkpoints)".into()));
+        return Err(selection_error(
+            info,
+            "no .safetensors weights at the top of the repo (FastMLX does not load .bin or .pt checkpoints)".into(),
+        ));
     }
     Ok(files)
 }
 
 fn select_gguf(info: &RepoInfo, pattern: &str) -> Result<RemoteFile, HubError> {
-    let ggufs: Vec<&RemoteFile> = info.files.iter().filter(|f| f.name.to_ascii_lowercase().ends_with(".gguf")).collect();
+    let ggufs: Vec<&RemoteFile> =
+        info.files.iter().filter(|f| f.name.to_ascii_lowercase().ends_with(".gguf")).collect();
     if ggufs.is_empty() {
         return Err(selection_error(info, "the repo has no .gguf file".into()));
     }
@@ -95,13 +111,20 @@ fn select_gguf(info: &RepoInfo, pattern: &str) -> Result<RemoteFile, HubError> {
         return Ok((*exact).clone());
     }
     let needle = pattern.to_lowercase();
-    let matching: Vec<&RemoteFile> = ggufs.iter().copied().filter(|f| f.name.to_lowercase().contains(&needle)).collect();
+    let matching: Vec<&RemoteFile> =
+        ggufs.iter().copied().filter(|f| f.name.to_lowercase().contains(&needle)).collect();
     match matching.as_slice() {
         [one] => Ok((*one).clone()),
-        [] => Err(selection_error(info, format!("no .gguf file matches {pattern:?}; the repo has: {}", gguf_names(info).join(", ")))),
+        [] => Err(selection_error(
+            info,
+            format!("no .gguf file matches {pattern:?}; the repo has: {}", gguf_names(info).join(", ")),
+        )),
         several => {
             let names: Vec<&str> = several.iter().map(|f| f.name.as_str()).collect();
-            Err(selection_error(info, format!("{pattern:?} matches several .gguf files: {}; give one exact name", names.join(", "))))
+            Err(selection_error(
+                info,
+                format!("{pattern:?} matches several .gguf files: {}; give one exact name", names.join(", ")),
+            ))
         }
     }
 }
@@ -195,14 +218,23 @@ mod tests {
 
     #[test]
     fn gguf_by_exact_name_or_case_insensitive_part() {
-        let info = repo(&["README.md", "Model-Q4_K_M.gguf", "Model-Q4_K_S.gguf", "Model-Q8_0.gguf", "sub/Model-F16.gguf"]);
+        let info =
+            repo(&["README.md", "Model-Q4_K_M.gguf", "Model-Q4_K_S.gguf", "Model-Q8_0.gguf", "sub/Model-F16.gguf"]);
         assert_eq!(names(&select_files(&info, Some("q4_k_m")).unwrap()), ["Model-Q4_K_M.gguf"]);
         assert_eq!(names(&select_files(&info, Some("Model-Q8_0.gguf")).unwrap()), ["Model-Q8_0.gguf"]);
         assert_eq!(names(&select_files(&info, Some("Model-F16.gguf")).unwrap()), ["sub/Model-F16.gguf"]);
         let several = selection_message(select_files(&info, Some("Q4_K")));
-        assert!(several.contains("several") && several.contains("Model-Q4_K_M.gguf") && several.contains("Model-Q4_K_S.gguf"), "{several}");
+        assert!(
+            several.contains("several")
+                && several.contains("Model-Q4_K_M.gguf")
+                && several.contains("Model-Q4_K_S.gguf"),
+            "{several}"
+        );
         let none = selection_message(select_files(&info, Some("IQ2_XS")));
-        assert!(none.contains("IQ2_XS") && none.contains("Model-Q8_0.gguf") && none.contains("sub/Model-F16.gguf"), "{none}");
+        assert!(
+            none.contains("IQ2_XS") && none.contains("Model-Q8_0.gguf") && none.contains("sub/Model-F16.gguf"),
+            "{none}"
+        );
         assert!(selection_message(select_files(&repo(&["config.json"]), Some("Q4"))).contains("no .gguf"));
     }
 
@@ -220,10 +252,16 @@ mod tests {
         let kept = keep_indexed_shards(&info, select_files(&info, None).unwrap(), &shards).unwrap();
         assert_eq!(
             names(&kept),
-            ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+            [
+                "config.json",
+                "model.safetensors.index.json",
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ]
         );
         let missing: BTreeSet<String> = ["model-00003-of-00003.safetensors".to_string()].into();
-        assert!(selection_message(keep_indexed_shards(&info, select_files(&info, None).unwrap(), &missing)).contains("model-00003-of-00003"));
+        assert!(selection_message(keep_indexed_shards(&info, select_files(&info, None).unwrap(), &missing))
+            .contains("model-00003-of-00003"));
         assert!(shards_in_index(b"{\"no\": 1}").is_err());
     }
 }

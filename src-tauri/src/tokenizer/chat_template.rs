@@ -43,7 +43,11 @@ pub struct RenderRequest<'a> {
 const TEMPLATE_NAME: &str = "chat_template";
 
 impl ChatTemplate {
-    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -81,7 +85,9 @@ impl ChatTemplate {
 
 fn drop_null_keys(message: &Json) -> Json {
     match message {
-        Json::Object(map) => Json::Object(map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect()),
+        Json::Object(map) => {
+            Json::Object(map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
         other => other.clone(),
     }
 }

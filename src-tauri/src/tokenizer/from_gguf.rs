@@ -24,7 +24,8 @@ const USER_DEFINED: i32 = 4;
 
 // The splitting regexes of the model families' original tokenizer.json files.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub fn tokenizer_from_gguf_metadata(meta: &GgufTokenizerMetadata) -> Result<tokenizers::Tokenizer, TokenizerError> {
     if meta.model != "gpt2" {
@@ -52,9 +53,15 @@ pub fn tokenizer_from_gguf_metadata(meta: &GgufTokenizerMetadata) -> Result<toke
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
     let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
     let pre_tokenizer = match meta.pre.as_deref() {
-        Some("smollm") => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-        Some("llama-bpe" | "llama3" | "smaug-bpe" | "dbrx") => json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]}),
-        Some("qwen2" | "deepseek-r1-qwen") => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
+        Some("smollm") => {
+            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]})
+        }
+        Some("llama-bpe" | "llama3" | "smaug-bpe" | "dbrx") => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
+        }
+        Some("qwen2" | "deepseek-r1-qwen") => {
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
+        }
         Some("gpt2" | "gpt-2" | "default") | None => byte_level(true),
         Some(other) => {
             tracing::warn!("GGUF pre-tokenizer {other:?} is not known; using GPT-2's byte-level splitting");
@@ -74,5 +81,8 @@ pub fn tokenizer_from_gguf_metadata(meta: &GgufTokenizerMetadata) -> Result<toke
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
                   "vocab": vocab, "merges": meta.merges},
     });
-    tokenizer.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| TokenizerError(format!("building the GGUF tokenizer: {e}")))
+    tokenizer
+        .to_string()
+        .parse::<tokenizers::Tokenizer>()
+        .map_err(|e| TokenizerError(format!("building the GGUF tokenizer: {e}")))
 }

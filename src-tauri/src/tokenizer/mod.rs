@@ -67,7 +67,12 @@ impl Tokenizer {
     /// Encodes `text`. With `add_special_tokens` the tokenizer's BOS (if it uses one) is
     /// prepended; with `parse_special` the text of special tokens (`<|im_start|>`, FIM markers)
     /// becomes those tokens, otherwise it is encoded as plain text.
-    pub fn encode(&self, text: &str, add_special_tokens: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let tokenizer = if parse_special { &self.inner } else { &self.literal };
         let mut ids = tokenizer.encode_fast(text, add_special_tokens)?.get_ids().to_vec();
         if let (true, Some(bos)) = (add_special_tokens, self.add_bos_id) {

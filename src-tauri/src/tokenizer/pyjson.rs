@@ -38,9 +38,12 @@ fn write_value(out: &mut String, value: &Value, options: &PyJsonOptions, depth: 
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::String => out.push_str(&serde_json::to_string(value.as_str().unwrap_or_default()).unwrap_or_default()),
+        ValueKind::String => {
+            out.push_str(&serde_json::to_string(value.as_str().unwrap_or_default()).unwrap_or_default())
+        }
         ValueKind::Number => {
-            let json = serde_json::to_value(value).map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+            let json = serde_json::to_value(value)
+                .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
             out.push_str(&json.to_string());
         }
         ValueKind::Seq | ValueKind::Iterable => {
@@ -103,7 +106,10 @@ mod tests {
     #[test]
     fn matches_python_json_dumps_spacing_and_order() {
         // json.dumps({"b": 1, "a": [1.5, "x\"y", None, True]}, ensure_ascii=False)
-        assert_eq!(render(r#"{"b":1,"a":[1.5,"x\"y",null,true]}"#, None), r#"{"b": 1, "a": [1.5, "x\"y", null, true]}"#);
+        assert_eq!(
+            render(r#"{"b":1,"a":[1.5,"x\"y",null,true]}"#, None),
+            r#"{"b": 1, "a": [1.5, "x\"y", null, true]}"#
+        );
     }
 
     #[test]

@@ -34,7 +34,9 @@ impl TokenBytes {
                 }
                 let piece = tokenizer.id_to_token(id)?;
                 let bytes = match kind {
-                    DecoderKind::ByteLevel => piece.chars().map(|c| byte_level.get(&c).copied()).collect::<Option<Vec<u8>>>()?,
+                    DecoderKind::ByteLevel => {
+                        piece.chars().map(|c| byte_level.get(&c).copied()).collect::<Option<Vec<u8>>>()?
+                    }
                     DecoderKind::SentencePiece => sentencepiece_bytes(&piece),
                     DecoderKind::Other => tokenizer.decode(&[id], false).ok()?.into_bytes(),
                 };

@@ -202,7 +202,8 @@ impl DiskTier {
     pub fn open(root: &Path, identity: BlockKey, budget: u64, model: &str) -> Option<DiskTier> {
         let dir = root.join(&hex(&identity)[..32]);
         // `model.json` names the model, for `fastmlx cache ls`.
-        let made = fs::create_dir_all(&dir).and_then(|()| fs::write(dir.join(MODEL_FILE), json!({"model": model}).to_string()));
+        let made = fs::create_dir_all(&dir)
+            .and_then(|()| fs::write(dir.join(MODEL_FILE), json!({"model": model}).to_string()));
         if let Err(e) = made {
             tracing::warn!("prefix cache: no disk tier ({}: {e})", dir.display());
             return None;
@@ -222,7 +223,10 @@ impl DiskTier {
                     Err(e) => {
                         // Disk full, folder gone or not writable: serve on from RAM.
                         thread_shared.off.store(true, Ordering::Relaxed);
-                        tracing::warn!("prefix cache: disk tier turned off: cannot write to {}: {e}", thread_dir.display());
+                        tracing::warn!(
+                            "prefix cache: disk tier turned off: cannot write to {}: {e}",
+                            thread_dir.display()
+                        );
                     }
                 }
             }
@@ -347,7 +351,14 @@ impl DiskTier {
             return None;
         }
         let parent = unhex(meta.get("parent")?.as_str()?)?;
-        let tokens: Vec<u32> = meta.get("tokens")?.as_str()?.split(',').filter(|t| !t.is_empty()).map(str::parse).collect::<Result<_, _>>().ok()?;
+        let tokens: Vec<u32> = meta
+            .get("tokens")?
+            .as_str()?
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
         (chain(&parent, &tokens) == *key).then_some((parent, tokens))
     }
 
@@ -378,7 +389,12 @@ impl DiskTier {
 
     /// The children of `parent` on disk, with their tokens.
     pub fn children(&self, parent: &BlockKey) -> Vec<(BlockKey, Vec<u32>)> {
-        self.children.get(parent).into_iter().flatten().filter_map(|k| Some((*k, self.entries.get(k)?.tokens.clone()))).collect()
+        self.children
+            .get(parent)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| Some((*k, self.entries.get(k)?.tokens.clone())))
+            .collect()
     }
 
     /// Reads a block back; a bad file is removed and reads as `None`.
@@ -415,7 +431,12 @@ impl DiskTier {
         let tensor = |name: &str| -> Option<Tensor> {
             let t = header.get(name)?.as_object()?;
             let dtype = dtype_of(t.get("dtype")?.as_str()?)?;
-            let shape: Vec<i32> = t.get("shape")?.as_array()?.iter().map(|d| d.as_i64().and_then(|d| i32::try_from(d).ok())).collect::<Option<_>>()?;
+            let shape: Vec<i32> = t
+                .get("shape")?
+                .as_array()?
+                .iter()
+                .map(|d| d.as_i64().and_then(|d| i32::try_from(d).ok()))
+                .collect::<Option<_>>()?;
             let offsets = t.get("data_offsets")?.as_array()?;
             let (start, end) = (offsets.first()?.as_u64()? as usize, offsets.get(1)?.as_u64()? as usize);
             let count: usize = shape.iter().map(|&d| usize::try_from(d).ok()).product::<Option<usize>>()?;
@@ -428,7 +449,9 @@ impl DiskTier {
             }
             Some(Tensor { dtype, shape, data: data[start..end].to_vec() })
         };
-        let layers = (0..layers).map(|l| Some((tensor(&format!("k.{l}"))?, tensor(&format!("v.{l}"))?))).collect::<Option<Vec<_>>>()?;
+        let layers = (0..layers)
+            .map(|l| Some((tensor(&format!("k.{l}"))?, tensor(&format!("v.{l}"))?)))
+            .collect::<Option<Vec<_>>>()?;
         Some(BlockFile { parent, tokens, layers })
     }
 
@@ -473,9 +496,19 @@ fn read_header(path: &Path) -> std::io::Result<(Map<String, Value>, u64)> {
 /// The header and the data of a safetensors file.
 fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>)> {
     let bytes = fs::read(path)?;
-    let len = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).ok_or_else(|| std::io::Error::other("truncated"))?;
-    let start = usize::try_from(len).ok().and_then(|l| l.checked_add(8)).filter(|&s| s <= bytes.len()).ok_or_else(|| std::io::Error::other("truncated"))?;
-    let header = serde_json::from_slice::<Value>(&bytes[8..start]).ok().and_then(|v| v.as_object().cloned()).ok_or_else(|| std::io::Error::other("bad header"))?;
+    let len = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .ok_or_else(|| std::io::Error::other("truncated"))?;
+    let start = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_add(8))
+        .filter(|&s| s <= bytes.len())
+        .ok_or_else(|| std::io::Error::other("truncated"))?;
+    let header = serde_json::from_slice::<Value>(&bytes[8..start])
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .ok_or_else(|| std::io::Error::other("bad header"))?;
     Ok((header, bytes[start..].to_vec()))
 }
 
@@ -488,7 +521,10 @@ fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile
         for (name, t) in [(format!("k.{l}"), k), (format!("v.{l}"), v)] {
             let start = data.len();
             data.extend_from_slice(&t.data);
-            header.insert(name, json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [start, data.len()]}));
+            header.insert(
+                name,
+                json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [start, data.len()]}),
+            );
         }
     }
     let tokens: Vec<String> = block.tokens.iter().map(u32::to_string).collect();

@@ -26,10 +26,10 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 pub use disk::{list_folders, DiskFolder, DiskStats};
-pub use key::BlockKey;
-pub use store::Divergence;
 use disk::{BlockFile, DiskTier, Tensor};
 use key::chain;
+pub use key::BlockKey;
+pub use store::Divergence;
 use store::{BlockStore, Payload};
 
 use crate::model::{BatchKvCache, KvCache, LoadedModel};
@@ -96,7 +96,14 @@ impl PrefixCache {
     /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given.
     pub fn new(identity: BlockKey, budget: usize, disk: Option<(&Path, u64)>, model: &str) -> PrefixCache {
         let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
-        PrefixCache { store: BlockStore::new(identity, BLOCK_TOKENS), budget, disk, hits: 0, misses: 0, tokens_reused: 0 }
+        PrefixCache {
+            store: BlockStore::new(identity, BLOCK_TOKENS),
+            budget,
+            disk,
+            hits: 0,
+            misses: 0,
+            tokens_reused: 0,
+        }
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -181,7 +188,8 @@ impl PrefixCache {
                 let (k, v) = (concatenate(&keys, 2)?, concatenate(&values, 2)?);
                 cache.update(&k, &v)?;
             }
-            let arrays: Vec<Array> = caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
+            let arrays: Vec<Array> =
+                caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
             mlx_rs::transforms::eval(&arrays)?;
         }
         if tokens > 0 {
@@ -195,7 +203,8 @@ impl PrefixCache {
 
     /// Stores the blocks of `tokens` (their keys and values are in `caches`, one per layer).
     pub fn store_prefill(&mut self, tokens: &[u32], caches: &[KvCache]) -> Result<()> {
-        let contents: Vec<(Array, Array)> = caches.iter().map(|c| c.contents()).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        let contents: Vec<(Array, Array)> =
+            caches.iter().map(|c| c.contents()).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         if contents.len() != caches.len() {
             return Ok(());
         }
@@ -204,7 +213,8 @@ impl PrefixCache {
 
     /// Stores the blocks of `tokens`, the sequence of batch row `row`.
     pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize) -> Result<()> {
-        let contents: Vec<(Array, Array)> = batch.iter().map(|c| c.row_contents(row)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        let contents: Vec<(Array, Array)> =
+            batch.iter().map(|c| c.row_contents(row)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         if contents.len() != batch.len() {
             return Ok(());
         }
@@ -235,7 +245,8 @@ impl PrefixCache {
         if let Some(disk) = self.disk.as_mut() {
             for key in &added {
                 let Some((parent, tokens, payload)) = self.store.get(key) else { continue };
-                let layers: Option<Vec<(Tensor, Tensor)>> = payload.0.iter().map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?))).collect();
+                let layers: Option<Vec<(Tensor, Tensor)>> =
+                    payload.0.iter().map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?))).collect();
                 if let Some(layers) = layers {
                     disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers });
                 }
@@ -284,7 +295,10 @@ fn describe_files(path: &Path, out: &mut impl FnMut(String)) {
         }
         let meta = std::fs::metadata(&file).ok();
         let size = meta.as_ref().map_or(0, std::fs::Metadata::len);
-        let modified = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        let modified = meta
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
         out(format!("{name}\0{size}\0{modified}\n"));
     }
 }

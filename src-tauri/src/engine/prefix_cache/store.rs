@@ -169,7 +169,11 @@ impl<P: Payload> BlockStore<P> {
     /// Stores the blocks of `tokens` not cached yet; `make(start, end)` builds the payload of
     /// positions `start..end` (an error stops the storing, keeping what was stored). Returns the
     /// keys of the blocks newly stored.
-    pub fn insert<E>(&mut self, tokens: &[u32], mut make: impl FnMut(usize, usize) -> Result<P, E>) -> Result<Vec<BlockKey>, E> {
+    pub fn insert<E>(
+        &mut self,
+        tokens: &[u32],
+        mut make: impl FnMut(usize, usize) -> Result<P, E>,
+    ) -> Result<Vec<BlockKey>, E> {
         let mut parent = self.root;
         let mut added = Vec::new();
         let mut path = Vec::new();
@@ -185,7 +189,11 @@ impl<P: Payload> BlockStore<P> {
                     .get(&parent)
                     .into_iter()
                     .flatten()
-                    .filter(|k| self.entries.get(*k).is_some_and(|e| e.tokens.len() < chunk.len() && chunk.starts_with(&e.tokens)))
+                    .filter(|k| {
+                        self.entries
+                            .get(*k)
+                            .is_some_and(|e| e.tokens.len() < chunk.len() && chunk.starts_with(&e.tokens))
+                    })
                     .copied()
                     .collect();
                 for k in covered {

@@ -141,7 +141,11 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
             short_mscale: num("short_mscale"),
             long_mscale: num("long_mscale"),
         },
-        other => return Err(format!("unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, longrope)")),
+        other => {
+            return Err(format!(
+                "unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, longrope)"
+            ))
+        }
     }))
 }
 

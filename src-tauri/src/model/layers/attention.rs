@@ -20,7 +20,11 @@ pub enum AttentionMask {
 }
 
 pub enum QkvProjection {
-    Separate { q: Linear, k: Linear, v: Linear },
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
     /// Phi-3's `qkv_proj`: q, k and v rows one after the other.
     Fused(Linear),
 }
@@ -49,7 +53,13 @@ impl Attention {
     }
 
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
-    pub fn forward(&self, x: &Array, mask: &AttentionMask, positions: &Positions, cache: &mut impl LayerCache) -> Result<Array> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        positions: &Positions,
+        cache: &mut impl LayerCache,
+    ) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let (q, k, v) = match &self.qkv {
             QkvProjection::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),

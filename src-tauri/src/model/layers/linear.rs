@@ -16,10 +16,9 @@ impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, bias) = match self {
             Linear::Dense { weight, bias } => (x.matmul(weight.t())?, bias),
-            Linear::Quantized { weight, scales, biases, bias, quant } => (
-                quantized_matmul(x, weight, scales, biases, true, quant.group_size, quant.bits)?,
-                bias,
-            ),
+            Linear::Quantized { weight, scales, biases, bias, quant } => {
+                (quantized_matmul(x, weight, scales, biases, true, quant.group_size, quant.bits)?, bias)
+            }
         };
         Ok(match bias {
             Some(b) => add(&y, b)?,
@@ -31,8 +30,9 @@ impl Linear {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Linear::Dense { weight, bias } => std::iter::once(weight).chain(bias).collect(),
-            Linear::Quantized { weight, scales, biases, bias, .. } => [weight, scales, biases].into_iter().chain(bias).collect(),
+            Linear::Quantized { weight, scales, biases, bias, .. } => {
+                [weight, scales, biases].into_iter().chain(bias).collect()
+            }
         }
     }
-
 }

@@ -7,9 +7,16 @@ use crate::model::error::Result;
 use crate::model::layers::Linear;
 
 pub enum Mlp {
-    Separate { gate: Linear, up: Linear, down: Linear },
+    Separate {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
     /// Phi-3: `gate_up_proj` holds gate then up along the output dimension.
-    Fused { gate_up: Linear, down: Linear },
+    Fused {
+        gate_up: Linear,
+        down: Linear,
+    },
 }
 
 impl Mlp {

@@ -31,33 +31,39 @@ impl Rope {
         let kind = match &config.scaling {
             None => Kind::Plain { base, scale: 1.0 },
             Some(RopeScaling::Linear { factor }) => Kind::Plain { base, scale: 1.0 / factor },
-            Some(RopeScaling::Dynamic { factor }) => Kind::DynamicNtk {
-                base,
-                factor: *factor,
-                max_positions: max_position_embeddings as f32,
-            },
-            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            Some(RopeScaling::Dynamic { factor }) => {
+                Kind::DynamicNtk { base, factor: *factor, max_positions: max_position_embeddings as f32 }
+            }
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
                 // Computed with MLX ops in mlx-lm's order, so the frequencies match it bit for bit.
                 let old = *original_max_position_embeddings as f32;
                 let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
                 let freqs = base_freqs(base, dims)?;
                 let wavelens = multiply(&freqs, f32_scalar(2.0 * std::f32::consts::PI))?;
-                let freqs = select(&gt(&wavelens, f32_scalar(low_wavelen))?, multiply(&freqs, f32_scalar(*factor))?, &freqs)?;
-                let medium = logical_and(gt(&wavelens, f32_scalar(high_wavelen))?, lt(&wavelens, f32_scalar(low_wavelen))?)?;
+                let freqs =
+                    select(&gt(&wavelens, f32_scalar(low_wavelen))?, multiply(&freqs, f32_scalar(*factor))?, &freqs)?;
+                let medium =
+                    logical_and(gt(&wavelens, f32_scalar(high_wavelen))?, lt(&wavelens, f32_scalar(low_wavelen))?)?;
                 let smooth = divide(
                     subtract(divide(f32_scalar(old), &wavelens)?, f32_scalar(*low_freq_factor))?,
                     f32_scalar(high_freq_factor - low_freq_factor),
                 )?;
-                let smooth_freqs = divide(
-                    &freqs,
-                    add(divide(subtract(f32_scalar(1.0), &smooth)?, f32_scalar(*factor))?, &smooth)?,
-                )?;
+                let smooth_freqs =
+                    divide(&freqs, add(divide(subtract(f32_scalar(1.0), &smooth)?, f32_scalar(*factor))?, &smooth)?)?;
                 Kind::Freqs { freqs: select(&medium, &smooth_freqs, &freqs)?, input_scale: 1.0 }
             }
             Some(RopeScaling::Factors { factors }) => {
                 let half = (dims as usize).div_ceil(2);
                 if factors.len() != half {
-                    return Err(crate::model::ModelError::Mlx(format!("rope_freqs has {} factors, expected {half}", factors.len())));
+                    return Err(crate::model::ModelError::Mlx(format!(
+                        "rope_freqs has {} factors, expected {half}",
+                        factors.len()
+                    )));
                 }
                 let freqs = multiply(Array::from_slice(factors, &[half as i32]), base_freqs(base, dims)?)?;
                 Kind::Freqs { freqs, input_scale: 1.0 }
@@ -70,11 +76,8 @@ impl Rope {
                 let freqs = multiply(Array::from_slice(&factors, &[half as i32]), base_freqs(base, dims)?)?;
                 let original = *original_max_position_embeddings as f32;
                 let factor = max_position_embeddings as f32 / original;
-                let input_scale = long_mscale.unwrap_or(if factor <= 1.0 {
-                    1.0
-                } else {
-                    (1.0 + factor.ln() / original.ln()).sqrt()
-                });
+                let input_scale =
+                    long_mscale.unwrap_or(if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / original.ln()).sqrt() });
                 Kind::Freqs { freqs, input_scale }
             }
         };
@@ -102,7 +105,9 @@ impl Rope {
             x
         };
         Ok(match positions {
-            Positions::Scalar(offset) => mlx_rs::fast::rope(x, self.dims, self.traditional, base, scale, *offset, freqs)?,
+            Positions::Scalar(offset) => {
+                mlx_rs::fast::rope(x, self.dims, self.traditional, base, scale, *offset, freqs)?
+            }
             Positions::Rows { offsets, .. } => {
                 mlx_rs::fast::rope_dynamic(x, self.dims, self.traditional, base, scale, offsets, freqs)?
             }

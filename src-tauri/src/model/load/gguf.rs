@@ -19,9 +19,14 @@ use crate::tokenizer::{tokenizer_from_gguf_metadata, ChatTemplate, GgufTokenizer
 /// GGUF's quantized blocks are 32 values wide for every type MLX reads.
 const GGUF_GROUP_SIZE: i32 = 32;
 
-pub fn load(path: &Path, backend: &Backend, options: &super::LoadOptions) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+pub fn load(
+    path: &Path,
+    backend: &Backend,
+    options: &super::LoadOptions,
+) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     check_gguf_header(path)?;
-    let file = GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let file =
+        GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     let meta = Metadata { file: &file, path };
 
     let arch_name = meta.string("general.architecture")?.unwrap_or_default();
@@ -29,9 +34,11 @@ pub fn load(path: &Path, backend: &Backend, options: &super::LoadOptions) -> Res
         .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
     let tok = tokenizer_metadata(&meta)?;
     let hf = hf_config(&meta, &arch_name, tok.tokens.len())?;
-    let config = arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
+    let config =
+        arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
 
-    let tensors = file.arrays().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let tensors =
+        file.arrays().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     let mut weights = Weights::new(
         tensors,
         path.to_path_buf(),
@@ -44,7 +51,8 @@ pub fn load(path: &Path, backend: &Backend, options: &super::LoadOptions) -> Res
     if let Some(factors) = weights.remove("rope_freqs.weight") {
         let factors = factors.as_dtype(Dtype::Float32)?;
         factors.eval()?;
-        config.rope.scaling = Some(crate::model::config::RopeScaling::Factors { factors: factors.as_slice::<f32>().to_vec() });
+        config.rope.scaling =
+            Some(crate::model::config::RopeScaling::Factors { factors: factors.as_slice::<f32>().to_vec() });
     }
     let fused_up = config.fused_projections;
     weights.rename_all(|name| hf_tensor_name(name, fused_up));
@@ -125,9 +133,7 @@ impl Metadata<'_> {
     }
 
     fn number(&self, key: &str) -> Result<Option<f64>> {
-        self.array(key)?
-            .map(|a| a.try_item_cast::<f32>().map(f64::from).map_err(|e| self.err(key, e)))
-            .transpose()
+        self.array(key)?.map(|a| a.try_item_cast::<f32>().map(f64::from).map_err(|e| self.err(key, e))).transpose()
     }
 
     fn uint(&self, key: &str) -> Result<Option<u32>> {
@@ -246,7 +252,12 @@ fn unpermute_qk(weights: &mut Weights, config: &crate::model::ModelConfig) -> Re
         let shape = w.shape().to_vec();
         let rows = shape[0];
         if rows % (2 * heads) != 0 {
-            return Err(ModelError::Shape { path: weights.source.clone(), name, expected: vec![heads * 2, -1], got: shape });
+            return Err(ModelError::Shape {
+                path: weights.source.clone(),
+                name,
+                expected: vec![heads * 2, -1],
+                got: shape,
+            });
         }
         let mut split = vec![heads, rows / heads / 2, 2];
         split.extend_from_slice(&shape[1..]);

@@ -17,7 +17,11 @@ use crate::model::weights::{QuantConfig, Weights};
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-pub fn load(dir: &Path, backend: &Backend, options: &super::LoadOptions) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+pub fn load(
+    dir: &Path,
+    backend: &Backend,
+    options: &super::LoadOptions,
+) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     let config_path = dir.join("config.json");
     let raw = read_json(&config_path)?;
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
@@ -25,7 +29,8 @@ pub fn load(dir: &Path, backend: &Backend, options: &super::LoadOptions) -> Resu
         .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;
     let hf: HfConfig = serde_json::from_value(raw.clone())
         .map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
-    let mut config = arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: config_path.clone(), message })?;
+    let mut config =
+        arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: config_path.clone(), message })?;
 
     let tensors = read_safetensors(dir)?;
     let stored = stored_dtype(&raw, &tensors);
@@ -47,7 +52,8 @@ fn read_json(path: &Path) -> Result<Value> {
         std::io::ErrorKind::NotFound => ModelError::NotFound { path: path.to_path_buf() },
         _ => ModelError::Io { path: path.to_path_buf(), source },
     })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
 }
 
 /// The safetensors files of the checkpoint: those the index names, else every `*.safetensors`.
@@ -83,7 +89,8 @@ fn read_safetensors(dir: &Path) -> Result<HashMap<String, Array>> {
             return Err(ModelError::NotFound { path: file });
         }
         check_safetensors_size(&file)?;
-        let part = Array::load_safetensors(&file).map_err(|e| ModelError::Weights { path: file.clone(), message: e.to_string() })?;
+        let part = Array::load_safetensors(&file)
+            .map_err(|e| ModelError::Weights { path: file.clone(), message: e.to_string() })?;
         tensors.extend(part);
     }
     Ok(tensors)
@@ -100,7 +107,9 @@ fn check_safetensors_size(file: &Path) -> Result<()> {
     f.read_exact(&mut len).map_err(|_| bad("truncated: no safetensors header".into()))?;
     let header_len = u64::from_le_bytes(len);
     if header_len > 100_000_000 || 8 + header_len > actual {
-        return Err(bad(format!("corrupt or truncated safetensors header ({header_len} bytes declared, file has {actual})")));
+        return Err(bad(format!(
+            "corrupt or truncated safetensors header ({header_len} bytes declared, file has {actual})"
+        )));
     }
     let mut header = vec![0u8; header_len as usize];
     f.read_exact(&mut header).map_err(|_| bad("truncated safetensors header".into()))?;
@@ -142,7 +151,8 @@ fn quant_config(config: &Value, path: &Path) -> Result<QuantConfig> {
     let Some(q) = config.get("quantization").or_else(|| config.get("quantization_config")) else {
         return Ok(QuantConfig::default());
     };
-    let bad = |message: String| ModelError::Quantization { path: path.to_path_buf(), name: "quantization".into(), message };
+    let bad =
+        |message: String| ModelError::Quantization { path: path.to_path_buf(), name: "quantization".into(), message };
     if let Some(mode) = q.get("mode").and_then(Value::as_str) {
         if mode != "affine" {
             return Err(bad(format!("mode {mode:?} (only \"affine\" is supported)")));

@@ -43,7 +43,10 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
         size_bytes: folder_size(dir),
         unloadable_reason: None,
     };
-    let raw: Value = match std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string()).and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())) {
+    let raw: Value = match std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
         Ok(raw) => raw,
         Err(e) => {
             summary.unloadable_reason = Some(format!("config.json: {e}"));
@@ -54,7 +57,11 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     summary.architecture = (!model_type.is_empty()).then(|| model_type.clone());
     summary.context_length = raw.get("max_position_embeddings").and_then(Value::as_u64).map(|n| n as usize);
     summary.quantization = match raw.get("quantization").or_else(|| raw.get("quantization_config")) {
-        Some(q) => match (q.get("bits").and_then(Value::as_u64), q.get("group_size").and_then(Value::as_u64), q.get("quant_method").and_then(Value::as_str)) {
+        Some(q) => match (
+            q.get("bits").and_then(Value::as_u64),
+            q.get("group_size").and_then(Value::as_u64),
+            q.get("quant_method").and_then(Value::as_str),
+        ) {
             (Some(bits), Some(group), _) => Some(format!("{bits}-bit (group {group})")),
             (_, _, Some(method)) => Some(method.to_string()),
             _ => Some("quantized".into()),
@@ -64,7 +71,10 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     let mut reasons = Vec::new();
     match Arch::from_model_type(&model_type) {
         None => reasons.push(format!("architecture {model_type:?} is not supported")),
-        Some(arch) => match serde_json::from_value::<HfConfig>(raw.clone()).map_err(|e| e.to_string()).and_then(|hf| arch::model_config(arch, &hf)) {
+        Some(arch) => match serde_json::from_value::<HfConfig>(raw.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|hf| arch::model_config(arch, &hf))
+        {
             Ok(config) => summary.parameters = Some(config.parameter_count()),
             Err(e) => reasons.push(format!("config.json: {e}")),
         },
@@ -75,7 +85,11 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     if !dir.join("tokenizer.json").exists() {
         reasons.push("tokenizer.json is missing".into());
     }
-    let has_weights = std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"));
+    let has_weights = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"));
     if !has_weights {
         reasons.push("no .safetensors weights".into());
     }
@@ -114,7 +128,9 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
     }
     // ggml types MLX reads: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8.
     if let Some(t) = header.tensor_types.iter().find(|t| ![0, 1, 2, 3, 8].contains(*t)) {
-        reasons.push(format!("ggml tensor type {t} (K-quants, IQ) is not supported; use Q4_0, Q4_1, Q8_0, F16 or an MLX conversion"));
+        reasons.push(format!(
+            "ggml tensor type {t} (K-quants, IQ) is not supported; use Q4_0, Q4_1, Q8_0, F16 or an MLX conversion"
+        ));
     }
     summary.architecture = (!arch.is_empty()).then_some(arch);
     summary.unloadable_reason = (!reasons.is_empty()).then(|| reasons.join("; "));
@@ -171,7 +187,8 @@ pub fn chat_template_source(path: &Path) -> Option<String> {
     if let Ok(text) = std::fs::read_to_string(path.join("chat_template.jinja")) {
         return Some(text);
     }
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path.join("tokenizer_config.json")).ok()?).ok()?;
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(path.join("tokenizer_config.json")).ok()?).ok()?;
     match config.get("chat_template")? {
         Value::String(s) => Some(s.clone()),
         Value::Array(named) => named

@@ -72,7 +72,9 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
             message: "not a model: expected a folder with config.json or a .gguf file".into(),
         });
     };
-    let weights_bytes = transformer.materialize().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let weights_bytes = transformer
+        .materialize()
+        .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     Ok(LoadedModel {
         name,
         path: path.to_path_buf(),

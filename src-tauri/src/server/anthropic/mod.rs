@@ -10,11 +10,11 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{fold, Block, BlockEvent, BlockKind, Blocks, Content};
-use super::extract::ApiJson;
 use super::chat::outcome::{collect, failure};
 use super::chat::structured::ToolMode;
 use super::chat::{render, start, StartedChat};
 use super::dialect_errors::{envelope, Dialect};
+use super::extract::ApiJson;
 use super::sse::named_events;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
@@ -28,7 +28,8 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let content: Vec<Value> = fold(blocks.whole(first_blocks, &mut parser, &done.text)).iter().map(content_block).collect();
+        let content: Vec<Value> =
+            fold(blocks.whole(first_blocks, &mut parser, &done.text)).iter().map(content_block).collect();
         let (stop_reason, stop_sequence) = stop_reason(&done.finish, content.iter().any(|b| b["type"] == "tool_use"));
         return Ok(Json(json!({
             "id": id,
@@ -85,7 +86,10 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens, as the model's chat template makes it.
-pub async fn count_tokens(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
     let (chat, common) = request::to_chat(&body, true)?;
     let rendered = render(&state, &chat, common.model.as_deref()).await?;
     Ok(Json(json!({"input_tokens": rendered.prompt_ids.len()})))
@@ -135,7 +139,9 @@ fn block_event(event: BlockEvent) -> (&'static str, Value) {
             let block = match &kind {
                 BlockKind::Text => json!({"type": "text", "text": ""}),
                 BlockKind::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
-                BlockKind::ToolCall { id, name } => json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}}),
+                BlockKind::ToolCall { id, name } => {
+                    json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}})
+                }
             };
             ("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": block}))
         }

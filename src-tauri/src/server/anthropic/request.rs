@@ -20,7 +20,10 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
         None | Some(Value::Null) => return Err(ApiError::invalid("max_tokens", "max_tokens: field required")),
         Some(_) => return Err(ApiError::invalid("max_tokens", "max_tokens: must be an integer of at least 1")),
     };
-    let raw_messages = body.get("messages").and_then(Value::as_array).ok_or_else(|| ApiError::invalid("messages", "messages: field required (a list)"))?;
+    let raw_messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::invalid("messages", "messages: field required (a list)"))?;
     if raw_messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages: at least one message is required"));
     }
@@ -37,7 +40,9 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
     }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(tools)) => Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?),
+        Some(Value::Array(tools)) => {
+            Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?)
+        }
         Some(_) => return Err(ApiError::invalid("tools", "tools: must be a list")),
     };
     let (tool_choice, parallel) = tool_choice(body.get("tool_choice"))?;
@@ -45,31 +50,52 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
         None => None,
         Some("enabled" | "adaptive" | "between_tools") => Some(true),
         Some("disabled") => Some(false),
-        Some(other) => return Err(ApiError::invalid("thinking", format!("thinking.type {other:?} is not one of enabled, disabled"))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "thinking",
+                format!("thinking.type {other:?} is not one of enabled, disabled"),
+            ))
+        }
     };
     let float = |key: &str| -> Result<Option<f32>, ApiError> {
         match body.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| ApiError::invalid(key, format!("{key}: must be a number"))),
+            Some(v) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| ApiError::invalid(key, format!("{key}: must be a number"))),
         }
     };
     let stop = match body.get("stop_sequences") {
         None | Some(Value::Null) => None,
         Some(Value::Array(items)) => Some(StopParam::Many(
-            items.iter().map(|s| s.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(|| ApiError::invalid("stop_sequences", "stop_sequences: must be a list of strings"))?,
+            items
+                .iter()
+                .map(|s| s.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ApiError::invalid("stop_sequences", "stop_sequences: must be a list of strings"))?,
         )),
         Some(_) => return Err(ApiError::invalid("stop_sequences", "stop_sequences: must be a list of strings")),
     };
     let top_k = match body.get("top_k") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::invalid("top_k", "top_k: must be a non-negative integer"))? as u32),
+        Some(v) => {
+            Some(v.as_u64().ok_or_else(|| ApiError::invalid("top_k", "top_k: must be a non-negative integer"))? as u32)
+        }
     };
     // Structured outputs: `output_config.format` is a JSON Schema the answer must follow.
     let response_format = match body.pointer("/output_config/format") {
         None | Some(Value::Null) => None,
         Some(format) => match (format.get("type").and_then(Value::as_str), format.get("schema")) {
-            (Some("json_schema"), Some(schema)) => Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})),
-            _ => return Err(ApiError::invalid("output_config.format", "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}")),
+            (Some("json_schema"), Some(schema)) => {
+                Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}))
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "output_config.format",
+                    "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                ))
+            }
         },
     };
     // A final assistant message is a prefill the answer continues.
@@ -108,7 +134,9 @@ fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
             let mut texts = Vec::new();
             for (i, block) in blocks.iter().enumerate() {
                 match block.get("type").and_then(Value::as_str) {
-                    Some("text") => texts.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+                    Some("text") => {
+                        texts.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string())
+                    }
                     Some(kind) => return Err(unsupported_block(kind, &format!("{param}[{i}]"))),
                     None => return Err(ApiError::invalid(param, format!("{param}[{i}]: each block needs a type"))),
                 }
@@ -121,17 +149,31 @@ fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
 
 fn unsupported_block(kind: &str, param: &str) -> ApiError {
     match kind {
-        "image" | "document" => ApiError::invalid(param, format!("{param}: {kind} blocks are not supported: the served models are text-only")),
+        "image" | "document" => ApiError::invalid(
+            param,
+            format!("{param}: {kind} blocks are not supported: the served models are text-only"),
+        ),
         _ => ApiError::invalid(param, format!("{param}: blocks of type {kind:?} are not supported here")),
     }
 }
 
 /// One Anthropic message as OpenAI messages: a user turn's `tool_result` blocks become `tool`
 /// messages (in order, before its text); an assistant's `tool_use` blocks its `tool_calls`.
-fn convert_message(message: &Value, param: &str, tool_names: &mut HashMap<String, String>, out: &mut Vec<Value>) -> Result<(), ApiError> {
-    let role = message.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.role: field required")))?;
+fn convert_message(
+    message: &Value,
+    param: &str,
+    tool_names: &mut HashMap<String, String>,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    let role = message
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(param, format!("{param}.role: field required")))?;
     if role != "user" && role != "assistant" {
-        return Err(ApiError::invalid(param, format!("{param}.role: {role:?} is not one of user, assistant (the system prompt goes in `system`)")));
+        return Err(ApiError::invalid(
+            param,
+            format!("{param}.role: {role:?} is not one of user, assistant (the system prompt goes in `system`)"),
+        ));
     }
     let blocks = match message.get("content") {
         Some(Value::String(s)) => {
@@ -150,14 +192,25 @@ fn convert_message(message: &Value, param: &str, tool_names: &mut HashMap<String
             // Earlier thinking is not shown to the model again, as the templates do.
             Some("thinking" | "redacted_thinking") if role == "assistant" => {}
             Some("tool_use") if role == "assistant" => {
-                let id = block.get("id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.id: field required")))?;
-                let name = block.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.name: field required")))?;
+                let id = block
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid(&at, format!("{at}.id: field required")))?;
+                let name = block
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid(&at, format!("{at}.name: field required")))?;
                 let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
                 tool_names.insert(id.to_string(), name.to_string());
-                calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
+                calls.push(
+                    json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}),
+                );
             }
             Some("tool_result") if role == "user" => {
-                let id = block.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&at, format!("{at}.tool_use_id: field required")))?;
+                let id = block
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid(&at, format!("{at}.tool_use_id: field required")))?;
                 let mut content = match block.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(c) => text_of(c, &format!("{at}.content"))?,
@@ -193,10 +246,19 @@ fn convert_message(message: &Value, param: &str, tool_names: &mut HashMap<String
 fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
     let param = format!("tools[{i}]");
     if let Some(kind) = tool.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
-        return Err(ApiError::invalid(&param, format!("{param}: the server tool {kind:?} is not supported; only custom tools (name, input_schema) are")));
+        return Err(ApiError::invalid(
+            &param,
+            format!("{param}: the server tool {kind:?} is not supported; only custom tools (name, input_schema) are"),
+        ));
     }
-    let name = tool.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.name: field required")))?;
-    let schema = tool.get("input_schema").cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param}.input_schema: field required")))?;
+    let name = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(&param, format!("{param}.name: field required")))?;
+    let schema = tool
+        .get("input_schema")
+        .cloned()
+        .ok_or_else(|| ApiError::invalid(&param, format!("{param}.input_schema: field required")))?;
     let mut function = json!({"name": name, "parameters": schema});
     if let Some(d) = tool.get("description").and_then(Value::as_str) {
         function["description"] = json!(d);
@@ -213,7 +275,10 @@ fn tool_choice(choice: Option<&Value>) -> Result<(Option<Value>, Option<bool>), 
         Some("any") => json!("required"),
         Some("none") => json!("none"),
         Some("tool") => {
-            let name = choice.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name: field required"))?;
+            let name = choice
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name: field required"))?;
             json!({"type": "function", "function": {"name": name}})
         }
         _ => return Err(ApiError::invalid("tool_choice", "tool_choice.type must be one of auto, any, tool, none")),
@@ -243,7 +308,10 @@ mod tests {
         let roles: Vec<&str> = chat.messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
         assert_eq!(chat.messages[2]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
-        assert_eq!((chat.messages[3]["tool_call_id"].as_str(), chat.messages[3]["name"].as_str()), (Some("toolu_1"), Some("w")));
+        assert_eq!(
+            (chat.messages[3]["tool_call_id"].as_str(), chat.messages[3]["name"].as_str()),
+            (Some("toolu_1"), Some("w"))
+        );
         assert_eq!(chat.tools.unwrap()[0]["function"]["parameters"]["type"], "object");
         assert_eq!((chat.tool_choice, chat.parallel_tool_calls), (Some(json!("required")), Some(false)));
         assert_eq!(chat.chat_template_kwargs.unwrap()["enable_thinking"], true);
@@ -271,11 +339,23 @@ mod tests {
             b
         };
         assert_eq!(param(json!({"model": "m", "messages": []})).as_deref(), Some("max_tokens"));
-        assert!(to_chat(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), true).is_ok(), "count_tokens needs no max_tokens");
+        assert!(
+            to_chat(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), true).is_ok(),
+            "count_tokens needs no max_tokens"
+        );
         assert_eq!(param(with("messages", json!([]))).as_deref(), Some("messages"));
-        assert_eq!(param(with("messages", json!([{"role": "system", "content": "x"}]))).as_deref(), Some("messages[0]"));
-        assert_eq!(param(with("messages", json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]))).as_deref(), Some("messages[0].content[0]"));
-        assert_eq!(param(with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]))).as_deref(), Some("tools[0]"));
+        assert_eq!(
+            param(with("messages", json!([{"role": "system", "content": "x"}]))).as_deref(),
+            Some("messages[0]")
+        );
+        assert_eq!(
+            param(with("messages", json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]))).as_deref(),
+            Some("messages[0].content[0]")
+        );
+        assert_eq!(
+            param(with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]))).as_deref(),
+            Some("tools[0]")
+        );
         assert_eq!(param(with("tool_choice", json!({"type": "sometimes"}))).as_deref(), Some("tool_choice"));
         assert_eq!(param(with("max_tokens", json!(0))).as_deref(), Some("max_tokens"));
     }

@@ -113,8 +113,18 @@ mod tests {
 
     #[test]
     fn reasoning_then_a_hermes_call() {
-        let out = run(ToolMode::Auto(ToolFormat::Hermes), Some(false), &["<think>need weather</think>\n\n", "<tool_call>{\"name\": \"w\", \"arguments\": {}}</tool_call>"]);
-        assert_eq!(out, vec![Piece::Reasoning("need weather".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() })]);
+        let out = run(
+            ToolMode::Auto(ToolFormat::Hermes),
+            Some(false),
+            &["<think>need weather</think>\n\n", "<tool_call>{\"name\": \"w\", \"arguments\": {}}</tool_call>"],
+        );
+        assert_eq!(
+            out,
+            vec![
+                Piece::Reasoning("need weather".into()),
+                Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() })
+            ]
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ pub mod fim;
 pub mod outcome;
 pub mod params;
 pub mod prompt;
-mod reasoning;
 pub mod raw;
+mod reasoning;
 pub mod structured;
 pub mod tool_calls;
 

@@ -16,7 +16,9 @@ use crate::server::ApiError;
 pub fn failure(finish: &Finish) -> Option<ApiError> {
     match finish.reason {
         FinishReason::Stop | FinishReason::Length => None,
-        FinishReason::Error => Some(ApiError::internal(finish.error.clone().unwrap_or_else(|| "generation failed".into()))),
+        FinishReason::Error => {
+            Some(ApiError::internal(finish.error.clone().unwrap_or_else(|| "generation failed".into())))
+        }
         // The engine cancels what is still running when its model is unloaded or the server stops
         // (a client that went away reads nothing more).
         FinishReason::Cancelled => Some(ApiError::new(
@@ -77,7 +79,8 @@ pub struct Whole {
 impl Whole {
     /// Folds the parser's pieces; with a named `tool_choice` the arguments make its one call.
     pub fn from_pieces(pieces: Vec<Piece>, mode: &ToolMode) -> Whole {
-        let (mut text, mut reasoning, mut arguments, mut calls) = (String::new(), String::new(), String::new(), Vec::new());
+        let (mut text, mut reasoning, mut arguments, mut calls) =
+            (String::new(), String::new(), String::new(), Vec::new());
         for piece in pieces {
             match piece {
                 Piece::Text(t) => text.push_str(&t),

@@ -75,7 +75,13 @@ impl CommonParams {
     }
 
     /// The engine request for `prompt_ids`, after checking every parameter.
-    pub fn to_request(&self, state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, logprobs: Option<usize>) -> Result<Request, ApiError> {
+    pub fn to_request(
+        &self,
+        state: &AppState,
+        info: &ModelInfo,
+        prompt_ids: Vec<u32>,
+        logprobs: Option<usize>,
+    ) -> Result<Request, ApiError> {
         let config = &state.config;
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
@@ -86,17 +92,26 @@ impl CommonParams {
             Some(StopParam::Many(v)) => v.clone(),
         };
         if stop.len() > config.max_stop_strings {
-            return Err(ApiError::invalid("stop", format!("at most {} stop strings are allowed", config.max_stop_strings)));
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {} stop strings are allowed", config.max_stop_strings),
+            ));
         }
         if stop.iter().any(|s| s.chars().count() > config.max_stop_length) {
-            return Err(ApiError::invalid("stop", format!("stop strings may be at most {} characters", config.max_stop_length)));
+            return Err(ApiError::invalid(
+                "stop",
+                format!("stop strings may be at most {} characters", config.max_stop_length),
+            ));
         }
         let room = info.context_length.saturating_sub(prompt_ids.len());
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
             Some(n) if self.cap_max_tokens => (n as usize).min(config.max_tokens_limit).min(room.max(1)),
             Some(n) if n as usize > config.max_tokens_limit => {
-                return Err(ApiError::invalid("max_tokens", format!("max_tokens may be at most {}", config.max_tokens_limit)))
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("max_tokens may be at most {}", config.max_tokens_limit),
+                ))
             }
             Some(n) => n as usize,
             None => room.min(config.max_tokens_limit),
@@ -104,7 +119,9 @@ impl CommonParams {
         let mut logit_bias = Vec::new();
         for (token, bias) in self.logit_bias.iter().flatten() {
             let id = token.parse::<u32>().ok().filter(|&id| (id as usize) < info.vocab_size);
-            let id = id.ok_or_else(|| ApiError::invalid("logit_bias", format!("logit_bias key {token:?} is not a token id of this model")))?;
+            let id = id.ok_or_else(|| {
+                ApiError::invalid("logit_bias", format!("logit_bias key {token:?} is not a token id of this model"))
+            })?;
             logit_bias.push((id, *bias));
         }
         let defaults = SamplingParams::default();

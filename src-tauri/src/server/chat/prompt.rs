@@ -94,10 +94,9 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     let served = state.models.serve(state.resolve_model(model).as_deref()).await?;
     let info = served.engine.model_info().clone();
     let messages = normalize_messages(&request.messages, state.config.max_messages)?;
-    let template = info
-        .chat_template
-        .as_ref()
-        .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt"))?;
+    let template = info.chat_template.as_ref().ok_or_else(|| {
+        ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt")
+    })?;
     let mut messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
     if template.source().contains("length != 9") {
         nine_character_call_ids(&mut messages);
@@ -131,7 +130,8 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
 
 /// Validates, renders the chat template, tokenizes and submits.
 pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
-    let RenderedChat { served, info, text, prompt_ids, shape, message_starts } = render(state, request, common.model.as_deref()).await?;
+    let RenderedChat { served, info, text, prompt_ids, shape, message_starts } =
+        render(state, request, common.model.as_deref()).await?;
     let template = info.chat_template.as_ref().expect("rendered with a template");
     let prompt_tokens = prompt_ids.len();
     let top = request.top_logprobs.unwrap_or(0) as usize;
@@ -141,15 +141,25 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     let logprobs = request.logprobs.unwrap_or(false).then_some(top);
     let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
     if let ToolMode::Auto(format) = shape.mode {
-        engine_request.special_text_tokens = format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
+        engine_request.special_text_tokens =
+            format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     }
     // A grammar decides the whole answer; a think block would break it.
-    let reasoning = if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
+    let reasoning =
+        if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
     let parser = AnswerParser::new(&shape.mode, reasoning);
     engine_request.grammar = shape.grammar.clone();
     engine_request.message_starts = message_starts;
     let stream = served.engine.submit(engine_request)?;
-    Ok(StartedChat { model: served.id, stream, parser, mode: shape.mode, tokenizer: info.tokenizer.clone(), logprobs, prompt_tokens })
+    Ok(StartedChat {
+        model: served.id,
+        stream,
+        parser,
+        mode: shape.mode,
+        tokenizer: info.tokenizer.clone(),
+        logprobs,
+        prompt_tokens,
+    })
 }
 
 /// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
@@ -175,19 +185,35 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
         .enumerate()
         .map(|(i, m)| {
             let param = format!("messages[{i}]");
-            let mut m = m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
-            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.role must be a string")))?;
+            let mut m = m
+                .as_object()
+                .cloned()
+                .ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid(&param, format!("{param}.role must be a string")))?;
             let role = match role {
                 "system" | "user" | "assistant" | "tool" => role.to_string(),
                 "developer" => "system".to_string(),
-                other => return Err(ApiError::invalid(&param, format!("{param}.role {other:?} is not one of system, user, assistant, tool"))),
+                other => {
+                    return Err(ApiError::invalid(
+                        &param,
+                        format!("{param}.role {other:?} is not one of system, user, assistant, tool"),
+                    ))
+                }
             };
             m.insert("role".into(), Value::String(role));
             let content = match m.get("content") {
                 None | Some(Value::Null) => Value::Null,
                 Some(Value::String(s)) => Value::String(s.clone()),
                 Some(Value::Array(parts)) => Value::String(join_text_parts(parts, &param)?),
-                Some(_) => return Err(ApiError::invalid(&param, format!("{param}.content must be a string or a list of text parts"))),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        &param,
+                        format!("{param}.content must be a string or a list of text parts"),
+                    ))
+                }
             };
             m.insert("content".into(), content);
             if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
@@ -207,7 +233,10 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
 fn final_assistant_text(messages: &mut Vec<Value>) -> Result<String, ApiError> {
     let last = messages.last().filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none_or(Value::is_null));
     if last.is_none() {
-        return Err(ApiError::invalid("continue_final_message", "continue_final_message needs a final assistant message without tool calls"));
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message needs a final assistant message without tool calls",
+        ));
     }
     let last = messages.pop().expect("checked");
     if messages.is_empty() {
@@ -229,11 +258,13 @@ fn nine_character_call_ids(messages: &mut [Value]) {
             hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
         const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-        (0..9).map(|_| {
-            let c = CHARS[(hash % 62) as usize] as char;
-            hash /= 62;
-            c
-        }).collect()
+        (0..9)
+            .map(|_| {
+                let c = CHARS[(hash % 62) as usize] as char;
+                hash /= 62;
+                c
+            })
+            .collect()
     }
     for m in messages.iter_mut() {
         if let Some(Value::String(id)) = m.get("tool_call_id") {
@@ -275,7 +306,12 @@ fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
     for part in parts {
         match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
             (Some("text"), Some(t)) => text.push_str(t),
-            (Some(kind), _) => return Err(ApiError::invalid(param, format!("{param}: content parts of type {kind:?} are not supported"))),
+            (Some(kind), _) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("{param}: content parts of type {kind:?} are not supported"),
+                ))
+            }
             _ => return Err(ApiError::invalid(param, format!("{param}: each content part needs a type"))),
         }
     }
@@ -303,7 +339,8 @@ mod tests {
 
     #[test]
     fn a_final_assistant_message_is_continued() {
-        let mut messages = vec![json!({"role": "user", "content": "JSON please"}), json!({"role": "assistant", "content": "{\"a\":"})];
+        let mut messages =
+            vec![json!({"role": "user", "content": "JSON please"}), json!({"role": "assistant", "content": "{\"a\":"})];
         assert_eq!(final_assistant_text(&mut messages).unwrap(), "{\"a\":");
         assert_eq!(messages.len(), 1);
         let mut user_last = vec![json!({"role": "user", "content": "hi"})];

@@ -14,7 +14,10 @@ pub enum RawPrompt<'a> {
     Text(&'a str),
     Tokens(Vec<u32>),
     /// Fill in the middle between `prefix` and `suffix`, in the model's own markers.
-    Fim { prefix: &'a str, suffix: &'a str },
+    Fim {
+        prefix: &'a str,
+        suffix: &'a str,
+    },
 }
 
 /// A raw generation under way.
@@ -53,7 +56,9 @@ pub async fn start(
     let ids = match prompt {
         RawPrompt::Text(text) => encode(text)?,
         RawPrompt::Tokens(ids) => ids,
-        RawPrompt::Fim { prefix, suffix } => encode(&fim::prompt(&info.tokenizer, prefix, suffix).ok_or(RawError::NoFim)?)?,
+        RawPrompt::Fim { prefix, suffix } => {
+            encode(&fim::prompt(&info.tokenizer, prefix, suffix).ok_or(RawError::NoFim)?)?
+        }
     };
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty").into());

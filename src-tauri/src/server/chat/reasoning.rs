@@ -150,6 +150,9 @@ mod tests {
         let qwen3 = "{{ '<think>' }}{{ '</think>' }}";
         assert!(ReasoningSplitter::for_template("{{ messages }}", "x").is_none());
         assert_eq!(ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n").unwrap().state, State::Start);
-        assert_eq!(ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state, State::Thinking);
+        assert_eq!(
+            ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state,
+            State::Thinking
+        );
     }
 }

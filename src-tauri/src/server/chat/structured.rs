@@ -38,23 +38,33 @@ pub fn answer_shape<'a>(
     template_source: &str,
 ) -> Result<AnswerShape<'a>, ApiError> {
     let tools = tools.filter(|t| !t.is_empty());
-    let functions = tools.map(|t| t.iter().enumerate().map(|(i, tool)| function_of(i, tool)).collect::<Result<Vec<_>, _>>()).transpose()?;
+    let functions = tools
+        .map(|t| t.iter().enumerate().map(|(i, tool)| function_of(i, tool)).collect::<Result<Vec<_>, _>>())
+        .transpose()?;
     let choice = parse_tool_choice(tool_choice)?;
     let format_grammar = response_format_grammar(response_format)?.map(Arc::new);
     let Some(functions) = functions else {
         return match choice {
             Choice::Required | Choice::Named(_) => Err(ApiError::invalid("tool_choice", "tool_choice requires tools")),
-            Choice::Auto | Choice::None => Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar }),
+            Choice::Auto | Choice::None => {
+                Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar })
+            }
         };
     };
-    let shape = |mode, grammar: Option<Grammar>| AnswerShape { prompt_tools: tools, mode, grammar: grammar.map(Arc::new) };
+    let shape =
+        |mode, grammar: Option<Grammar>| AnswerShape { prompt_tools: tools, mode, grammar: grammar.map(Arc::new) };
     match choice {
         Choice::None => Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar }),
-        Choice::Auto if format_grammar.is_some() => Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar }),
+        Choice::Auto if format_grammar.is_some() => {
+            Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar })
+        }
         Choice::Auto => Ok(shape(ToolFormat::of_template(template_source).map_or(ToolMode::Off, ToolMode::Auto), None)),
         Choice::Named(name) => {
             let function = functions.iter().find(|f| f.name == name).ok_or_else(|| {
-                ApiError::invalid("tool_choice", format!("tool_choice names the function {name:?}, which is not among the tools"))
+                ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice names the function {name:?}, which is not among the tools"),
+                )
             })?;
             let grammar = Grammar::from_schema(&function.parameters).map_err(|e| schema_error(&function.name, e))?;
             Ok(shape(ToolMode::Named(name), Some(grammar)))
@@ -68,7 +78,8 @@ pub fn answer_shape<'a>(
             if parallel_tool_calls == Some(false) {
                 calls["maxItems"] = json!(1);
             }
-            let grammar = Grammar::from_schema(&calls).map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
+            let grammar =
+                Grammar::from_schema(&calls).map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
             Ok(shape(ToolMode::Required, Some(grammar)))
         }
     }
@@ -86,7 +97,11 @@ fn function_of(index: usize, tool: &Value) -> Result<Function, ApiError> {
         return Err(bad("only tools of type \"function\" are supported"));
     }
     let function = tool.get("function").filter(|f| f.is_object()).ok_or_else(|| bad("function must be an object"))?;
-    let name = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| bad("function.name must be a non-empty string"))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| bad("function.name must be a non-empty string"))?;
     let parameters = match function.get("parameters") {
         // No parameters: the function takes none.
         None | Some(Value::Null) => json!({"type": "object", "properties": {}, "additionalProperties": false}),
@@ -104,7 +119,9 @@ enum Choice {
 }
 
 fn parse_tool_choice(choice: Option<&Value>) -> Result<Choice, ApiError> {
-    let bad = || ApiError::invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    let bad = || {
+        ApiError::invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    };
     match choice {
         None | Some(Value::Null) => Ok(Choice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -133,13 +150,20 @@ fn response_format_grammar(format: Option<&Value>) -> Result<Option<Grammar>, Ap
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(Grammar::any_object())),
         Some("json_schema") => {
-            let spec = format.get("json_schema").filter(|s| s.is_object()).ok_or_else(|| invalid("response_format.json_schema must be an object".into()))?;
+            let spec = format
+                .get("json_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| invalid("response_format.json_schema must be an object".into()))?;
             match spec.get("schema") {
                 None | Some(Value::Null) => Ok(Some(Grammar::any_object())),
-                Some(schema) => Grammar::from_schema(schema).map(Some).map_err(|e| invalid(format!("response_format.json_schema.schema: {e}"))),
+                Some(schema) => Grammar::from_schema(schema)
+                    .map(Some)
+                    .map_err(|e| invalid(format!("response_format.json_schema.schema: {e}"))),
             }
         }
-        Some(other) => Err(invalid(format!("response_format type {other:?} is not one of text, json_object, json_schema"))),
+        Some(other) => {
+            Err(invalid(format!("response_format type {other:?} is not one of text, json_object, json_schema")))
+        }
         None => Err(invalid("response_format.type must be a string".into())),
     }
 }
@@ -153,7 +177,9 @@ mod tests {
     use super::*;
 
     fn tools() -> Vec<Value> {
-        vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})]
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}),
+        ]
     }
 
     #[test]
@@ -174,13 +200,25 @@ mod tests {
     #[test]
     fn bad_choices_and_formats_are_400s_naming_the_parameter() {
         let t = tools();
-        let err = |r: Result<AnswerShape, ApiError>| r.err().expect("an error").body()["error"]["param"].as_str().unwrap_or_default().to_string();
+        let err = |r: Result<AnswerShape, ApiError>| {
+            r.err().expect("an error").body()["error"]["param"].as_str().unwrap_or_default().to_string()
+        };
         assert_eq!(err(answer_shape(Some(&t), Some(&json!("sometimes")), None, None, "")), "tool_choice");
-        assert_eq!(err(answer_shape(Some(&t), Some(&json!({"type": "function", "function": {"name": "nope"}})), None, None, "")), "tool_choice");
+        assert_eq!(
+            err(answer_shape(
+                Some(&t),
+                Some(&json!({"type": "function", "function": {"name": "nope"}})),
+                None,
+                None,
+                ""
+            )),
+            "tool_choice"
+        );
         assert_eq!(err(answer_shape(None, Some(&json!("required")), None, None, "")), "tool_choice");
         assert_eq!(err(answer_shape(Some(&[json!({"type": "retrieval"})]), None, None, None, "")), "tools[0]");
         assert_eq!(err(answer_shape(None, None, None, Some(&json!({"type": "xml"})), "")), "response_format");
-        let pattern = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}});
+        let pattern =
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}});
         assert_eq!(err(answer_shape(None, None, None, Some(&pattern), "")), "response_format");
     }
 }

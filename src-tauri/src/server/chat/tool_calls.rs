@@ -102,8 +102,12 @@ impl ToolCallParser {
         match calls {
             Some(calls) => calls.into_iter().map(Piece::Call).collect(),
             None if self.in_call && self.format == ToolFormat::Hermes => vec![Piece::Text(format!("{OPEN}{rest}"))],
-            None if self.in_call && self.format == ToolFormat::Mistral => vec![Piece::Text(format!("{MISTRAL_CALLS}{rest}"))],
-            None if self.format == ToolFormat::LlamaJson => vec![Piece::Text(rest.trim_start().trim_start_matches(PYTHON_TAG).to_string())],
+            None if self.in_call && self.format == ToolFormat::Mistral => {
+                vec![Piece::Text(format!("{MISTRAL_CALLS}{rest}"))]
+            }
+            None if self.format == ToolFormat::LlamaJson => {
+                vec![Piece::Text(rest.trim_start().trim_start_matches(PYTHON_TAG).to_string())]
+            }
             None => vec![Piece::Text(rest)],
         }
     }
@@ -199,7 +203,8 @@ fn parse_mistral(text: &str) -> Option<Vec<ToolCall>> {
             let (name, arguments) = part.split_once("[ARGS]")?;
             let name = name.split("[CALL_ID]").next()?.trim();
             let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
-            (!name.is_empty() && arguments.is_object()).then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
+            (!name.is_empty() && arguments.is_object())
+                .then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
         })
         .collect::<Option<Vec<_>>>()
         .filter(|c| !c.is_empty())
@@ -257,7 +262,16 @@ mod tests {
 
     #[test]
     fn hermes_calls_split_across_tokens() {
-        let out = run(ToolFormat::Hermes, &["Let me check.", "<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_", "call>"]);
+        let out = run(
+            ToolFormat::Hermes,
+            &[
+                "Let me check.",
+                "<tool",
+                "_call>\n{\"name\": \"get_",
+                "weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_",
+                "call>",
+            ],
+        );
         assert_eq!(out, vec![Piece::Text("Let me check.".into()), call("get_weather", r#"{"city":"Paris"}"#)]);
     }
 
@@ -278,7 +292,8 @@ mod tests {
 
     #[test]
     fn llama_json_call_or_text() {
-        let out = run(ToolFormat::LlamaJson, &[" {\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Oslo\"}}"]);
+        let out =
+            run(ToolFormat::LlamaJson, &[" {\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Oslo\"}}"]);
         assert_eq!(out, vec![call("get_weather", r#"{"city":"Oslo"}"#)]);
         assert_eq!(run(ToolFormat::LlamaJson, &["Hello", " there"]), vec![Piece::Text("Hello there".into())]);
         assert_eq!(run(ToolFormat::LlamaJson, &["{curly} words"]), vec![Piece::Text("{curly} words".into())]);
@@ -286,9 +301,28 @@ mod tests {
 
     #[test]
     fn mistral_calls_after_the_marker_token() {
-        let out = run(ToolFormat::Mistral, &["[TOOL", "_CALLS]", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, ", "{\"name\": \"b\", \"arguments\": {}}]"]);
+        let out = run(
+            ToolFormat::Mistral,
+            &[
+                "[TOOL",
+                "_CALLS]",
+                "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, ",
+                "{\"name\": \"b\", \"arguments\": {}}]",
+            ],
+        );
         assert_eq!(out, vec![call("get_weather", r#"{"city":"Rome"}"#), call("b", "{}")]);
-        let out = run(ToolFormat::Mistral, &["Sure. ", "[TOOL_CALLS]", "get_weather", "[ARGS]", "{\"city\": \"Rome\"}", "[TOOL_CALLS]", "b[CALL_ID]a1b2c3d4e[ARGS]{}"]);
+        let out = run(
+            ToolFormat::Mistral,
+            &[
+                "Sure. ",
+                "[TOOL_CALLS]",
+                "get_weather",
+                "[ARGS]",
+                "{\"city\": \"Rome\"}",
+                "[TOOL_CALLS]",
+                "b[CALL_ID]a1b2c3d4e[ARGS]{}",
+            ],
+        );
         assert_eq!(out, vec![Piece::Text("Sure. ".into()), call("get_weather", r#"{"city":"Rome"}"#), call("b", "{}")]);
         assert_eq!(run(ToolFormat::Mistral, &["[TOOL_CALLS]", "oops"]), vec![Piece::Text("[TOOL_CALLS]oops".into())]);
         assert_eq!(run(ToolFormat::Mistral, &["[not a call]"]), vec![Piece::Text("[not a call]".into())]);
@@ -296,7 +330,14 @@ mod tests {
 
     #[test]
     fn llama_python_tag_and_several_calls() {
-        let out = run(ToolFormat::LlamaJson, &["<|python", "_tag|>", "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}"]);
+        let out = run(
+            ToolFormat::LlamaJson,
+            &[
+                "<|python",
+                "_tag|>",
+                "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
+            ],
+        );
         assert_eq!(out, vec![call("a", r#"{"x":1}"#), call("b", "{}")]);
         let out = run(ToolFormat::LlamaJson, &["<|python_tag|>", "brave_search.call(query=\"x\")"]);
         assert_eq!(out, vec![Piece::Text("brave_search.call(query=\"x\")".into())]);

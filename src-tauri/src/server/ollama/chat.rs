@@ -9,15 +9,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::params::{keep_alive, model_name, Fallback, nanos, not_found, options, timestamp};
+use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp, Fallback};
 use crate::engine::{Event, Finish, FinishReason, RequestStream};
-use crate::server::extract::ApiJson;
 use crate::server::chat::answer::{AnswerParser, Piece};
 use crate::server::chat::outcome::{collect, failure, text_beside_calls};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
 use crate::server::chat::structured::answer_shape;
 use crate::server::chat::{start, ChatRequest};
 use crate::server::dialect_errors::{envelope, Dialect};
+use crate::server::extract::ApiJson;
 use crate::server::sse::{frames, ndjson};
 use crate::server::{ApiError, AppState};
 use crate::store::ResidencyError;
@@ -66,10 +66,16 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
         return Err(ApiError::invalid("images", "images are not supported: the served models are text-only"));
     }
     if !text_field("template")?.is_empty() {
-        return Err(ApiError::invalid("template", "a custom Go template is not supported; the model's own chat template is used (or send raw: true)"));
+        return Err(ApiError::invalid(
+            "template",
+            "a custom Go template is not supported; the model's own chat template is used (or send raw: true)",
+        ));
     }
     if body.get("context").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
-        return Err(ApiError::invalid("context", "context (deprecated) is not supported; send the conversation to /api/chat"));
+        return Err(ApiError::invalid(
+            "context",
+            "context (deprecated) is not supported; send the conversation to /api/chat",
+        ));
     }
     if prompt.is_empty() && suffix.is_empty() {
         return load_or_unload(&state, &name, &id, keep, Kind::Generate).await;
@@ -77,11 +83,18 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
     let common = options(&body)?.to_common(&id, streaming)?;
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
     if raw || !suffix.is_empty() {
-        let prompt = if suffix.is_empty() { RawPrompt::Text(&prompt) } else { RawPrompt::Fim { prefix: &prompt, suffix: &suffix } };
+        let prompt = if suffix.is_empty() {
+            RawPrompt::Text(&prompt)
+        } else {
+            RawPrompt::Fim { prefix: &prompt, suffix: &suffix }
+        };
         // `format` holds for raw prompts too: the grammar alone decides the shape.
         let grammar = answer_shape(None, None, None, response_format(body.get("format"))?.as_ref(), "")?.grammar;
         let started = raw::start(&state, Some(&id), prompt, &common, None, grammar).await.map_err(|e| match e {
-            RawError::NoFim => ApiError::invalid("suffix", format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens")),
+            RawError::NoFim => ApiError::invalid(
+                "suffix",
+                format!("{name} does not support insert: its vocabulary has no fill-in-the-middle tokens"),
+            ),
             RawError::Api(e) => named(e, &name, &id),
         })?;
         apply_keep_alive(&state, &started.model, keep);
@@ -112,7 +125,13 @@ enum Kind {
 }
 
 /// An empty request loads the model (or, with `keep_alive: 0`, unloads it), as in Ollama.
-async fn load_or_unload(state: &AppState, name: &str, id: &str, keep: Option<Option<Duration>>, kind: Kind) -> Result<Response, ApiError> {
+async fn load_or_unload(
+    state: &AppState,
+    name: &str,
+    id: &str,
+    keep: Option<Option<Duration>>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
     let unload = keep == Some(Some(Duration::ZERO));
     if unload {
         match state.models.unload(id).await {
@@ -153,9 +172,13 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut pending_ids: std::collections::VecDeque<String> = Default::default();
     for (i, m) in messages.iter().enumerate() {
         let param = format!("messages[{i}]");
-        let mut m: Map<String, Value> = m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
+        let mut m: Map<String, Value> =
+            m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
         if m.get("images").and_then(Value::as_array).is_some_and(|i| !i.is_empty()) {
-            return Err(ApiError::invalid(&param, format!("{param}: images are not supported: the served models are text-only")));
+            return Err(ApiError::invalid(
+                &param,
+                format!("{param}: images are not supported: the served models are text-only"),
+            ));
         }
         m.remove("images");
         // Earlier thinking is not shown to the model again (as Ollama's templates do).
@@ -165,7 +188,9 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
             pending_ids.clear();
             let mut converted = Vec::new();
             for (j, call) in calls.iter().enumerate() {
-                let function = call.get("function").ok_or_else(|| ApiError::invalid(&param, format!("{param}.tool_calls[{j}] needs a function")))?;
+                let function = call
+                    .get("function")
+                    .ok_or_else(|| ApiError::invalid(&param, format!("{param}.tool_calls[{j}] needs a function")))?;
                 let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
                 let arguments = match function.get("arguments") {
                     None | Some(Value::Null) => "{}".to_string(),
@@ -174,7 +199,8 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
                 };
                 let id = call.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{i}_{j}"), str::to_string);
                 pending_ids.push_back(id.clone());
-                converted.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
+                converted
+                    .push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
             }
             m.insert("tool_calls".into(), Value::Array(converted));
         }
@@ -205,7 +231,9 @@ fn response_format(format: Option<&Value>) -> Result<Option<Value>, ApiError> {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) if s == "json" => Ok(Some(json!({"type": "json_object"}))),
-        Some(schema @ Value::Object(_)) => Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}))),
+        Some(schema @ Value::Object(_)) => {
+            Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}})))
+        }
         Some(_) => Err(ApiError::invalid("format", "format must be \"json\" or a JSON Schema object")),
     }
 }
@@ -216,7 +244,9 @@ fn think_kwargs(body: &Value) -> Result<Option<Map<String, Value>>, ApiError> {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Bool(b)) => *b,
         Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => true,
-        Some(_) => return Err(ApiError::invalid("think", "think must be true, false, \"low\", \"medium\" or \"high\"")),
+        Some(_) => {
+            return Err(ApiError::invalid("think", "think must be true, false, \"low\", \"medium\" or \"high\""))
+        }
     };
     Ok(Some(Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])))
 }
@@ -246,7 +276,8 @@ impl Part {
                 Piece::Text(t) | Piece::Arguments(t) => self.content.push_str(&t),
                 Piece::Reasoning(t) => self.thinking.push_str(&t),
                 Piece::Call(call) => {
-                    let arguments = serde_json::from_str::<Value>(&call.arguments).unwrap_or(Value::String(call.arguments));
+                    let arguments =
+                        serde_json::from_str::<Value>(&call.arguments).unwrap_or(Value::String(call.arguments));
                     self.calls.push(json!({"function": {"name": call.name, "arguments": arguments}}));
                 }
             }
@@ -380,8 +411,17 @@ mod tests {
     fn parsed_calls_become_ollama_tool_calls_with_object_arguments() {
         use crate::server::chat::tool_calls::ToolCall;
         let mut part = Part::default();
-        part.add(vec![Piece::Reasoning("hm".into()), Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })]);
-        let render = Render { name: "qwen3:8b".into(), kind: Kind::Chat, parser: None, began: Instant::now(), load: Duration::ZERO };
+        part.add(vec![
+            Piece::Reasoning("hm".into()),
+            Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() }),
+        ]);
+        let render = Render {
+            name: "qwen3:8b".into(),
+            kind: Kind::Chat,
+            parser: None,
+            began: Instant::now(),
+            load: Duration::ZERO,
+        };
         let line = render.line(part, false);
         assert_eq!(line["model"], "qwen3:8b");
         assert_eq!(line["message"]["thinking"], "hm");

@@ -30,7 +30,9 @@ pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     if !body.get("stream").and_then(Value::as_bool).unwrap_or(true) {
         return match watch.finished().await {
             PullState::Done { .. } => Ok(Json(json!({"status": "success"})).into_response()),
-            PullState::Cancelled => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "the download was cancelled")),
+            PullState::Cancelled => {
+                Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "the download was cancelled"))
+            }
             PullState::Failed { message } => Err(ApiError::new(StatusCode::BAD_GATEWAY, "hub_error", message)),
             PullState::Running => Err(ApiError::internal("the download stopped without an outcome")),
         };
@@ -70,8 +72,9 @@ pub async fn delete(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
     match state.models.catalog().delete(&model.id, false) {
         Ok(_) => Ok(StatusCode::OK.into_response()),
         Err(CatalogError::NotFound(_)) => Err(not_found(&name)),
-        Err(e @ CatalogError::NotOwned { .. }) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string())),
+        Err(e @ CatalogError::NotOwned { .. }) => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, "permission_error", e.to_string()))
+        }
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
 }
-

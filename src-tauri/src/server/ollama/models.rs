@@ -40,7 +40,10 @@ pub async fn ps(State(state): State<AppState>) -> Json<Value> {
         .filter_map(|loaded| {
             let model = local.iter().find(|m| m.id == loaded.id)?;
             let mut e = entry(model);
-            let expires = loaded.expires_in_secs.and_then(|s| now.checked_add(Duration::from_secs(s))).map_or(forever, |t| t.min(forever));
+            let expires = loaded
+                .expires_in_secs
+                .and_then(|s| now.checked_add(Duration::from_secs(s)))
+                .map_or(forever, |t| t.min(forever));
             e["expires_at"] = json!(timestamp(expires));
             e["size"] = json!(loaded.memory_bytes);
             // Unified memory: all of it is the GPU's.
@@ -64,7 +67,8 @@ pub async fn show(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     };
     let fim = match &loaded {
         Some(info) => crate::server::chat::fim::markers(&info.tokenizer).is_some(),
-        None => std::fs::read_to_string(model.path.join("tokenizer_config.json")).is_ok_and(|t| t.contains("fim_prefix") || t.contains("<PRE>")),
+        None => std::fs::read_to_string(model.path.join("tokenizer_config.json"))
+            .is_ok_and(|t| t.contains("fim_prefix") || t.contains("<PRE>")),
     };
     let summary = &model.summary;
     let arch = summary.architecture.clone().unwrap_or_else(|| "unknown".into());

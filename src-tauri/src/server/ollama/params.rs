@@ -32,7 +32,12 @@ impl Options {
         let max_tokens = match self.num_predict {
             None => None,
             Some(n) if n < 0 => None,
-            Some(0) => return Err(ApiError::invalid("options.num_predict", "num_predict must be positive, or -1 for no limit")),
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    "options.num_predict",
+                    "num_predict must be positive, or -1 for no limit",
+                ))
+            }
             Some(n) => Some(n as u64),
         };
         let top_k = match self.top_k {
@@ -74,7 +79,12 @@ pub fn options(body: &Value) -> Result<Options, ApiError> {
 /// `keep_alive`: `None` keeps the server's setting, `Some(None)` keeps the model loaded for
 /// good (a negative value), `Some(Some(d))` unloads it after `d` idle (0: once this request ends).
 pub fn keep_alive(body: &Value) -> Result<Option<Option<Duration>>, ApiError> {
-    let bad = || ApiError::invalid("keep_alive", "keep_alive must be seconds or a duration such as \"5m\", \"1h30m\", \"0\" or \"-1\"");
+    let bad = || {
+        ApiError::invalid(
+            "keep_alive",
+            "keep_alive must be seconds or a duration such as \"5m\", \"1h30m\", \"0\" or \"-1\"",
+        )
+    };
     match body.get("keep_alive") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => seconds(n.as_f64().ok_or_else(bad)?).map(Some).ok_or_else(bad),
@@ -143,7 +153,8 @@ pub enum Fallback {
 /// names (`hf.co/owner/name:Q4_K_M`) matched to what a pull of them stored. Returns the name as
 /// asked and the local id.
 pub fn model_name(state: &AppState, body: &Value, fallback: Fallback) -> Result<(String, String), ApiError> {
-    let name = body.get("model").or_else(|| body.get("name")).and_then(Value::as_str).map(str::trim).unwrap_or_default();
+    let name =
+        body.get("model").or_else(|| body.get("name")).and_then(Value::as_str).map(str::trim).unwrap_or_default();
     if name.is_empty() {
         return Err(ApiError::invalid("model", "model is required"));
     }
@@ -171,14 +182,19 @@ fn pulled_model(state: &AppState, name: &str) -> Option<String> {
     let tag = tag.map(|t| t.to_ascii_lowercase());
     let prefix = format!("{repo}/");
     state.models.local_models().into_iter().map(|m| m.id).find(|id| {
-        id == &repo || (id.starts_with(&prefix) && tag.as_ref().is_none_or(|t| id.to_ascii_lowercase().contains(t.as_str())))
+        id == &repo
+            || (id.starts_with(&prefix) && tag.as_ref().is_none_or(|t| id.to_ascii_lowercase().contains(t.as_str())))
     })
 }
 
 /// Ollama's message for a model it does not have.
 pub fn not_found(name: &str) -> ApiError {
     let name = crate::server::error::shown(name);
-    ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found_error", format!("model {name} not found, try pulling it first"))
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found_error",
+        format!("model {name} not found, try pulling it first"),
+    )
 }
 
 /// Ollama's timestamps: RFC 3339 with nanoseconds.
@@ -200,7 +216,8 @@ pub fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
         None => (name, None),
     };
     let parts: Vec<&str> = repo.split('/').collect();
-    let valid = parts.len() == 2 && parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".." && !p.contains(char::is_whitespace));
+    let valid = parts.len() == 2
+        && parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".." && !p.contains(char::is_whitespace));
     valid.then(|| (repo.to_string(), tag.map(str::to_string)))
 }
 
@@ -210,8 +227,14 @@ mod tests {
 
     #[test]
     fn repo_names() {
-        assert_eq!(hub_repo("mlx-community/Qwen2.5-0.5B-Instruct-4bit"), Some(("mlx-community/Qwen2.5-0.5B-Instruct-4bit".into(), None)));
-        assert_eq!(hub_repo("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"), Some(("bartowski/Llama-3.2-1B-Instruct-GGUF".into(), Some("Q4_K_M".into()))));
+        assert_eq!(
+            hub_repo("mlx-community/Qwen2.5-0.5B-Instruct-4bit"),
+            Some(("mlx-community/Qwen2.5-0.5B-Instruct-4bit".into(), None))
+        );
+        assert_eq!(
+            hub_repo("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"),
+            Some(("bartowski/Llama-3.2-1B-Instruct-GGUF".into(), Some("Q4_K_M".into())))
+        );
         assert_eq!(hub_repo("huggingface.co/a/b:latest"), Some(("a/b".into(), None)));
         assert_eq!(hub_repo("llama3.2"), None);
         assert_eq!(hub_repo("llama3.2:3b"), None);
@@ -245,8 +268,14 @@ mod tests {
         let c = o.to_common("m", false).unwrap();
         assert_eq!((c.max_tokens, c.temperature, c.top_k), (Some(12), Some(0.0), Some(5)));
         assert!(matches!(c.stop, Some(StopParam::Many(ref s)) if s == &["\n".to_string()]));
-        assert_eq!(options(&json!({"options": {"num_predict": -1}})).unwrap().to_common("m", true).unwrap().max_tokens, None);
-        assert_eq!(options(&json!({"options": {"temperature": "hot"}})).unwrap_err().param.as_deref(), Some("options.temperature"));
+        assert_eq!(
+            options(&json!({"options": {"num_predict": -1}})).unwrap().to_common("m", true).unwrap().max_tokens,
+            None
+        );
+        assert_eq!(
+            options(&json!({"options": {"temperature": "hot"}})).unwrap_err().param.as_deref(),
+            Some("options.temperature")
+        );
         assert_eq!(options(&json!({"options": 3})).unwrap_err().param.as_deref(), Some("options"));
     }
 }

@@ -6,8 +6,8 @@ use axum::Json;
 use serde_json::Value;
 
 use super::types::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs, FunctionCall, FunctionCallDelta,
-    TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs,
+    FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
 };
 use super::{finish_reason, to_json};
 use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
@@ -24,7 +24,8 @@ use crate::tokenizer::Tokenizer;
 pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     let common: CommonParams = parse(&body)?;
-    let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } = start(&state, &request, &common).await?;
+    let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } =
+        start(&state, &request, &common).await?;
     let id = format!("chatcmpl-{}", stream.id);
     let created = crate::server::unix_time();
     let forced = matches!(mode, ToolMode::Named(_));
@@ -36,7 +37,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
 
     if !common.streaming() {
         let done = collect(stream).await?;
-        let logprobs = logprobs.map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
+        let logprobs = logprobs
+            .map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
         let mut pieces = parser.push(&done.text);
         pieces.extend(parser.finish());
         let answer = Whole::from_pieces(pieces, &mode);
@@ -45,7 +47,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             role: "assistant",
             content: answer.content,
             reasoning_content: (!answer.reasoning.is_empty()).then_some(answer.reasoning),
-            tool_calls: (!answer.calls.is_empty()).then(|| answer.calls.into_iter().map(|c| tool_call(c, call_id())).collect()),
+            tool_calls: (!answer.calls.is_empty())
+                .then(|| answer.calls.into_iter().map(|c| tool_call(c, call_id())).collect()),
         };
         return Ok(Json(ChatCompletion {
             id,
@@ -59,15 +62,21 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     }
 
     let include_usage = common.include_usage();
-    let chunk = move |delta: ChatDelta, finish_reason: Option<&'static str>, logprobs: Option<ChatLogprobs>| ChatCompletionChunk {
-        id: id.clone(),
-        object: "chat.completion.chunk",
-        created,
-        model: model.clone(),
-        choices: vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason }],
-        usage: None,
+    let chunk = move |delta: ChatDelta, finish_reason: Option<&'static str>, logprobs: Option<ChatLogprobs>| {
+        ChatCompletionChunk {
+            id: id.clone(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.clone(),
+            choices: vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason }],
+            usage: None,
+        }
     };
-    let mut first = vec![chunk(ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None, None)];
+    let mut first = vec![chunk(
+        ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() },
+        None,
+        None,
+    )];
     // A named function: its call opens the stream, the arguments follow as they are generated.
     if let ToolMode::Named(name) = &mode {
         first.push(chunk(call_delta(0, Some(call_id()), Some(name.clone()), String::new()), None, None));
@@ -90,12 +99,19 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
     };
     let sse = stream_events(stream, first.iter().map(to_json).collect(), move |event| match event {
         Event::Delta { text, logprob, .. } => {
-            let lp = logprob.filter(|_| want_logprobs).map(|l| ChatLogprobs { content: vec![token_logprob(&tokenizer, &l)] });
-            let mut out: Vec<ChatCompletionChunk> = deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let lp = logprob
+                .filter(|_| want_logprobs)
+                .map(|l| ChatLogprobs { content: vec![token_logprob(&tokenizer, &l)] });
+            let mut out: Vec<ChatCompletionChunk> =
+                deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             if let Some(lp) = lp {
                 match out.last_mut() {
                     Some(last) => last.choices[0].logprobs = Some(lp),
-                    None => out.push(chunk(ChatDelta { content: Some(String::new()), ..Default::default() }, None, Some(lp))),
+                    None => out.push(chunk(
+                        ChatDelta { content: Some(String::new()), ..Default::default() },
+                        None,
+                        Some(lp),
+                    )),
                 }
             }
             out.iter().map(to_json).collect()
@@ -104,10 +120,12 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             if let Some(error) = failure(&finish) {
                 return vec![error.body()];
             }
-            let mut out: Vec<ChatCompletionChunk> = deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+            let mut out: Vec<ChatCompletionChunk> =
+                deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             let last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
             if include_usage {
-                let usage = ChatCompletionChunk { choices: Vec::new(), usage: Some(finish.usage.into()), ..last.clone() };
+                let usage =
+                    ChatCompletionChunk { choices: Vec::new(), usage: Some(finish.usage.into()), ..last.clone() };
                 out.extend([last, usage]);
             } else {
                 out.push(last);
@@ -136,5 +154,10 @@ fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
         TopLogprob { bytes: text.as_bytes().to_vec(), token: text, logprob }
     };
     let chosen = top(l.token, l.logprob);
-    TokenLogprob { token: chosen.token, logprob: chosen.logprob, bytes: chosen.bytes, top_logprobs: l.top.iter().map(|(t, lp)| top(*t, *lp)).collect() }
+    TokenLogprob {
+        token: chosen.token,
+        logprob: chosen.logprob,
+        bytes: chosen.bytes,
+        top_logprobs: l.top.iter().map(|(t, lp)| top(*t, *lp)).collect(),
+    }
 }

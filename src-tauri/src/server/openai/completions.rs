@@ -64,10 +64,13 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         _ => return Err(ApiError::invalid("prompt", "exactly one prompt is supported per request")),
     };
     let model = state.resolve_model(common.model.as_deref());
-    let StartedRaw { model, info, stream } = raw::start(&state, model.as_deref(), prompt, &common, top, None).await.map_err(|e| match e {
-        RawError::NoFim => ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported"),
-        RawError::Api(e) => e,
-    })?;
+    let StartedRaw { model, info, stream } =
+        raw::start(&state, model.as_deref(), prompt, &common, top, None).await.map_err(|e| match e {
+            RawError::NoFim => {
+                ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported")
+            }
+            RawError::Api(e) => e,
+        })?;
     let id = format!("cmpl-{}", stream.id);
     let created = crate::server::unix_time();
     let tokenizer = info.tokenizer.clone();
@@ -79,7 +82,10 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             top_logprobs: entries.iter().map(|l| l.top.iter().map(|(t, lp)| (token(*t), *lp)).collect()).collect(),
         }
     };
-    let completion = move |text: String, finish_reason: Option<&'static str>, logprobs: Option<CompletionLogprobs>, usage: Option<Usage>| Completion {
+    let completion = move |text: String,
+                           finish_reason: Option<&'static str>,
+                           logprobs: Option<CompletionLogprobs>,
+                           usage: Option<Usage>| Completion {
         id: id.clone(),
         object: "text_completion",
         created,

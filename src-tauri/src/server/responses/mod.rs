@@ -10,11 +10,11 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{BlockEvent, BlockKind, Blocks, Content};
-use super::extract::ApiJson;
 use super::chat::outcome::{collect, failure};
 use super::chat::{start, StartedChat};
-use super::unix_time as now;
+use super::extract::ApiJson;
 use super::sse::named_events;
+use super::unix_time as now;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
 
@@ -41,7 +41,9 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
         first.extend(response.apply(event));
     }
     let sse = named_events(stream, first, move |event| match event {
-        Event::Delta { text, .. } => blocks.push(parser.push(&text)).into_iter().flat_map(|e| response.apply(e)).collect(),
+        Event::Delta { text, .. } => {
+            blocks.push(parser.push(&text)).into_iter().flat_map(|e| response.apply(e)).collect()
+        }
         Event::Finish(finish) => {
             if let Some(error) = failure(&finish) {
                 let mut failed = response.snapshot("failed");
@@ -151,20 +153,28 @@ impl ResponseBuilder {
             BlockEvent::Start { index, kind } => {
                 let suffix = format!("{}_{index}", &self.id["resp_".len()..]);
                 let item = match kind {
-                    BlockKind::Text => json!({"type": "message", "id": format!("msg_{suffix}"), "status": "in_progress", "role": "assistant", "content": []}),
-                    BlockKind::Thinking => json!({"type": "reasoning", "id": format!("rs_{suffix}"), "summary": [], "content": []}),
+                    BlockKind::Text => {
+                        json!({"type": "message", "id": format!("msg_{suffix}"), "status": "in_progress", "role": "assistant", "content": []})
+                    }
+                    BlockKind::Thinking => {
+                        json!({"type": "reasoning", "id": format!("rs_{suffix}"), "summary": [], "content": []})
+                    }
                     BlockKind::ToolCall { id, name } => {
                         json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
                     }
                 };
                 self.items.push(item.clone());
-                let mut out = vec![self.event("response.output_item.added", json!({"output_index": index, "item": item}))];
+                let mut out =
+                    vec![self.event("response.output_item.added", json!({"output_index": index, "item": item}))];
                 let item_id = self.items[index]["id"].clone();
                 match self.items[index]["type"].as_str() {
                     Some("message") => {
                         let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
                         self.items[index]["content"] = json!([part.clone()]);
-                        out.push(self.event("response.content_part.added", json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part})));
+                        out.push(self.event(
+                            "response.content_part.added",
+                            json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
+                        ));
                     }
                     Some("reasoning") => self.items[index]["content"] = json!([{"type": "reasoning_text", "text": ""}]),
                     _ => {}
@@ -201,15 +211,25 @@ impl ResponseBuilder {
                         let part = self.items[index]["content"][0].clone();
                         let text = part["text"].clone();
                         out.push(self.event("response.output_text.done", json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text, "logprobs": []})));
-                        out.push(self.event("response.content_part.done", json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part})));
+                        out.push(self.event(
+                            "response.content_part.done",
+                            json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
+                        ));
                     }
                     "reasoning" => {
                         let text = self.items[index]["content"][0]["text"].clone();
-                        out.push(self.event("response.reasoning_text.done", json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text})));
+                        out.push(self.event(
+                            "response.reasoning_text.done",
+                            json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+                        ));
                     }
                     _ => {
-                        let (arguments, name) = (self.items[index]["arguments"].clone(), self.items[index]["name"].clone());
-                        out.push(self.event("response.function_call_arguments.done", json!({"item_id": item_id, "output_index": index, "arguments": arguments, "name": name})));
+                        let (arguments, name) =
+                            (self.items[index]["arguments"].clone(), self.items[index]["name"].clone());
+                        out.push(self.event(
+                            "response.function_call_arguments.done",
+                            json!({"item_id": item_id, "output_index": index, "arguments": arguments, "name": name}),
+                        ));
                     }
                 }
                 if self.items[index].get("status").is_some() {
@@ -253,7 +273,13 @@ mod tests {
         let sequence: Vec<u64> = names.iter().map(|(_, s)| *s).collect();
         assert_eq!(sequence, (0..names.len() as u64).collect::<Vec<_>>());
         assert_eq!(names.iter().filter(|(n, _)| *n == "response.output_item.done").count(), 2);
-        let finish = Finish { reason: FinishReason::Stop, stop: None, error: None, usage: Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 0 }, timings: Timings::default() };
+        let finish = Finish {
+            reason: FinishReason::Stop,
+            stop: None,
+            error: None,
+            usage: Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 0 },
+            timings: Timings::default(),
+        };
         let done = r.finished(&finish);
         assert_eq!(done["output"][0]["content"][0]["text"], "Hi!");
         assert_eq!(done["output"][1]["arguments"], "{}");

@@ -19,7 +19,10 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
         return Err(ApiError::invalid("store", "store: true is not supported: this server stores no responses; send store: false and the whole conversation in `input`"));
     }
     if body.get("conversation").is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::invalid("conversation", "conversations are not supported: this server stores nothing; send the whole conversation in `input`"));
+        return Err(ApiError::invalid(
+            "conversation",
+            "conversations are not supported: this server stores nothing; send the whole conversation in `input`",
+        ));
     }
     let mut messages = Vec::new();
     match body.get("instructions") {
@@ -35,22 +38,34 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
                 convert_item(item, &format!("input[{i}]"), &mut messages)?;
             }
         }
-        None | Some(Value::Null) => return Err(ApiError::invalid("input", "input is required (text or a list of items)")),
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("input", "input is required (text or a list of items)"))
+        }
         Some(_) => return Err(ApiError::invalid("input", "input must be text or a list of items")),
     }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(tools)) => Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?),
+        Some(Value::Array(tools)) => {
+            Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?)
+        }
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
     };
     let tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(json!(s)),
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name is required"))?;
+            let name = o
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name is required"))?;
             Some(json!({"type": "function", "function": {"name": name}}))
         }
-        Some(_) => return Err(ApiError::invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}",
+            ))
+        }
     };
     let response_format = match body.pointer("/text/format") {
         None | Some(Value::Null) => None,
@@ -58,15 +73,24 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
             Some("text") => None,
             Some("json_object") => Some(json!({"type": "json_object"})),
             Some("json_schema") => {
-                let schema = format.get("schema").cloned().ok_or_else(|| ApiError::invalid("text.format.schema", "text.format.schema is required"))?;
+                let schema = format
+                    .get("schema")
+                    .cloned()
+                    .ok_or_else(|| ApiError::invalid("text.format.schema", "text.format.schema is required"))?;
                 let name = format.get("name").cloned().unwrap_or_else(|| json!("format"));
                 Some(json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}))
             }
-            _ => return Err(ApiError::invalid("text.format", "text.format.type must be text, json_object or json_schema")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "text.format",
+                    "text.format.type must be text, json_object or json_schema",
+                ))
+            }
         },
     };
     let effort = body.pointer("/reasoning/effort").and_then(Value::as_str);
-    let chat_template_kwargs = effort.map(|e| Map::from_iter([("enable_thinking".to_string(), Value::Bool(e != "none" && e != "minimal"))]));
+    let chat_template_kwargs =
+        effort.map(|e| Map::from_iter([("enable_thinking".to_string(), Value::Bool(e != "none" && e != "minimal"))]));
     let request = ChatRequest {
         messages,
         tools,
@@ -85,7 +109,9 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
     let max_tokens = match number("max_output_tokens")? {
         None => None,
         Some(n) if n >= 1.0 && n.fract() == 0.0 => Some(n as u64),
-        Some(_) => return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be an integer of at least 1")),
+        Some(_) => {
+            return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be an integer of at least 1"))
+        }
     };
     let common = CommonParams {
         model: body.get("model").and_then(Value::as_str).map(str::to_string),
@@ -163,10 +189,18 @@ fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
     let param = format!("tools[{i}]");
     match tool.get("type").and_then(Value::as_str) {
         Some("function") => {}
-        Some(other) => return Err(ApiError::invalid(&param, format!("{param}: the hosted tool {other:?} is not supported; only function tools are"))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                &param,
+                format!("{param}: the hosted tool {other:?} is not supported; only function tools are"),
+            ))
+        }
         None => return Err(ApiError::invalid(&param, format!("{param}.type is required"))),
     }
-    let name = tool.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.name is required")))?;
+    let name = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(&param, format!("{param}.name is required")))?;
     let mut function = json!({"name": name, "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}))});
     if let Some(d) = tool.get("description").and_then(Value::as_str) {
         function["description"] = json!(d);
@@ -202,7 +236,10 @@ mod tests {
     #[test]
     fn stored_state_is_refused() {
         let param = |body: Value| to_chat(&body).unwrap_err().param;
-        assert_eq!(param(json!({"input": "hi", "previous_response_id": "resp_1"})).as_deref(), Some("previous_response_id"));
+        assert_eq!(
+            param(json!({"input": "hi", "previous_response_id": "resp_1"})).as_deref(),
+            Some("previous_response_id")
+        );
         assert_eq!(param(json!({"input": "hi", "store": true})).as_deref(), Some("store"));
         assert_eq!(param(json!({"input": "hi", "tools": [{"type": "web_search"}]})).as_deref(), Some("tools[0]"));
         assert_eq!(param(json!({})).as_deref(), Some("input"));
