@@ -155,6 +155,13 @@ fi
 
 # --- test tools ---------------------------------------------------------------------------
 if ((FOR_TESTS)); then
+  # The gate in scripts/test.sh needs rustfmt and clippy (rustup's components).
+  for tool in fmt clippy; do
+    if ! cargo "$tool" --version >/dev/null 2>&1; then
+      say "installing the Rust component for cargo $tool"
+      rustup component add "$([[ $tool == fmt ]] && echo rustfmt || echo clippy)" >&2 || { say "cargo $tool is missing and rustup cannot add it"; exit 1; }
+    fi
+  done
   VENV="$CACHE/venv"
   REQS="$ROOT/scripts/reference/requirements.txt"
   CLIENT_REQS="$ROOT/tests/clients/requirements.txt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: set-up (idempotent), then the web UI's type check, the Rust tests (extra
-# arguments go to `cargo test`), the API tests through the official Python and Node client
+# The test suite: set-up (idempotent), then the gate (cargo fmt --check, clippy -D warnings, the
+# web UI's type check), the Rust tests (extra arguments go to `cargo test`), the API tests through the official Python and Node client
 # libraries, the web UI in Chromium and the desktop app in its window.
 # Nothing here can hang: each suite has a time limit (per test in pytest, per file in node, and the
 # whole suite under `timeout`), and the run fails if a `fastmlx` it started is still running at the end.
@@ -72,6 +72,9 @@ stop_suite() {
 trap 'stop_suite INT 130' INT
 trap 'stop_suite TERM 143' TERM
 
+# The gate: formatting (rustfmt.toml) and lints, warnings as errors, on every target.
+suite 300 "the format check" cargo fmt --check
+suite 1800 "clippy" cargo clippy --locked --all-targets --features desktop-tests -- -D warnings
 # The web UI's TypeScript, type-checked (Vite's build does not).
 suite 300 "the web UI's type check" npm --prefix "$ROOT/ui" run --silent check
 # `desktop-tests`: the desktop commands also run on Tauri's mock runtime. The build first, so that

@@ -3,6 +3,8 @@
 //! and on SmolLM2; it shrinks for running requests instead of refusing them; a request
 //! cancelled in the middle of its prefill leaves a usable cache.
 
+#![allow(clippy::await_holding_lock)]
+
 mod common;
 
 use common::OutputWithin;

@@ -101,7 +101,7 @@ fn seconds(secs: f64) -> Option<Option<Duration>> {
     if secs.is_nan() {
         return None;
     }
-    if secs < 0.0 || secs > FOREVER_SECS {
+    if !(0.0..=FOREVER_SECS).contains(&secs) {
         return Some(None);
     }
     Duration::try_from_secs_f64(secs).ok().map(Some)
