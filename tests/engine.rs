@@ -444,3 +444,41 @@ fn context_cap_limits_prompt_and_output() {
     let outcome = collect(engine.submit(greedy(vec![1; 30], 100)).unwrap());
     assert_eq!((outcome.finish.reason, outcome.tokens.len()), (FinishReason::Length, 10), "output stops at the cap");
 }
+
+/// Prompts of very different lengths prefilled together in one batch (and a long prompt
+/// joining a running batch) give the tokens each gives alone; no prefix cache, so every prompt
+/// is really prefilled.
+#[test]
+fn batched_prefill_equals_one_at_a_time_for_every_architecture() {
+    let _mlx = common::mlx_lock();
+    for arch in Arch::ALL {
+        let dir = tiny_model(arch);
+        let engine = start(dir.path(), EngineConfig { prefill_chunk: 40, prefix_cache_bytes: 0, ..Default::default() });
+        let lengths = [3usize, 150, 17, 64, 1, 90, 33, 120, 9, 200];
+        let requests: Vec<Request> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| greedy((0..len).map(|j| ((i * 53 + j * 13) % 240 + 5) as u32).collect(), 6 + i % 4))
+            .collect();
+        let alone: Vec<Vec<u32>> = requests.iter().map(|r| collect(engine.submit(r.clone()).unwrap()).tokens).collect();
+        // All at once (prefilled together), then a long one joining the running batch.
+        let streams: Vec<RequestStream> = requests[..9].iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
+        let mut outcomes: Vec<Outcome> = Vec::new();
+        let mut streams = streams.into_iter();
+        let first = streams.next().unwrap();
+        let late = engine.submit(requests[9].clone()).unwrap();
+        outcomes.push(collect(first));
+        outcomes.extend(streams.map(collect));
+        outcomes.push(collect(late));
+        for (i, (got, want)) in outcomes.iter().zip(&alone).enumerate() {
+            assert_eq!(
+                &got.tokens, want,
+                "{arch:?}: request {i} ({} prompt tokens) differs when prefilled in a batch",
+                lengths[i]
+            );
+        }
+        let m = wait_idle(&engine);
+        assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0), "{arch:?}");
+        engine.shutdown();
+    }
+}

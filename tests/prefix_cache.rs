@@ -151,7 +151,9 @@ fn a_concurrent_request_reuses_a_prompt_as_soon_as_it_is_prefilled() {
     let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
     let cached: Vec<usize> = outcomes.iter().map(|o| o.finish.usage.cached_tokens).collect();
     assert_eq!(cached[0], 0);
-    assert!(cached[1..].iter().all(|&c| c >= 400), "the later ones share the first one's prompt: {cached:?}");
+    // They wait for the shared start to be prefilled once (not computed four times in one
+    // batch), then reuse all its whole blocks: 6 of 64 tokens.
+    assert!(cached[1..].iter().all(|&c| c >= 384), "the later ones share the first one's prompt: {cached:?}");
     let m = wait_idle(&engine);
     // Held once: the system prompt's blocks are stored once however many requests used them.
     let per_token = engine.model_info().kv_bytes_per_token;

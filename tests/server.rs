@@ -337,6 +337,94 @@ async fn prometheus_metrics() {
     assert!(text.contains("# TYPE fastmlx_requests_total counter"));
     let line = text.lines().find(|l| l.starts_with("fastmlx_requests_total{")).unwrap();
     assert_eq!(line, format!("fastmlx_requests_total{{model=\"{}\"}} 1", h.id));
+    // Latency histograms: cumulative buckets ending in +Inf, which counts the finished request.
+    assert!(text.contains("# TYPE fastmlx_time_to_first_token_seconds histogram"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let inf = format!("fastmlx_time_to_first_token_seconds_bucket{{model=\"{}\",le=\"+Inf\"}} 1", h.id);
+    loop {
+        let (_, text) = send(&h, get("/metrics")).await;
+        if text.lines().any(|l| l == inf) {
+            assert!(text.contains(&format!("fastmlx_prefill_seconds_count{{model=\"{}\"}} 1", h.id)), "{text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The server keeps a sample of the live metrics a second, for a Live page opened later.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_history_is_kept_by_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    let running = fastmlx::server::RunningServer::start(
+        h.state.models.clone(),
+        h.state.pulls.clone(),
+        ServerConfig::default(),
+        [127, 0, 0, 1].into(),
+        0,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let mut socket = tokio::net::TcpStream::connect(running.address).await.unwrap();
+    socket
+        .write_all(b"GET /admin/metrics/history HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).await.unwrap();
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let samples = body["samples"].as_array().unwrap();
+    assert!(samples.len() >= 2, "{body}");
+    assert_eq!(samples[0]["models"][0]["id"], h.id.as_str());
+    assert!(samples[0].get("recent").is_none(), "samples leave the recent requests out");
+    assert!(samples[1]["time_ms"].as_u64() > samples[0]["time_ms"].as_u64());
+    running.stop().await.unwrap();
+}
+
+/// Where the time went: a `Server-Timing` header on whole answers (every dialect) and a
+/// llama.cpp-style `timings` object in OpenAI's answers (the last streamed chunk).
+#[tokio::test(flavor = "multi_thread")]
+async fn timings_in_headers_and_answers() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    for (uri, body) in [
+        ("/v1/chat/completions", chat(json!({}))),
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 3}).to_string()),
+        (
+            "/v1/messages",
+            json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).to_string(),
+        ),
+        ("/v1/responses", json!({"input": "hi", "max_output_tokens": 3}).to_string()),
+        (
+            "/api/generate",
+            json!({"model": h.id, "prompt": "hi", "stream": false, "options": {"num_predict": 3}}).to_string(),
+        ),
+    ] {
+        let response = tower::ServiceExt::oneshot(app(h.state.clone()), post(uri, body)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{uri}");
+        let timing =
+            response.headers().get("server-timing").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        for part in ["queue;dur=", "restore;dur=", "prefill;dur=", "ttft;dur=", "decode;dur="] {
+            assert!(timing.contains(part), "{uri}: {timing}");
+        }
+    }
+    let (_, answer) = send_json(&h, post("/v1/chat/completions", chat(json!({"max_tokens": 4})))).await;
+    let t = &answer["timings"];
+    assert_eq!(t["predicted_n"], answer["usage"]["completion_tokens"]);
+    assert_eq!(
+        t["prompt_n"].as_u64().unwrap() + t["cache_n"].as_u64().unwrap(),
+        answer["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    assert!(t["ttft_ms"].as_f64().unwrap() > 0.0 && t["prefill_chunks"].as_u64().is_some(), "{t}");
+    let (_, text) = send(&h, post("/v1/chat/completions", chat(json!({"stream": true})))).await;
+    let chunks: Vec<Value> =
+        sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let with_timings: Vec<&Value> = chunks.iter().filter(|c| c.get("timings").is_some()).collect();
+    assert_eq!(with_timings.len(), 1, "one chunk carries the timings");
+    assert!(with_timings[0]["choices"][0]["finish_reason"].is_string(), "the last one");
 }
 
 /// A model whose template takes tools (Qwen 2.5's): tool definitions, an assistant tool call

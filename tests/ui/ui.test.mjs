@@ -307,7 +307,19 @@ describe("web UI", { concurrency: false }, () => {
       assert.ok(reused > 0, "a prefix-cache hit");
       await until(async () => (await text(page.getByTestId("recent-reused").first())).startsWith(String(reused)), "the reused tokens shown");
       assert.match(await text(summary.getByTestId("prefix-cache")), /\d+% · \d+ tok · [\d.]+ \w?B/);
+      assert.ok((await page.getByTestId("waterfall").count()) >= 1, "each request shows where its time went");
       await screenshot(page, "live");
+
+      // A Live page opened after the traffic starts from the server's history.
+      const later = await open("live");
+      try {
+        await later.page.locator("[data-testid=live-connected][data-connected=true]").waitFor({ timeout: 15_000 });
+        const [x, , decode] = await later.page.getByTestId("chart-tokens").evaluate((el) => el.__uplot.data.map((s) => Array.from(s)));
+        assert.ok(x.length > 5, `samples from before the page opened: ${x.length}`);
+        assert.ok(decode.some((v) => v > 0), "the decode rate of the earlier requests");
+      } finally {
+        await later.context.close();
+      }
       assertClean(page);
     } finally {
       await context.close();

@@ -273,7 +273,10 @@ export interface FinishedRequest {
   request_id: string;
   finished_ms: number;
   queue_ms: number;
+  restore_ms?: number;
+  prefill_ms?: number;
   ttft_ms: number | null;
+  decode_ms?: number;
   prompt_tokens: number;
   /** Prompt tokens reused from the prefix cache. */
   cached_tokens: number;

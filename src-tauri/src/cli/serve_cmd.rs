@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Limit the context window (prompt + output tokens) below the model's own.
     #[arg(long, env = "FASTMLX_CTX")]
     ctx: Option<usize>,
+    /// While streams decode, a long prompt's prefill is paced to keep their inter-token latency
+    /// within this multiple of its unloaded value (0: a fixed 512-token prefill per step).
+    #[arg(long, env = "FASTMLX_ITL_BUDGET", default_value_t = crate::engine::DEFAULT_ITL_BUDGET)]
+    itl_budget: f64,
     /// Most memory (MB) the prefix cache (keys and values of prompts seen before) holds per
     /// model; it lives inside the KV budget and gives way to running requests.
     #[arg(long, env = "FASTMLX_PREFIX_CACHE_MB", default_value_t = (crate::engine::DEFAULT_PREFIX_CACHE_BYTES >> 20) as u64)]
@@ -83,6 +87,7 @@ impl ServeArgs {
                 max_batch: self.max_batch,
                 max_queue: self.max_queue,
                 max_context: self.ctx,
+                itl_budget: self.itl_budget.max(0.0),
                 prefix_cache_bytes: if self.no_prefix_cache { 0 } else { (self.prefix_cache_mb as usize) << 20 },
                 prefix_cache_disk: (self.prefix_cache_disk_gb > 0.0)
                     .then(crate::engine::prefix_cache::default_disk_dir)

@@ -15,8 +15,11 @@ pub struct EngineConfig {
     pub max_batch: usize,
     /// Requests waiting at most; more get [`SubmitError::Busy`] at once.
     pub max_queue: usize,
-    /// Prompt tokens prefilled per step: bounds how long a long prompt stalls running rows.
+    /// Most prompt tokens prefilled per step (the width when nothing is decoding).
     pub prefill_chunk: usize,
+    /// While rows decode, each step's prefill is sized to keep their inter-token latency near
+    /// this multiple of its unloaded value (0: the token budget alone).
+    pub itl_budget: f64,
     /// Cap on the context window (prompt + output), below the model's own.
     pub max_context: Option<usize>,
     /// Bytes of KV cache admitted requests may reserve (prompt + max tokens each);
@@ -30,6 +33,10 @@ pub struct EngineConfig {
     pub prefix_cache_disk: Option<(std::path::PathBuf, u64)>,
 }
 
+/// Running streams' inter-token latency, at most this multiple of its unloaded value while a
+/// long prompt is prefilled beside them.
+pub const DEFAULT_ITL_BUDGET: f64 = 2.0;
+
 /// The prefix cache's default cap; the KV budget bounds it further.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 4 << 30;
 
@@ -39,6 +46,7 @@ impl Default for EngineConfig {
             max_batch: 32,
             max_queue: 256,
             prefill_chunk: 512,
+            itl_budget: DEFAULT_ITL_BUDGET,
             max_context: None,
             kv_budget_bytes: None,
             fault_injector: None,

@@ -11,7 +11,13 @@ pub struct RecentRequest {
     /// Unix time in milliseconds.
     pub finished_ms: u64,
     pub queue_ms: f64,
+    /// Prefix-cache restore (part of the prefill).
+    pub restore_ms: f64,
+    /// From admission until it joined the batch (restore and prefill chunks).
+    pub prefill_ms: f64,
     pub ttft_ms: f64,
+    /// From the first token to the end.
+    pub decode_ms: f64,
     pub prompt_tokens: usize,
     /// Prompt tokens reused from the prefix cache.
     pub cached_tokens: usize,
@@ -37,6 +43,26 @@ pub struct CacheMiss {
     /// The prompt's text just before and just after the divergence.
     pub before: String,
     pub after: String,
+}
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+pub const LATENCY_BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// A latency histogram over [`LATENCY_BUCKETS`] (per-bucket counts; the last slot is +Inf).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Histogram {
+    pub counts: [u64; LATENCY_BUCKETS.len() + 1],
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, seconds: f64) {
+        let bucket = LATENCY_BUCKETS.iter().position(|&le| seconds <= le).unwrap_or(LATENCY_BUCKETS.len());
+        self.counts[bucket] += 1;
+        self.sum += seconds;
+        self.count += 1;
+    }
 }
 
 /// How many finished requests [`Metrics::recent`] keeps.
@@ -86,6 +112,12 @@ pub struct Metrics {
     pub prefix_cache_disk_hits: u64,
     pub prefix_cache_disk_write_skips: u64,
     pub prefix_cache_disk_enabled: bool,
+    /// Where the time of finished requests went: waiting, prefill (restore included), the
+    /// first token, decoding.
+    pub queue_seconds: Histogram,
+    pub prefill_seconds: Histogram,
+    pub ttft_seconds: Histogram,
+    pub decode_seconds: Histogram,
     /// The last finished requests, newest first.
     pub recent: VecDeque<RecentRequest>,
 }

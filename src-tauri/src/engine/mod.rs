@@ -6,13 +6,15 @@
 
 mod config;
 mod handle;
+pub mod lanes;
 mod metrics;
+mod pacing;
 pub mod prefix_cache;
 mod request;
 mod scheduler;
 mod sequence;
 
-pub use config::{EngineConfig, FaultInjector, ModelInfo, DEFAULT_PREFIX_CACHE_BYTES};
+pub use config::{EngineConfig, FaultInjector, ModelInfo, DEFAULT_ITL_BUDGET, DEFAULT_PREFIX_CACHE_BYTES};
 pub use handle::{EngineHandle, RequestStream, SubmitError};
-pub use metrics::{CacheMiss, Metrics, RecentRequest, RECENT_REQUESTS};
+pub use metrics::{CacheMiss, Histogram, Metrics, RecentRequest, LATENCY_BUCKETS, RECENT_REQUESTS};
 pub use request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};

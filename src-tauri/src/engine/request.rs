@@ -78,8 +78,12 @@ pub struct Usage {
 pub struct Timings {
     /// Waiting before prefill started.
     pub queue: Duration,
-    /// Prefill (prompt processing) until the sequence joined the batch.
+    /// Restoring the prompt's cached start from the prefix cache (part of `prefill`).
+    pub restore: Duration,
+    /// Prefill (prompt processing, restore included) until the sequence joined the batch.
     pub prefill: Duration,
+    /// Prefill forwards the prompt took (more for long prompts, pre-empted or paced ones).
+    pub prefill_chunks: usize,
     /// From arrival to the first generated token.
     pub time_to_first_token: Duration,
     /// From the first generated token to the end.

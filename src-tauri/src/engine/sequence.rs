@@ -16,14 +16,21 @@ pub(crate) struct Sequence {
     pub request: Request,
     events: UnboundedSender<Event>,
     continuation: Continuation,
-    /// KV bytes reserved for this request while it is admitted.
+    /// KV bytes this request needs reserved while it is admitted, and whether they are.
     pub reserved_bytes: usize,
-    /// During prefill: the sequence's own cache and how many prompt tokens it holds.
+    pub reserved: bool,
+    /// A prefill set aside (or just restored): its own cache and how many prompt tokens it holds.
     pub prefill: Option<(Vec<KvCache>, usize)>,
+    /// Prompt tokens in its cache so far (restored or prefilled).
+    pub prefilled: usize,
     /// The token the next decode step feeds for this row.
     pub next_input: u32,
     /// Prompt tokens restored from the prefix cache.
     pub cached_tokens: usize,
+    /// Prefill forwards its prompt took (more than one when long or pre-empted).
+    pub prefill_chunks: usize,
+    /// Time spent restoring its prompt's cached start.
+    pub restore_time: std::time::Duration,
     /// Why it reused less of the prefix cache than a cached sequence offered.
     pub cache_miss: Option<super::metrics::CacheMiss>,
     /// How it ended, once it has.
@@ -59,9 +66,13 @@ impl Sequence {
             id,
             continuation: Continuation::new(&request.prompt_ids, spec),
             reserved_bytes: (request.prompt_ids.len() + max_tokens) * kv_bytes_per_token,
+            reserved: false,
             prefill: None,
+            prefilled: 0,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
             cached_tokens: 0,
+            prefill_chunks: 0,
+            restore_time: std::time::Duration::ZERO,
             cache_miss: None,
             finished: None,
             record: None,
@@ -84,8 +95,14 @@ impl Sequence {
         self.events.is_closed()
     }
 
+    /// The first admission counts (a prefill pre-empted and resumed is admitted again).
     pub fn mark_admitted(&mut self) {
-        self.admitted = Some(Instant::now());
+        self.admitted.get_or_insert_with(Instant::now);
+    }
+
+    /// Since it arrived.
+    pub fn waited(&self) -> std::time::Duration {
+        self.arrived.elapsed()
     }
 
     pub fn mark_joined(&mut self) {
@@ -141,7 +158,9 @@ impl Sequence {
         let admitted = self.admitted.unwrap_or(now);
         let timings = Timings {
             queue: admitted.duration_since(self.arrived),
+            restore: self.restore_time,
             prefill: self.joined.unwrap_or(now).duration_since(admitted),
+            prefill_chunks: self.prefill_chunks,
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrived)).unwrap_or_default(),
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
         };
@@ -157,7 +176,10 @@ impl Sequence {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             queue_ms: timings.queue.as_secs_f64() * 1e3,
+            restore_ms: timings.restore.as_secs_f64() * 1e3,
+            prefill_ms: timings.prefill.as_secs_f64() * 1e3,
             ttft_ms: timings.time_to_first_token.as_secs_f64() * 1e3,
+            decode_ms: timings.decode.as_secs_f64() * 1e3,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
             completion_tokens: usage.completion_tokens,

@@ -1,7 +1,11 @@
 //! `GET /admin/metrics/stream`: every loaded model's engine metrics, MLX memory and the recent
-//! requests, as a server-sent event twice a second (the dashboard's live graphs).
+//! requests, as a server-sent event twice a second (the dashboard's live graphs); and
+//! `GET /admin/metrics/history`: the last 15 minutes of them, a sample a second, kept by the
+//! server so that a Live page opened after the traffic starts from what happened.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -11,6 +15,47 @@ use serde::Serialize;
 
 use super::AppState;
 use crate::engine::RecentRequest;
+
+/// How long the history reaches back, and how often it takes a sample.
+const HISTORY: Duration = Duration::from_secs(15 * 60);
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// The recorded samples (snapshots without their recent requests), oldest first.
+#[derive(Clone, Default)]
+pub struct History(Arc<Mutex<VecDeque<serde_json::Value>>>);
+
+impl History {
+    fn push(&self, sample: serde_json::Value) {
+        let mut samples = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        samples.push_back(sample);
+        while samples.len() > (HISTORY.as_secs() / SAMPLE_EVERY.as_secs()) as usize {
+            samples.pop_front();
+        }
+    }
+
+    fn samples(&self) -> Vec<serde_json::Value> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+    }
+}
+
+/// Samples the live metrics into the history until `stopped` turns true.
+pub async fn record(state: AppState, mut stopped: tokio::sync::watch::Receiver<bool>) -> std::io::Result<()> {
+    loop {
+        let mut sample = serde_json::to_value(snapshot(&state)).unwrap_or_default();
+        if let Some(object) = sample.as_object_mut() {
+            object.remove("recent");
+        }
+        state.history.push(sample);
+        tokio::select! {
+            _ = tokio::time::sleep(SAMPLE_EVERY) => {}
+            _ = stopped.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+}
+
+pub async fn history(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"samples": state.history.samples()}))
+}
 
 #[derive(Serialize)]
 struct ModelLive {

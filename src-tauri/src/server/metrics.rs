@@ -7,7 +7,10 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AppState;
-use crate::engine::Metrics;
+use crate::engine::{Histogram, Metrics, LATENCY_BUCKETS};
+
+/// Which histogram of a model's metrics.
+type HistogramOf = fn(&Metrics) -> &Histogram;
 
 pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     let engines: Vec<(String, Metrics)> =
@@ -74,5 +77,30 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         "Prefix-cache blocks not written to disk (queue full).",
         &|m| m.prefix_cache_disk_write_skips as f64,
     );
+    let histograms: [(&str, &str, HistogramOf); 4] = [
+        ("queue_wait_seconds", "Time finished requests waited before their prefill started.", |m| &m.queue_seconds),
+        ("prefill_seconds", "Prefill time of finished requests (prefix-cache restore included).", |m| {
+            &m.prefill_seconds
+        }),
+        ("time_to_first_token_seconds", "Arrival to first token of finished requests.", |m| &m.ttft_seconds),
+        ("decode_seconds", "First token to the end of finished requests.", |m| &m.decode_seconds),
+    ];
+    for (name, help, of) in histograms {
+        let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} histogram");
+        for (id, m) in &engines {
+            let h = of(m);
+            let model = id.replace('\\', "\\\\").replace('"', "\\\"");
+            let mut cumulative = 0;
+            for (i, le) in LATENCY_BUCKETS.iter().map(|b| b.to_string()).chain(["+Inf".to_string()]).enumerate() {
+                cumulative += h.counts[i];
+                let _ = writeln!(out, "fastmlx_{name}_bucket{{model=\"{model}\",le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(
+                out,
+                "fastmlx_{name}_sum{{model=\"{model}\"}} {}\nfastmlx_{name}_count{{model=\"{model}\"}} {}",
+                h.sum, h.count
+            );
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

@@ -16,6 +16,7 @@ mod ollama;
 mod openai;
 pub mod openapi;
 mod origin;
+mod priority;
 mod responses;
 mod run;
 mod security;
@@ -96,6 +97,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     /// Unix time the server started (`created` in model listings).
     pub created: u64,
+    /// The last minutes of live metrics, for a Live page opened after the traffic.
+    pub history: live::History,
 }
 
 impl AppState {
@@ -111,7 +114,7 @@ impl AppState {
 
     /// With pulls that outlive this server (the desktop app restarts its server).
     pub fn from_parts(models: Residency, pulls: Pulls, config: ServerConfig) -> AppState {
-        AppState { models, pulls, config: Arc::new(config), created: unix_time() }
+        AppState { models, pulls, config: Arc::new(config), created: unix_time(), history: live::History::default() }
     }
 }
 
@@ -155,6 +158,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/pull/cancel", post(admin::cancel_pull))
         .route("/admin/pulls", get(admin::pulls))
         .route("/admin/metrics/stream", get(live::stream))
+        .route("/admin/metrics/history", get(live::history))
         .route("/admin/settings", get(settings::get).post(settings::post))
         .route("/admin/cache", get(cache_admin::list).delete(cache_admin::clear))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key));
@@ -206,5 +210,10 @@ fn cors(config: &ServerConfig) -> CorsLayer {
     CorsLayer::new()
         .allow_origin(origins)
         .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, "x-api-key".parse().expect("valid header name")])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            "x-api-key".parse().expect("valid header name"),
+            "x-priority".parse().expect("valid header name"),
+        ])
 }

@@ -53,6 +53,7 @@ impl RunningServer {
         };
         let mut tasks = vec![serve(listener)];
         tasks.extend(ollama.map(serve));
+        tasks.push(tokio::spawn(super::live::record(state.clone(), stopped.clone())));
         Ok(RunningServer { address, ollama_address, stop, tasks })
     }
 

@@ -37,7 +37,17 @@ export function Chart({ title, testid, series, data, axis, height = 170 }: Props
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
       // From zero (or below), with headroom; an all-zero chart still gets a 0..1 axis.
-      scales: { x: { time: true }, y: { range: (_u, min, max) => [Math.min(0, min ?? 0), max > 0 ? max * 1.1 : 1] } },
+      // With no samples yet, the last fifteen minutes (not uPlot's default of years).
+      scales: {
+        x: {
+          time: true,
+          range: (_u, min, max) => {
+            const now = Date.now() / 1000;
+            if (min == null || max == null || !Number.isFinite(min)) return [now - 900, now];
+            return min === max ? [min - 60, max + 1] : [min, max];
+          },
+        },
+        y: { range: (_u, min, max) => [Math.min(0, min ?? 0), max > 0 ? max * 1.1 : 1] } },
       axes: [
         { stroke: text, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } },
         { stroke: text, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid }, size: 64, values: (_u, ticks) => ticks.map(fmt) },

@@ -1,12 +1,13 @@
 import { useEffect, useMemo, useState } from "preact/hooks";
 import type uPlot from "uplot";
-import { streamJson, type CacheMiss, type MetricsEvent } from "../api";
+import { getJson, streamJson, type CacheMiss, type FinishedRequest, type MetricsEvent } from "../api";
 import { Chart } from "../components/Chart";
 import { ErrorBox } from "../components/common";
 import { bytes, ms, rate } from "../format";
 
-/** Two minutes of 500 ms samples. */
-const WINDOW_MS = 120_000;
+/** Fifteen minutes: what the server keeps too (a sample a second), so the page opened after
+ * the traffic starts from it. */
+const WINDOW_MS = 15 * 60_000;
 
 interface Sample {
   t: number;
@@ -44,6 +45,15 @@ function push(e: MetricsEvent) {
   while (history.length && history[0].t < cutoff) history.shift();
 }
 
+/** The server's recorded samples, once, before the live stream (only what is older than what
+ * the page already has). */
+async function loadHistory(): Promise<void> {
+  const { samples } = await getJson<{ samples: MetricsEvent[] }>("/admin/metrics/history");
+  const first = history[0]?.t ?? Infinity;
+  const older = samples.filter((s) => s.time_ms < first).map(sampleOf);
+  history.unshift(...older);
+}
+
 function column(f: (s: Sample) => number | null): (number | null)[] {
   return history.map(f);
 }
@@ -73,7 +83,12 @@ export function LivePage() {
           retry = setTimeout(connect, 2000);
         });
     };
-    connect();
+    loadHistory()
+      .catch(() => {})
+      .finally(() => {
+        setTick((n) => n + 1);
+        connect();
+      });
     return () => {
       abort.abort();
       clearTimeout(retry);
@@ -205,13 +220,14 @@ export function LivePage() {
               <th class="num">Reused</th>
               <th class="num">Completion</th>
               <th class="num">Speed</th>
+              <th>Where the time went</th>
               <th>Reason</th>
             </tr>
           </thead>
           <tbody>
             {recent.length === 0 && (
               <tr>
-                <td colSpan={9} class="muted">
+                <td colSpan={10} class="muted">
                   No finished requests yet.
                 </td>
               </tr>
@@ -229,6 +245,9 @@ export function LivePage() {
                 </td>
                 <td class="num">{r.completion_tokens}</td>
                 <td class="num">{rate(r.tokens_per_sec)}</td>
+                <td>
+                  <Waterfall r={r} />
+                </td>
                 <td>
                   {r.reason}
                   {r.cache_miss && (
@@ -257,4 +276,25 @@ function missText(miss: CacheMiss | null | undefined): string {
   if (!miss) return "";
   const where = miss.message == null ? `token ${miss.position}` : `message ${miss.message + 1} (token ${miss.position})`;
   return `Cache left at ${where}: …${miss.before}⟂${miss.after}… (the cached sequence went on to token ${miss.cached_through})`;
+}
+
+/** Queue, cache restore, prefill, decode: one bar, each part as wide as its share of the time. */
+function Waterfall({ r }: { r: FinishedRequest }) {
+  const restore = r.restore_ms ?? 0;
+  const parts = [
+    { name: "queue", ms: r.queue_ms ?? 0, color: "#f59e0b" },
+    { name: "cache restore", ms: restore, color: "#06b6d4" },
+    { name: "prefill", ms: Math.max(0, (r.prefill_ms ?? 0) - restore), color: "#8b5cf6" },
+    { name: "decode", ms: r.decode_ms ?? 0, color: "#10b981" },
+  ];
+  const total = parts.reduce((a, p) => a + p.ms, 0);
+  const title = parts.map((p) => `${p.name} ${ms(p.ms)}`).join(" · ");
+  return (
+    <div class="waterfall" title={title} data-testid="waterfall">
+      {total > 0 &&
+        parts
+          .filter((p) => p.ms > 0)
+          .map((p) => <span key={p.name} style={{ width: `${(100 * p.ms) / total}%`, background: p.color }} />)}
+    </div>
+  );
 }

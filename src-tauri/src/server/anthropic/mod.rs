@@ -10,17 +10,23 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{fold, Block, BlockEvent, BlockKind, Blocks, Content};
-use super::chat::outcome::{collect, failure};
+use super::chat::outcome::{collect, failure, with_server_timing};
 use super::chat::structured::ToolMode;
 use super::chat::{render, start, StartedChat};
 use super::dialect_errors::{envelope, Dialect};
 use super::extract::ApiJson;
+use super::priority::HeaderPriority;
 use super::sse::named_events;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
 
-pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
-    let (chat, common) = request::to_chat(&body, false)?;
+pub async fn messages(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let (chat, mut common) = request::to_chat(&body, false)?;
+    common.header_priority = header;
     let requested = common.model.clone().unwrap_or_default();
     let StartedChat { stream, mut parser, mode, prompt_tokens, .. } = start(&state, &chat, &common).await?;
     let id = format!("msg_{:024x}", (stream.id as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos());
@@ -31,7 +37,7 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
         let content: Vec<Value> =
             fold(blocks.whole(first_blocks, &mut parser, &done.text)).iter().map(content_block).collect();
         let (stop_reason, stop_sequence) = stop_reason(&done.finish, content.iter().any(|b| b["type"] == "tool_use"));
-        return Ok(Json(json!({
+        let response = Json(json!({
             "id": id,
             "type": "message",
             "role": "assistant",
@@ -41,7 +47,8 @@ pub async fn messages(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
             "stop_sequence": stop_sequence,
             "usage": usage(done.finish.usage),
         }))
-        .into_response());
+        .into_response();
+        return Ok(with_server_timing(response, &done.finish));
     }
 
     let start_message = json!({

@@ -40,6 +40,30 @@ pub fn engine_gone() -> Finish {
     }
 }
 
+/// `Server-Timing` for a finished request (milliseconds), as browsers' developer tools and
+/// `curl -v` show it: queue, prefix-cache restore, prefill, first token, decode.
+pub fn server_timing(finish: &Finish) -> axum::http::HeaderValue {
+    let t = &finish.timings;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let value = format!(
+        "queue;dur={:.1}, restore;dur={:.1}, prefill;dur={:.1};desc=\"{} chunks, {} cached\", ttft;dur={:.1}, decode;dur={:.1}",
+        ms(t.queue),
+        ms(t.restore),
+        ms(t.prefill),
+        t.prefill_chunks,
+        finish.usage.cached_tokens,
+        ms(t.time_to_first_token),
+        ms(t.decode)
+    );
+    axum::http::HeaderValue::from_str(&value).expect("ASCII")
+}
+
+/// `response` with the `Server-Timing` of `finish`.
+pub fn with_server_timing(mut response: axum::response::Response, finish: &Finish) -> axum::response::Response {
+    response.headers_mut().insert("server-timing", server_timing(finish));
+    response
+}
+
 /// A whole generation, for non-streaming responses.
 pub struct Collected {
     pub text: String,

@@ -58,6 +58,16 @@ pub struct CommonParams {
     pub n: Option<u32>,
     /// Token id (as a string) to a bias from -100 to 100 added to its logit.
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
+    /// vLLM's request priority: lower runs sooner (default 0; `X-Priority` in every dialect).
+    pub priority: Option<i64>,
+    /// `X-Priority`, set by the handler.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub header_priority: Option<i32>,
+    /// A fill-in-the-middle request (autocomplete): the interactive lane unless it says otherwise.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub fill_in_the_middle: bool,
     /// Set by dialects whose clients send a model's own output ceiling (Anthropic's `max_tokens`,
     /// Ollama's `num_predict`): it is capped to what fits instead of refused.
     #[serde(skip)]
@@ -138,7 +148,10 @@ impl CommonParams {
             ..defaults
         };
         params.validate().map_err(|e| ApiError::invalid(e.param, e.message))?;
+        let priority =
+            crate::server::priority::engine_priority(self.priority, self.header_priority, self.fill_in_the_middle)?;
         let mut request = Request::new(prompt_ids, max_tokens.max(1));
+        request.priority = priority;
         request.params = params;
         request.stop = stop;
         request.logprobs = logprobs;

@@ -12,17 +12,22 @@ use serde_json::{json, Map, Value};
 use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp, Fallback};
 use crate::engine::{Event, Finish, FinishReason, RequestStream};
 use crate::server::chat::answer::{AnswerParser, Piece};
-use crate::server::chat::outcome::{collect, failure, text_beside_calls};
+use crate::server::chat::outcome::{collect, failure, text_beside_calls, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
 use crate::server::chat::structured::answer_shape;
 use crate::server::chat::{start, ChatRequest};
 use crate::server::dialect_errors::{envelope, Dialect};
 use crate::server::extract::ApiJson;
+use crate::server::priority::HeaderPriority;
 use crate::server::sse::{frames, ndjson};
 use crate::server::{ApiError, AppState};
 use crate::store::ResidencyError;
 
-pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+pub async fn chat(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
     let began = Instant::now();
     let (name, id) = model_name(&state, &body, Fallback::Served)?;
     let keep = keep_alive(&body)?;
@@ -42,14 +47,19 @@ pub async fn chat(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         chat_template_kwargs: think_kwargs(&body)?,
         ..Default::default()
     };
-    let common = options(&body)?.to_common(&id, streaming)?;
+    let mut common = options(&body)?.to_common(&id, streaming)?;
+    common.header_priority = header;
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
     apply_keep_alive(&state, &started.model, keep);
     let render = Render { name, kind: Kind::Chat, parser: Some(started.parser), began, load: began.elapsed() };
     respond(render, started.stream, streaming).await
 }
 
-pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+pub async fn generate(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
     let began = Instant::now();
     let (name, id) = model_name(&state, &body, Fallback::Served)?;
     let keep = keep_alive(&body)?;
@@ -80,9 +90,11 @@ pub async fn generate(State(state): State<AppState>, ApiJson(body): ApiJson<Valu
     if prompt.is_empty() && suffix.is_empty() {
         return load_or_unload(&state, &name, &id, keep, Kind::Generate).await;
     }
-    let common = options(&body)?.to_common(&id, streaming)?;
+    let mut common = options(&body)?.to_common(&id, streaming)?;
+    common.header_priority = header;
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
     if raw || !suffix.is_empty() {
+        common.fill_in_the_middle = !suffix.is_empty();
         let prompt = if suffix.is_empty() {
             RawPrompt::Text(&prompt)
         } else {
@@ -357,7 +369,7 @@ async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> 
         if !part.calls.is_empty() {
             part.content = text_beside_calls(&part.content).unwrap_or_default();
         }
-        return Ok(Json(render.done(part, &done.finish)).into_response());
+        return Ok(with_server_timing(Json(render.done(part, &done.finish)).into_response(), &done.finish));
     }
     let lines = frames(
         stream,

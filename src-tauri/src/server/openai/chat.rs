@@ -12,18 +12,24 @@ use super::types::{
 use super::{finish_reason, to_json};
 use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
 use crate::server::chat::answer::Piece;
-use crate::server::chat::outcome::{collect, failure, Whole};
+use crate::server::chat::outcome::{collect, failure, with_server_timing, Whole};
 use crate::server::chat::structured::ToolMode;
 use crate::server::chat::tool_calls::ToolCall as ParsedCall;
 use crate::server::chat::{call_id, start, ChatRequest, CommonParams, StartedChat};
 use crate::server::extract::{parse, ApiJson};
+use crate::server::priority::HeaderPriority;
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
 use crate::tokenizer::Tokenizer;
 
-pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
-    let common: CommonParams = parse(&body)?;
+    let mut common: CommonParams = parse(&body)?;
+    common.header_priority = header;
     let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } =
         start(&state, &request, &common).await?;
     let id = format!("chatcmpl-{}", stream.id);
@@ -50,15 +56,17 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             tool_calls: (!answer.calls.is_empty())
                 .then(|| answer.calls.into_iter().map(|c| tool_call(c, call_id())).collect()),
         };
-        return Ok(Json(ChatCompletion {
+        let response = Json(ChatCompletion {
             id,
             object: "chat.completion",
             created,
             model,
             choices: vec![ChatChoice { index: 0, message, logprobs, finish_reason: finish }],
             usage: done.finish.usage.into(),
+            timings: (&done.finish).into(),
         })
-        .into_response());
+        .into_response();
+        return Ok(with_server_timing(response, &done.finish));
     }
 
     let include_usage = common.include_usage();
@@ -70,6 +78,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             model: model.clone(),
             choices: vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason }],
             usage: None,
+            timings: None,
         }
     };
     let mut first = vec![chunk(
@@ -122,10 +131,15 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             }
             let mut out: Vec<ChatCompletionChunk> =
                 deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
-            let last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
+            let mut last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
+            last.timings = Some((&finish).into());
             if include_usage {
-                let usage =
-                    ChatCompletionChunk { choices: Vec::new(), usage: Some(finish.usage.into()), ..last.clone() };
+                let usage = ChatCompletionChunk {
+                    choices: Vec::new(),
+                    usage: Some(finish.usage.into()),
+                    timings: None,
+                    ..last.clone()
+                };
                 out.extend([last, usage]);
             } else {
                 out.push(last);

@@ -10,10 +10,11 @@ use serde_json::Value;
 use super::types::{Completion, CompletionChoice, CompletionLogprobs, Usage};
 use super::{finish_reason, to_json};
 use crate::engine::Event;
-use crate::server::chat::outcome::{collect, failure};
+use crate::server::chat::outcome::{collect, failure, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt, StartedRaw};
 use crate::server::chat::CommonParams;
 use crate::server::extract::{parse, ApiJson};
+use crate::server::priority::HeaderPriority;
 use crate::server::sse::stream_events;
 use crate::server::{ApiError, AppState};
 
@@ -40,9 +41,14 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
 }
 
-pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
-    let common: CommonParams = parse(&body)?;
+    let mut common: CommonParams = parse(&body)?;
+    common.header_priority = header;
     if request.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -51,6 +57,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         return Err(ApiError::invalid("logprobs", "logprobs may be at most 5"));
     }
     let suffix = request.suffix.as_deref().filter(|s| !s.is_empty());
+    common.fill_in_the_middle = suffix.is_some();
     let prompt = match request.prompt {
         Prompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
         Prompt::TokenLists(mut v) if v.len() == 1 => Prompt::Tokens(v.remove(0)),
@@ -92,13 +99,16 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
         model: model.clone(),
         choices: vec![CompletionChoice { index: 0, text, logprobs, finish_reason }],
         usage,
+        timings: None,
     };
 
     if !common.streaming() {
         let done = collect(stream).await?;
         let logprobs = top.map(|_| legacy_logprobs(&done.logprobs));
         let reason = finish_reason(done.finish.reason);
-        return Ok(Json(completion(done.text, Some(reason), logprobs, Some(done.finish.usage.into()))).into_response());
+        let mut whole = completion(done.text, Some(reason), logprobs, Some(done.finish.usage.into()));
+        whole.timings = Some((&done.finish).into());
+        return Ok(with_server_timing(Json(whole).into_response(), &done.finish));
     }
 
     let include_usage = common.include_usage();
@@ -114,10 +124,12 @@ pub async fn completions(State(state): State<AppState>, ApiJson(body): ApiJson<V
             if let Some(error) = failure(&finish) {
                 return vec![error.body()];
             }
-            let last = completion(String::new(), Some(finish_reason(finish.reason)), None, None);
+            let mut last = completion(String::new(), Some(finish_reason(finish.reason)), None, None);
+            last.timings = Some((&finish).into());
             let mut out = vec![to_json(&last)];
             if include_usage {
-                out.push(to_json(&Completion { choices: Vec::new(), usage: Some(finish.usage.into()), ..last }));
+                let usage = Completion { choices: Vec::new(), usage: Some(finish.usage.into()), timings: None, ..last };
+                out.push(to_json(&usage));
             }
             out
         }

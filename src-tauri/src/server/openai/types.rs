@@ -31,6 +31,55 @@ impl From<crate::engine::Usage> for Usage {
     }
 }
 
+/// Where a request's time went, with llama.cpp's field names where they fit (`prompt_*` is the
+/// prefill of the tokens not taken from the prefix cache, `predicted_*` the generation).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct Timings {
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_token_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_token_ms: f64,
+    pub predicted_per_second: f64,
+    /// Prompt tokens taken from the prefix cache.
+    pub cache_n: usize,
+    /// Waiting before the prefill started.
+    pub queue_ms: f64,
+    /// Restoring the cached start (part of `prompt_ms`).
+    pub restore_ms: f64,
+    /// Arrival to the first token.
+    pub ttft_ms: f64,
+    pub prefill_chunks: usize,
+}
+
+impl From<&crate::engine::Finish> for Timings {
+    fn from(f: &crate::engine::Finish) -> Timings {
+        let (u, t) = (&f.usage, &f.timings);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let per = |n: usize, ms: f64| if n > 0 { (ms / n as f64, n as f64 / ms * 1e3) } else { (0.0, 0.0) };
+        let prompt_n = u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens);
+        let (prompt_per_token_ms, prompt_per_second) = per(prompt_n, ms(t.prefill));
+        let (predicted_per_token_ms, predicted_per_second) = per(u.completion_tokens, ms(t.decode));
+        Timings {
+            prompt_n,
+            prompt_ms: ms(t.prefill),
+            prompt_per_token_ms,
+            prompt_per_second,
+            predicted_n: u.completion_tokens,
+            predicted_ms: ms(t.decode),
+            predicted_per_token_ms,
+            predicted_per_second,
+            cache_n: u.cached_tokens,
+            queue_ms: ms(t.queue),
+            restore_ms: ms(t.restore),
+            ttft_ms: ms(t.time_to_first_token),
+            prefill_chunks: t.prefill_chunks,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Model {
     pub id: String,
@@ -114,6 +163,7 @@ pub struct ChatCompletion {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    pub timings: Timings,
 }
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -167,6 +217,9 @@ pub struct ChatCompletionChunk {
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// On the chunk that finishes the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// Logprobs of a text completion, in the legacy format.
@@ -197,6 +250,9 @@ pub struct Completion {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// On the last chunk, and in a whole answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -10,16 +10,22 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{BlockEvent, BlockKind, Blocks, Content};
-use super::chat::outcome::{collect, failure};
+use super::chat::outcome::{collect, failure, with_server_timing};
 use super::chat::{start, StartedChat};
 use super::extract::ApiJson;
+use super::priority::HeaderPriority;
 use super::sse::named_events;
 use super::unix_time as now;
 use super::{ApiError, AppState};
 use crate::engine::{Event, Finish, FinishReason};
 
-pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
-    let (chat, common) = request::to_chat(&body)?;
+pub async fn create(
+    State(state): State<AppState>,
+    HeaderPriority(header): HeaderPriority,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let (chat, mut common) = request::to_chat(&body)?;
+    common.header_priority = header;
     let StartedChat { model, stream, mut parser, mode, .. } = start(&state, &chat, &common).await?;
     let (mut blocks, first_blocks) = Blocks::start(&mode);
     let mut response = ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body);
@@ -29,7 +35,7 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
         for event in blocks.whole(first_blocks, &mut parser, &done.text) {
             response.apply(event);
         }
-        return Ok(Json(response.finished(&done.finish)).into_response());
+        return Ok(with_server_timing(Json(response.finished(&done.finish)).into_response(), &done.finish));
     }
 
     let snapshot = response.snapshot("in_progress");

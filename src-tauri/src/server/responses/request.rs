@@ -119,6 +119,7 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
         temperature: number("temperature")?.map(|t| t as f32),
         top_p: number("top_p")?.map(|t| t as f32),
         stream: body.get("stream").and_then(Value::as_bool),
+        priority: body.get("priority").and_then(Value::as_i64),
         ..Default::default()
     };
     Ok((request, common))

@@ -1,6 +1,6 @@
 //! The engine thread's loop. Each step: take new requests, drop abandoned ones, decode one
-//! token for every running row, then spend at most `prefill_chunk` prompt tokens on waiting
-//! requests (highest priority, then oldest, first), which join the batch once prefilled.
+//! token for every running row, then prefill waiting prompts together within the step's time
+//! budget (`prefill`): they join the batch once prefilled.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,10 +11,13 @@ use std::time::Instant;
 use mlx_rs::{Array, Dtype};
 use tokio::sync::{mpsc::UnboundedSender, watch};
 
+mod prefill;
+
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
-use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS};
+use super::pacing::Pacing;
+use super::prefix_cache::{model_identity, Divergence, PrefixCache};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
@@ -36,14 +39,17 @@ pub(crate) struct Scheduler {
     info: ModelInfo,
     /// Waiting requests, best first.
     waiting: VecDeque<Sequence>,
-    /// The request being prefilled, if any.
-    prefilling: Option<Sequence>,
+    /// Requests being prefilled together (`prefill`), and their rows' keys and values.
+    group: Vec<Sequence>,
+    group_cache: Vec<BatchKvCache>,
     /// Rows of the batch, in cache row order.
     running: Vec<Sequence>,
     cache: Vec<BatchKvCache>,
     /// Keys and values of sequences seen before (`None`: turned off).
     prefix: Option<PrefixCache>,
     reserved_bytes: usize,
+    /// How much prefill a step may do while rows decode.
+    pacing: Pacing,
     queued: Arc<AtomicUsize>,
     metrics_tx: watch::Sender<Metrics>,
     metrics: Metrics,
@@ -71,6 +77,8 @@ impl Scheduler {
             weights_bytes: model.weights_bytes,
         };
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
+        let group_cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
+        let pacing = Pacing::new(config.itl_budget, config.prefill_chunk);
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
         let prefix = (prefix_budget > 0).then(|| {
@@ -87,11 +95,13 @@ impl Scheduler {
             config,
             info,
             waiting: VecDeque::new(),
-            prefilling: None,
+            group: Vec::new(),
+            group_cache,
             running: Vec::new(),
             cache,
             prefix,
             reserved_bytes: 0,
+            pacing,
             queued,
             metrics_tx,
             metrics,
@@ -104,7 +114,7 @@ impl Scheduler {
     }
 
     fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.prefilling.is_none() && self.waiting.is_empty()
+        self.running.is_empty() && self.group.is_empty() && self.waiting.is_empty()
     }
 
     pub fn run(mut self, inbox: Receiver<Command>) {
@@ -144,12 +154,8 @@ impl Scheduler {
             Command::Submit { id, request, events } => {
                 self.metrics.requests_total += 1;
                 let seq = Sequence::new(id, *request, events, self.info.context_length, self.info.kv_bytes_per_token);
-                let at = self
-                    .waiting
-                    .iter()
-                    .position(|w| w.request.priority < seq.request.priority)
-                    .unwrap_or(self.waiting.len());
-                self.waiting.insert(at, seq);
+                // In arrival order; admission picks by priority (`lanes`).
+                self.waiting.push_back(seq);
                 true
             }
             Command::ClearPrefixCache => {
@@ -165,7 +171,14 @@ impl Scheduler {
 
     pub(crate) fn step(&mut self) {
         self.reap_abandoned();
-        let decoded = if self.running.is_empty() { 0 } else { self.decode_step() };
+        let decoded = if self.running.is_empty() {
+            0
+        } else {
+            let began = Instant::now();
+            let rows = self.decode_step();
+            self.pacing.record_decode(began.elapsed());
+            rows
+        };
         let prefilled = self.prefill_step();
         self.metrics.step += 1;
         self.publish_metrics(prefilled, decoded);
@@ -173,18 +186,19 @@ impl Scheduler {
 
     /// Requests whose caller went away are dropped wherever they are.
     fn reap_abandoned(&mut self) {
-        let before = self.waiting.len();
-        self.waiting.retain(|s| !s.is_abandoned());
-        let gone = before - self.waiting.len();
-        self.queued.fetch_sub(gone, Ordering::SeqCst);
-        for _ in 0..gone {
-            self.count_end(None);
+        let (gone, kept): (Vec<Sequence>, Vec<Sequence>) = self.waiting.drain(..).partition(Sequence::is_abandoned);
+        self.waiting = kept.into();
+        self.queued.fetch_sub(gone.len(), Ordering::SeqCst);
+        for mut seq in gone {
+            // A pre-empted prefill waits holding its reservation and its partial cache.
+            if seq.reserved {
+                seq.finish(FinishReason::Cancelled, None, None);
+                self.release(&seq);
+            } else {
+                self.count_end(None);
+            }
         }
-        if self.prefilling.as_ref().is_some_and(Sequence::is_abandoned) {
-            let mut seq = self.prefilling.take().expect("checked");
-            seq.finish(FinishReason::Cancelled, None, None);
-            self.release(&seq);
-        }
+        self.reap_abandoned_members();
         let keep: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running[i].is_abandoned()).collect();
         if keep.len() < self.running.len() {
             self.retain_rows(&keep);
@@ -286,9 +300,18 @@ impl Scheduler {
 
     /// Gives back a finished or abandoned sequence's reservation and counts how it ended.
     fn release(&mut self, seq: &Sequence) {
-        self.reserved_bytes -= seq.reserved_bytes;
+        if seq.reserved {
+            self.reserved_bytes -= seq.reserved_bytes;
+        }
         self.count_end(seq.finished);
         if let Some(record) = &seq.record {
+            if matches!(seq.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+                let m = &mut self.metrics;
+                m.queue_seconds.observe(record.queue_ms / 1e3);
+                m.prefill_seconds.observe(record.prefill_ms / 1e3);
+                m.ttft_seconds.observe(record.ttft_ms / 1e3);
+                m.decode_seconds.observe(record.decode_ms / 1e3);
+            }
             self.metrics.recent.push_front(record.clone());
             self.metrics.recent.truncate(RECENT_REQUESTS);
         }
@@ -304,121 +327,6 @@ impl Scheduler {
         }
     }
 
-    /// Advances waiting prompts by at most `prefill_chunk` tokens; returns tokens processed.
-    fn prefill_step(&mut self) -> usize {
-        let mut budget = self.config.prefill_chunk;
-        let mut processed = 0;
-        loop {
-            if self.prefilling.is_none() && !self.admit_next() {
-                break;
-            }
-            let Some(seq) = self.prefilling.as_mut() else { break };
-            let (cache, done) = seq.prefill.as_mut().expect("prefilling sequences hold a cache");
-            // All but the last prompt token; the last one is the row's first decode input.
-            let remaining = seq.request.prompt_ids.len() - 1 - *done;
-            if remaining > 0 {
-                if budget == 0 {
-                    break;
-                }
-                let n = remaining.min(budget);
-                let chunk = &seq.request.prompt_ids[*done..*done + n];
-                let ids = Array::from_slice(chunk, &[1, n as i32]);
-                let result = self.model.transformer.forward_hidden(&ids, cache).and_then(|h| Ok(h.eval()?));
-                if let Err(e) = result {
-                    let mut seq = self.prefilling.take().expect("present");
-                    seq.finish(FinishReason::Error, None, Some(format!("prefill failed: {e}")));
-                    self.release(&seq);
-                    continue;
-                }
-                *done += n;
-                budget -= n;
-                processed += n;
-                self.metrics.prompt_tokens_total += n as u64;
-                if *done + 1 < seq.request.prompt_ids.len() {
-                    // The whole blocks prefilled so far, for requests that share them; the
-                    // rest once the prompt is done.
-                    let whole = *done / BLOCK_TOKENS * BLOCK_TOKENS;
-                    if let Some(prefix) = self.prefix.as_mut() {
-                        if let Err(e) = prefix.store_prefill(&seq.request.prompt_ids[..whole], cache) {
-                            tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
-                        }
-                    }
-                    continue;
-                }
-            }
-            self.join_batch();
-        }
-        processed
-    }
-
-    /// Moves the best waiting request into prefill if a batch slot and KV budget are free.
-    fn admit_next(&mut self) -> bool {
-        let Some(next) = self.waiting.front() else { return false };
-        if self.running.len() >= self.config.max_batch {
-            return false;
-        }
-        if self.reserved_bytes + next.reserved_bytes > self.info.kv_budget_bytes && !self.running.is_empty() {
-            return false;
-        }
-        let mut seq = self.waiting.pop_front().expect("checked");
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-        self.reserved_bytes += seq.reserved_bytes;
-        seq.mark_admitted();
-        seq.prefill = Some((self.model.transformer.new_cache(), 0));
-        if let Some(prefix) = self.prefix.as_mut() {
-            // Admitted requests come first: the cache gives up what they reserved.
-            prefix.shrink_to(self.info.kv_budget_bytes.saturating_sub(self.reserved_bytes));
-            // The last prompt token is the first decode input, so at most the rest is restored.
-            let prompt = &seq.request.prompt_ids;
-            match prefix.restore(prompt, prompt.len() - 1, self.cache.len()) {
-                Ok(restored) => {
-                    if restored.tokens > 0 {
-                        seq.prefill = Some((restored.caches, restored.tokens));
-                    }
-                    seq.cached_tokens = restored.tokens;
-                    seq.cache_miss =
-                        restored.divergence.and_then(|d| explain_miss(d, &seq.request, &self.model.tokenizer));
-                    if let Some(miss) = &seq.cache_miss {
-                        tracing::debug!(
-                            "request {}: prefix cache reused {} tokens; a cached sequence went on differently at token {} (message {:?}): ...{:?} | {:?}...",
-                            seq.id, miss.position, miss.position, miss.message, miss.before, miss.after
-                        );
-                    }
-                }
-                Err(e) => tracing::warn!("prefix cache: restore failed, prefilling everything: {e}"),
-            }
-        }
-        self.prefilling = Some(seq);
-        true
-    }
-
-    /// The prefilled sequence becomes the batch's last row.
-    fn join_batch(&mut self) {
-        let mut seq = self.prefilling.take().expect("a prefilled sequence");
-        let (cache, done) = seq.prefill.take().expect("prefill cache");
-        if let Some(prefix) = self.prefix.as_mut() {
-            if let Err(e) = prefix.store_prefill(&seq.request.prompt_ids[..done], &cache) {
-                tracing::warn!("prefix cache: cannot store a prompt: {e}");
-            }
-        }
-        for (batch, row) in self.cache.iter_mut().zip(&cache) {
-            if let Err(e) = batch.push_row(row) {
-                // Rows already pushed for this sequence in earlier layers make the batch
-                // inconsistent: fail this request and rebuild nothing else.
-                tracing::error!("cannot add a row to the batch: {e}");
-                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-                self.release(&seq);
-                let keep: Vec<usize> = (0..self.running.len()).collect();
-                self.cache.iter_mut().filter(|c| c.rows() > keep.len()).for_each(|c| {
-                    let _ = c.retain(&keep);
-                });
-                return;
-            }
-        }
-        seq.mark_joined();
-        self.running.push(seq);
-    }
-
     /// `decoded`: rows decoded this step (one token each), i.e. its batch size.
     fn publish_metrics(&mut self, prefilled: usize, decoded: usize) {
         let now = Instant::now();
@@ -427,12 +335,12 @@ impl Scheduler {
         let memory = mlx::memory_stats();
         let m = &mut self.metrics;
         m.running = self.running.len();
-        m.queued = self.waiting.len() + usize::from(self.prefilling.is_some());
+        m.queued = self.waiting.len() + self.group.len();
         m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
         m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
-        m.kv_bytes = self.cache.iter().map(BatchKvCache::nbytes).sum();
+        m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum();
         m.kv_reserved_bytes = self.reserved_bytes;
         if let Some(stats) = self.prefix.as_ref().map(PrefixCache::stats) {
             m.prefix_cache_hits = stats.hits;
@@ -456,12 +364,14 @@ impl Scheduler {
     /// Cancels everything, frees the batch and MLX's cached buffers.
     fn shut_down(mut self) {
         let waiting: Vec<Sequence> = self.waiting.drain(..).collect();
-        for mut seq in waiting.into_iter().chain(self.prefilling.take()).chain(std::mem::take(&mut self.running)) {
+        let group = std::mem::take(&mut self.group);
+        for mut seq in waiting.into_iter().chain(group).chain(std::mem::take(&mut self.running)) {
             seq.finish(FinishReason::Cancelled, None, None);
             self.count_end(Some(FinishReason::Cancelled));
         }
         self.queued.store(0, Ordering::SeqCst);
         self.cache.clear();
+        self.group_cache.clear();
         self.reserved_bytes = 0;
         self.publish_metrics(0, 0);
         drop(self.model);
