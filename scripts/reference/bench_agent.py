@@ -78,7 +78,7 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--phase", choices=["before-restart", "after-restart", "agents"], required=True)
     ap.add_argument("--state", required=True)
-    ap.add_argument("--system-chars", type=int, default=14500)
+    ap.add_argument("--system-chars", type=int, default=18260)
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--agents", type=int, default=16)
     args = ap.parse_args()
