@@ -45,11 +45,13 @@ def test_stop_sequences_and_max_tokens(client):
 def test_tool_round_trip(client):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     m = client.messages.create(model="claude-x", max_tokens=100, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
-                               messages=messages)
+                               messages=messages, extra_body=GREEDY)
     call = next(b for b in m.content if b.type == "tool_use")
     assert call.name == "get_weather" and isinstance(call.input["city"], str) and call.id.startswith("toolu_")
-    # Streamed: the input arrives as input_json_delta and the SDK assembles it.
-    with client.messages.stream(model="claude-x", max_tokens=100, tools=[WEATHER], tool_choice={"type": "any"}, messages=messages) as s:
+    # Streamed: the input arrives as input_json_delta and the SDK assembles it. Greedy and one call:
+    # sampled at random, a random model may write calls until max_tokens cuts the list short.
+    choice = {"type": "any", "disable_parallel_tool_use": True}
+    with client.messages.stream(model="claude-x", max_tokens=100, tools=[WEATHER], tool_choice=choice, messages=messages, extra_body=GREEDY) as s:
         final = s.get_final_message()
     assert any(b.type == "tool_use" and b.name == "get_weather" for b in final.content)
     messages += [

@@ -212,6 +212,7 @@ impl DiskTier {
         let (tx, rx) = sync_channel::<(BlockKey, BlockFile)>(QUEUE);
         let (thread_dir, thread_shared, thread_identity) = (dir.clone(), shared.clone(), identity);
         let spawned = std::thread::Builder::new().name("fastmlx-prefix-disk".into()).spawn(move || {
+            lower_priority();
             for (key, block) in rx {
                 if thread_shared.off.load(Ordering::Relaxed) {
                     continue;
@@ -475,6 +476,28 @@ fn expected_size(header: &Map<String, Value>, header_len: u64) -> Option<u64> {
         .max()
         .unwrap_or(0);
     Some(8 + header_len + data_end)
+}
+
+/// The writer runs below the engine's priority: on a machine with few cores, writing (and
+/// hashing) a long prompt's blocks must not slow the prefill that produces them.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sets this thread's nice value; no memory is involved.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+    }
+    #[cfg(target_vendor = "apple")]
+    {
+        unsafe extern "C" {
+            fn pthread_set_qos_class_self_np(qos_class: u32, relative_priority: i32) -> i32;
+        }
+        /// `QOS_CLASS_UTILITY` (sys/qos.h): work the user is not waiting on.
+        const QOS_CLASS_UTILITY: u32 = 0x11;
+        // SAFETY: sets this thread's QoS class; no memory is involved.
+        unsafe {
+            pthread_set_qos_class_self_np(QOS_CLASS_UTILITY, 0);
+        }
+    }
 }
 
 /// The header of a safetensors file, and its length.
