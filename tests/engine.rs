@@ -47,16 +47,7 @@ fn start(dir: &Path, config: EngineConfig) -> EngineHandle {
 /// The metrics once the engine has nothing left to do (the last finish event can arrive a
 /// moment before the step that sent it publishes its metrics).
 fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
-    let mut metrics = engine.metrics();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = metrics.borrow_and_update().clone();
-        if m.running == 0 && m.queued == 0 {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "the engine did not go idle: {m:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_idle_within(engine, Duration::from_secs(20))
 }
 
 fn tiny_model(arch: Arch) -> tempfile::TempDir {

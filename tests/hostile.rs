@@ -312,26 +312,11 @@ async fn hostile_requests_get_clear_errors_and_the_server_stays_up() {
 /// request (400), and the server answers the next one.
 #[tokio::test(flavor = "multi_thread")]
 async fn control_characters_in_headers_over_a_real_socket() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _mlx = common::mlx_lock();
     let h = default_harness().await;
-    let running = fastmlx::server::RunningServer::start(
-        h.state.models.clone(),
-        h.state.pulls.clone(),
-        ServerConfig::default(),
-        [127, 0, 0, 1].into(),
-        0,
-    )
-    .await
-    .unwrap();
+    let running = serve_on_a_socket(&h).await;
     let address = running.address;
-    let exchange = |request: Vec<u8>| async move {
-        let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
-        socket.write_all(&request).await.unwrap();
-        let mut answer = Vec::new();
-        let _ = tokio::time::timeout(LIMIT, socket.read_to_end(&mut answer)).await;
-        String::from_utf8_lossy(&answer).to_string()
-    };
+    let exchange = |request: Vec<u8>| async move { raw_exchange(address, &request, LIMIT).await };
     for header_line in
         [&b"X-Evil: a\x01b"[..], b"Authorization: Bearer \x00key", b"Origin: http://a\x7fb", b"Host: local\x1bhost"]
     {

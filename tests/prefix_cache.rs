@@ -45,16 +45,7 @@ fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
 }
 
 fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
-    let mut metrics = engine.metrics();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = metrics.borrow_and_update().clone();
-        if m.running == 0 && m.queued == 0 {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "the engine did not go idle: {m:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_idle_within(engine, Duration::from_secs(30))
 }
 
 fn tokens(seed: usize, len: usize, vocab: usize) -> Vec<u32> {

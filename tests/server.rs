@@ -355,26 +355,16 @@ async fn prometheus_metrics() {
 /// The server keeps a sample of the live metrics a second, for a Live page opened later.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_live_history_is_kept_by_the_server() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _mlx = common::mlx_lock();
     let h = default_harness().await;
-    let running = fastmlx::server::RunningServer::start(
-        h.state.models.clone(),
-        h.state.pulls.clone(),
-        ServerConfig::default(),
-        [127, 0, 0, 1].into(),
-        0,
-    )
-    .await
-    .unwrap();
+    let running = serve_on_a_socket(&h).await;
     tokio::time::sleep(Duration::from_millis(2300)).await;
-    let mut socket = tokio::net::TcpStream::connect(running.address).await.unwrap();
-    socket
-        .write_all(b"GET /admin/metrics/history HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    socket.read_to_string(&mut answer).await.unwrap();
+    let answer = raw_exchange(
+        running.address,
+        b"GET /admin/metrics/history HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        REQUEST_LIMIT,
+    )
+    .await;
     let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     let samples = body["samples"].as_array().unwrap();
     assert!(samples.len() >= 2, "{body}");

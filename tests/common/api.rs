@@ -87,3 +87,27 @@ pub fn chat(extra: Value) -> String {
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
+
+/// The harness's models served on a real socket (127.0.0.1, a free port), for what only the HTTP
+/// layer sees: raw bytes, and tasks `RunningServer` starts.
+pub async fn serve_on_a_socket(h: &Harness) -> fastmlx::server::RunningServer {
+    fastmlx::server::RunningServer::start(
+        h.state.models.clone(),
+        h.state.pulls.clone(),
+        ServerConfig::default(),
+        [127, 0, 0, 1].into(),
+        0,
+    )
+    .await
+    .unwrap()
+}
+
+/// Sends `request` as raw bytes and reads the answer to the end (for at most `limit`).
+pub async fn raw_exchange(address: std::net::SocketAddr, request: &[u8], limit: std::time::Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(limit, socket.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).to_string()
+}

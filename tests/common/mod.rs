@@ -98,3 +98,21 @@ impl OutputWithin for std::process::Command {
         std::process::Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
     }
 }
+
+/// The engine's metrics once it has nothing left to do (the last finish event can arrive a moment
+/// before the step that sent it publishes its metrics); fails the test past `limit`.
+pub fn wait_idle_within(
+    engine: &fastmlx::engine::EngineHandle,
+    limit: std::time::Duration,
+) -> fastmlx::engine::Metrics {
+    let mut metrics = engine.metrics();
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let m = metrics.borrow_and_update().clone();
+        if m.running == 0 && m.queued == 0 {
+            return m;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine did not go idle: {m:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -34,6 +34,21 @@ fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelErr
         .collect()
 }
 
+/// Adds `row` (one cache per layer) as the last row of `batch`, which holds `rows` rows. On a
+/// failure the layers that took the row give it back, so the batch stays as it was.
+fn push_row(batch: &mut [BatchKvCache], row: &[KvCache], rows: usize) -> Result<(), ModelError> {
+    for (layer, cache) in batch.iter_mut().zip(row) {
+        if let Err(e) = layer.push_row(cache) {
+            let keep: Vec<usize> = (0..rows).collect();
+            for layer in batch.iter_mut().filter(|c| c.rows() > rows) {
+                let _ = layer.retain(&keep);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 impl Scheduler {
     /// Prompt tokens a member still has to prefill (its last token is its first decode input).
     fn remaining(seq: &Sequence) -> usize {
@@ -190,17 +205,11 @@ impl Scheduler {
             self.join_batch(seq, caches);
             return;
         }
-        for (group, row) in self.group_cache.iter_mut().zip(&caches) {
-            if let Err(e) = group.push_row(row) {
-                tracing::error!("cannot add a row to the prefill: {e}");
-                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-                self.release(&seq);
-                let keep: Vec<usize> = (0..self.group.len()).collect();
-                self.group_cache.iter_mut().filter(|c| c.rows() > keep.len()).for_each(|c| {
-                    let _ = c.retain(&keep);
-                });
-                return;
-            }
+        if let Err(e) = push_row(&mut self.group_cache, &caches, self.group.len()) {
+            tracing::error!("cannot add a row to the prefill: {e}");
+            seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
+            self.release(&seq);
+            return;
         }
         self.group.push(seq);
     }
@@ -270,19 +279,11 @@ impl Scheduler {
                 tracing::warn!("prefix cache: cannot store a prompt: {e}");
             }
         }
-        for (batch, row) in self.cache.iter_mut().zip(&cache) {
-            if let Err(e) = batch.push_row(row) {
-                // Rows already pushed for this sequence in earlier layers make the batch
-                // inconsistent: fail this request and rebuild nothing else.
-                tracing::error!("cannot add a row to the batch: {e}");
-                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-                self.release(&seq);
-                let keep: Vec<usize> = (0..self.running.len()).collect();
-                self.cache.iter_mut().filter(|c| c.rows() > keep.len()).for_each(|c| {
-                    let _ = c.retain(&keep);
-                });
-                return;
-            }
+        if let Err(e) = push_row(&mut self.cache, &cache, self.running.len()) {
+            tracing::error!("cannot add a row to the batch: {e}");
+            seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
+            self.release(&seq);
+            return;
         }
         seq.mark_joined();
         self.running.push(seq);
