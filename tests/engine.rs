@@ -473,3 +473,82 @@ fn batched_prefill_equals_one_at_a_time_for_every_architecture() {
         engine.shutdown();
     }
 }
+
+/// Rows joining a batch one at a time, together from another batch, or by adopting a batch, hold
+/// the same keys and values; rows leaving keep the others intact, and the next step writes
+/// after every row's last token.
+#[test]
+fn batch_cache_rows_keep_their_contents_however_they_join() {
+    use fastmlx::model::{BatchKvCache, KvCache, LayerCache};
+    use mlx_rs::ops::indexing::TryIndexOp;
+    use mlx_rs::Array;
+
+    /// A row's keys and values, flattened.
+    type Contents = Option<(Vec<f32>, Vec<f32>)>;
+    let (heads, dim) = (2, 3);
+    let row = |len: i32, seed: f32| -> (KvCache, Contents) {
+        let mut cache = KvCache::new();
+        if len == 0 {
+            return (cache, None);
+        }
+        let n = (heads * len * dim) as usize;
+        let k: Vec<f32> = (0..n).map(|i| seed + i as f32).collect();
+        let v: Vec<f32> = (0..n).map(|i| -seed - i as f32).collect();
+        let shape = [1, heads, len, dim];
+        cache.update(&Array::from_slice(&k, &shape), &Array::from_slice(&v, &shape)).unwrap();
+        (cache, Some((k, v)))
+    };
+    let contents = |batch: &BatchKvCache, r: usize| -> Contents {
+        let (k, v) = batch.row_contents(r).unwrap()?;
+        let flat = |a: Array| a.flatten(None, None).unwrap().as_slice::<f32>().to_vec();
+        Some((flat(k), flat(v)))
+    };
+    let rows: Vec<_> = [(5, 100.0), (0, 200.0), (9, 300.0), (2, 400.0)].iter().map(|&(l, s)| row(l, s)).collect();
+
+    let mut one_by_one = BatchKvCache::new();
+    for (cache, _) in &rows {
+        one_by_one.push_row(cache).unwrap();
+    }
+    // Rows 1..3 prefilled together elsewhere, joining after row 0 in another order.
+    let mut elsewhere = BatchKvCache::new();
+    for (cache, _) in &rows[1..] {
+        elsewhere.push_row(cache).unwrap();
+    }
+    let mut together = BatchKvCache::new();
+    together.push_row(&rows[0].0).unwrap();
+    together.push_rows_of(&elsewhere, &[2, 0, 1]).unwrap();
+    let mut adopted = BatchKvCache::new();
+    adopted.push_rows_of(&elsewhere, &[0, 1, 2]).unwrap();
+
+    for (r, (_, expected)) in rows.iter().enumerate() {
+        assert_eq!(contents(&one_by_one, r), *expected, "row {r} joined one at a time");
+    }
+    for (r, source) in [0, 3, 1, 2].into_iter().enumerate() {
+        assert_eq!(contents(&together, r), rows[source].1, "row {r} joined together");
+    }
+    for r in 0..3 {
+        assert_eq!(contents(&adopted, r), rows[r + 1].1, "row {r} of an adopted batch");
+    }
+    assert_eq!(one_by_one.lengths(), vec![5, 0, 9, 2]);
+    assert_eq!(together.lengths(), vec![5, 2, 0, 9]);
+
+    // The longest row leaves: the shared padding goes, the others keep their contents.
+    one_by_one.retain(&[3, 0, 1]).unwrap();
+    assert_eq!(one_by_one.lengths(), vec![2, 5, 0]);
+    assert_eq!(one_by_one.width(), 5);
+    for (r, source) in [3, 0, 1].into_iter().enumerate() {
+        assert_eq!(contents(&one_by_one, r), rows[source].1, "row {r} after others left");
+    }
+    // A step appends one token to every row, right after its last one.
+    let shape = [3, heads, 1, dim];
+    let step: Vec<f32> = (0..3 * heads * dim).map(|i| 1000.0 + i as f32).collect();
+    let step = Array::from_slice(&step, &shape);
+    one_by_one.update(&step, &step).unwrap();
+    assert_eq!(one_by_one.lengths(), vec![3, 6, 1]);
+    for r in 0..3 {
+        let (k, _) = one_by_one.row_contents(r).unwrap().unwrap();
+        let last = k.try_index((.., .., -1.., ..)).unwrap().flatten(None, None).unwrap();
+        let expected = step.try_index((r as i32..r as i32 + 1, .., .., ..)).unwrap().flatten(None, None).unwrap();
+        assert_eq!(last.as_slice::<f32>(), expected.as_slice::<f32>(), "row {r}'s new token");
+    }
+}

@@ -23,7 +23,8 @@ pub(crate) struct Sequence {
     pub prefill: Option<(Vec<KvCache>, usize)>,
     /// Prompt tokens in its cache so far (restored or prefilled).
     pub prefilled: usize,
-    /// The token the next decode step feeds for this row.
+    /// The token the next decode step feeds for this row: the last one sampled (the first comes
+    /// from the prefill).
     pub next_input: u32,
     /// Prompt tokens restored from the prefix cache.
     pub cached_tokens: usize,

@@ -1,24 +1,38 @@
 //! The key/value cache of a running batch, one per layer: `[B, H, capacity, D]` buffers in
 //! which each row's tokens end at the same column (`idx`) and start after that row's left
-//! padding. Rows join with their own prefilled [`KvCache`] and leave when they finish; the
-//! padding all remaining rows share is trimmed away. (mlx-lm's `BatchKVCache` is the model.)
+//! padding. Rows join with their own prefilled [`KvCache`] (or straight from another batch)
+//! and leave when they finish; the padding all remaining rows share is trimmed away.
+//! (mlx-lm's `BatchKVCache` is the model.)
+//!
+//! Copies are what a long shared prompt makes expensive (190 MB of f32 keys and values at 4k
+//! tokens of SmolLM2), so: a batch with no rows adopts a lone row's buffers or a whole batch
+//! as they are; rows that join together are copied once, in one build of the new buffers; and
+//! every build leaves spare columns so the next steps write in place.
 
-use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kv_cache::{Buffers, KvCache};
+use crate::model::kv_cache::{spare_capacity, Buffers, KvCache};
 use crate::model::layers::AttentionMask;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct BatchKvCache {
     buffers: Buffers,
     /// Columns written so far; every row's next token goes to column `idx`.
     idx: i32,
     /// Per row: the columns before its first token.
     left_padding: Vec<i32>,
+}
+
+/// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, and each
+/// row's left padding within them (`None`: rows that hold nothing yet).
+struct Part {
+    contents: Option<(Array, Array)>,
+    padding: Vec<i32>,
+    width: i32,
 }
 
 impl BatchKvCache {
@@ -54,52 +68,89 @@ impl BatchKvCache {
         Ok(Some((k.try_index((r..r + 1, .., pad..self.idx, ..))?, v.try_index((r..r + 1, .., pad..self.idx, ..))?)))
     }
 
+    /// The batch's only row as a cache of its own, sharing the buffers (no copy); `None` when
+    /// it has another number of rows or the row does not start at column 0.
+    pub fn only_row(&self) -> Option<KvCache> {
+        (self.rows() == 1 && self.left_padding[0] == 0).then(|| KvCache::from_buffers(self.buffers.clone(), self.idx))
+    }
+
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
     pub fn push_row(&mut self, row: &KvCache) -> Result<()> {
-        let contents = row.contents()?;
-        let n = row.offset();
-        let rows = self.rows() as i32;
-        let (batch_k, batch_v) = self.buffers.prefix(self.idx)?.unzip();
-        let Some((row_k, row_v)) = contents else {
-            // An empty row (a one-token prompt): all padding so far.
-            if let (Some(k), Some(v)) = (batch_k, batch_v) {
-                self.buffers.keys = Some(concatenate(&[k.clone(), zeros_like_rows(&k, 1, self.idx)?], 0)?);
-                self.buffers.values = Some(concatenate(&[v.clone(), zeros_like_rows(&v, 1, self.idx)?], 0)?);
+        self.push_rows(&[row])
+    }
+
+    /// Adds sequences (their single-row caches, possibly empty) as the last rows, in one copy;
+    /// a batch with no rows takes a lone row's buffers as they are.
+    pub fn push_rows(&mut self, rows: &[&KvCache]) -> Result<()> {
+        match rows {
+            [] => Ok(()),
+            [row] if self.rows() == 0 => {
+                *self = BatchKvCache { buffers: row.buffers().clone(), idx: row.offset(), left_padding: vec![0] };
+                Ok(())
             }
-            self.left_padding.push(self.idx);
-            return Ok(());
-        };
-        if n > self.idx {
-            // The new row is longer than every row so far: pad the batch on the left.
-            let extra = n - self.idx;
-            for p in &mut self.left_padding {
-                *p += extra;
-            }
-            self.idx = n;
-        }
-        let pad_left = |a: Array, rows: i32, to: i32| -> Result<Array> {
-            let have = a.dim(2);
-            if have == to {
-                return Ok(a);
-            }
-            Ok(concatenate(&[zeros_like_rows(&a, rows, to - have)?, a], 2)?)
-        };
-        let row_k = pad_left(row_k, 1, self.idx)?;
-        let row_v = pad_left(row_v, 1, self.idx)?;
-        let (k, v) = match (batch_k, batch_v) {
-            (Some(k), Some(v)) => (pad_left(k, rows, self.idx)?, pad_left(v, rows, self.idx)?),
-            // Rows that hold nothing yet (one-token prompts): zeros of the row's shape.
-            _ if rows > 0 => (zeros_like_rows(&row_k, rows, self.idx)?, zeros_like_rows(&row_v, rows, self.idx)?),
             _ => {
-                self.buffers.keys = Some(row_k);
-                self.buffers.values = Some(row_v);
-                self.left_padding.push(self.idx - n);
-                return Ok(());
+                let parts = rows
+                    .iter()
+                    .map(|row| Ok(Part { contents: row.contents()?, padding: vec![0], width: row.offset() }))
+                    .collect::<Result<Vec<_>>>()?;
+                self.extend(parts)
             }
+        }
+    }
+
+    /// Adds rows `rows` of `other` (in that order) as the last rows, in one copy; a batch with
+    /// no rows that takes all of `other`'s rows in order takes its buffers as they are.
+    pub fn push_rows_of(&mut self, other: &BatchKvCache, rows: &[usize]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if self.rows() == 0 && rows.iter().copied().eq(0..other.rows()) {
+            *self = other.clone();
+            return Ok(());
+        }
+        let parts = rows
+            .iter()
+            .map(|&r| {
+                let contents = other.row_contents(r)?;
+                let width = other.idx - other.left_padding[r];
+                Ok(Part { contents, padding: vec![0], width: width.max(0) })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.extend(parts)
+    }
+
+    /// Rebuilds the buffers with `parts` as new last rows: every row's tokens end at the longest
+    /// part's (or the batch's) last column, with spare columns after it.
+    fn extend(&mut self, parts: Vec<Part>) -> Result<()> {
+        let current = Part {
+            contents: self.buffers.prefix(self.idx)?,
+            padding: std::mem::take(&mut self.left_padding),
+            width: self.idx,
         };
-        self.buffers.keys = Some(concatenate(&[k, row_k], 0)?);
-        self.buffers.values = Some(concatenate(&[v, row_v], 0)?);
-        self.left_padding.push(self.idx - n);
+        let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
+        let idx = parts.iter().map(|p| p.width).max().unwrap_or(0);
+        let rows: i32 = parts.iter().map(|p| p.padding.len() as i32).sum();
+        let shape = parts.iter().find_map(|p| p.contents.as_ref()).map(|(k, _)| (k.shape().to_vec(), k.dtype()));
+        let mut buffers = Buffers::default();
+        if let Some((shape, dtype)) = shape {
+            let capacity = spare_capacity(idx);
+            let mut k = zeros_dtype(&[rows, shape[1], capacity, shape[3]], dtype)?;
+            let mut v = zeros_dtype(&[rows, shape[1], capacity, shape[3]], dtype)?;
+            let mut row = 0;
+            for part in &parts {
+                let n = part.padding.len() as i32;
+                if let Some((pk, pv)) = &part.contents {
+                    let from = idx - part.width;
+                    k.try_index_mut((row..row + n, .., from..idx, ..), pk)?;
+                    v.try_index_mut((row..row + n, .., from..idx, ..), pv)?;
+                }
+                row += n;
+            }
+            buffers = Buffers { keys: Some(k), values: Some(v) };
+        }
+        self.left_padding = parts.iter().flat_map(|p| p.padding.iter().map(move |pad| pad + idx - p.width)).collect();
+        self.buffers = buffers;
+        self.idx = idx;
         Ok(())
     }
 
@@ -111,14 +162,20 @@ impl BatchKvCache {
         }
         let padding: Vec<i32> = keep.iter().map(|&r| self.left_padding[r]).collect();
         let trim = padding.iter().copied().min().unwrap_or(0);
+        let all_in_order = keep.iter().copied().eq(0..self.rows());
         if let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) {
-            let index = Array::from_slice(&keep.iter().map(|&r| r as i32).collect::<Vec<_>>(), &[keep.len() as i32]);
-            let (k, v) = (k.take_axis(&index, 0)?, v.take_axis(&index, 0)?);
-            let (k, v) = if trim > 0 {
-                (k.try_index((.., .., trim..self.idx, ..))?, v.try_index((.., .., trim..self.idx, ..))?)
+            // Trimmed first (a view), so the gather below copies only what stays, spare
+            // columns included.
+            let (mut k, mut v) = if trim > 0 {
+                (k.try_index((.., .., trim.., ..))?, v.try_index((.., .., trim.., ..))?)
             } else {
-                (k, v)
+                (k.clone(), v.clone())
             };
+            if !all_in_order {
+                let index =
+                    Array::from_slice(&keep.iter().map(|&r| r as i32).collect::<Vec<_>>(), &[keep.len() as i32]);
+                (k, v) = (k.take_axis(&index, 0)?, v.take_axis(&index, 0)?);
+            }
             self.buffers.keys = Some(k);
             self.buffers.values = Some(v);
         }
@@ -126,12 +183,6 @@ impl BatchKvCache {
         self.left_padding = padding.into_iter().map(|p| p - trim).collect();
         Ok(())
     }
-}
-
-/// Zeros shaped like `like` but with `rows` rows and `len` columns.
-fn zeros_like_rows(like: &Array, rows: i32, len: i32) -> Result<Array> {
-    let s = like.shape();
-    Ok(zeros_dtype(&[rows, s[1], len, s[3]], like.dtype())?)
 }
 
 impl LayerCache for BatchKvCache {

@@ -12,8 +12,14 @@ use crate::model::layers::AttentionMask;
 /// Buffers grow by this many positions at a time (as mlx-lm's `KVCache.step`).
 const STEP: i32 = 256;
 
+/// Columns to allocate for `used` columns: the next multiple of [`STEP`] above it, so at least
+/// one step can be written in place.
+pub(crate) fn spare_capacity(used: i32) -> i32 {
+    (used / STEP + 1) * STEP
+}
+
 /// Key and value buffers `[B, H, capacity, D]` that grow in steps of [`STEP`] columns.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Buffers {
     pub keys: Option<Array>,
     pub values: Option<Array>,
@@ -27,7 +33,7 @@ impl Buffers {
         let needed = at + new;
         let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
         if needed > capacity {
-            let grow = (new + STEP - 1) / STEP * STEP;
+            let grow = spare_capacity(needed) - at;
             self.keys = Some(grow_buffer(self.keys.take(), keys, at, grow)?);
             self.values = Some(grow_buffer(self.values.take(), values, at, grow)?);
         }
@@ -66,6 +72,29 @@ pub struct KvCache {
 impl KvCache {
     pub fn new() -> KvCache {
         KvCache::default()
+    }
+
+    /// A cache holding `keys`/`values` (`[1, H, L, D]`, built by one concatenation of
+    /// `pieces`), with room for at least `room_for` tokens in all before it has to grow.
+    pub fn from_pieces(keys: &[Array], values: &[Array], room_for: i32) -> Result<KvCache> {
+        let (Some(first), true) = (keys.first(), keys.len() == values.len()) else { return Ok(KvCache::new()) };
+        let len: i32 = keys.iter().map(|k| k.dim(2)).sum();
+        let capacity = spare_capacity(len.max(room_for));
+        let s = first.shape();
+        let tail = |a: &[Array]| -> Result<Array> {
+            let pad = zeros_dtype(&[s[0], s[1], capacity - len, s[3]], first.dtype())?;
+            Ok(concatenate(&a.iter().cloned().chain([pad]).collect::<Vec<_>>(), 2)?)
+        };
+        Ok(KvCache { buffers: Buffers { keys: Some(tail(keys)?), values: Some(tail(values)?) }, offset: len })
+    }
+
+    /// A cache over `buffers` whose first `offset` columns are written.
+    pub(crate) fn from_buffers(buffers: Buffers, offset: i32) -> KvCache {
+        KvCache { buffers, offset }
+    }
+
+    pub(crate) fn buffers(&self) -> &Buffers {
+        &self.buffers
     }
 
     pub fn offset(&self) -> i32 {

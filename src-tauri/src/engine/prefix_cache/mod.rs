@@ -10,7 +10,8 @@
 //!   batch, finished or cancelled (a failed step's state is never stored).
 //! - A block holds one `[1, H, n, D]` copy of the keys and values of each layer: a copy, not a
 //!   view, so a cached block never keeps a request's (much larger) buffers alive. A restore
-//!   copies them into the request's own cache (the dense batch buffers need them contiguous).
+//!   copies them once into the request's own cache (the dense batch buffers need them
+//!   contiguous), sized for the whole prompt.
 //! - The identity covers everything that changes the numbers: the weight files (size and
 //!   modification time), the configuration, the compute dtype and the weights' in-memory form.
 //!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
@@ -21,7 +22,6 @@ mod store;
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
@@ -185,8 +185,9 @@ impl PrefixCache {
                     keys.push(if whole { k.clone() } else { k.try_index((.., .., ..n, ..))? });
                     values.push(if whole { v.clone() } else { v.try_index((.., .., ..n, ..))? });
                 }
-                let (k, v) = (concatenate(&keys, 2)?, concatenate(&values, 2)?);
-                cache.update(&k, &v)?;
+                // One copy, with room for the rest of the prompt: its prefill and the first
+                // decode steps then write in place.
+                *cache = KvCache::from_pieces(&keys, &values, prompt.len() as i32)?;
             }
             let arrays: Vec<Array> =
                 caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
@@ -199,16 +200,6 @@ impl PrefixCache {
             self.misses += 1;
         }
         Ok(Restored { tokens, caches, divergence })
-    }
-
-    /// Stores the blocks of `tokens` (their keys and values are in `caches`, one per layer).
-    pub fn store_prefill(&mut self, tokens: &[u32], caches: &[KvCache]) -> Result<()> {
-        let contents: Vec<(Array, Array)> =
-            caches.iter().map(|c| c.contents()).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
-        if contents.len() != caches.len() {
-            return Ok(());
-        }
-        self.store_from(tokens, &contents)
     }
 
     /// Stores the blocks of `tokens`, the sequence of batch row `row`.

@@ -1,14 +1,17 @@
 //! Prefill: waiting prompts are admitted best first (`lanes`), take what the prefix cache holds
 //! of them, and are prefilled together as the rows of one batch (`group_cache`, aligned on the
 //! right like the running batch), a chunk per forward within the step's time budget (`pacing`).
-//! A prompt that is done leaves the group and joins the running batch. A better request that
-//! finds the group full takes the place of its lowest-priority member, which waits again with
-//! what it has prefilled and resumes there.
+//! A prompt's last chunk also gives its first token (as mlx-lm's `generate_step` does), so it
+//! joins the running batch with its first token out. Members that finish together join in one
+//! copy, or none when the running batch is empty (it takes the group's buffers). A better
+//! request that finds the group full takes the place of its lowest-priority member, which
+//! waits again with what it has prefilled and resumes there.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use mlx_rs::Array;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::{Array, Dtype};
 
 use super::{explain_miss, Scheduler};
 use crate::engine::lanes;
@@ -20,11 +23,14 @@ use crate::model::{BatchKvCache, KvCache, ModelError};
 /// Prompts prefilled together at most.
 pub(super) const GROUP: usize = 8;
 
-/// Row `row` of a batch cache as a cache of its own (a copy).
+/// Row `row` of a batch cache as a cache of its own (shared when it is the only row, else a copy).
 fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelError> {
     batch
         .iter()
         .map(|layer| {
+            if let Some(only) = layer.only_row() {
+                return Ok(only);
+            }
             let mut cache = KvCache::new();
             if let Some((k, v)) = layer.row_contents(row)? {
                 cache.update(&k, &v)?;
@@ -34,11 +40,15 @@ fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelErr
         .collect()
 }
 
-/// Adds `row` (one cache per layer) as the last row of `batch`, which holds `rows` rows. On a
-/// failure the layers that took the row give it back, so the batch stays as it was.
-fn push_row(batch: &mut [BatchKvCache], row: &[KvCache], rows: usize) -> Result<(), ModelError> {
-    for (layer, cache) in batch.iter_mut().zip(row) {
-        if let Err(e) = layer.push_row(cache) {
+/// Adds rows to every layer of `batch`, which holds `rows` rows; on a failure the layers that
+/// took them give them back, so the batch stays as it was.
+fn add_rows(
+    batch: &mut [BatchKvCache],
+    rows: usize,
+    mut add: impl FnMut(usize, &mut BatchKvCache) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    for (i, layer) in batch.iter_mut().enumerate() {
+        if let Err(e) = add(i, layer) {
             let keep: Vec<usize> = (0..rows).collect();
             for layer in batch.iter_mut().filter(|c| c.rows() > rows) {
                 let _ = layer.retain(&keep);
@@ -50,9 +60,9 @@ fn push_row(batch: &mut [BatchKvCache], row: &[KvCache], rows: usize) -> Result<
 }
 
 impl Scheduler {
-    /// Prompt tokens a member still has to prefill (its last token is its first decode input).
+    /// Prompt tokens a member still has to prefill.
     fn remaining(seq: &Sequence) -> usize {
-        seq.request.prompt_ids.len() - 1 - seq.prefilled
+        seq.request.prompt_ids.len() - seq.prefilled
     }
 
     /// Advances the prompts being prefilled by what the step's time budget allows; returns
@@ -61,8 +71,8 @@ impl Scheduler {
         let mut budget = self.pacing.budget(!self.running.is_empty());
         let mut processed = 0;
         loop {
-            self.fill_group();
             self.join_finished_members();
+            self.fill_group();
             if self.group.is_empty() || budget == 0 {
                 break;
             }
@@ -77,21 +87,31 @@ impl Scheduler {
                 .collect();
             let ids = Array::from_slice(&ids, &[rows as i32, n as i32]);
             let began = Instant::now();
-            let result = self.model.transformer.forward_hidden(&ids, &mut self.group_cache).and_then(|h| Ok(h.eval()?));
+            let result = self.forward_group(&ids, n);
             self.pacing.record_prefill(rows * n, began.elapsed());
-            if let Err(e) = result {
-                // The group's state is unknown: its requests fail, the engine serves on.
-                tracing::error!("prefill failed: {e}");
-                for mut seq in std::mem::take(&mut self.group) {
-                    seq.finish(FinishReason::Error, None, Some(format!("prefill failed: {e}")));
-                    self.release(&seq);
+            let mut first_logits = match result {
+                Ok(logits) => logits.into_iter(),
+                Err(e) => {
+                    // The group's state is unknown: its requests fail, the engine serves on.
+                    tracing::error!("prefill failed: {e}");
+                    for mut seq in std::mem::take(&mut self.group) {
+                        seq.finish(FinishReason::Error, None, Some(format!("prefill failed: {e}")));
+                        self.release(&seq);
+                    }
+                    self.group_cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
+                    break;
                 }
-                self.group_cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
-                break;
-            }
+            };
+            let fault = self.config.fault_injector.clone();
             for seq in &mut self.group {
+                let last_chunk = Self::remaining(seq) == n;
                 seq.prefilled += n;
                 seq.prefill_chunks += 1;
+                if let Some(mut logits) = last_chunk.then(|| first_logits.next()).flatten() {
+                    // Its first token; a request that ends there leaves with the others.
+                    seq.on_logits(&mut logits, &self.model.tokenizer, fault.as_ref());
+                    self.metrics.generated_tokens_total += 1;
+                }
             }
             budget = budget.saturating_sub(rows * n);
             processed += rows * n;
@@ -99,6 +119,24 @@ impl Scheduler {
             self.store_whole_blocks(n);
         }
         processed
+    }
+
+    /// Prefills the next `n` tokens of every member (`ids`, `[rows, n]`); returns the logits of
+    /// the last position of each member whose prompt this chunk ends, in group order.
+    fn forward_group(&mut self, ids: &Array, n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+        let hidden = self.model.transformer.forward_hidden(ids, &mut self.group_cache)?;
+        let ending: Vec<i32> =
+            (0..self.group.len()).filter(|&r| Self::remaining(&self.group[r]) == n).map(|r| r as i32).collect();
+        if ending.is_empty() {
+            hidden.eval()?;
+            return Ok(Vec::new());
+        }
+        let rows = Array::from_slice(&ending, &[ending.len() as i32]);
+        let last = hidden.take_axis(&rows, 0)?.try_index((.., n as i32 - 1, ..))?;
+        let logits = self.model.transformer.logits(&last)?.as_dtype(Dtype::Float32)?;
+        mlx_rs::transforms::eval([&hidden, &logits])?;
+        let vocab = logits.dim(-1) as usize;
+        Ok(logits.as_slice::<f32>().chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// The whole blocks a forward of `n` tokens completed go to the prefix cache at once, for
@@ -123,12 +161,13 @@ impl Scheduler {
         busy < self.config.max_batch && (self.reserved_bytes + reservation <= self.info.kv_budget_bytes || busy == 0)
     }
 
-    /// Whether `seq` shares a start of at least a block with a member still prefilling it: it
-    /// waits until those blocks are in the prefix cache, then reuses them instead of computing
-    /// (and holding) the same keys and values twice (agents sharing a system prompt).
-    fn follows_a_member(&self, seq: &Sequence) -> bool {
+    /// Whether `seq` shares a start of at least a block with a member (or a request admitted
+    /// with it, `admitted`) still prefilling it: it waits until those blocks are in the prefix
+    /// cache, then reuses them instead of computing (and holding) the same keys and values
+    /// twice (agents sharing a system prompt).
+    fn follows_a_member(&self, seq: &Sequence, admitted: &[(Sequence, Vec<KvCache>)]) -> bool {
         self.prefix.is_some()
-            && self.group.iter().any(|member| {
+            && self.group.iter().chain(admitted.iter().map(|(s, _)| s)).any(|member| {
                 let shared =
                     member.request.prompt_ids.iter().zip(&seq.request.prompt_ids).take_while(|(a, b)| a == b).count();
                 shared >= BLOCK_TOKENS && member.prefilled < shared / BLOCK_TOKENS * BLOCK_TOKENS
@@ -136,16 +175,19 @@ impl Scheduler {
     }
 
     /// The best waiting request that may start now (one sharing a prompt being prefilled waits).
-    fn best_waiting(&self) -> Option<usize> {
+    fn best_waiting(&self, admitted: &[(Sequence, Vec<KvCache>)]) -> Option<usize> {
         let order = lanes::order(self.waiting.iter().map(|s| (s.request.priority, s.waited())));
-        order.into_iter().find(|&i| !self.follows_a_member(&self.waiting[i]))
+        order.into_iter().find(|&i| !self.follows_a_member(&self.waiting[i], admitted))
     }
 
     /// Admits waiting requests into the group while it has room, best first; a better request
-    /// that finds it full takes the lowest-priority member's place.
+    /// that finds it full takes the lowest-priority member's place. Requests admitted together
+    /// join the group's cache in one copy.
     fn fill_group(&mut self) {
-        while let Some(i) = self.best_waiting() {
-            if self.group.len() >= GROUP {
+        let mut admitted: Vec<(Sequence, Vec<KvCache>)> = Vec::new();
+        while let Some(i) = self.best_waiting(&admitted) {
+            if self.group.len() + admitted.len() >= GROUP {
+                self.add_to_group(std::mem::take(&mut admitted));
                 let candidate = lanes::effective(self.waiting[i].request.priority, self.waiting[i].waited());
                 // The lowest (aged) priority, the newest among equals.
                 let lowest = (0..self.group.len()).min_by_key(|&r| {
@@ -165,7 +207,27 @@ impl Scheduler {
             }
             let seq = self.waiting.remove(i).expect("checked");
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            self.admit(seq);
+            admitted.push(self.admit(seq));
+        }
+        self.add_to_group(admitted);
+    }
+
+    /// Admitted requests (with their caches) become the group's last rows.
+    fn add_to_group(&mut self, admitted: Vec<(Sequence, Vec<KvCache>)>) {
+        if admitted.is_empty() {
+            return;
+        }
+        let added = add_rows(&mut self.group_cache, self.group.len(), |i, layer| {
+            layer.push_rows(&admitted.iter().map(|(_, caches)| &caches[i]).collect::<Vec<_>>())
+        });
+        for (mut seq, _) in admitted {
+            if let Err(e) = &added {
+                tracing::error!("cannot add rows to the prefill: {e}");
+                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
+                self.release(&seq);
+                continue;
+            }
+            self.group.push(seq);
         }
     }
 
@@ -187,9 +249,9 @@ impl Scheduler {
         true
     }
 
-    /// Takes a request in: reserves its KV, restores its prompt's cached start (or resumes a
-    /// set-aside prefill) and makes it a row of the group.
-    fn admit(&mut self, mut seq: Sequence) {
+    /// Takes a request in: reserves its KV and restores its prompt's cached start (or resumes a
+    /// set-aside prefill); returns it with its caches, to join the group.
+    fn admit(&mut self, mut seq: Sequence) -> (Sequence, Vec<KvCache>) {
         if !seq.reserved {
             self.reserved_bytes += seq.reserved_bytes;
             seq.reserved = true;
@@ -200,18 +262,10 @@ impl Scheduler {
             None => self.restore(&mut seq),
         };
         seq.prefilled = done;
-        if Self::remaining(&seq) == 0 {
-            // All cached (the same prompt again), or a one-token prompt: straight to the batch.
-            self.join_batch(seq, caches);
-            return;
-        }
-        if let Err(e) = push_row(&mut self.group_cache, &caches, self.group.len()) {
-            tracing::error!("cannot add a row to the prefill: {e}");
-            seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-            self.release(&seq);
-            return;
-        }
-        self.group.push(seq);
+        // A restore leaves at least the last prompt token to compute (its logits give the first
+        // token), and a set-aside member still had tokens to prefill.
+        debug_assert!(Self::remaining(&seq) > 0, "admitted with nothing to prefill");
+        (seq, caches)
     }
 
     /// A new request's caches, with what the prefix cache holds of its prompt.
@@ -220,7 +274,8 @@ impl Scheduler {
         let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
         // Admitted requests come first: the cache gives up what they reserved.
         prefix.shrink_to(self.info.kv_budget_bytes.saturating_sub(self.reserved_bytes));
-        // The last prompt token is the first decode input, so at most the rest is restored.
+        // The last prompt token is computed (its logits give the first token): at most the rest
+        // is restored.
         let prompt = &seq.request.prompt_ids;
         let began = Instant::now();
         let restored = prefix.restore(prompt, prompt.len() - 1, self.cache.len());
@@ -254,39 +309,47 @@ impl Scheduler {
         }
     }
 
-    /// Members whose prompt is prefilled join the running batch.
+    /// Members whose prompt is prefilled (and first token sampled) leave the group: their
+    /// prompts go to the prefix cache, and those still going join the running batch together.
     fn join_finished_members(&mut self) {
-        while let Some(row) = self.group.iter().position(|s| Self::remaining(s) == 0) {
-            let caches = take_row(&self.group_cache, row);
-            let seq = self.group.remove(row);
-            self.drop_group_row(row);
-            match caches {
-                Ok(caches) => self.join_batch(seq, caches),
-                Err(e) => {
-                    let mut seq = seq;
-                    seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-                    self.release(&seq);
+        let done: Vec<usize> = (0..self.group.len()).filter(|&r| Self::remaining(&self.group[r]) == 0).collect();
+        if done.is_empty() {
+            return;
+        }
+        if let Some(prefix) = self.prefix.as_mut() {
+            for &row in &done {
+                let seq = &self.group[row];
+                if let Err(e) = prefix.store_row(&seq.request.prompt_ids[..seq.prefilled], &self.group_cache, row) {
+                    tracing::warn!("prefix cache: cannot store a prompt: {e}");
                 }
             }
         }
-    }
-
-    /// A prefilled sequence becomes the running batch's last row (its prompt to the prefix
-    /// cache first).
-    fn join_batch(&mut self, mut seq: Sequence, cache: Vec<KvCache>) {
-        if let Some(prefix) = self.prefix.as_mut() {
-            if let Err(e) = prefix.store_prefill(&seq.request.prompt_ids[..seq.prefilled], &cache) {
-                tracing::warn!("prefix cache: cannot store a prompt: {e}");
+        let joining: Vec<usize> = done.iter().copied().filter(|&r| self.group[r].finished.is_none()).collect();
+        let (group_cache, running) = (&self.group_cache, self.running.len());
+        let added = add_rows(&mut self.cache, running, |i, layer| layer.push_rows_of(&group_cache[i], &joining));
+        let keep: Vec<usize> = (0..self.group.len()).filter(|r| !done.contains(r)).collect();
+        let mut members: Vec<Option<Sequence>> = std::mem::take(&mut self.group).into_iter().map(Some).collect();
+        for layer in &mut self.group_cache {
+            if let Err(e) = layer.retain(&keep) {
+                tracing::error!("cannot shrink the prefill: {e}");
             }
         }
-        if let Err(e) = push_row(&mut self.cache, &cache, self.running.len()) {
-            tracing::error!("cannot add a row to the batch: {e}");
-            seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
-            self.release(&seq);
-            return;
+        self.group = keep.iter().map(|&r| members[r].take().expect("each member once")).collect();
+        for mut seq in done.into_iter().filter_map(|r| members[r].take()) {
+            match (&added, seq.finished) {
+                (Ok(()), None) => {
+                    seq.mark_joined();
+                    self.running.push(seq);
+                }
+                (Err(e), None) => {
+                    tracing::error!("cannot add rows to the batch: {e}");
+                    seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
+                    self.release(&seq);
+                }
+                // It ended at its first token.
+                (_, Some(_)) => self.release(&seq),
+            }
         }
-        seq.mark_joined();
-        self.running.push(seq);
     }
 
     /// Group members whose caller went away leave the group.
