@@ -7,7 +7,7 @@ use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::layers::{Linear, RmsNorm, Rope};
+use crate::model::layers::{host_softmax, Linear, RmsNorm, Rope};
 
 /// How queries may look at keys in one forward pass.
 pub enum AttentionMask {
@@ -91,6 +91,7 @@ impl Attention {
 
         let scale = (self.head_dim as f32).powf(-0.5);
         let out = match mask {
+            _ if host_softmax::applies(q.dtype()) => host_softmax::attention(&q, &k, &v, scale, mask)?,
             AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, None)?,
             AttentionMask::Causal => {
                 scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, None)?

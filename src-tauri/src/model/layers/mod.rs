@@ -2,6 +2,7 @@
 
 mod attention;
 mod embedding;
+mod host_softmax;
 mod linear;
 mod mlp;
 mod norm;
