@@ -3,6 +3,7 @@
 # logit_bias so every request generates --gen-tokens): FastMLX's `serve`, and mlx-lm's own server
 # (batched mode) on the f32 export with OpenBLAS preloaded and on the 4-bit export.
 #   scripts/bench_server.sh [fastmlx|mlx-lm|all] [--concurrency 1,16] [--prompt-words 100] [--gen-tokens 128]
+#   scripts/bench_server.sh [fastmlx|mlx-lm|all] --case long-arrival|interactive [--long-words 1500]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHICH=all
