@@ -101,6 +101,11 @@ impl KvCache {
         self.offset
     }
 
+    /// Forgets everything after the first `len` tokens (the columns are written over later).
+    pub fn truncate(&mut self, len: i32) {
+        self.offset = self.offset.min(len.max(0));
+    }
+
     /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything cached so far.
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         let out = self.buffers.write(self.offset, keys, values)?;

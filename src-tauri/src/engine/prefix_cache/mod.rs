@@ -82,8 +82,22 @@ pub fn default_disk_dir() -> Option<PathBuf> {
     Some(base.join("prefix"))
 }
 
+/// The last sequence that left a batch alone, its buffers kept as they were (no copy): the next
+/// turn of that conversation takes them over instead of copying its blocks back.
+struct Hot {
+    tokens: Vec<u32>,
+    caches: Vec<KvCache>,
+}
+
+impl Hot {
+    fn bytes(&self) -> usize {
+        self.caches.iter().map(KvCache::nbytes).sum()
+    }
+}
+
 pub struct PrefixCache {
     store: BlockStore<LayerBlocks>,
+    hot: Option<Hot>,
     /// Most bytes held (the scheduler lowers what it may use when requests need the room).
     budget: usize,
     disk: Option<DiskTier>,
@@ -98,6 +112,7 @@ impl PrefixCache {
         let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
         PrefixCache {
             store: BlockStore::new(identity, BLOCK_TOKENS),
+            hot: None,
             budget,
             disk,
             hits: 0,
@@ -111,7 +126,7 @@ impl PrefixCache {
             hits: self.hits,
             misses: self.misses,
             tokens_reused: self.tokens_reused,
-            bytes: self.store.bytes(),
+            bytes: self.bytes(),
             blocks: self.store.block_count(),
             evictions: self.store.evictions,
             disk: self.disk.as_ref().map(DiskTier::stats).unwrap_or_default(),
@@ -119,20 +134,35 @@ impl PrefixCache {
     }
 
     pub fn bytes(&self) -> usize {
-        self.store.bytes()
+        self.store.bytes() + self.hot.as_ref().map_or(0, Hot::bytes)
     }
 
     pub fn budget(&self) -> usize {
         self.budget
     }
 
-    /// Evicts until at most `bytes` are held (never more than the budget).
+    /// Evicts until at most `bytes` are held (never more than the budget): the kept sequence's
+    /// buffers first (its blocks stay), then blocks, least recently used first.
     pub fn shrink_to(&mut self, bytes: usize) {
-        self.store.shrink_to(bytes.min(self.budget));
+        let bytes = bytes.min(self.budget);
+        if self.bytes() > bytes {
+            self.hot = None;
+        }
+        self.store.shrink_to(bytes);
+    }
+
+    /// Keeps the buffers of a sequence that left the batch alone (its blocks are stored too):
+    /// `caches` share them with nothing once the batch lets go.
+    pub fn keep_hot(&mut self, tokens: &[u32], caches: Vec<KvCache>) {
+        let hot = Hot { tokens: tokens.to_vec(), caches };
+        let room = self.budget.saturating_sub(self.store.bytes());
+        self.hot =
+            (hot.bytes() <= room && hot.caches.iter().all(|c| c.offset() as usize == tokens.len())).then_some(hot);
     }
 
     /// Empties both tiers.
     pub fn clear(&mut self) {
+        self.hot = None;
         self.store.clear();
         if let Some(disk) = self.disk.as_mut() {
             disk.clear();
@@ -174,6 +204,19 @@ impl PrefixCache {
         let found = self.store.find(prompt, limit);
         let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
         let (tokens, divergence) = (found.tokens, found.divergence);
+        let shared =
+            |h: &Hot| h.tokens.iter().zip(&prompt[..limit.min(prompt.len())]).take_while(|(a, b)| a == b).count();
+        match self.hot.take() {
+            Some(mut hot) if shared(&hot) >= tokens.max(1) && hot.caches.len() == layers => {
+                // The conversation's own buffers, cut back to what the prompt shares: no copy.
+                let tokens = shared(&hot);
+                hot.caches.iter_mut().for_each(|c| c.truncate(tokens as i32));
+                self.hits += 1;
+                self.tokens_reused += tokens as u64;
+                return Ok(Restored { tokens, caches: hot.caches, divergence });
+            }
+            hot => self.hot = hot,
+        }
         if tokens > 0 {
             for (layer, cache) in caches.iter_mut().enumerate() {
                 let mut keys = Vec::with_capacity(found.blocks.len());

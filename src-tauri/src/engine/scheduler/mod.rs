@@ -295,6 +295,14 @@ impl Scheduler {
             if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row) {
                 tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
             }
+            // The batch's only row, leaving it empty: its buffers are kept whole for the
+            // conversation's next turn (the batch lets go of them right after).
+            if keep.is_empty() && self.running.len() == 1 {
+                let caches: Option<Vec<_>> = self.cache.iter().map(BatchKvCache::only_row).collect();
+                if let Some(caches) = caches {
+                    prefix.keep_hot(&tokens[..len], caches);
+                }
+            }
         }
     }
 
