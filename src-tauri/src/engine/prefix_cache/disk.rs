@@ -74,10 +74,13 @@ pub struct BlockFile {
     pub layers: Vec<(Tensor, Tensor)>,
 }
 
+/// A tensor's bytes: its own, or a range of a file read whole (shared by the block's tensors,
+/// so a read copies the file once, not once more per tensor).
 pub struct Tensor {
     pub dtype: Dtype,
     pub shape: Vec<i32>,
-    pub data: Vec<u8>,
+    data: Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
 }
 
 impl Tensor {
@@ -94,12 +97,17 @@ impl Tensor {
             Dtype::Bfloat16 => bytes::<half::bf16>(a)?,
             _ => return None,
         };
-        Some(Tensor { dtype: a.dtype(), shape: a.shape().to_vec(), data })
+        let range = 0..data.len();
+        Some(Tensor { dtype: a.dtype(), shape: a.shape().to_vec(), data: Arc::new(data), range })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[self.range.clone()]
     }
 
     pub fn to_array(&self) -> Array {
         // SAFETY: `data` holds exactly shape's elements of `dtype` (checked when read).
-        unsafe { Array::from_raw_data(self.data.as_ptr().cast(), &self.shape, self.dtype) }
+        unsafe { Array::from_raw_data(self.bytes().as_ptr().cast(), &self.shape, self.dtype) }
     }
 
     fn element_size(dtype: Dtype) -> Option<usize> {
@@ -369,7 +377,7 @@ impl DiskTier {
             return;
         }
         let Some(writer) = &self.writer else { return };
-        let bytes = block.layers.iter().map(|(k, v)| (k.data.len() + v.data.len()) as u64).sum::<u64>() + 4096;
+        let bytes = block.layers.iter().map(|(k, v)| (k.bytes().len() + v.bytes().len()) as u64).sum::<u64>() + 4096;
         let (parent, tokens) = (block.parent, block.tokens.clone());
         match writer.try_send((key, block)) {
             Ok(()) => {
@@ -402,7 +410,7 @@ impl DiskTier {
     pub fn read(&mut self, key: &BlockKey) -> Option<BlockFile> {
         self.entries.get(key)?;
         let path = self.path(key);
-        match read_file(&path).ok().and_then(|(header, data)| self.decode(key, &header, data)) {
+        match read_file(&path).ok().and_then(|(header, file, start)| self.decode(key, &header, Arc::new(file), start)) {
             Some(block) => {
                 self.hits += 1;
                 self.clock += 1;
@@ -421,11 +429,19 @@ impl DiskTier {
         }
     }
 
-    fn decode(&self, key: &BlockKey, header: &Map<String, Value>, data: Vec<u8>) -> Option<BlockFile> {
+    /// The block in `file`, whose tensor data starts at `start`.
+    fn decode(
+        &self,
+        key: &BlockKey,
+        header: &Map<String, Value>,
+        file: Arc<Vec<u8>>,
+        start: usize,
+    ) -> Option<BlockFile> {
         let (parent, tokens) = self.check_header(key, header)?;
+        let (data, start_of_data) = (file.get(start..)?, start);
         let meta = header.get("__metadata__")?.as_object()?;
         let sum: u64 = meta.get("xxh3")?.as_str()?.parse().ok()?;
-        if xxhash_rust::xxh3::xxh3_64(&data) != sum {
+        if xxhash_rust::xxh3::xxh3_64(data) != sum {
             return None;
         }
         let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
@@ -448,7 +464,8 @@ impl DiskTier {
             if shape.len() != 4 || shape[2] as usize != tokens.len() {
                 return None;
             }
-            Some(Tensor { dtype, shape, data: data[start..end].to_vec() })
+            let (data, range) = (file.clone(), start_of_data + start..start_of_data + end);
+            Some(Tensor { dtype, shape, data, range })
         };
         let layers = (0..layers)
             .map(|l| Some((tensor(&format!("k.{l}"))?, tensor(&format!("v.{l}"))?)))
@@ -517,7 +534,8 @@ fn read_header(path: &Path) -> std::io::Result<(Map<String, Value>, u64)> {
 }
 
 /// The header and the data of a safetensors file.
-fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>)> {
+/// A safetensors file's header, its bytes, and where its data starts in them.
+fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>, usize)> {
     let bytes = fs::read(path)?;
     let len = bytes
         .get(..8)
@@ -532,18 +550,19 @@ fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>)> {
         .ok()
         .and_then(|v| v.as_object().cloned())
         .ok_or_else(|| std::io::Error::other("bad header"))?;
-    Ok((header, bytes[start..].to_vec()))
+    Ok((header, bytes, start))
 }
 
 /// Writes a block as `<key>.safetensors` (through a temporary file, so a crash leaves no half file
 /// under the real name).
 fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile) -> std::io::Result<()> {
     let mut header = Map::new();
-    let mut data: Vec<u8> = Vec::with_capacity(block.layers.iter().map(|(k, v)| k.data.len() + v.data.len()).sum());
+    let mut data: Vec<u8> =
+        Vec::with_capacity(block.layers.iter().map(|(k, v)| k.bytes().len() + v.bytes().len()).sum());
     for (l, (k, v)) in block.layers.iter().enumerate() {
         for (name, t) in [(format!("k.{l}"), k), (format!("v.{l}"), v)] {
             let start = data.len();
-            data.extend_from_slice(&t.data);
+            data.extend_from_slice(t.bytes());
             header.insert(
                 name,
                 json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [start, data.len()]}),
