@@ -204,12 +204,14 @@ impl PrefixCache {
         let found = self.store.find(prompt, limit);
         let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
         let (tokens, divergence) = (found.tokens, found.divergence);
-        let shared =
-            |h: &Hot| h.tokens.iter().zip(&prompt[..limit.min(prompt.len())]).take_while(|(a, b)| a == b).count();
+        let shared = self
+            .hot
+            .as_ref()
+            .map_or(0, |h| h.tokens.iter().zip(&prompt[..limit.min(prompt.len())]).take_while(|(a, b)| a == b).count());
         match self.hot.take() {
-            Some(mut hot) if shared(&hot) >= tokens.max(1) && hot.caches.len() == layers => {
+            Some(mut hot) if shared >= tokens.max(1) && hot.caches.len() == layers => {
                 // The conversation's own buffers, cut back to what the prompt shares: no copy.
-                let tokens = shared(&hot);
+                let tokens = shared;
                 hot.caches.iter_mut().for_each(|c| c.truncate(tokens as i32));
                 self.hits += 1;
                 self.tokens_reused += tokens as u64;

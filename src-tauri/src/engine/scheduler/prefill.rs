@@ -32,11 +32,10 @@ fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelErr
             if let Some(only) = layer.only_row() {
                 return Ok(only);
             }
-            let mut cache = KvCache::new();
-            if let Some((k, v)) = layer.row_contents(row)? {
-                cache.update(&k, &v)?;
+            match layer.row_contents(row)? {
+                Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0),
+                None => Ok(KvCache::new()),
             }
-            Ok(cache)
         })
         .collect()
 }
