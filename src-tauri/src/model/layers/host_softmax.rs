@@ -42,35 +42,47 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMa
     }
     scores.eval()?;
     let causal = matches!(mask, AttentionMask::Causal);
-    let probs = softmax_rows(scores.as_slice::<f32>(), s as usize, |row| {
+    let visible = |row: usize| {
         // Causal: query `i` (the row's place among the L queries) sees keys up to `S - L + i`.
         if causal {
             (s - l) as usize + row % l as usize + 1
         } else {
             s as usize
         }
-    });
-    let probs = Array::from_slice(&probs, &[b, kv_heads, repeats * l, s]);
-    Ok(matmul(&probs, v)?.reshape(&[b, heads, l, d])?)
+    };
+    // The probabilities are written over the scores: no allocation and no copy back into MLX.
+    softmax_rows(exclusive_data(&mut scores)?, s as usize, visible);
+    Ok(matmul(&scores, v)?.reshape(&[b, heads, l, d])?)
 }
 
-/// Softmax of each `width`-long row of `scores`; row `r` uses its first `visible(r)` entries
-/// (the rest are 0). A row with nothing finite to see is all zeros.
-fn softmax_rows(scores: &[f32], width: usize, visible: impl Fn(usize) -> usize + Sync) -> Vec<f32> {
-    let mut out = vec![0.0f32; scores.len()];
+/// The f32 data of `array`, evaluated, to overwrite. The caller must hold the only reference to
+/// the array's buffer (an output it just computed: no view of it, no other array sharing it).
+fn exclusive_data(array: &mut Array) -> Result<&mut [f32]> {
+    // Checks the dtype and that the buffer is row-major and contiguous.
+    let len = array.try_as_slice::<f32>().map_err(|e| crate::model::ModelError::Mlx(e.to_string()))?.len();
+    // SAFETY: the pointer comes from MLX (not from a Rust reference), the buffer holds `len`
+    // contiguous f32s (checked above), and nothing else reads or writes it meanwhile: the
+    // caller's array is the only one using it and stays borrowed (mutably) while the slice lives.
+    Ok(unsafe { std::slice::from_raw_parts_mut(mlx_sys::mlx_array_data_float32(array.as_ptr()) as *mut f32, len) })
+}
+
+/// Softmax of each `width`-long row of `scores`, in place; row `r` uses its first `visible(r)`
+/// entries (the rest become 0). A row with nothing finite to see is all zeros.
+fn softmax_rows(scores: &mut [f32], width: usize, visible: impl Fn(usize) -> usize + Sync) {
     let rows = scores.len() / width.max(1);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
     // Small jobs stay on this thread (a spawn costs more than a few thousand exps).
     let threads = if scores.len() < 64 * 1024 { 1 } else { threads };
     let per_thread = rows.div_ceil(threads).max(1);
     std::thread::scope(|scope| {
-        for (chunk, out) in out.chunks_mut(per_thread * width).enumerate() {
+        for (chunk, rows) in scores.chunks_mut(per_thread * width).enumerate() {
             let visible = &visible;
             let mut work = move || {
-                for (i, out) in out.chunks_mut(width).enumerate() {
-                    let row = chunk * per_thread + i;
-                    let n = visible(row).min(width);
-                    softmax(&scores[row * width..row * width + n], &mut out[..n]);
+                for (i, row) in rows.chunks_mut(width).enumerate() {
+                    let n = visible(chunk * per_thread + i).min(width);
+                    let (seen, unseen) = row.split_at_mut(n);
+                    softmax(seen);
+                    unseen.fill(0.0);
                 }
             };
             if threads == 1 {
@@ -80,64 +92,145 @@ fn softmax_rows(scores: &[f32], width: usize, visible: impl Fn(usize) -> usize +
             }
         }
     });
-    out
 }
 
-/// `out = softmax(x)`, in f32 like MLX's.
-fn softmax(x: &[f32], out: &mut [f32]) {
-    const LANES: usize = 8;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (m, &v) in lanes.iter_mut().zip(chunk) {
-            *m = if v > *m { v } else { *m };
-        }
+/// `x = softmax(x)`, in f32 like MLX's: eight lanes at a time with AVX2 where the CPU has it,
+/// else in the portable form (the same operations in the same order either way).
+fn softmax(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { avx2::softmax(x) };
     }
-    let max = chunks.remainder().iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    softmax_portable(x)
+}
+
+fn softmax_portable(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     if max == f32::NEG_INFINITY {
-        out.fill(0.0);
+        x.fill(0.0);
         return;
     }
-    let mut sums = [0.0f32; LANES];
-    let (mut xs, mut os) = (x.chunks_exact(LANES), out.chunks_exact_mut(LANES));
-    for (xc, oc) in (&mut xs).zip(&mut os) {
-        for ((o, &v), s) in oc.iter_mut().zip(xc).zip(sums.iter_mut()) {
-            *o = exp(v - max);
-            *s += *o;
+    // Eight partial sums, added up at the end, as the AVX2 form does.
+    let mut sums = [0.0f32; 8];
+    let mut rows = x.chunks_exact_mut(8);
+    for chunk in &mut rows {
+        for (v, sum) in chunk.iter_mut().zip(&mut sums) {
+            *v = exp(*v - max);
+            *sum += *v;
         }
     }
     let mut sum: f32 = sums.iter().sum();
-    for (o, &v) in os.into_remainder().iter_mut().zip(xs.remainder()) {
-        *o = exp(v - max);
-        sum += *o;
+    for v in rows.into_remainder() {
+        *v = exp(*v - max);
+        sum += *v;
     }
     let inverse = 1.0 / sum;
-    for o in out.iter_mut() {
-        *o *= inverse;
+    x.iter_mut().for_each(|v| *v *= inverse);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::softmax_portable`] eight lanes at a time (the compiler does not vectorise the
+    /// polynomial `exp` itself: measured 2 ns per score portable, 0.75 ns here).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let whole = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..whole).step_by(8) {
+            m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
+        }
+        let max =
+            lanes(m).into_iter().chain(x[whole..].iter().copied()).fold(
+                f32::NEG_INFINITY,
+                |m, v| {
+                    if v > m {
+                        v
+                    } else {
+                        m
+                    }
+                },
+            );
+        if max == f32::NEG_INFINITY {
+            x.fill(0.0);
+            return;
+        }
+        let shift = _mm256_set1_ps(max);
+        let mut sums = _mm256_setzero_ps();
+        for i in (0..whole).step_by(8) {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), shift));
+            _mm256_storeu_ps(p.add(i), e);
+            sums = _mm256_add_ps(sums, e);
+        }
+        let mut sum: f32 = lanes(sums).iter().sum();
+        for v in &mut x[whole..] {
+            *v = super::exp(*v - max);
+            sum += *v;
+        }
+        let inverse = 1.0 / sum;
+        let scale = _mm256_set1_ps(inverse);
+        for i in (0..whole).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), scale));
+        }
+        x[whole..].iter_mut().for_each(|v| *v *= inverse);
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(v: __m256) -> [f32; 8] {
+        let mut out = [0.0; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        out
+    }
+
+    /// [`super::exp`] on eight lanes: the same operations in the same order.
+    #[target_feature(enable = "avx2")]
+    unsafe fn exp(x: __m256) -> __m256 {
+        use super::{C, LN2_HI, LN2_LO, ROUND};
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), _mm256_set1_ps(ROUND));
+        let n = _mm256_sub_ps(t, _mm256_set1_ps(ROUND));
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+            _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)),
+        );
+        let mut p = _mm256_set1_ps(C[7]);
+        for &c in C[..7].iter().rev() {
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+        }
+        let n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(ROUND.to_bits() as i32));
+        let two_to_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n))
     }
 }
+
+/// Rounds to the nearest integer by adding and subtracting it (exact for |t| < 2^22); the low
+/// mantissa bits of `t + ROUND` are then that integer.
+const ROUND: f32 = 12_582_912.0;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1/k! for k = 0..=7.
+const C: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
 
 /// `e^x` for `x <= 0` (scores minus their row's maximum), within 2e-7 relative of the C
 /// library's: `x = n ln 2 + r` (Cody-Waite: `ln 2` in two parts, so `r` stays exact), `2^n` put
 /// in the exponent bits, `e^r` (`|r| <= ln 2 / 2`) by its degree-7 Taylor polynomial.
-/// Branch-free, so that loops over it vectorise.
+/// Branch-free, the form [`avx2::exp`] computes eight at a time.
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     // Below this e^x is under f32's smallest normal: flushed to (nearly) zero.
-    let x = x.max(-87.0);
-    // Round to nearest by the 1.5 * 2^23 trick (exact for |t| < 2^22).
-    const ROUND: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = if x < -87.0 { -87.0 } else { x };
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
-    // 1/k! for k = 0..=7.
-    const C: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
     let mut p = C[7];
     for &c in C[..7].iter().rev() {
         p = p * r + c;
     }
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let n = t.to_bits().wrapping_sub(ROUND.to_bits());
+    p * f32::from_bits(n.wrapping_add(127) << 23)
 }
 
 #[cfg(test)]
@@ -157,12 +250,19 @@ mod tests {
         assert!(exp(f32::NEG_INFINITY) < 1e-37);
     }
 
+    /// `softmax_rows` on a copy of `scores`.
+    fn softmax_of(scores: &[f32], width: usize, visible: impl Fn(usize) -> usize + Sync) -> Vec<f32> {
+        let mut out = scores.to_vec();
+        softmax_rows(&mut out, width, visible);
+        out
+    }
+
     #[test]
     fn softmax_rows_match_the_definition_with_masked_tails() {
         let width = 37;
         let scores: Vec<f32> = (0..width * 5).map(|i| ((i * 7919) % 101) as f32 / 9.0 - 5.0).collect();
         let visible = |row: usize| [37, 1, 20, 0, 36][row];
-        let got = softmax_rows(&scores, width, visible);
+        let got = softmax_of(&scores, width, visible);
         for row in 0..5 {
             let (x, y) = (&scores[row * width..][..width], &got[row * width..][..width]);
             let n = visible(row);
@@ -175,8 +275,26 @@ mod tests {
         }
         // Rows split across threads give the same as one thread.
         let big: Vec<f32> = (0..4096 * 40).map(|i| ((i * 31) % 97) as f32 / 7.0).collect();
-        let threaded = softmax_rows(&big, 4096, |_| 4096);
-        let single: Vec<f32> = big.chunks(4096).flat_map(|r| softmax_rows(r, 4096, |_| 4096)).collect();
+        let threaded = softmax_of(&big, 4096, |_| 4096);
+        let single: Vec<f32> = big.chunks(4096).flat_map(|r| softmax_of(r, 4096, |_| 4096)).collect();
         assert_eq!(threaded, single);
+    }
+
+    #[test]
+    fn the_simd_form_gives_the_portable_results() {
+        // Lengths around the 8-lane boundary, -inf entries (masked scores) and a wide range.
+        for len in [1, 7, 8, 9, 16, 23, 4099] {
+            let mut x: Vec<f32> = (0..len).map(|i| ((i * 7919) % 1001) as f32 / 10.0 - 60.0).collect();
+            if len > 3 {
+                x[2] = f32::NEG_INFINITY;
+            }
+            let (mut simd, mut portable) = (x.clone(), x.clone());
+            softmax(&mut simd);
+            softmax_portable(&mut portable);
+            assert_eq!(simd, portable, "length {len}");
+        }
+        let mut masked = vec![f32::NEG_INFINITY; 12];
+        softmax(&mut masked);
+        assert_eq!(masked, vec![0.0; 12]);
     }
 }
