@@ -4,8 +4,10 @@
 //! time (Metal on Apple Silicon, CUDA on a CUDA build, otherwise the CPU), never by guess, so a
 //! CPU-only build can never touch a GPU stream (which would panic inside MLX).
 
+mod in_place;
 mod memory;
 
+pub use in_place::{exclusive_bytes, exclusive_f32};
 pub use memory::{
     default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, FALLBACK_MEMORY_BYTES,
     USABLE_PERCENT,

@@ -50,20 +50,12 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMa
             s as usize
         }
     };
-    // The probabilities are written over the scores: no allocation and no copy back into MLX.
-    softmax_rows(exclusive_data(&mut scores)?, s as usize, visible);
+    // The probabilities are written over the scores (which nothing else holds): no allocation
+    // and no copy back into MLX.
+    let data = crate::mlx::exclusive_f32(&mut scores)
+        .ok_or_else(|| crate::model::ModelError::Mlx("attention scores are not one contiguous buffer".into()))?;
+    softmax_rows(data, s as usize, visible);
     Ok(matmul(&scores, v)?.reshape(&[b, heads, l, d])?)
-}
-
-/// The f32 data of `array`, evaluated, to overwrite. The caller must hold the only reference to
-/// the array's buffer (an output it just computed: no view of it, no other array sharing it).
-fn exclusive_data(array: &mut Array) -> Result<&mut [f32]> {
-    // Checks the dtype and that the buffer is row-major and contiguous.
-    let len = array.try_as_slice::<f32>().map_err(|e| crate::model::ModelError::Mlx(e.to_string()))?.len();
-    // SAFETY: the pointer comes from MLX (not from a Rust reference), the buffer holds `len`
-    // contiguous f32s (checked above), and nothing else reads or writes it meanwhile: the
-    // caller's array is the only one using it and stays borrowed (mutably) while the slice lives.
-    Ok(unsafe { std::slice::from_raw_parts_mut(mlx_sys::mlx_array_data_float32(array.as_ptr()) as *mut f32, len) })
 }
 
 /// Softmax of each `width`-long row of `scores`, in place; row `r` uses its first `visible(r)`
