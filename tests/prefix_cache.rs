@@ -104,6 +104,29 @@ fn agent_session(dir: &Path, vocab: usize, system_len: usize, chunk: usize) {
     assert_eq!(again.finish.usage.cached_tokens, turn2.len() - 1);
     let m = wait_idle(&warm);
     assert!(m.prefix_cache_hits >= 4 && m.prefix_cache_misses >= 1 && m.prefix_cache_bytes > 0, "{m:?}");
+
+    // A chat answer's turn boundary (the template's end of turn and start of the next message)
+    // is prefilled once the engine is idle: the next turn reuses it too, with the same answer.
+    let boundary = tokens(5, 4, vocab);
+    let turn3 = [turn2.clone(), again.tokens.clone(), tokens(6, 5, vocab)].concat();
+    let before = m.prompt_tokens_total;
+    let mut request = Request::new(turn3.clone(), 9);
+    request.ignore_eos = true;
+    request.turn_boundary = boundary.clone();
+    let a3 = collect(warm.submit(request).unwrap());
+    assert_eq!(a3.tokens, run(&cold, &turn3, 9).tokens);
+    // Its prompt's uncached part, then the answer's last token and the boundary.
+    let prefilled = before + (turn3.len() - a3.finish.usage.cached_tokens + 1 + boundary.len()) as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while warm.metrics().borrow().prompt_tokens_total < prefilled {
+        assert!(Instant::now() < deadline, "the turn boundary was not prefilled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let turn4 = [turn3.clone(), a3.tokens.clone(), boundary.clone(), tokens(7, 6, vocab)].concat();
+    let a4 = both(&turn4, 8);
+    assert_eq!(a4.finish.usage.cached_tokens, turn3.len() + a3.tokens.len() + boundary.len(), "through the boundary");
+    let m = wait_idle(&warm);
+    assert_eq!(m.recent.len(), 7, "seven requests: the boundary's prefill is the engine's own, not one");
     warm.shutdown();
     cold.shutdown();
 }
@@ -446,6 +469,37 @@ async fn dialects_report_reused_tokens_and_explain_a_miss() {
         miss["after"].as_str().unwrap().contains("Tues") || miss["before"].as_str().unwrap().contains("Today is"),
         "{miss}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chat_answers_next_turn_finds_the_turn_boundary_prefilled() {
+    use common::api::*;
+    use serde_json::json;
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    let system = "You are a careful coding agent. Read the file before you edit it; run the tests.";
+    let mut messages =
+        vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": "Fix the bug."})];
+    let before = h.engine.snapshot().prompt_tokens_total;
+    let body = json!({"model": h.id, "messages": messages, "max_tokens": 6, "temperature": 0});
+    let (_, first) = send_json(&h, post("/v1/chat/completions", body.to_string())).await;
+    let usage = &first["usage"];
+    let (prompt, answer) = (usage["prompt_tokens"].as_u64().unwrap(), usage["completion_tokens"].as_u64().unwrap());
+    let evaluated = prompt - usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // The engine goes on to prefill the end of the answer's turn and the start of the next
+    // message (SmolLM2's template: `<|im_end|>`, `\n`, `<|im_start|>`, `user`).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.engine.snapshot().prompt_tokens_total <= before + evaluated {
+        assert!(Instant::now() < deadline, "the turn boundary was not prefilled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    messages.push(json!({"role": "assistant", "content": first["choices"][0]["message"]["content"]}));
+    messages.push(json!({"role": "user", "content": "Now run the tests."}));
+    let body = json!({"model": h.id, "messages": messages, "max_tokens": 4, "temperature": 0});
+    let (_, next) = send_json(&h, post("/v1/chat/completions", body.to_string())).await;
+    let cached = next["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // Without it: at most the prompt and the answer, less its last token (never fed).
+    assert!(cached >= prompt + answer + 3, "the turn boundary is reused: {cached} of {next}");
 }
 
 #[test]

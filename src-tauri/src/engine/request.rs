@@ -32,6 +32,11 @@ pub struct Request {
     /// Where each chat message's text starts in the rendered prompt (characters), so that a
     /// prefix-cache miss can be told by message (empty for raw prompts).
     pub message_starts: Vec<usize>,
+    /// What the chat template puts between an answer and the next message (ChatML:
+    /// `<|im_end|>`, `\n`, `<|im_start|>`, `user`). Once the answer is done and the engine has
+    /// nothing else to do, it prefills them after the answer, so the conversation's next turn
+    /// finds them in the prefix cache (empty: not a chat, or no such tokens).
+    pub turn_boundary: Vec<u32>,
 }
 
 impl Request {
@@ -48,6 +53,7 @@ impl Request {
             grammar: None,
             special_text_tokens: Vec::new(),
             message_starts: Vec::new(),
+            turn_boundary: Vec::new(),
         }
     }
 }

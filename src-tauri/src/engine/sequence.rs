@@ -36,6 +36,8 @@ pub(crate) struct Sequence {
     pub cache_miss: Option<super::metrics::CacheMiss>,
     /// How it ended, once it has.
     pub finished: Option<FinishReason>,
+    /// The engine's own prefill of a conversation's turn boundary (no caller, not counted).
+    pub warm: bool,
     /// Its figures, once it has ended.
     pub record: Option<RecentRequest>,
     arrived: Instant,
@@ -76,6 +78,7 @@ impl Sequence {
             restore_time: std::time::Duration::ZERO,
             cache_miss: None,
             finished: None,
+            warm: false,
             record: None,
             request,
             events,

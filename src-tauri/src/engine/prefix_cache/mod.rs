@@ -160,6 +160,11 @@ impl PrefixCache {
             (hot.bytes() <= room && hot.caches.iter().all(|c| c.offset() as usize == tokens.len())).then_some(hot);
     }
 
+    /// How many leading tokens of `tokens` the kept buffers hold (0 when none are kept).
+    pub fn hot_shares(&self, tokens: &[u32]) -> usize {
+        self.hot.as_ref().map_or(0, |h| h.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count())
+    }
+
     /// Empties both tiers.
     pub fn clear(&mut self) {
         self.hot = None;
@@ -198,7 +203,8 @@ impl PrefixCache {
         self.store.shrink_to(self.budget);
     }
 
-    /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers.
+    /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers
+    /// (not counted in the hit figures: a request's lookup is, by `count`).
     pub fn restore(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Restored> {
         self.pull_from_disk(prompt, limit);
         let found = self.store.find(prompt, limit);
@@ -213,8 +219,6 @@ impl PrefixCache {
                 // The conversation's own buffers, cut back to what the prompt shares: no copy.
                 let tokens = shared;
                 hot.caches.iter_mut().for_each(|c| c.truncate(tokens as i32));
-                self.hits += 1;
-                self.tokens_reused += tokens as u64;
                 return Ok(Restored { tokens, caches: hot.caches, divergence });
             }
             hot => self.hot = hot,
@@ -238,13 +242,17 @@ impl PrefixCache {
                 caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
             mlx_rs::transforms::eval(&arrays)?;
         }
+        Ok(Restored { tokens, caches, divergence })
+    }
+
+    /// Counts a request's lookup that reused `tokens` (0: a miss) in the hit figures.
+    pub fn count(&mut self, tokens: usize) {
         if tokens > 0 {
             self.hits += 1;
             self.tokens_reused += tokens as u64;
         } else {
             self.misses += 1;
         }
-        Ok(Restored { tokens, caches, divergence })
     }
 
     /// Stores the blocks of `tokens`, the sequence of batch row `row`.

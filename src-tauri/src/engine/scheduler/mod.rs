@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_rs::{Array, Dtype};
-use tokio::sync::{mpsc::UnboundedSender, watch};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 
 mod prefill;
+mod warm;
 
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
@@ -26,6 +28,11 @@ use crate::model::{BatchKvCache, LoadedModel};
 
 /// How often an idle engine republishes its metrics.
 const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long an engine stays idle before it prefills a finished answer's turn boundary: a
+/// client that sends its next turn at once (a script, an agent's quick tool) finds the engine
+/// free instead of in that prefill; one that takes longer (a person, a build, a test run)
+/// finds the boundary prefilled.
+const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(150);
 
 pub(crate) enum Command {
     Submit { id: RequestId, request: Box<Request>, events: UnboundedSender<Event> },
@@ -47,6 +54,10 @@ pub(crate) struct Scheduler {
     cache: Vec<BatchKvCache>,
     /// Keys and values of sequences seen before (`None`: turned off).
     prefix: Option<PrefixCache>,
+    /// What the last finished chat answer's next turn starts with, to prefill when idle (`warm`).
+    next_turn: Option<Vec<u32>>,
+    /// The event stream of that prefill, held so that it never reads as abandoned.
+    warm_events: Option<UnboundedReceiver<Event>>,
     reserved_bytes: usize,
     /// How much prefill a step may do while rows decode.
     pacing: Pacing,
@@ -100,6 +111,8 @@ impl Scheduler {
             running: Vec::new(),
             cache,
             prefix,
+            next_turn: None,
+            warm_events: None,
             reserved_bytes: 0,
             pacing,
             queued,
@@ -121,9 +134,15 @@ impl Scheduler {
         loop {
             while self.is_idle() {
                 // Nothing to do: sleep until a command arrives, waking now and then so that the
-                // published rates fall back to zero.
+                // published rates fall back to zero. A finished answer's turn boundary is
+                // prefilled once nothing has come for a moment (`warm`).
                 self.publish_metrics(0, 0);
-                match inbox.recv_timeout(IDLE_REFRESH) {
+                let command = match inbox.recv_timeout(if self.next_turn.is_some() { WARM_AFTER } else { IDLE_REFRESH })
+                {
+                    Err(RecvTimeoutError::Timeout) if self.start_next_turn() => break,
+                    command => command,
+                };
+                match command {
                     Ok(command) => {
                         if !self.handle(command) {
                             return self.shut_down();
@@ -295,6 +314,9 @@ impl Scheduler {
             if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row) {
                 tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
             }
+            if let Some(next_turn) = warm::next_turn_start(seq) {
+                self.next_turn = Some(next_turn);
+            }
             // The batch's only row, leaving it empty: its buffers are kept whole for the
             // conversation's next turn (the batch lets go of them right after).
             if keep.is_empty() && self.running.len() == 1 {
@@ -310,6 +332,9 @@ impl Scheduler {
     fn release(&mut self, seq: &Sequence) {
         if seq.reserved {
             self.reserved_bytes -= seq.reserved_bytes;
+        }
+        if seq.warm {
+            return;
         }
         self.count_end(seq.finished);
         if let Some(record) = &seq.record {

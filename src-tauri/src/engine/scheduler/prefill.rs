@@ -213,7 +213,7 @@ impl Scheduler {
     }
 
     /// Admitted requests (with their caches) become the group's last rows.
-    fn add_to_group(&mut self, admitted: Vec<(Sequence, Vec<KvCache>)>) {
+    pub(super) fn add_to_group(&mut self, admitted: Vec<(Sequence, Vec<KvCache>)>) {
         if admitted.is_empty() {
             return;
         }
@@ -251,7 +251,7 @@ impl Scheduler {
 
     /// Takes a request in: reserves its KV and restores its prompt's cached start (or resumes a
     /// set-aside prefill); returns it with its caches, to join the group.
-    fn admit(&mut self, mut seq: Sequence) -> (Sequence, Vec<KvCache>) {
+    pub(super) fn admit(&mut self, mut seq: Sequence) -> (Sequence, Vec<KvCache>) {
         if !seq.reserved {
             self.reserved_bytes += seq.reserved_bytes;
             seq.reserved = true;
@@ -282,6 +282,10 @@ impl Scheduler {
         seq.restore_time = began.elapsed();
         match restored {
             Ok(restored) => {
+                // The engine's own prefills (`warm`) are not requests: not in the hit figures.
+                if !seq.warm {
+                    prefix.count(restored.tokens);
+                }
                 seq.cached_tokens = restored.tokens;
                 seq.cache_miss = restored.divergence.and_then(|d| explain_miss(d, &seq.request, &self.model.tokenizer));
                 if let Some(miss) = &seq.cache_miss {
@@ -321,6 +325,19 @@ impl Scheduler {
                 let seq = &self.group[row];
                 if let Err(e) = prefix.store_row(&seq.request.prompt_ids[..seq.prefilled], &self.group_cache, row) {
                     tracing::warn!("prefix cache: cannot store a prompt: {e}");
+                }
+            }
+        }
+        // A lone request that ended at its first token (a turn boundary's prefill): its buffers
+        // are kept whole, as the running batch's last row's are when it leaves.
+        if let ([row], 1, true, Some(prefix)) =
+            (done.as_slice(), self.group.len(), self.running.is_empty(), self.prefix.as_mut())
+        {
+            let seq = &self.group[*row];
+            if matches!(seq.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+                let caches: Option<Vec<_>> = self.group_cache.iter().map(BatchKvCache::only_row).collect();
+                if let Some(caches) = caches {
+                    prefix.keep_hot(&seq.request.prompt_ids[..seq.prefilled], caches);
                 }
             }
         }

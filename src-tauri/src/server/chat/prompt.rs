@@ -13,7 +13,7 @@ use super::structured::{answer_shape, AnswerShape, ToolMode};
 use crate::engine::{ModelInfo, RequestStream};
 use crate::server::{ApiError, AppState};
 use crate::store::Served;
-use crate::tokenizer::chat_template::RenderRequest;
+use crate::tokenizer::chat_template::{ChatTemplate, RenderRequest};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -150,6 +150,8 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     let parser = AnswerParser::new(&shape.mode, reasoning);
     engine_request.grammar = shape.grammar.clone();
     engine_request.message_starts = message_starts;
+    engine_request.turn_boundary =
+        turn_boundary(template, &info.tokenizer, request.chat_template_kwargs.clone().unwrap_or_default());
     let stream = served.engine.submit(engine_request)?;
     Ok(StartedChat {
         model: served.id,
@@ -160,6 +162,29 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
         logprobs,
         prompt_tokens,
     })
+}
+
+/// The tokens the chat template writes between an answer and the next user message, found by
+/// rendering a short conversation (for the engine to prefill once the answer is done). Trailing
+/// whitespace is left out: it may be written together with the message's first characters.
+/// Empty when the template does not render such a conversation as expected.
+fn turn_boundary(template: &ChatTemplate, tokenizer: &Tokenizer, extra: Map<String, Value>) -> Vec<u32> {
+    const ANSWER: &str = "Answer A.";
+    const NEXT: &str = "Message B.";
+    let messages = [
+        json!({"role": "user", "content": "Message A."}),
+        json!({"role": "assistant", "content": ANSWER}),
+        json!({"role": "user", "content": NEXT}),
+    ];
+    let render = RenderRequest { messages: &messages, tools: None, add_generation_prompt: false, extra };
+    let Ok(text) = template.render(&render) else { return Vec::new() };
+    let Some(start) = text.find(ANSWER).map(|at| at + ANSWER.len()) else { return Vec::new() };
+    let Some(end) = text[start..].find(NEXT).map(|at| start + at) else { return Vec::new() };
+    let mut ids = tokenizer.encode(&text[start..end], false, true).unwrap_or_default();
+    while ids.last().is_some_and(|&id| tokenizer.decode(&[id], false).is_ok_and(|t| t.trim().is_empty())) {
+        ids.pop();
+    }
+    ids
 }
 
 /// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
