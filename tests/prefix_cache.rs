@@ -365,6 +365,27 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     third.shutdown();
     // Removed when read, then written again from the fresh prefill.
     assert_ne!(std::fs::read(&flipped_file).unwrap(), flipped, "the corrupt file is gone");
+
+    // A corrupt block in the middle of a prompt read from disk: what comes before it is used.
+    let second_block: String = turn2[64..128].iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let second_file = cache_files(cache.path())
+        .into_iter()
+        .find(|p| {
+            String::from_utf8_lossy(
+                &std::fs::read(p).unwrap()[..4096.min(std::fs::metadata(p).unwrap().len() as usize)],
+            )
+            .contains(&format!("\"tokens\":\"{second_block}\""))
+        })
+        .expect("the second block is on disk");
+    let mut bytes = std::fs::read(&second_file).unwrap();
+    let middle = bytes.len() - 100;
+    bytes[middle] ^= 0x55;
+    std::fs::write(&second_file, &bytes).unwrap();
+    let fourth = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let a4 = run(&fourth, &turn2, 8);
+    assert_eq!(a4.finish.usage.cached_tokens, 64, "the first block only");
+    assert_eq!(a4.tokens, a3.tokens, "the same answer");
+    fourth.shutdown();
     cold.shutdown();
 }
 

@@ -473,6 +473,102 @@ impl DiskTier {
         Some(BlockFile { parent, tokens, layers })
     }
 
+    /// Per layer, the dtype, heads and head size of block `key`'s keys, then of its values;
+    /// `None` when its file cannot be read or is not this model's block.
+    pub fn layer_shapes(&self, key: &BlockKey) -> Option<Vec<(Dtype, i32, i32)>> {
+        let (header, _) = read_header(&self.path(key)).ok()?;
+        let (_, tokens) = self.check_header(key, &header)?;
+        let layers: usize = header.get("__metadata__")?.get("layers")?.as_str()?.parse().ok()?;
+        (0..layers)
+            .flat_map(|l| [format!("k.{l}"), format!("v.{l}")])
+            .map(|name| TensorEntry::parse(header.get(&name)?, tokens.len()).map(|t| (t.dtype, t.shape[1], t.shape[3])))
+            .collect()
+    }
+
+    /// Reads block `key` from its file straight into `dest` (per layer, its keys' and then its
+    /// values' buffer, `[1, H, capacity, D]`, with their dtype): its first `used` tokens go to
+    /// columns `column..column + used`, the rest is only checked. The whole file is checked
+    /// (identity, key, layout, shapes, checksum); false when anything is wrong: the file is
+    /// removed and what was written must not be used.
+    pub fn read_into(
+        &mut self,
+        key: &BlockKey,
+        dest: &mut [(Dtype, &mut [u8])],
+        capacity: usize,
+        column: usize,
+        used: usize,
+    ) -> bool {
+        if !self.entries.contains_key(key) {
+            return false;
+        }
+        let path = self.path(key);
+        if self.read_checked(key, &path, dest, capacity, column, used).is_some() {
+            self.hits += 1;
+            self.clock += 1;
+            let clock = self.clock;
+            if let Some(e) = self.entries.get_mut(key) {
+                e.used = clock;
+            }
+            return true;
+        }
+        tracing::warn!("prefix cache: removed an unreadable or foreign file {}", path.display());
+        self.removed_bad += 1;
+        self.remove(key);
+        false
+    }
+
+    fn read_checked(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        dest: &mut [(Dtype, &mut [u8])],
+        capacity: usize,
+        column: usize,
+        used: usize,
+    ) -> Option<()> {
+        use std::io::Read;
+        let mut file = fs::File::open(path).ok()?;
+        let (header, header_len) = read_header_from(&mut file).ok()?;
+        let (_, tokens) = self.check_header(key, &header)?;
+        let meta = header.get("__metadata__")?.as_object()?;
+        let sum: u64 = meta.get("xxh3")?.as_str()?.parse().ok()?;
+        let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
+        (layers * 2 == dest.len() && used <= tokens.len()).then_some(())?;
+        let data_len = file.metadata().ok()?.len().checked_sub(8 + header_len)?;
+        // Keys and values of every layer, in file order; they must fill the data exactly, one
+        // after the other, as `write_file` lays them out.
+        let mut tensors = (0..layers)
+            .flat_map(|l| [format!("k.{l}"), format!("v.{l}")])
+            .enumerate()
+            .map(|(i, name)| Some((i, TensorEntry::parse(header.get(&name)?, tokens.len())?)))
+            .collect::<Option<Vec<_>>>()?;
+        tensors.sort_by_key(|(_, t)| t.start);
+        let mut end = 0;
+        for (_, t) in &tensors {
+            (t.start == end).then_some(())?;
+            end = t.end;
+        }
+        (end == data_len).then_some(())?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut unused = Vec::new();
+        for (i, t) in &tensors {
+            let (dtype, dest) = &mut dest[*i];
+            let (heads, row) = (t.shape[1] as usize, t.shape[3] as usize * Tensor::element_size(t.dtype)?);
+            (*dtype == t.dtype && dest.len() == heads * capacity * row && column + used <= capacity).then_some(())?;
+            // Each head's tokens are contiguous in the file and in the buffer.
+            for head in 0..heads {
+                let at = (head * capacity + column) * row;
+                let part = &mut dest[at..at + used * row];
+                file.read_exact(part).ok()?;
+                hasher.update(part);
+                unused.resize((tokens.len() - used) * row, 0);
+                file.read_exact(&mut unused).ok()?;
+                hasher.update(&unused);
+            }
+        }
+        (hasher.digest() == sum).then_some(())
+    }
+
     /// Removes every file of this model.
     pub fn clear(&mut self) {
         let keys: Vec<BlockKey> = self.entries.keys().copied().collect();
@@ -519,8 +615,13 @@ fn lower_priority() {
 
 /// The header of a safetensors file, and its length.
 fn read_header(path: &Path) -> std::io::Result<(Map<String, Value>, u64)> {
+    read_header_from(&mut fs::File::open(path)?)
+}
+
+/// The header of the safetensors file `file` (read from its start), and its length; the file
+/// is left at the start of the data.
+fn read_header_from(file: &mut fs::File) -> std::io::Result<(Map<String, Value>, u64)> {
     use std::io::Read;
-    let mut file = fs::File::open(path)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len)?;
     let len = u64::from_le_bytes(len);
@@ -531,6 +632,38 @@ fn read_header(path: &Path) -> std::io::Result<(Map<String, Value>, u64)> {
     file.read_exact(&mut header)?;
     let header = serde_json::from_slice::<Value>(&header).ok().and_then(|v| v.as_object().cloned());
     header.map(|h| (h, len)).ok_or_else(|| std::io::Error::other("not a safetensors header"))
+}
+
+/// One tensor of a block file as its header describes it.
+struct TensorEntry {
+    dtype: Dtype,
+    shape: Vec<i32>,
+    start: u64,
+    end: u64,
+}
+
+impl TensorEntry {
+    /// A block's keys or values, `[1, H, tokens, D]`, whose byte range matches the shape.
+    fn parse(entry: &Value, tokens: usize) -> Option<TensorEntry> {
+        let t = entry.as_object()?;
+        let dtype = dtype_of(t.get("dtype")?.as_str()?)?;
+        let shape: Vec<i32> = t
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|d| d.as_i64().and_then(|d| i32::try_from(d).ok()))
+            .collect::<Option<_>>()?;
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let count: u64 = shape.iter().map(|&d| u64::try_from(d).ok()).product::<Option<u64>>()?;
+        let sized = end >= start && end - start == count * Tensor::element_size(dtype)? as u64;
+        (sized && shape.len() == 4 && shape[0] == 1 && shape[2] as usize == tokens).then_some(TensorEntry {
+            dtype,
+            shape,
+            start,
+            end,
+        })
+    }
 }
 
 /// The header and the data of a safetensors file.

@@ -32,6 +32,7 @@ pub use key::BlockKey;
 pub use store::Divergence;
 use store::{BlockStore, Payload};
 
+use crate::model::kv_cache::{spare_capacity, Buffers};
 use crate::model::{BatchKvCache, KvCache, LoadedModel};
 
 /// Tokens per block: small enough that little is lost where prompts diverge, large enough that a
@@ -203,9 +204,91 @@ impl PrefixCache {
         self.store.shrink_to(self.budget);
     }
 
+    /// A prompt whose start is on disk only (the first request after a restart, or after RAM
+    /// evicted it): its blocks are read straight into the request's new caches, one copy from
+    /// the page cache, instead of into the RAM tier and copied again from there (page faults
+    /// on fresh memory make each copy of a long prompt's keys and values cost ~0.1 s here).
+    /// `None` when the RAM tier or the kept buffers hold its first block, or nothing is on disk.
+    fn restore_from_disk(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Option<Restored>> {
+        let tokens = &prompt[..limit.min(prompt.len())];
+        let root = self.store.root();
+        let Some(first) = tokens.chunks_exact(BLOCK_TOKENS).next().map(|chunk| chain(&root, chunk)) else {
+            return Ok(None);
+        };
+        let in_ram = self.store.contains(&first) || self.hot_shares(tokens) >= BLOCK_TOKENS;
+        let Some(disk) = self.disk.as_mut().filter(|d| !in_ram && d.contains(&first)) else { return Ok(None) };
+        // Whole blocks by key, then the stored block that shares most of the rest (mid-block
+        // reuse, as the RAM tier's lookup does).
+        let (mut plan, mut parent, mut matched) = (Vec::new(), root, 0);
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            let key = chain(&parent, chunk);
+            if !disk.contains(&key) {
+                break;
+            }
+            plan.push((key, BLOCK_TOKENS));
+            (parent, matched) = (key, matched + BLOCK_TOKENS);
+        }
+        let rest = &tokens[matched..];
+        let mut divergence = None;
+        let best = disk
+            .children(&parent)
+            .into_iter()
+            .map(|(key, cached)| (cached.iter().zip(rest).take_while(|(a, b)| a == b).count(), cached, key));
+        if let Some((common, cached, key)) = best.max_by_key(|(common, cached, _)| (*common, usize::MAX - cached.len()))
+        {
+            if common > 0 {
+                plan.push((key, common));
+            }
+            if common < cached.len() && common < rest.len() {
+                let resumes = store::resumes(&cached[common..], &rest[common..]);
+                divergence =
+                    Some(Divergence { position: matched + common, cached_through: matched + cached.len(), resumes });
+            }
+        }
+        let Some(shapes) = disk.layer_shapes(&first).filter(|s| s.len() == 2 * layers) else { return Ok(None) };
+        let total: usize = plan.iter().map(|(_, n)| n).sum();
+        let capacity = spare_capacity(total.max(prompt.len()) as i32);
+        let mut buffers = shapes
+            .iter()
+            .map(|&(dtype, heads, dim)| mlx_rs::ops::zeros_dtype(&[1, heads, capacity, dim], dtype))
+            .collect::<std::result::Result<Vec<Array>, _>>()?;
+        mlx_rs::transforms::eval(&buffers)?;
+        let mut column = 0;
+        {
+            let Some(mut dest) = buffers
+                .iter_mut()
+                .map(|b| Some((b.dtype(), crate::mlx::exclusive_bytes(b)?)))
+                .collect::<Option<Vec<_>>>()
+            else {
+                return Ok(None);
+            };
+            for (key, used) in &plan {
+                if !disk.read_into(key, &mut dest, capacity as usize, column, *used) {
+                    divergence = None;
+                    break;
+                }
+                column += used;
+            }
+        }
+        if column == 0 {
+            return Ok(None);
+        }
+        let mut buffers = buffers.into_iter();
+        let caches = (0..layers)
+            .map(|_| {
+                let (keys, values) = (buffers.next(), buffers.next());
+                KvCache::from_buffers(Buffers { keys, values }, column as i32)
+            })
+            .collect();
+        Ok(Some(Restored { tokens: column, caches, divergence }))
+    }
+
     /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers
     /// (not counted in the hit figures: a request's lookup is, by `count`).
     pub fn restore(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Restored> {
+        if let Some(restored) = self.restore_from_disk(prompt, limit, layers)? {
+            return Ok(restored);
+        }
         self.pull_from_disk(prompt, limit);
         let found = self.store.find(prompt, limit);
         let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();

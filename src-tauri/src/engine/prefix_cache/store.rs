@@ -41,7 +41,7 @@ pub struct Divergence {
 /// Whether `cached` (the cached tokens after a divergence) shows up again in `prompt` (the
 /// prompt's tokens after it) within a few tokens: a run of 8 cached tokens, skipped 1 to 4
 /// tokens into the cached side, found among the first 24 of the prompt's.
-fn resumes(cached: &[u32], prompt: &[u32]) -> bool {
+pub(super) fn resumes(cached: &[u32], prompt: &[u32]) -> bool {
     const RUN: usize = 8;
     (1..=4).any(|skip| {
         let Some(run) = cached.get(skip..skip + RUN) else { return false };
