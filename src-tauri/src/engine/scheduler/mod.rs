@@ -368,7 +368,8 @@ impl Scheduler {
         let memory = mlx::memory_stats();
         let m = &mut self.metrics;
         m.running = self.running.len();
-        m.queued = self.waiting.len() + self.group.len();
+        // The engine's own turn-boundary prefill is not a request waiting for an answer.
+        m.queued = self.waiting.len() + self.group.iter().filter(|s| !s.warm).count();
         m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
