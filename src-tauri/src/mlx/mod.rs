@@ -28,9 +28,6 @@ impl Backend {
         let gpu = gpu_available();
         let device = if gpu { Device::gpu() } else { Device::cpu() };
         Device::set_default(&device);
-        if !gpu {
-            keep_freed_buffers();
-        }
         Backend { gpu }
     }
 
@@ -53,19 +50,6 @@ impl Backend {
             (true, false) => "gpu",
             (false, _) => "cpu",
         }
-    }
-}
-
-/// On the CPU, MLX keeps at most 32 MB of freed buffers for reuse (on Metal it keeps up to its
-/// memory limit), so every large buffer a forward makes (a 512-token chunk's attention scores are
-/// ~90 MB a layer at 4k tokens of context; a restored prompt's keys and values ~200 MB) comes
-/// fresh from the system, and fresh memory costs page faults: ~0.45 ms per MB on this project's
-/// x86 machines, measured (a 200 MB allocation: ~90-130 ms, reused from MLX's cache: 12 ms). A
-/// quarter of usable memory, at most 4 GiB, is kept instead.
-fn keep_freed_buffers() {
-    let limit = (usable_memory_bytes() / 4).min(4 << 30) as usize;
-    if let Err(e) = mlx_rs::memory::set_cache_limit(limit) {
-        tracing::warn!("cannot set MLX's buffer cache limit: {e}");
     }
 }
 
