@@ -410,23 +410,27 @@ impl DiskTier {
     pub fn read(&mut self, key: &BlockKey) -> Option<BlockFile> {
         self.entries.get(key)?;
         let path = self.path(key);
-        match read_file(&path).ok().and_then(|(header, file, start)| self.decode(key, &header, Arc::new(file), start)) {
-            Some(block) => {
-                self.hits += 1;
-                self.clock += 1;
-                let clock = self.clock;
-                if let Some(e) = self.entries.get_mut(key) {
-                    e.used = clock;
-                }
-                Some(block)
+        let block =
+            read_file(&path).ok().and_then(|(header, file, start)| self.decode(key, &header, Arc::new(file), start));
+        self.count_read(key, &path, block.is_some()).then_some(block).flatten()
+    }
+
+    /// Counts a read of `key`'s file: a hit marks it recently used; a bad file is removed.
+    /// Returns `ok`.
+    fn count_read(&mut self, key: &BlockKey, path: &Path, ok: bool) -> bool {
+        if ok {
+            self.hits += 1;
+            self.clock += 1;
+            let clock = self.clock;
+            if let Some(e) = self.entries.get_mut(key) {
+                e.used = clock;
             }
-            None => {
-                tracing::warn!("prefix cache: removed an unreadable or foreign file {}", path.display());
-                self.removed_bad += 1;
-                self.remove(key);
-                None
-            }
+        } else {
+            tracing::warn!("prefix cache: removed an unreadable or foreign file {}", path.display());
+            self.removed_bad += 1;
+            self.remove(key);
         }
+        ok
     }
 
     /// The block in `file`, whose tensor data starts at `start`.
@@ -502,19 +506,8 @@ impl DiskTier {
             return false;
         }
         let path = self.path(key);
-        if self.read_checked(key, &path, dest, capacity, column, used).is_some() {
-            self.hits += 1;
-            self.clock += 1;
-            let clock = self.clock;
-            if let Some(e) = self.entries.get_mut(key) {
-                e.used = clock;
-            }
-            return true;
-        }
-        tracing::warn!("prefix cache: removed an unreadable or foreign file {}", path.display());
-        self.removed_bad += 1;
-        self.remove(key);
-        false
+        let ok = self.read_checked(key, &path, dest, capacity, column, used).is_some();
+        self.count_read(key, &path, ok)
     }
 
     fn read_checked(
