@@ -85,6 +85,10 @@ pub struct Metrics {
     /// Tokens held in the batch's KV cache, and its allocated bytes.
     pub kv_tokens: usize,
     pub kv_bytes: usize,
+    /// Of those, the prompt start held once for the rows that share it.
+    pub kv_shared_bytes: usize,
+    /// The most `kv_bytes` has been since the model was loaded.
+    pub kv_peak_bytes: usize,
     /// Bytes reserved for admitted requests, and the budget they must fit in.
     pub kv_reserved_bytes: usize,
     pub kv_budget_bytes: usize,

@@ -28,6 +28,8 @@ pub(crate) struct Sequence {
     pub next_input: u32,
     /// Prompt tokens restored from the prefix cache.
     pub cached_tokens: usize,
+    /// Prompt tokens its row takes from the shared segment instead of holding them (0: none).
+    pub shared_prefix: usize,
     /// Prefill forwards its prompt took (more than one when long or pre-empted).
     pub prefill_chunks: usize,
     /// Time spent restoring its prompt's cached start.
@@ -74,6 +76,7 @@ impl Sequence {
             prefilled: 0,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
             cached_tokens: 0,
+            shared_prefix: 0,
             prefill_chunks: 0,
             restore_time: std::time::Duration::ZERO,
             cache_miss: None,

@@ -8,15 +8,44 @@
 //! tokens of SmolLM2), so: a batch with no rows adopts a lone row's buffers or a whole batch
 //! as they are; rows that join together are copied once, in one build of the new buffers; and
 //! every build leaves spare columns so the next steps write in place.
+//!
+//! A prompt start that several rows share (agents with one long system prompt) can be held once,
+//! as a [`SharedKv`] segment: a row that uses it keeps only what follows it in its own columns,
+//! and attention looks at the segment, then at the row's own columns. Without it every row of
+//! the dense buffers would be as wide as the shared prompt.
 
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
-use mlx_rs::ops::zeros_dtype;
+use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
 use crate::model::kv_cache::{spare_capacity, Buffers, KvCache};
 use crate::model::layers::AttentionMask;
+
+/// The keys and values of a prompt start shared by rows, `[1, H, P, D]` each, held once.
+#[derive(Clone)]
+pub struct SharedKv {
+    /// Tells one segment from another (the same segment is set on every batch that uses it).
+    pub id: u64,
+    pub keys: Array,
+    pub values: Array,
+}
+
+impl SharedKv {
+    /// Its tokens: positions `0..len` of every row that uses it.
+    pub fn len(&self) -> i32 {
+        self.keys.dim(2)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.keys.nbytes() + self.values.nbytes()
+    }
+}
 
 #[derive(Default, Clone)]
 pub struct BatchKvCache {
@@ -25,13 +54,18 @@ pub struct BatchKvCache {
     idx: i32,
     /// Per row: the columns before its first token.
     left_padding: Vec<i32>,
+    /// The shared start, and per row whether its sequence begins with it.
+    shared: Option<SharedKv>,
+    after_shared: Vec<bool>,
 }
 
-/// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, and each
-/// row's left padding within them (`None`: rows that hold nothing yet).
+/// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, each
+/// row's left padding within them (`None`: rows that hold nothing yet), and whether each row's
+/// own columns follow the shared segment.
 struct Part {
     contents: Option<(Array, Array)>,
     padding: Vec<i32>,
+    after_shared: Vec<bool>,
     width: i32,
 }
 
@@ -44,22 +78,55 @@ impl BatchKvCache {
         self.left_padding.len()
     }
 
-    /// Tokens cached for each row.
+    /// Tokens cached for each row (the shared segment's included).
     pub fn lengths(&self) -> Vec<i32> {
-        self.left_padding.iter().map(|p| self.idx - p).collect()
+        (0..self.rows()).map(|r| self.idx - self.left_padding[r] + self.shared_len(r)).collect()
     }
 
-    /// Columns in use (longest row plus padding); the attention work per step.
+    /// Tokens row `row` takes from the shared segment (0 or all of it).
+    fn shared_len(&self, row: usize) -> i32 {
+        match &self.shared {
+            Some(shared) if self.after_shared[row] => shared.len(),
+            _ => 0,
+        }
+    }
+
+    /// Columns in use (longest row's own part plus padding); the attention work per step
+    /// besides the shared segment.
     pub fn width(&self) -> i32 {
         self.idx
     }
 
+    /// Bytes of the rows' own buffers (the shared segment is counted by whoever holds it).
     pub fn nbytes(&self) -> usize {
         self.buffers.nbytes()
     }
 
-    /// Row `row`'s keys and values, `[1, H, length, D]` each (`None` while it holds nothing).
-    pub fn row_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
+    /// The shared segment, when a row uses it.
+    fn active_shared(&self) -> Option<&SharedKv> {
+        self.shared.as_ref().filter(|_| self.after_shared.contains(&true))
+    }
+
+    /// Whether row `row` begins with the shared segment.
+    pub fn is_after_shared(&self, row: usize) -> bool {
+        self.after_shared[row]
+    }
+
+    /// Sets the segment rows pushed with `after_shared` follow; fails while rows use another.
+    pub fn set_shared(&mut self, shared: &SharedKv) -> Result<()> {
+        match &self.shared {
+            Some(current) if current.id != shared.id && self.after_shared.contains(&true) => {
+                Err(crate::model::ModelError::Mlx("the batch's rows use another shared segment".into()))
+            }
+            _ => {
+                self.shared = Some(shared.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// Row `row`'s own keys and values, `[1, H, length, D]` each (`None` while it holds none).
+    fn own_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
         let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) else { return Ok(None) };
         let (r, pad) = (row as i32, self.left_padding[row]);
         if pad >= self.idx {
@@ -68,10 +135,34 @@ impl BatchKvCache {
         Ok(Some((k.try_index((r..r + 1, .., pad..self.idx, ..))?, v.try_index((r..r + 1, .., pad..self.idx, ..))?)))
     }
 
+    /// Row `row`'s keys and values in order, `[1, H, n, D]` each: the shared segment (when the
+    /// row follows it), then its own columns. No copy.
+    pub fn row_segments(&self, row: usize) -> Result<Vec<(Array, Array)>> {
+        let mut out = Vec::with_capacity(2);
+        if let Some(shared) = self.shared.as_ref().filter(|_| self.after_shared[row]) {
+            out.push((shared.keys.clone(), shared.values.clone()));
+        }
+        out.extend(self.own_contents(row)?);
+        Ok(out)
+    }
+
+    /// Row `row`'s keys and values, `[1, H, length, D]` each (`None` while it holds nothing);
+    /// a copy when the row follows the shared segment.
+    pub fn row_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
+        let segments = self.row_segments(row)?;
+        if segments.len() < 2 {
+            return Ok(segments.into_iter().next());
+        }
+        let (keys, values): (Vec<Array>, Vec<Array>) = segments.into_iter().unzip();
+        Ok(Some((concatenate(&keys, 2)?, concatenate(&values, 2)?)))
+    }
+
     /// The batch's only row as a cache of its own, sharing the buffers (no copy); `None` when
-    /// it has another number of rows or the row does not start at column 0.
+    /// it has another number of rows, the row does not start at column 0 or follows the
+    /// shared segment.
     pub fn only_row(&self) -> Option<KvCache> {
-        (self.rows() == 1 && self.left_padding[0] == 0).then(|| KvCache::from_buffers(self.buffers.clone(), self.idx))
+        (self.rows() == 1 && self.left_padding[0] == 0 && !self.after_shared[0])
+            .then(|| KvCache::from_buffers(self.buffers.clone(), self.idx))
     }
 
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
@@ -82,16 +173,38 @@ impl BatchKvCache {
     /// Adds sequences (their single-row caches, possibly empty) as the last rows, in one copy;
     /// a batch with no rows takes a lone row's buffers as they are.
     pub fn push_rows(&mut self, rows: &[&KvCache]) -> Result<()> {
+        self.push_rows_with(&rows.iter().map(|row| (*row, false)).collect::<Vec<_>>())
+    }
+
+    /// [`Self::push_rows`] for rows `(cache, after_shared)`: an `after_shared` row's cache holds
+    /// what follows the shared segment (set first with [`Self::set_shared`]).
+    pub fn push_rows_with(&mut self, rows: &[(&KvCache, bool)]) -> Result<()> {
+        if rows.iter().any(|(_, after)| *after) && self.shared.is_none() {
+            return Err(crate::model::ModelError::Mlx("a row follows a shared segment the batch lacks".into()));
+        }
         match rows {
             [] => Ok(()),
-            [row] if self.rows() == 0 => {
-                *self = BatchKvCache { buffers: row.buffers().clone(), idx: row.offset(), left_padding: vec![0] };
+            [(row, after)] if self.rows() == 0 => {
+                *self = BatchKvCache {
+                    buffers: row.buffers().clone(),
+                    idx: row.offset(),
+                    left_padding: vec![0],
+                    shared: self.shared.take(),
+                    after_shared: vec![*after],
+                };
                 Ok(())
             }
             _ => {
                 let parts = rows
                     .iter()
-                    .map(|row| Ok(Part { contents: row.contents()?, padding: vec![0], width: row.offset() }))
+                    .map(|(row, after)| {
+                        Ok(Part {
+                            contents: row.contents()?,
+                            padding: vec![0],
+                            after_shared: vec![*after],
+                            width: row.offset(),
+                        })
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 self.extend(parts)
             }
@@ -99,7 +212,8 @@ impl BatchKvCache {
     }
 
     /// Adds rows `rows` of `other` (in that order) as the last rows, in one copy; a batch with
-    /// no rows that takes all of `other`'s rows in order takes its buffers as they are.
+    /// no rows that takes all of `other`'s rows in order takes its buffers as they are. Rows
+    /// that follow `other`'s shared segment follow it here too.
     pub fn push_rows_of(&mut self, other: &BatchKvCache, rows: &[usize]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
@@ -108,24 +222,55 @@ impl BatchKvCache {
             *self = other.clone();
             return Ok(());
         }
+        if let Some(shared) = other.shared.as_ref().filter(|_| rows.iter().any(|&r| other.after_shared[r])) {
+            self.set_shared(shared)?;
+        }
         let parts = rows
             .iter()
             .map(|&r| {
-                let contents = other.row_contents(r)?;
+                let contents = other.own_contents(r)?;
                 let width = other.idx - other.left_padding[r];
-                Ok(Part { contents, padding: vec![0], width: width.max(0) })
+                Ok(Part { contents, padding: vec![0], after_shared: vec![other.after_shared[r]], width: width.max(0) })
             })
             .collect::<Result<Vec<_>>>()?;
         self.extend(parts)
     }
 
+    /// Rows `rows` (whose cached sequences begin with `shared`'s tokens, at least all of them)
+    /// drop their own copy of it and follow `shared` instead; the buffers are rebuilt without
+    /// the columns no row needs any more. All or nothing.
+    pub fn share_rows(&mut self, shared: &SharedKv, rows: &[usize]) -> Result<()> {
+        let lengths = self.lengths();
+        let mut next = self.clone();
+        next.set_shared(shared)?;
+        for &r in rows {
+            if next.after_shared[r] || lengths[r] < shared.len() {
+                return Err(crate::model::ModelError::Mlx("a row cannot take the shared segment".into()));
+            }
+            next.after_shared[r] = true;
+            next.left_padding[r] += shared.len();
+        }
+        next.extend(Vec::new())?;
+        *self = next;
+        Ok(())
+    }
+
     /// Rebuilds the buffers with `parts` as new last rows: every row's tokens end at the longest
-    /// part's (or the batch's) last column, with spare columns after it.
+    /// part's (or the batch's) last column, with spare columns after it. Padding every current
+    /// row has is left out.
     fn extend(&mut self, parts: Vec<Part>) -> Result<()> {
+        let trim = self.left_padding.iter().copied().min().unwrap_or(0).min(self.idx);
+        let contents = match (&self.buffers.keys, &self.buffers.values) {
+            (Some(k), Some(v)) if self.idx > trim => {
+                Some((k.try_index((.., .., trim..self.idx, ..))?, v.try_index((.., .., trim..self.idx, ..))?))
+            }
+            _ => None,
+        };
         let current = Part {
-            contents: self.buffers.prefix(self.idx)?,
-            padding: std::mem::take(&mut self.left_padding),
-            width: self.idx,
+            contents,
+            padding: self.left_padding.iter().map(|p| p - trim).collect(),
+            after_shared: self.after_shared.clone(),
+            width: self.idx - trim,
         };
         let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
         let idx = parts.iter().map(|p| p.width).max().unwrap_or(0);
@@ -149,6 +294,7 @@ impl BatchKvCache {
             buffers = Buffers { keys: Some(k), values: Some(v) };
         }
         self.left_padding = parts.iter().flat_map(|p| p.padding.iter().map(move |pad| pad + idx - p.width)).collect();
+        self.after_shared = parts.iter().flat_map(|p| p.after_shared.iter().copied()).collect();
         self.buffers = buffers;
         self.idx = idx;
         Ok(())
@@ -181,23 +327,15 @@ impl BatchKvCache {
         }
         self.idx -= trim;
         self.left_padding = padding.into_iter().map(|p| p - trim).collect();
+        self.after_shared = keep.iter().map(|&r| self.after_shared[r]).collect();
+        if !self.after_shared.contains(&true) {
+            self.shared = None;
+        }
         Ok(())
     }
-}
 
-impl LayerCache for BatchKvCache {
-    fn positions(&self) -> Result<Positions> {
-        let offsets: Vec<i32> = self.lengths();
-        let max = offsets.iter().copied().max().unwrap_or(0);
-        if self.left_padding.iter().all(|&p| p == self.left_padding[0]) {
-            return Ok(Positions::Scalar(max));
-        }
-        Ok(Positions::Rows { offsets: Array::from_slice(&offsets, &[offsets.len() as i32]), max })
-    }
-
-    /// Row `b`'s query `i` (column `idx + i`) may see column `j` when the row has a token there
-    /// (`j >= left_padding[b]`), it is not in the future, and it is inside the window.
-    fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
+    /// The mask over the rows' own columns.
+    fn own_mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
         let no_padding = self.left_padding.iter().all(|&p| p == 0);
         let within_window = window.is_none_or(|w| self.idx + new_tokens <= w as i32);
         if no_padding && within_window {
@@ -216,6 +354,57 @@ impl LayerCache for BatchKvCache {
         }
         let mask = Array::from_slice(&allowed, &[self.rows() as i32, 1, new_tokens, width]);
         Ok(AttentionMask::Explicit(mask))
+    }
+
+    /// Which shared columns each row's queries may see: `None` when every row sees all of them,
+    /// else `[B, 1, 1, 1]` (rows that follow it or not) or `[B, 1, L, P]` (in a window).
+    fn shared_mask(&self, shared: &SharedKv, new_tokens: i32, window: Option<usize>) -> Option<Array> {
+        let rows = self.rows() as i32;
+        let lengths = self.lengths();
+        let p = shared.len();
+        // Query `i` of row `b` sits at position `lengths[b] + i`; shared column `j` at `j`.
+        let window = window.filter(|&w| lengths.iter().any(|&len| len + new_tokens > w as i32));
+        match window {
+            None if !self.after_shared.contains(&false) => None,
+            None => Some(Array::from_slice(&self.after_shared, &[rows, 1, 1, 1])),
+            Some(w) => {
+                let mut allowed = Vec::with_capacity((rows * new_tokens * p) as usize);
+                for (b, &len) in lengths.iter().enumerate() {
+                    for i in 0..new_tokens {
+                        allowed.extend((0..p).map(|j| self.after_shared[b] && len + i - j < w as i32));
+                    }
+                }
+                Some(Array::from_slice(&allowed, &[rows, 1, new_tokens, p]))
+            }
+        }
+    }
+}
+
+impl LayerCache for BatchKvCache {
+    fn positions(&self) -> Result<Positions> {
+        let offsets: Vec<i32> = self.lengths();
+        let max = offsets.iter().copied().max().unwrap_or(0);
+        if offsets.iter().all(|&o| o == max) {
+            return Ok(Positions::Scalar(max));
+        }
+        Ok(Positions::Rows { offsets: Array::from_slice(&offsets, &[offsets.len() as i32]), max })
+    }
+
+    /// Row `b`'s query `i` (column `idx + i`) may see its own column `j` when the row has a
+    /// token there (`j >= left_padding[b]`), it is not in the future, and it is inside the
+    /// window; and the shared segment when the row follows it (within the window).
+    fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
+        let own = self.own_mask(new_tokens, window)?;
+        Ok(match self.active_shared() {
+            Some(shared) => {
+                AttentionMask::Shared { prefix: self.shared_mask(shared, new_tokens, window), own: Box::new(own) }
+            }
+            None => own,
+        })
+    }
+
+    fn shared(&self) -> Option<&SharedKv> {
+        self.active_shared()
     }
 
     fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {

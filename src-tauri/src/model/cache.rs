@@ -4,6 +4,7 @@
 
 use mlx_rs::Array;
 
+use crate::model::batch_cache::SharedKv;
 use crate::model::error::Result;
 use crate::model::layers::AttentionMask;
 
@@ -30,6 +31,11 @@ pub trait LayerCache {
     /// The mask for `new_tokens` queries over the cache after they are added, in layers with
     /// attention window `window`.
     fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask>;
-    /// Appends `[B, H, L, D]` keys/values and returns everything cached so far.
+    /// Appends `[B, H, L, D]` keys/values and returns everything cached so far (after the
+    /// shared segment, when there is one).
     fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// The prompt start some rows share, held once, that they attend to before their own keys.
+    fn shared(&self) -> Option<&SharedKv> {
+        None
+    }
 }

@@ -39,6 +39,10 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     });
     put("kv_cache_tokens", "gauge", "Tokens held in the batch's KV cache.", &|m| m.kv_tokens as f64);
     put("kv_cache_bytes", "gauge", "Bytes allocated for the batch's KV cache.", &|m| m.kv_bytes as f64);
+    put("kv_cache_shared_bytes", "gauge", "Of those, a prompt start held once for the rows sharing it.", &|m| {
+        m.kv_shared_bytes as f64
+    });
+    put("kv_cache_peak_bytes", "gauge", "The most bytes the batch's KV cache has held.", &|m| m.kv_peak_bytes as f64);
     put("kv_reserved_bytes", "gauge", "KV bytes reserved by admitted requests.", &|m| m.kv_reserved_bytes as f64);
     put("kv_budget_bytes", "gauge", "KV bytes admitted requests may reserve.", &|m| m.kv_budget_bytes as f64);
     put("mlx_active_bytes", "gauge", "MLX memory in use (the whole process).", &|m| m.mlx_active_bytes as f64);

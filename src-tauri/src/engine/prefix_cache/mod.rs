@@ -22,6 +22,7 @@ mod store;
 
 use std::path::{Path, PathBuf};
 
+use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
@@ -307,25 +308,42 @@ impl PrefixCache {
             hot => self.hot = hot,
         }
         if tokens > 0 {
-            for (layer, cache) in caches.iter_mut().enumerate() {
-                let mut keys = Vec::with_capacity(found.blocks.len());
-                let mut values = Vec::with_capacity(found.blocks.len());
-                for (block, n) in &found.blocks {
-                    let (k, v) = &block.0[layer];
-                    let n = *n as i32;
-                    let whole = k.dim(2) == n;
-                    keys.push(if whole { k.clone() } else { k.try_index((.., .., ..n, ..))? });
-                    values.push(if whole { v.clone() } else { v.try_index((.., .., ..n, ..))? });
-                }
-                // One copy, with room for the rest of the prompt: its prefill and the first
-                // decode steps then write in place.
-                *cache = KvCache::from_pieces(&keys, &values, prompt.len() as i32)?;
-            }
-            let arrays: Vec<Array> =
-                caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
-            mlx_rs::transforms::eval(&arrays)?;
+            caches = gather(&found.blocks, 0, layers, prompt.len())?;
         }
         Ok(Restored { tokens, caches, divergence })
+    }
+
+    /// The first `len` tokens of `prompt` as one `[1, H, len, D]` copy per layer (a segment rows
+    /// share), when the cache holds all of them.
+    pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(Array, Array)>>> {
+        self.pull_from_disk(prompt, len);
+        let found = self.store.find(prompt, len);
+        if found.tokens < len || found.blocks.first().is_some_and(|(b, _)| b.0.len() != layers) {
+            return Ok(None);
+        }
+        // Exactly `len` columns, contiguous: attention reads it as `[H, len, D]` every step.
+        let mut out = Vec::with_capacity(layers);
+        for layer in 0..layers {
+            let (keys, values) = pieces(&found.blocks, 0, layer)?;
+            out.push((concatenate(&keys, 2)?, concatenate(&values, 2)?));
+        }
+        mlx_rs::transforms::eval(out.iter().flat_map(|(k, v)| [k, v]))?;
+        Ok(Some(out))
+    }
+
+    /// What the cache holds of `prompt[skip..limit]`, for a request whose first `skip` tokens
+    /// are in a shared segment: new caches for the tokens after them, and how many tokens of
+    /// the prompt are covered in all (at least `skip`).
+    pub fn restore_after(&mut self, prompt: &[u32], limit: usize, layers: usize, skip: usize) -> Result<Restored> {
+        self.pull_from_disk(prompt, limit);
+        let found = self.store.find(prompt, limit);
+        let caches = if found.tokens > skip {
+            gather(&found.blocks, skip, layers, prompt.len())?
+        } else {
+            (0..layers).map(|_| KvCache::new()).collect()
+        };
+        let divergence = found.divergence.filter(|d| d.position >= skip);
+        Ok(Restored { tokens: found.tokens.max(skip), caches, divergence })
     }
 
     /// Counts a request's lookup that reused `tokens` (0: a miss) in the hit figures.
@@ -340,24 +358,23 @@ impl PrefixCache {
 
     /// Stores the blocks of `tokens`, the sequence of batch row `row`.
     pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize) -> Result<()> {
-        let contents: Vec<(Array, Array)> =
-            batch.iter().map(|c| c.row_contents(row)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
-        if contents.len() != batch.len() {
+        let segments: Vec<Vec<(Array, Array)>> = batch.iter().map(|c| c.row_segments(row)).collect::<Result<_>>()?;
+        if segments.iter().any(Vec::is_empty) {
             return Ok(());
         }
-        self.store_from(tokens, &contents)
+        self.store_from(tokens, &segments)
     }
 
-    /// `contents`: per layer, `[1, H, >= tokens.len(), D]` keys and values.
-    fn store_from(&mut self, tokens: &[u32], contents: &[(Array, Array)]) -> Result<()> {
-        let tokens = &tokens[..tokens.len().min(contents.first().map_or(0, |(k, _)| k.dim(2) as usize))];
+    /// `segments`: per layer, `[1, H, n, D]` keys and values that follow one another, covering
+    /// at least `tokens`.
+    fn store_from(&mut self, tokens: &[u32], segments: &[Vec<(Array, Array)>]) -> Result<()> {
+        let held = segments.first().map_or(0, |s| s.iter().map(|(k, _)| k.dim(2) as usize).sum());
+        let tokens = &tokens[..tokens.len().min(held)];
         let mut fresh: Vec<Array> = Vec::new();
         let added = self.store.insert(tokens, |start, end| {
-            let (start, end) = (start as i32, end as i32);
-            let mut layers = Vec::with_capacity(contents.len());
-            for (k, v) in contents {
-                let k = k.try_index((.., .., start..end, ..))?.contiguous()?;
-                let v = v.try_index((.., .., start..end, ..))?.contiguous()?;
+            let mut layers = Vec::with_capacity(segments.len());
+            for layer in segments {
+                let (k, v) = span(layer, start as i32, end as i32)?;
                 fresh.push(k.clone());
                 fresh.push(v.clone());
                 layers.push((k, v));
@@ -382,6 +399,54 @@ impl PrefixCache {
         self.store.shrink_to(self.budget);
         Ok(())
     }
+}
+
+/// Columns `start..end` of segments that follow one another, as one contiguous copy.
+fn span(segments: &[(Array, Array)], start: i32, end: i32) -> Result<(Array, Array)> {
+    let (mut keys, mut values, mut at) = (Vec::new(), Vec::new(), 0);
+    for (k, v) in segments {
+        let (from, to) = ((start - at).max(0), (end - at).min(k.dim(2)));
+        if from < to {
+            keys.push(k.try_index((.., .., from..to, ..))?);
+            values.push(v.try_index((.., .., from..to, ..))?);
+        }
+        at += k.dim(2);
+    }
+    let one = |mut parts: Vec<Array>| -> Result<Array> {
+        Ok(if parts.len() == 1 { parts.pop().expect("one").contiguous()? } else { concatenate(&parts, 2)? })
+    };
+    Ok((one(keys)?, one(values)?))
+}
+
+/// Positions `skip..` of found blocks, in new caches for `layers` layers: one copy, with room
+/// for `room_for` positions (the rest of a prompt) so that its prefill writes in place.
+fn gather(blocks: &[(&LayerBlocks, usize)], skip: usize, layers: usize, room_for: usize) -> Result<Vec<KvCache>> {
+    let mut caches = Vec::with_capacity(layers);
+    for layer in 0..layers {
+        let (keys, values) = pieces(blocks, skip, layer)?;
+        caches.push(KvCache::from_pieces(&keys, &values, room_for.saturating_sub(skip) as i32)?);
+    }
+    let arrays: Vec<Array> =
+        caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
+    mlx_rs::transforms::eval(&arrays)?;
+    Ok(caches)
+}
+
+/// Layer `layer`'s keys and values of positions `skip..` of found blocks, as views.
+fn pieces(blocks: &[(&LayerBlocks, usize)], skip: usize, layer: usize) -> Result<(Vec<Array>, Vec<Array>)> {
+    let (mut keys, mut values, mut at) = (Vec::new(), Vec::new(), 0);
+    for (block, n) in blocks {
+        let (k, v) = &block.0[layer];
+        let (from, to) = (skip.saturating_sub(at) as i32, *n as i32);
+        at += n;
+        if from >= to {
+            continue;
+        }
+        let whole = from == 0 && k.dim(2) == to;
+        keys.push(if whole { k.clone() } else { k.try_index((.., .., from..to, ..))? });
+        values.push(if whole { v.clone() } else { v.try_index((.., .., from..to, ..))? });
+    }
+    Ok((keys, values))
 }
 
 /// A block read from disk as arrays.

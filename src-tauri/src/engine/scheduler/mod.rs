@@ -13,6 +13,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 
 mod prefill;
+mod shared;
 mod warm;
 
 use super::config::{EngineConfig, ModelInfo};
@@ -54,6 +55,8 @@ pub(crate) struct Scheduler {
     cache: Vec<BatchKvCache>,
     /// Keys and values of sequences seen before (`None`: turned off).
     prefix: Option<PrefixCache>,
+    /// A prompt start the rows that begin with it share, held once (`shared`).
+    shared: Option<shared::SharedPrefix>,
     /// What the last finished chat answer's next turn starts with, to prefill when idle (`warm`).
     next_turn: Option<Vec<u32>>,
     /// The event stream of that prefill, held so that it never reads as abandoned.
@@ -111,6 +114,7 @@ impl Scheduler {
             running: Vec::new(),
             cache,
             prefix,
+            shared: None,
             next_turn: None,
             warm_events: None,
             reserved_bytes: 0,
@@ -199,6 +203,7 @@ impl Scheduler {
             rows
         };
         let prefilled = self.prefill_step();
+        self.drop_unused_shared();
         self.metrics.step += 1;
         self.publish_metrics(prefilled, decoded);
     }
@@ -366,6 +371,7 @@ impl Scheduler {
         self.rates.record(now, prefilled, decoded);
         let (prefill_rate, decode_rate) = self.rates.rates(now);
         let memory = mlx::memory_stats();
+        let shared_bytes = self.shared_segment_bytes();
         let m = &mut self.metrics;
         m.running = self.running.len();
         // The engine's own turn-boundary prefill is not a request waiting for an answer.
@@ -374,7 +380,9 @@ impl Scheduler {
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
         m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
-        m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum();
+        m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum::<usize>() + shared_bytes;
+        m.kv_shared_bytes = shared_bytes;
+        m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);
         m.kv_reserved_bytes = self.reserved_bytes;
         if let Some(stats) = self.prefix.as_ref().map(PrefixCache::stats) {
             m.prefix_cache_hits = stats.hits;
@@ -406,6 +414,7 @@ impl Scheduler {
         self.queued.store(0, Ordering::SeqCst);
         self.cache.clear();
         self.group_cache.clear();
+        self.shared = None;
         self.reserved_bytes = 0;
         self.publish_metrics(0, 0);
         drop(self.model);

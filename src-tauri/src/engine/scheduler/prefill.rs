@@ -217,8 +217,14 @@ impl Scheduler {
         if admitted.is_empty() {
             return;
         }
+        let shared = self.shared.as_ref().filter(|_| admitted.iter().any(|(s, _)| s.shared_prefix > 0));
         let added = add_rows(&mut self.group_cache, self.group.len(), |i, layer| {
-            layer.push_rows(&admitted.iter().map(|(_, caches)| &caches[i]).collect::<Vec<_>>())
+            if let Some(shared) = shared {
+                layer.set_shared(&shared.layers[i])?;
+            }
+            layer.push_rows_with(
+                &admitted.iter().map(|(s, caches)| (&caches[i], s.shared_prefix > 0)).collect::<Vec<_>>(),
+            )
         });
         for (mut seq, _) in admitted {
             if let Err(e) = &added {
@@ -242,6 +248,8 @@ impl Scheduler {
         };
         let mut seq = self.group.remove(row);
         tracing::debug!("request {} waits: a better request takes its place in the prefill", seq.id);
+        // It takes a copy of its whole sequence, shared start included.
+        self.reserve_whole(&mut seq);
         seq.prefill = Some((caches, seq.prefilled));
         self.drop_group_row(row);
         self.waiting.push_back(seq);
@@ -268,17 +276,26 @@ impl Scheduler {
         (seq, caches)
     }
 
-    /// A new request's caches, with what the prefix cache holds of its prompt.
+    /// A new request's caches, with what the prefix cache holds of its prompt (after the shared
+    /// segment, when it takes it).
     fn restore(&mut self, seq: &mut Sequence) -> (Vec<KvCache>, usize) {
-        let empty = || (0..self.cache.len()).map(|_| KvCache::new()).collect::<Vec<_>>();
+        let layers = self.cache.len();
+        let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
         let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
         // Admitted requests come first: the cache gives up what they reserved.
         prefix.shrink_to(self.info.kv_budget_bytes.saturating_sub(self.reserved_bytes));
         // The last prompt token is computed (its logits give the first token): at most the rest
         // is restored.
-        let prompt = &seq.request.prompt_ids;
+        let limit = seq.request.prompt_ids.len() - 1;
         let began = Instant::now();
-        let restored = prefix.restore(prompt, prompt.len() - 1, self.cache.len());
+        let shared = self.shared_start(seq, limit);
+        let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
+        let prompt = &seq.request.prompt_ids;
+        let restored = if shared > 0 {
+            prefix.restore_after(prompt, limit, layers, shared)
+        } else {
+            prefix.restore(prompt, limit, layers)
+        };
         seq.restore_time = began.elapsed();
         match restored {
             Ok(restored) => {
@@ -293,6 +310,9 @@ impl Scheduler {
                         "request {}: prefix cache reused {} tokens; a cached sequence went on differently at token {} (message {:?}): ...{:?} | {:?}...",
                         seq.id, miss.position, miss.position, miss.message, miss.before, miss.after
                     );
+                }
+                if shared > 0 {
+                    self.reserve_after_shared(seq, shared);
                 }
                 (restored.caches, restored.tokens)
             }

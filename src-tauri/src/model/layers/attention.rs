@@ -7,7 +7,7 @@ use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::layers::{host_softmax, Linear, RmsNorm, Rope};
+use crate::model::layers::{host_softmax, shared_attention, Linear, RmsNorm, Rope};
 
 /// How queries may look at keys in one forward pass.
 pub enum AttentionMask {
@@ -17,6 +17,10 @@ pub enum AttentionMask {
     Causal,
     /// An explicit boolean mask `[.., queries, keys]` (true = may attend).
     Explicit(Array),
+    /// Keys in two parts: a shared segment, then each row's own keys. `prefix`: which shared
+    /// keys each query may see (`[B, 1, L or 1, P or 1]`; `None`: all of them); `own`: the mask
+    /// over the own keys.
+    Shared { prefix: Option<Array>, own: Box<AttentionMask> },
 }
 
 pub enum QkvProjection {
@@ -91,6 +95,12 @@ impl Attention {
 
         let scale = (self.head_dim as f32).powf(-0.5);
         let out = match mask {
+            AttentionMask::Shared { prefix, own } => {
+                let shared = cache.shared().ok_or_else(|| {
+                    crate::model::ModelError::Mlx("a shared-segment mask for a cache without one".into())
+                })?;
+                shared_attention::attention(&q, shared, &k, &v, scale, prefix.as_ref(), own)?
+            }
             _ if host_softmax::applies(q.dtype()) => host_softmax::attention(&q, &k, &v, scale, mask)?,
             AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, None)?,
             AttentionMask::Causal => {

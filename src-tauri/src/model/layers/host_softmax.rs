@@ -86,70 +86,161 @@ fn softmax_rows(scores: &mut [f32], width: usize, visible: impl Fn(usize) -> usi
     });
 }
 
+/// Softmax over each row made of `first`'s row and `second`'s (rows `first_width` and
+/// `second_width` long, the same number of rows), in place: the keys of a shared segment and a
+/// row's own keys, one distribution over both. Row `r` uses the first `second_visible(r)`
+/// entries of its `second` part (the rest become 0).
+pub(crate) fn softmax_row_pairs(
+    first: &mut [f32],
+    first_width: usize,
+    second: &mut [f32],
+    second_width: usize,
+    second_visible: impl Fn(usize) -> usize + Sync,
+) {
+    let rows = first.len() / first_width.max(1);
+    debug_assert_eq!(rows, second.len() / second_width.max(1));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
+    let threads = if first.len() + second.len() < 64 * 1024 { 1 } else { threads };
+    let per_thread = rows.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let chunks = first.chunks_mut(per_thread * first_width).zip(second.chunks_mut(per_thread * second_width));
+        for (chunk, (a, b)) in chunks.enumerate() {
+            let visible = &second_visible;
+            let mut work = move || {
+                for (i, (x, y)) in a.chunks_mut(first_width).zip(b.chunks_mut(second_width)).enumerate() {
+                    let n = visible(chunk * per_thread + i).min(second_width);
+                    let (seen, unseen) = y.split_at_mut(n);
+                    softmax_pair(x, seen);
+                    unseen.fill(0.0);
+                }
+            };
+            if threads == 1 {
+                work();
+            } else {
+                scope.spawn(work);
+            }
+        }
+    });
+}
+
 /// `x = softmax(x)`, in f32 like MLX's: eight lanes at a time with AVX2 where the CPU has it,
 /// else in the portable form (the same operations in the same order either way).
 fn softmax(x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { avx2::softmax(x) };
-    }
-    softmax_portable(x)
-}
-
-fn softmax_portable(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let max = kernels::max(x);
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
         return;
     }
-    // Eight partial sums, added up at the end, as the AVX2 form does.
-    let mut sums = [0.0f32; 8];
-    let mut rows = x.chunks_exact_mut(8);
-    for chunk in &mut rows {
-        for (v, sum) in chunk.iter_mut().zip(&mut sums) {
-            *v = exp(*v - max);
-            *sum += *v;
+    let inverse = 1.0 / kernels::exp_sum(x, max);
+    kernels::scale(x, inverse);
+}
+
+/// One softmax over `a` then `b`, as if they were one row.
+fn softmax_pair(a: &mut [f32], b: &mut [f32]) {
+    let max = kernels::max(a).max(kernels::max(b));
+    if max == f32::NEG_INFINITY {
+        a.fill(0.0);
+        b.fill(0.0);
+        return;
+    }
+    let inverse = 1.0 / (kernels::exp_sum(a, max) + kernels::exp_sum(b, max));
+    kernels::scale(a, inverse);
+    kernels::scale(b, inverse);
+}
+
+#[cfg(test)]
+fn softmax_portable(x: &mut [f32]) {
+    let max = portable::max(x);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let inverse = 1.0 / portable::exp_sum(x, max);
+    portable::scale(x, inverse);
+}
+
+/// The three passes of a softmax, with AVX2 where the CPU has it.
+mod kernels {
+    pub fn max(x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { super::avx2::max(x) };
         }
+        super::portable::max(x)
     }
-    let mut sum: f32 = sums.iter().sum();
-    for v in rows.into_remainder() {
-        *v = exp(*v - max);
-        sum += *v;
+
+    pub fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { super::avx2::exp_sum(x, max) };
+        }
+        super::portable::exp_sum(x, max)
     }
-    let inverse = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inverse);
+
+    pub fn scale(x: &mut [f32], by: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { super::avx2::scale(x, by) };
+        }
+        super::portable::scale(x, by)
+    }
+}
+
+mod portable {
+    use super::exp;
+
+    pub fn max(x: &[f32]) -> f32 {
+        x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+    }
+
+    /// `x = e^(x - max)`; returns the sum: eight partial sums, added up at the end, as the AVX2
+    /// form does.
+    pub fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+        let mut sums = [0.0f32; 8];
+        let mut rows = x.chunks_exact_mut(8);
+        for chunk in &mut rows {
+            for (v, sum) in chunk.iter_mut().zip(&mut sums) {
+                *v = exp(*v - max);
+                *sum += *v;
+            }
+        }
+        let mut sum: f32 = sums.iter().sum();
+        for v in rows.into_remainder() {
+            *v = exp(*v - max);
+            sum += *v;
+        }
+        sum
+    }
+
+    pub fn scale(x: &mut [f32], by: f32) {
+        x.iter_mut().for_each(|v| *v *= by);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// [`super::softmax_portable`] eight lanes at a time (the compiler does not vectorise the
-    /// polynomial `exp` itself: measured 2 ns per score portable, 0.75 ns here).
+    /// The [`super::portable`] passes eight lanes at a time (the compiler does not vectorise
+    /// the polynomial `exp` itself: measured 2 ns per score portable, 0.75 ns here).
     #[target_feature(enable = "avx2")]
-    pub unsafe fn softmax(x: &mut [f32]) {
+    pub unsafe fn max(x: &[f32]) -> f32 {
         let whole = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
+        let p = x.as_ptr();
         let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
         for i in (0..whole).step_by(8) {
             m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
         }
-        let max =
-            lanes(m).into_iter().chain(x[whole..].iter().copied()).fold(
-                f32::NEG_INFINITY,
-                |m, v| {
-                    if v > m {
-                        v
-                    } else {
-                        m
-                    }
-                },
-            );
-        if max == f32::NEG_INFINITY {
-            x.fill(0.0);
-            return;
-        }
+        lanes(m).into_iter().chain(x[whole..].iter().copied()).fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m })
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+        let whole = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
         let shift = _mm256_set1_ps(max);
         let mut sums = _mm256_setzero_ps();
         for i in (0..whole).step_by(8) {
@@ -162,12 +253,18 @@ mod avx2 {
             *v = super::exp(*v - max);
             sum += *v;
         }
-        let inverse = 1.0 / sum;
-        let scale = _mm256_set1_ps(inverse);
+        sum
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scale(x: &mut [f32], by: f32) {
+        let whole = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let scale = _mm256_set1_ps(by);
         for i in (0..whole).step_by(8) {
             _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), scale));
         }
-        x[whole..].iter_mut().for_each(|v| *v *= inverse);
+        x[whole..].iter_mut().for_each(|v| *v *= by);
     }
 
     #[target_feature(enable = "avx2")]
@@ -288,5 +385,26 @@ mod tests {
         let mut masked = vec![f32::NEG_INFINITY; 12];
         softmax(&mut masked);
         assert_eq!(masked, vec![0.0; 12]);
+    }
+
+    #[test]
+    fn a_row_in_two_parts_is_one_distribution() {
+        let (wa, wb, rows) = (29, 13, 40);
+        let a: Vec<f32> = (0..wa * rows).map(|i| ((i * 7919) % 101) as f32 / 9.0 - 5.0).collect();
+        let b: Vec<f32> = (0..wb * rows).map(|i| ((i * 104_729) % 89) as f32 / 8.0 - 4.0).collect();
+        let visible = |row: usize| row % (wb + 1);
+        let (mut pa, mut pb) = (a.clone(), b.clone());
+        softmax_row_pairs(&mut pa, wa, &mut pb, wb, visible);
+        for row in 0..rows {
+            // The same row as one: the first part, then the visible entries of the second.
+            let n = visible(row);
+            let joined: Vec<f32> = a[row * wa..][..wa].iter().chain(&b[row * wb..][..n]).copied().collect();
+            let want = softmax_of(&joined, joined.len(), |_| joined.len());
+            let got: Vec<f32> = pa[row * wa..][..wa].iter().chain(&pb[row * wb..][..wb]).copied().collect();
+            for (j, g) in got.iter().enumerate() {
+                let w = want.get(j).copied().unwrap_or(0.0);
+                assert!((g - w).abs() < 1e-6, "row {row} col {j}: {g} vs {w}");
+            }
+        }
     }
 }

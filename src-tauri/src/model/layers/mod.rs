@@ -7,6 +7,7 @@ mod linear;
 mod mlp;
 mod norm;
 mod rope;
+mod shared_attention;
 
 pub use attention::{Attention, AttentionMask, QkvProjection};
 pub use embedding::Embedding;

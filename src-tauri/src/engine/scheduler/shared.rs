@@ -1,0 +1,171 @@
+//! A prompt start that several requests in the engine begin with (agents with one long system
+//! prompt) is held once: one [`SharedKv`] segment per layer that their rows, in the prefill
+//! group and in the running batch, attend to, instead of a copy in every row (16 agents on a
+//! 4,300-token system prompt: 16 x 190 MB of f32 keys and values on SmolLM2, and every step
+//! reading all of them).
+//!
+//! - Made when a request is admitted whose prompt shares at least [`MIN_SHARED`] tokens with
+//!   another request in the engine (prefilling, running or waiting), and the prefix cache holds
+//!   them: those tokens, in whole blocks, copied once from the cache. Rows already holding them
+//!   drop their own copy; the request, and every later one that starts the same way, takes the
+//!   segment without a copy and restores only what follows it.
+//! - One segment at a time; it goes when no row uses it. A request set aside in the middle of
+//!   its prefill takes a copy of its whole sequence with it.
+//! - Reservations follow the memory: a row that uses the segment reserves only its own part,
+//!   and the segment is reserved once while it exists.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Scheduler;
+use crate::engine::prefix_cache::BLOCK_TOKENS;
+use crate::engine::sequence::Sequence;
+use crate::model::batch_cache::SharedKv;
+use crate::model::{BatchKvCache, LayerCache};
+
+/// Tokens two prompts must share for a segment: below that a copy per row costs little.
+pub(super) const MIN_SHARED: usize = 4 * BLOCK_TOKENS;
+
+pub(super) struct SharedPrefix {
+    pub tokens: Vec<u32>,
+    pub layers: Vec<SharedKv>,
+}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn common_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Whether any row of a batch's layers uses a shared segment.
+fn uses_shared(batch: &[BatchKvCache]) -> bool {
+    batch.first().is_some_and(|layer| layer.shared().is_some())
+}
+
+impl Scheduler {
+    fn shared_bytes(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.tokens.len() * self.info.kv_bytes_per_token)
+    }
+
+    /// How many leading tokens of `seq`'s prompt (at most `limit`) the shared segment holds
+    /// for it, making the segment when its prompt starts like another request's: 0 when it
+    /// does not take one.
+    pub(super) fn shared_start(&mut self, seq: &Sequence, limit: usize) -> usize {
+        let prompt = &seq.request.prompt_ids;
+        if seq.warm {
+            return 0;
+        }
+        if let Some(shared) = &self.shared {
+            let n = shared.tokens.len();
+            return if n <= limit && prompt.starts_with(&shared.tokens) { n } else { 0 };
+        }
+        let others = self
+            .group
+            .iter()
+            .chain(&self.waiting)
+            .map(|s| s.request.prompt_ids.as_slice())
+            .chain(self.running.iter().map(Sequence::tokens));
+        let common = others.map(|o| common_len(o, prompt)).max().unwrap_or(0);
+        let len = common.min(limit) / BLOCK_TOKENS * BLOCK_TOKENS;
+        if len < MIN_SHARED {
+            return 0;
+        }
+        let Some(prefix) = self.prefix.as_mut() else { return 0 };
+        let layers = match prefix.segment(prompt, len, self.cache.len()) {
+            Ok(Some(layers)) => layers,
+            Ok(None) => return 0,
+            Err(e) => {
+                tracing::warn!("prefix cache: cannot make a shared segment: {e}");
+                return 0;
+            }
+        };
+        let id = next_id();
+        let layers = layers.into_iter().map(|(keys, values)| SharedKv { id, keys, values }).collect();
+        self.shared = Some(SharedPrefix { tokens: prompt[..len].to_vec(), layers });
+        self.reserved_bytes += self.shared_bytes();
+        tracing::debug!("request {}: {len} prompt tokens held once for the requests that share them", seq.id);
+        self.share_existing_rows();
+        len
+    }
+
+    /// Rows of the group and of the running batch that hold the shared segment's tokens drop
+    /// their copy of them and use the segment.
+    fn share_existing_rows(&mut self) {
+        let Some(shared) = &self.shared else { return };
+        let n = shared.tokens.len();
+        let starts = |tokens: &[u32]| tokens.len() >= n && tokens[..n] == shared.tokens[..];
+        let after = |batch: &[BatchKvCache], row: usize| batch.first().is_some_and(|l| l.is_after_shared(row));
+        let group: Vec<usize> = (0..self.group.len())
+            .filter(|&r| {
+                let s = &self.group[r];
+                !after(&self.group_cache, r) && s.prefilled >= n && starts(&s.request.prompt_ids)
+            })
+            .collect();
+        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
+        let running: Vec<usize> = (0..self.running.len())
+            .filter(|&r| !after(&self.cache, r) && lengths[r] as usize >= n && starts(self.running[r].tokens()))
+            .collect();
+        let saved = n * self.info.kv_bytes_per_token;
+        for (batch, rows, seqs) in
+            [(&mut self.group_cache, group, &mut self.group), (&mut self.cache, running, &mut self.running)]
+        {
+            if rows.is_empty() {
+                continue;
+            }
+            // All layers or none: a failure leaves the rows with their own copies.
+            let shared_layers = &shared.layers;
+            let converted: Result<Vec<BatchKvCache>, _> = batch
+                .iter()
+                .zip(shared_layers)
+                .map(|(layer, segment)| {
+                    let mut layer = layer.clone();
+                    layer.share_rows(segment, &rows).map(|()| layer)
+                })
+                .collect();
+            match converted {
+                Ok(layers) => {
+                    *batch = layers;
+                    for &r in &rows {
+                        let seq = &mut seqs[r];
+                        let saved = saved.min(seq.reserved_bytes);
+                        seq.reserved_bytes -= saved;
+                        self.reserved_bytes -= saved;
+                        seq.shared_prefix = n;
+                    }
+                }
+                Err(e) => tracing::warn!("cannot share a prompt start between rows: {e}"),
+            }
+        }
+    }
+
+    /// A request that takes the segment reserves only what follows it.
+    pub(super) fn reserve_after_shared(&mut self, seq: &mut Sequence, tokens: usize) {
+        let saved = (tokens * self.info.kv_bytes_per_token).min(seq.reserved_bytes);
+        seq.reserved_bytes -= saved;
+        self.reserved_bytes -= saved;
+        seq.shared_prefix = tokens;
+    }
+
+    /// A request set aside with a copy of its whole sequence reserves all of it again.
+    pub(super) fn reserve_whole(&mut self, seq: &mut Sequence) {
+        let added = seq.shared_prefix * self.info.kv_bytes_per_token;
+        seq.reserved_bytes += added;
+        self.reserved_bytes += added;
+        seq.shared_prefix = 0;
+    }
+
+    /// The segment goes once no row uses it.
+    pub(super) fn drop_unused_shared(&mut self) {
+        if self.shared.is_some() && !uses_shared(&self.group_cache) && !uses_shared(&self.cache) {
+            self.reserved_bytes -= self.shared_bytes();
+            self.shared = None;
+        }
+    }
+
+    /// The bytes of the segment (counted once, however many rows use it).
+    pub(super) fn shared_segment_bytes(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.layers.iter().map(SharedKv::nbytes).sum())
+    }
+}

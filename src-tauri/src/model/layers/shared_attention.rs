@@ -1,0 +1,203 @@
+//! Attention over keys in two parts: a prompt start several rows share, held once
+//! ([`SharedKv`], `[1, Hkv, P, D]`), then each row's own keys (`[B, Hkv, W, D]`). One softmax
+//! over both parts, so the result is attention over the row's whole sequence.
+//!
+//! The queries of every row and head are multiplied with the shared keys in one product per key
+//! head (`[B * R * L, D] x [D, P]`): the shared keys and values are read once per step, not once
+//! per row. On MLX's CPU device (f32) the softmax runs on the host over both parts in place
+//! (`host_softmax`); elsewhere it is composed from MLX ops in f32.
+
+use mlx_rs::ops::{add, divide, exp, matmul, maximum, select, subtract};
+use mlx_rs::{Array, Dtype};
+
+use crate::model::batch_cache::SharedKv;
+use crate::model::error::{ModelError, Result};
+use crate::model::layers::{host_softmax, AttentionMask};
+
+/// `q` `[B, Hq, L, D]` (Hq a multiple of Hkv); `k`/`v` the rows' own keys `[B, Hkv, W, D]`;
+/// `prefix`: which shared keys each query sees (`[B, 1, L or 1, P or 1]`, `None`: all); `own`:
+/// the mask over the own keys. Returns `[B, Hq, L, D]`.
+pub fn attention(
+    q: &Array,
+    shared: &SharedKv,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    prefix: Option<&Array>,
+    own: &AttentionMask,
+) -> Result<Array> {
+    let (b, heads, l, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
+    let (kv_heads, w, p) = (k.dim(1), k.dim(2), shared.len());
+    let r = heads / kv_heads;
+    let rows = b * r * l;
+    // Each key head's queries as one matrix, rows ordered (batch, repeat, query).
+    let q = q
+        .multiply(Array::from_f32(scale))?
+        .reshape(&[b, kv_heads, r * l, d])?
+        .transpose_axes(&[1, 0, 2, 3])?
+        .reshape(&[kv_heads, rows, d])?;
+    let shared_keys = shared.keys.reshape(&[kv_heads, p, d])?;
+    let mut first = matmul(&q, shared_keys.swap_axes(-1, -2)?)?;
+    let mut second = matmul(&q.reshape(&[kv_heads, b, r * l, d])?, k.transpose_axes(&[1, 0, 3, 2])?)?
+        .reshape(&[kv_heads, rows, w])?;
+    // Masks are `[B, 1, L, S]`-shaped; the scores seen as `[Hkv, B, R, L, S]`.
+    let masked = |scores: Array, allowed: &Array, width: i32| -> Result<Array> {
+        let allowed = if allowed.ndim() == 4 { allowed.expand_dims(0)? } else { allowed.clone() };
+        let grouped = scores.reshape(&[kv_heads, b, r, l, width])?;
+        Ok(select(&allowed, &grouped, Array::from_f32(f32::NEG_INFINITY))?.reshape(&[kv_heads, rows, width])?)
+    };
+    if let Some(allowed) = prefix {
+        first = masked(first, allowed, p)?;
+    }
+    let causal = match own {
+        AttentionMask::Explicit(allowed) => {
+            second = masked(second, allowed, w)?;
+            false
+        }
+        AttentionMask::Causal => true,
+        AttentionMask::None => false,
+        AttentionMask::Shared { .. } => return Err(ModelError::Mlx("a shared segment inside a shared mask".into())),
+    };
+    let (first, second) = if host_softmax::applies(q.dtype()) {
+        host_probabilities(first, second, p, w, l, causal)?
+    } else {
+        let second = if causal { masked(second, &causal_mask(l, w)?, w)? } else { second };
+        probabilities(first, second, v.dtype())?
+    };
+    let shared_values = shared.values.reshape(&[kv_heads, p, d])?;
+    let out_shared = matmul(&first, &shared_values)?.reshape(&[kv_heads, b, r * l, d])?;
+    let out_own = matmul(&second.reshape(&[kv_heads, b, r * l, w])?, v.transpose_axes(&[1, 0, 2, 3])?)?;
+    let out = add(&out_shared, &out_own)?.reshape(&[kv_heads, b, r, l, d])?;
+    Ok(out.transpose_axes(&[1, 0, 2, 3, 4])?.reshape(&[b, heads, l, d])?)
+}
+
+/// The softmax on the host, written over both score arrays (`[Hkv, rows, P]` and `[Hkv, rows,
+/// W]`, the same rows in the same order).
+fn host_probabilities(
+    mut first: Array,
+    mut second: Array,
+    p: i32,
+    w: i32,
+    l: i32,
+    causal: bool,
+) -> Result<(Array, Array)> {
+    mlx_rs::transforms::eval([&first, &second])?;
+    let not_contiguous = || ModelError::Mlx("attention scores are not one contiguous buffer".into());
+    {
+        let a = crate::mlx::exclusive_f32(&mut first).ok_or_else(not_contiguous)?;
+        let b = crate::mlx::exclusive_f32(&mut second).ok_or_else(not_contiguous)?;
+        // Causal: query `i` (the row's place among the L queries) sees own keys up to `W - L + i`.
+        let visible = |row: usize| if causal { (w - l) as usize + row % l as usize + 1 } else { w as usize };
+        host_softmax::softmax_row_pairs(a, p as usize, b, w as usize, visible);
+    }
+    Ok((first, second))
+}
+
+/// The softmax from MLX ops, in f32, cast back to `dtype` for the products with the values.
+fn probabilities(first: Array, second: Array, dtype: Dtype) -> Result<(Array, Array)> {
+    let (first, second) = (first.as_dtype(Dtype::Float32)?, second.as_dtype(Dtype::Float32)?);
+    let max = maximum(first.max_axis(-1, true)?, second.max_axis(-1, true)?)?;
+    let first = exp(subtract(&first, &max)?)?;
+    let second = exp(subtract(&second, &max)?)?;
+    let sum = add(first.sum_axis(-1, true)?, second.sum_axis(-1, true)?)?;
+    Ok((divide(&first, &sum)?.as_dtype(dtype)?, divide(&second, &sum)?.as_dtype(dtype)?))
+}
+
+/// `[L, W]`: query `i` (the last L of W positions) sees keys up to `W - L + i`.
+fn causal_mask(l: i32, w: i32) -> Result<Array> {
+    let queries = Array::from_iter(w - l..w, &[l, 1]);
+    let keys = Array::from_iter(0..w, &[1, w]);
+    Ok(mlx_rs::ops::ge(&queries, &keys)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::fast::scaled_dot_product_attention;
+    use mlx_rs::ops::{broadcast_to, concatenate};
+    use mlx_rs::random::normal;
+
+    fn random(shape: &[i32], seed: u64) -> Array {
+        let key = mlx_rs::random::key(seed).unwrap();
+        normal::<f32>(shape, None, None, Some(&key)).unwrap()
+    }
+
+    /// The same attention with the shared keys copied in front of every row's own keys.
+    fn reference(q: &Array, shared: &SharedKv, k: &Array, v: &Array, scale: f32, mask: &Array) -> Array {
+        let (b, kv_heads, p, d) = (k.dim(0), k.dim(1), shared.len(), k.dim(3));
+        let wide = |s: &Array, own: &Array| {
+            concatenate(&[broadcast_to(s, &[b, kv_heads, p, d]).unwrap(), own.clone()], 2).unwrap()
+        };
+        let (k, v) = (wide(&shared.keys, k), wide(&shared.values, v));
+        let repeats = q.dim(1) / kv_heads;
+        let repeat = |x: &Array| {
+            let s = x.shape().to_vec();
+            broadcast_to(x.expand_dims(2).unwrap(), &[s[0], s[1], repeats, s[2], s[3]])
+                .unwrap()
+                .reshape(&[s[0], s[1] * repeats, s[2], s[3]])
+                .unwrap()
+        };
+        scaled_dot_product_attention(q, repeat(&k), repeat(&v), scale, mask, None).unwrap()
+    }
+
+    fn close(a: &Array, b: &Array) {
+        let (a, b) = (a.as_slice::<f32>(), b.as_slice::<f32>());
+        assert_eq!(a.len(), b.len());
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "worst difference {worst}");
+    }
+
+    #[test]
+    fn two_parts_give_attention_over_the_whole_sequence() {
+        let (b, heads, kv_heads, d, p, w, l) = (3, 6, 2, 8, 37, 11, 4);
+        let q = random(&[b, heads, l, d], 1);
+        let shared = SharedKv { id: 1, keys: random(&[1, kv_heads, p, d], 2), values: random(&[1, kv_heads, p, d], 3) };
+        let (k, v) = (random(&[b, kv_heads, w, d], 4), random(&[b, kv_heads, w, d], 5));
+        let scale = 0.3;
+        // Row 1 does not follow the shared segment; row 2 has two columns of left padding.
+        let follows = [true, false, true];
+        let mut own = Vec::new();
+        let mut whole = Vec::new();
+        for (row, &f) in follows.iter().enumerate() {
+            for i in 0..l {
+                let column = w - l + i;
+                let own_row: Vec<bool> = (0..w).map(|j| j <= column && !(row == 2 && j < 2)).collect();
+                whole.extend(std::iter::repeat_n(f, p as usize).chain(own_row.iter().copied()));
+                own.extend(own_row);
+            }
+        }
+        let whole = Array::from_slice(&whole, &[b, 1, l, p + w]);
+        let want = reference(&q, &shared, &k, &v, scale, &whole);
+        let prefix = Array::from_slice(&follows, &[b, 1, 1, 1]);
+        let own = AttentionMask::Explicit(Array::from_slice(&own, &[b, 1, l, w]));
+        // Both the host softmax (f32 on the CPU) and the MLX-ops form.
+        let got = attention(&q, &shared, &k, &v, scale, Some(&prefix), &own).unwrap();
+        close(&got, &want);
+        // (Separate arrays: the host form writes over its inputs.)
+        let rows = b * (heads / kv_heads) * l;
+        let scores = || (random(&[kv_heads, rows, p], 6), random(&[kv_heads, rows, w], 7));
+        let (first, second) = scores();
+        let (hf, hs) = host_probabilities(first, second, p, w, l, false).unwrap();
+        let (first, second) = scores();
+        let (mf, ms) = probabilities(first, second, Dtype::Float32).unwrap();
+        close(&hf, &mf);
+        close(&hs, &ms);
+
+        // Every row follows it, aligned: a causal mask over the own keys and none on the shared.
+        let causal: Vec<bool> = (0..l).flat_map(|i| (0..p + w).map(move |j| j < p || j - p <= w - l + i)).collect();
+        let want = reference(&q, &shared, &k, &v, scale, &Array::from_slice(&causal, &[1, 1, l, p + w]));
+        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal).unwrap();
+        close(&got, &want);
+        let (hf, hs) = host_probabilities(random(&[2, 24, p], 8), random(&[2, 24, w], 9), p, w, l, true).unwrap();
+        let causal_scores = select(
+            causal_mask(l, w).unwrap(),
+            random(&[2, 24, w], 9).reshape(&[2, 6, l, w]).unwrap(),
+            Array::from_f32(f32::NEG_INFINITY),
+        )
+        .unwrap();
+        let (mf, ms) =
+            probabilities(random(&[2, 24, p], 8), causal_scores.reshape(&[2, 24, w]).unwrap(), Dtype::Float32).unwrap();
+        close(&hf, &mf);
+        close(&hs, &ms);
+    }
+}
