@@ -91,6 +91,9 @@ impl Tensor {
             // SAFETY: a plain-old-data slice viewed as its bytes.
             Some(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }.to_vec())
         }
+        // A view (a block of a shared segment) is laid out as its own row-major copy first.
+        let a = &a.contiguous().ok()?;
+        a.eval().ok()?;
         let data = match a.dtype() {
             Dtype::Float32 => bytes::<f32>(a)?,
             Dtype::Float16 => bytes::<half::f16>(a)?,

@@ -313,12 +313,14 @@ impl PrefixCache {
         Ok(Restored { tokens, caches, divergence })
     }
 
-    /// The first `len` tokens of `prompt` as one `[1, H, len, D]` copy per layer (a segment rows
-    /// share), when the cache holds all of them.
+    /// The first `len` tokens of `prompt` (whole blocks) as one `[1, H, len, D]` copy per layer
+    /// (a segment rows share), when the cache holds all of them. The cached blocks become views
+    /// of it, so those keys and values are in memory once, for the cache and the batch.
     pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(Array, Array)>>> {
         self.pull_from_disk(prompt, len);
         let found = self.store.find(prompt, len);
-        if found.tokens < len || found.blocks.first().is_some_and(|(b, _)| b.0.len() != layers) {
+        let whole = found.blocks.iter().all(|(_, n)| *n == BLOCK_TOKENS);
+        if found.tokens < len || !whole || found.blocks.first().is_some_and(|(b, _)| b.0.len() != layers) {
             return Ok(None);
         }
         // Exactly `len` columns, contiguous: attention reads it as `[H, len, D]` every step.
@@ -328,6 +330,17 @@ impl PrefixCache {
             out.push((concatenate(&keys, 2)?, concatenate(&values, 2)?));
         }
         mlx_rs::transforms::eval(out.iter().flat_map(|(k, v)| [k, v]))?;
+        let keys = found.keys;
+        for (i, key) in keys.iter().enumerate() {
+            let columns = (i * BLOCK_TOKENS) as i32..((i + 1) * BLOCK_TOKENS) as i32;
+            let views = out
+                .iter()
+                .map(|(k, v)| {
+                    Ok((k.try_index((.., .., columns.clone(), ..))?, v.try_index((.., .., columns.clone(), ..))?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.store.replace_payload(key, LayerBlocks(views));
+        }
         Ok(Some(out))
     }
 

@@ -52,6 +52,7 @@ pub(super) fn resumes(cached: &[u32], prompt: &[u32]) -> bool {
 /// The cached blocks a prompt starts with: each payload with how many of its tokens apply.
 pub struct Found<'a, P> {
     pub blocks: Vec<(&'a P, usize)>,
+    pub keys: Vec<BlockKey>,
     pub tokens: usize,
     pub divergence: Option<Divergence>,
 }
@@ -136,7 +137,8 @@ impl<P: Payload> BlockStore<P> {
             self.touch(key);
         }
         let blocks = path.iter().map(|(key, n)| (&self.entries[key].payload, *n)).collect();
-        Found { blocks, tokens: path.iter().map(|(_, n)| n).sum(), divergence }
+        let keys = path.iter().map(|(key, _)| *key).collect();
+        Found { blocks, keys, tokens: path.iter().map(|(_, n)| n).sum(), divergence }
     }
 
     pub fn root(&self) -> BlockKey {
@@ -150,6 +152,14 @@ impl<P: Payload> BlockStore<P> {
     /// A block's parent, tokens and payload.
     pub fn get(&self, key: &BlockKey) -> Option<(&BlockKey, &[u32], &P)> {
         self.entries.get(key).map(|e| (&e.parent, e.tokens.as_slice(), &e.payload))
+    }
+
+    /// Puts `payload` in place of block `key`'s (the same values held elsewhere).
+    pub fn replace_payload(&mut self, key: &BlockKey, payload: P) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            self.bytes = self.bytes - entry.payload.bytes() + payload.bytes();
+            entry.payload = payload;
+        }
     }
 
     /// Adds one block under `parent` (read back from the disk tier); returns its key.

@@ -61,12 +61,15 @@ impl Scheduler {
             let n = shared.tokens.len();
             return if n <= limit && prompt.starts_with(&shared.tokens) { n } else { 0 };
         }
+        // Not the engine's own turn-boundary prefill: that is this conversation's earlier turn,
+        // whose kept buffers the request takes over instead.
         let others = self
             .group
             .iter()
             .chain(&self.waiting)
+            .filter(|s| !s.warm)
             .map(|s| s.request.prompt_ids.as_slice())
-            .chain(self.running.iter().map(Sequence::tokens));
+            .chain(self.running.iter().filter(|s| !s.warm).map(Sequence::tokens));
         let common = others.map(|o| common_len(o, prompt)).max().unwrap_or(0);
         let len = common.min(limit) / BLOCK_TOKENS * BLOCK_TOKENS;
         if len < MIN_SHARED {
