@@ -40,8 +40,8 @@ pub struct ServeArgs {
     /// Limit the context window (prompt + output tokens) below the model's own.
     #[arg(long, env = "FASTMLX_CTX")]
     ctx: Option<usize>,
-    /// While streams decode, prefill is paced to keep their inter-token latency within this
-    /// multiple of its unloaded value, e.g. 2 (0, the default: up to 512 prompt tokens a step).
+    /// While streams decode, a long prompt's prefill is paced to keep their inter-token latency
+    /// near this multiple of its unloaded value (default 4; 0: up to 512 prompt tokens a step).
     #[arg(long, env = "FASTMLX_ITL_BUDGET", default_value_t = crate::engine::DEFAULT_ITL_BUDGET)]
     itl_budget: f64,
     /// Most memory (MB) the prefix cache (keys and values of prompts seen before) holds per

@@ -19,7 +19,7 @@ mod warm;
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
-use super::pacing::Pacing;
+use super::pacing::{self, Pacing};
 use super::prefix_cache::{model_identity, Divergence, PrefixCache};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
@@ -92,7 +92,10 @@ impl Scheduler {
         };
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
         let group_cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
-        let pacing = Pacing::new(config.itl_budget, config.prefill_chunk);
+        let c = &t.config;
+        let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let linear_macs = c.hidden_size * (2 * q_dim + 2 * kv_dim) + 3 * c.hidden_size * c.intermediate_size;
+        let pacing = Pacing::new(config.itl_budget, config.prefill_chunk, pacing::depth_scale(linear_macs, q_dim));
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
         let prefix = (prefix_budget > 0).then(|| {

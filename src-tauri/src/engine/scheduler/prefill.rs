@@ -68,18 +68,28 @@ impl Scheduler {
     /// Advances the prompts being prefilled by what the step's time budget allows; returns
     /// the tokens processed.
     pub(super) fn prefill_step(&mut self) -> usize {
-        let mut budget = self.pacing.budget(!self.running.is_empty());
+        let decoding = !self.running.is_empty();
+        // Sized once the group is known (its prompts' depths), then spent chunk by chunk.
+        let mut budget: Option<usize> = None;
         let mut processed = 0;
         loop {
             self.join_finished_members();
             self.fill_group();
-            if self.group.is_empty() || budget == 0 {
+            if self.group.is_empty() {
+                break;
+            }
+            let depths: Vec<usize> = self.group.iter().map(|s| s.prefilled).collect();
+            // A prompt is short by the prefill it needs in all, not by what it has left (the
+            // tail of a long one is paced like the rest of it).
+            let longest = self.group.iter().map(|s| s.request.prompt_ids.len() - s.cached_tokens).max().unwrap_or(0);
+            let left = *budget.get_or_insert_with(|| self.pacing.budget(decoding, &depths, longest));
+            if left == 0 {
                 break;
             }
             let rows = self.group.len();
             let shortest = self.group.iter().map(Self::remaining).min().expect("non-empty");
             // Every row adds the same number of tokens (the rows stay aligned on the right).
-            let n = (budget / rows).max(1).min(shortest);
+            let n = (left / rows).max(1).min(shortest);
             let ids: Vec<u32> = self
                 .group
                 .iter()
@@ -88,7 +98,11 @@ impl Scheduler {
             let ids = Array::from_slice(&ids, &[rows as i32, n as i32]);
             let began = Instant::now();
             let result = self.forward_group(&ids, n);
-            self.pacing.record_prefill(rows * n, began.elapsed());
+            self.pacing.record_prefill(self.pacing.work(n, &depths), began.elapsed());
+            tracing::debug!(
+                "prefill: {rows} rows x {n} tokens at depths {depths:?} (budget {left}, decoding {decoding}): {:.0} ms",
+                began.elapsed().as_secs_f64() * 1e3
+            );
             let mut first_logits = match result {
                 Ok(logits) => logits.into_iter(),
                 Err(e) => {
@@ -113,7 +127,7 @@ impl Scheduler {
                     self.metrics.generated_tokens_total += 1;
                 }
             }
-            budget = budget.saturating_sub(rows * n);
+            budget = Some(left.saturating_sub(rows * n));
             processed += rows * n;
             self.metrics.prompt_tokens_total += (rows * n) as u64;
             self.store_whole_blocks(n);
