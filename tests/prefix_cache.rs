@@ -218,7 +218,11 @@ fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize,
         "{label}: {} tokens' worth of keys and values at the peak",
         m.kv_peak_bytes / per_token
     );
-    assert_eq!((m.kv_bytes, m.kv_shared_bytes), (0, 0), "{label}: the segment goes with its rows");
+    assert_eq!(
+        (m.kv_bytes, m.kv_shared_bytes, m.kv_reserved_bytes),
+        (0, 0, 0),
+        "{label}: the segment goes with its rows, and every reservation is given back"
+    );
 }
 
 #[test]
@@ -241,6 +245,46 @@ fn concurrent_agents_hold_their_system_prompt_once() {
 fn concurrent_agents_hold_their_system_prompt_once_on_smollm2() {
     let _mlx = common::mlx_lock();
     concurrent_agents(&common::smollm2_gguf(), 49152, 600, 5, "SmolLM2");
+}
+
+/// A better request that finds the prefill group full of agents sharing a segment takes a member's
+/// place: that member waits with a whole copy of its sequence and resumes; every answer is a cold
+/// engine's and every reservation is given back.
+#[test]
+fn an_agent_set_aside_leaves_the_shared_segment_with_a_copy() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Qwen2, 13, None).unwrap();
+    let vocab = synthetic::VOCAB;
+    // Small steps (one token per agent per step): the agents are still prefilling their own
+    // parts when the urgent one comes.
+    let warm = start(dir.path(), 1 << 30, 16);
+    let system = tokens(4, 300, vocab);
+    let mut prompts: Vec<Vec<u32>> = (0..16).map(|i| [system.clone(), tokens(30 + i, 150, vocab)].concat()).collect();
+    let mut streams: Vec<RequestStream> = prompts
+        .iter()
+        .map(|p| warm.submit(Request { ignore_eos: true, ..Request::new(p.clone(), 6) }).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while warm.metrics().borrow().kv_shared_bytes == 0 {
+        assert!(Instant::now() < deadline, "the agents never shared their system prompt");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let urgent = tokens(77, 40, vocab);
+    // The engine's priorities: higher goes first.
+    streams.push(warm.submit(Request { ignore_eos: true, priority: 10, ..Request::new(urgent.clone(), 6) }).unwrap());
+    prompts.push(urgent);
+    let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
+    let m = wait_idle(&warm);
+    warm.shutdown();
+    let chunks: Vec<usize> = outcomes.iter().map(|o| o.finish.timings.prefill_chunks).collect();
+    let cold = start(dir.path(), 0, 64);
+    for (prompt, outcome) in prompts.iter().zip(&outcomes) {
+        assert_eq!(outcome.tokens, run(&cold, prompt, 6).tokens, "an answer changed");
+    }
+    cold.shutdown();
+    assert!(outcomes[16].finish.timings.time_to_first_token < outcomes[15].finish.timings.time_to_first_token);
+    assert_eq!((m.kv_bytes, m.kv_shared_bytes, m.kv_reserved_bytes), (0, 0, 0), "{m:?} {chunks:?}");
 }
 
 #[test]
