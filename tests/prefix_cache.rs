@@ -195,8 +195,9 @@ fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize,
     let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
     let m = wait_idle(&warm);
     let per_token = warm.model_info().kv_bytes_per_token;
-    // The cache's blocks of the system prompt became views of the segment: they still serve once
-    // it is gone.
+    // The cache's blocks of the system prompt became views of the segment: once it is gone they
+    // are copies of their own again, counted in the cache's bytes, and still serve.
+    assert!(m.prefix_cache_bytes >= system_len / 64 * 64 * per_token, "{label}: {m:?}");
     let later = [system.clone(), tokens(50, 6, vocab)].concat();
     let after = run(&warm, &later, 8);
     assert!(after.finish.usage.cached_tokens >= system_len / 64 * 64, "{label}: {:?}", after.finish.usage);

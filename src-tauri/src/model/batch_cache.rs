@@ -83,6 +83,12 @@ impl BatchKvCache {
         (0..self.rows()).map(|r| self.idx - self.left_padding[r] + self.shared_len(r)).collect()
     }
 
+    /// Tokens held: every row's own, and the shared segment's once.
+    pub fn held_tokens(&self) -> usize {
+        let own: i32 = self.left_padding.iter().map(|p| self.idx - p).sum();
+        own.max(0) as usize + self.active_shared().map_or(0, |s| s.len() as usize)
+    }
+
     /// Tokens row `row` takes from the shared segment (0 or all of it).
     fn shared_len(&self, row: usize) -> i32 {
         match &self.shared {

@@ -42,11 +42,15 @@ pub const BLOCK_TOKENS: usize = 64;
 
 type Result<T> = std::result::Result<T, crate::model::ModelError>;
 
-/// A block's keys and values in every layer.
-struct LayerBlocks(Vec<(Array, Array)>);
+/// A block's keys and values in every layer. `in_segment`: views of the segment the batch
+/// shares (`segment`), whose bytes the engine reserves: 0 here while it lives.
+struct LayerBlocks(Vec<(Array, Array)>, bool);
 
 impl Payload for LayerBlocks {
     fn bytes(&self) -> usize {
+        if self.1 {
+            return 0;
+        }
         self.0.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
     }
 }
@@ -99,6 +103,8 @@ impl Hot {
 
 pub struct PrefixCache {
     store: BlockStore<LayerBlocks>,
+    /// The blocks that are views of the batch's shared segment (`segment`).
+    segment_blocks: Vec<BlockKey>,
     hot: Option<Hot>,
     /// Most bytes held (the scheduler lowers what it may use when requests need the room).
     budget: usize,
@@ -114,6 +120,7 @@ impl PrefixCache {
         let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
         PrefixCache {
             store: BlockStore::new(identity, BLOCK_TOKENS),
+            segment_blocks: Vec::new(),
             hot: None,
             budget,
             disk,
@@ -179,9 +186,13 @@ impl PrefixCache {
     /// Brings the blocks of `prompt[..limit]` that are on disk but not in RAM into RAM: the
     /// whole blocks along the prompt, then the candidates for the block where it diverges.
     fn pull_from_disk(&mut self, prompt: &[u32], limit: usize) {
+        self.pull_from_disk_after(self.store.root(), &prompt[..limit.min(prompt.len())]);
+    }
+
+    /// [`Self::pull_from_disk`] for `tokens` that follow block `parent`.
+    fn pull_from_disk_after(&mut self, parent: BlockKey, tokens: &[u32]) {
         let Some(disk) = self.disk.as_mut() else { return };
-        let tokens = &prompt[..limit.min(prompt.len())];
-        let mut parent = self.store.root();
+        let mut parent = parent;
         let mut matched = 0;
         for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
             let key = chain(&parent, chunk);
@@ -315,8 +326,10 @@ impl PrefixCache {
 
     /// The first `len` tokens of `prompt` (whole blocks) as one `[1, H, len, D]` copy per layer
     /// (a segment rows share), when the cache holds all of them. The cached blocks become views
-    /// of it, so those keys and values are in memory once, for the cache and the batch.
+    /// of it, so those keys and values are in memory once, for the cache and the batch, until
+    /// `release_segment`.
     pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(Array, Array)>>> {
+        self.release_segment()?;
         self.pull_from_disk(prompt, len);
         let found = self.store.find(prompt, len);
         let whole = found.blocks.iter().all(|(_, n)| *n == BLOCK_TOKENS);
@@ -339,24 +352,50 @@ impl PrefixCache {
                     Ok((k.try_index((.., .., columns.clone(), ..))?, v.try_index((.., .., columns.clone(), ..))?))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            self.store.replace_payload(key, LayerBlocks(views));
+            self.store.replace_payload(key, LayerBlocks(views, true));
         }
+        self.segment_blocks = keys;
         Ok(Some(out))
     }
 
+    /// The batch let go of its shared segment: the blocks that were views of it become copies
+    /// of their own (a view would keep the whole segment in memory) and count again.
+    pub fn release_segment(&mut self) -> Result<()> {
+        for key in std::mem::take(&mut self.segment_blocks) {
+            let Some((_, _, payload)) = self.store.get(&key) else { continue };
+            let layers = payload
+                .0
+                .iter()
+                .map(|(k, v)| Ok((k.contiguous()?, v.contiguous()?)))
+                .collect::<Result<Vec<(Array, Array)>>>()?;
+            mlx_rs::transforms::eval(layers.iter().flat_map(|(k, v)| [k, v]))?;
+            self.store.replace_payload(&key, LayerBlocks(layers, false));
+        }
+        self.store.shrink_to(self.budget);
+        Ok(())
+    }
+
     /// What the cache holds of `prompt[skip..limit]`, for a request whose first `skip` tokens
-    /// are in a shared segment: new caches for the tokens after them, and how many tokens of
-    /// the prompt are covered in all (at least `skip`).
+    /// (whole blocks) are in a shared segment: new caches for the tokens after them, and how
+    /// many tokens of the prompt are covered in all (at least `skip`). Looked up (and read from
+    /// disk) after the segment only: its own blocks are not needed.
     pub fn restore_after(&mut self, prompt: &[u32], limit: usize, layers: usize, skip: usize) -> Result<Restored> {
-        self.pull_from_disk(prompt, limit);
-        let found = self.store.find(prompt, limit);
-        let caches = if found.tokens > skip {
-            gather(&found.blocks, skip, layers, prompt.len())?
-        } else {
-            (0..layers).map(|_| KvCache::new()).collect()
-        };
-        let divergence = found.divergence.filter(|d| d.position >= skip);
-        Ok(Restored { tokens: found.tokens.max(skip), caches, divergence })
+        let limit = limit.min(prompt.len());
+        let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
+        if skip % BLOCK_TOKENS != 0 || skip >= limit {
+            return Ok(Restored { tokens: skip.min(limit), caches: empty(), divergence: None });
+        }
+        let parent = prompt[..skip].chunks_exact(BLOCK_TOKENS).fold(self.store.root(), |p, chunk| chain(&p, chunk));
+        let rest = &prompt[skip..limit];
+        self.pull_from_disk_after(parent, rest);
+        let found = self.store.find_from(parent, rest);
+        let caches = if found.tokens > 0 { gather(&found.blocks, 0, layers, prompt.len() - skip)? } else { empty() };
+        let divergence = found.divergence.map(|d| Divergence {
+            position: d.position + skip,
+            cached_through: d.cached_through + skip,
+            resumes: d.resumes,
+        });
+        Ok(Restored { tokens: skip + found.tokens, caches, divergence })
     }
 
     /// Counts a request's lookup that reused `tokens` (0: a miss) in the hit figures.
@@ -392,7 +431,7 @@ impl PrefixCache {
                 fresh.push(v.clone());
                 layers.push((k, v));
             }
-            Ok::<_, crate::model::ModelError>(LayerBlocks(layers))
+            Ok::<_, crate::model::ModelError>(LayerBlocks(layers, false))
         })?;
         // Materialised now, so that the blocks stop referring to the request's buffers.
         if !added.is_empty() {
@@ -468,7 +507,7 @@ fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
     // The arrays copy the bytes when evaluated; do it now, while the bytes are alive.
     let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
     mlx_rs::transforms::eval(all).ok()?;
-    Some(LayerBlocks(layers))
+    Some(LayerBlocks(layers, false))
 }
 
 /// What makes a model's numbers what they are: its weight and config files as they are on

@@ -102,9 +102,14 @@ impl<P: Payload> BlockStore<P> {
 
     /// The longest cached start of `tokens[..limit]`, marked used.
     pub fn find(&mut self, tokens: &[u32], limit: usize) -> Found<'_, P> {
-        let tokens = &tokens[..limit.min(tokens.len())];
+        self.find_from(self.root, &tokens[..limit.min(tokens.len())])
+    }
+
+    /// The longest cached continuation of `tokens` after block `parent` (positions in the
+    /// result count from `parent`'s end), marked used.
+    pub fn find_from(&mut self, parent: BlockKey, tokens: &[u32]) -> Found<'_, P> {
         let mut path: Vec<(BlockKey, usize)> = Vec::new();
-        let mut parent = self.root;
+        let mut parent = parent;
         for chunk in tokens.chunks_exact(self.block) {
             let key = chain(&parent, chunk);
             if !self.entries.contains_key(&key) {

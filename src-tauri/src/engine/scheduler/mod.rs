@@ -382,7 +382,7 @@ impl Scheduler {
         m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
-        m.kv_tokens = self.cache.first().map_or(0, |c| c.lengths().iter().map(|&l| l as usize).sum());
+        m.kv_tokens = self.cache.first().map_or(0, BatchKvCache::held_tokens);
         m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum::<usize>() + shared_bytes;
         m.kv_shared_bytes = shared_bytes;
         m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);

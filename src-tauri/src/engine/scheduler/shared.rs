@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Scheduler;
-use crate::engine::prefix_cache::BLOCK_TOKENS;
+use crate::engine::prefix_cache::{PrefixCache, BLOCK_TOKENS};
 use crate::engine::sequence::Sequence;
 use crate::model::batch_cache::SharedKv;
 use crate::model::{BatchKvCache, LayerCache};
@@ -103,12 +103,15 @@ impl Scheduler {
         let group: Vec<usize> = (0..self.group.len())
             .filter(|&r| {
                 let s = &self.group[r];
-                !after(&self.group_cache, r) && s.prefilled >= n && starts(&s.request.prompt_ids)
+                !s.warm && !after(&self.group_cache, r) && s.prefilled >= n && starts(&s.request.prompt_ids)
             })
             .collect();
         let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
         let running: Vec<usize> = (0..self.running.len())
-            .filter(|&r| !after(&self.cache, r) && lengths[r] as usize >= n && starts(self.running[r].tokens()))
+            .filter(|&r| {
+                let s = &self.running[r];
+                !s.warm && !after(&self.cache, r) && lengths[r] as usize >= n && starts(s.tokens())
+            })
             .collect();
         let saved = n * self.info.kv_bytes_per_token;
         for (batch, rows, seqs) in
@@ -164,6 +167,9 @@ impl Scheduler {
         if self.shared.is_some() && !uses_shared(&self.group_cache) && !uses_shared(&self.cache) {
             self.reserved_bytes -= self.shared_bytes();
             self.shared = None;
+            if let Some(Err(e)) = self.prefix.as_mut().map(PrefixCache::release_segment) {
+                tracing::warn!("prefix cache: cannot copy the shared segment's blocks: {e}");
+            }
         }
     }
 

@@ -32,7 +32,7 @@ pub fn attention(
     let rows = b * r * l;
     // Each key head's queries as one matrix, rows ordered (batch, repeat, query).
     let q = q
-        .multiply(Array::from_f32(scale))?
+        .multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?
         .reshape(&[b, kv_heads, r * l, d])?
         .transpose_axes(&[1, 0, 2, 3])?
         .reshape(&[kv_heads, rows, d])?;
