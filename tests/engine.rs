@@ -552,3 +552,83 @@ fn batch_cache_rows_keep_their_contents_however_they_join() {
         assert_eq!(last.as_slice::<f32>(), expected.as_slice::<f32>(), "row {r}'s new token");
     }
 }
+
+#[test]
+fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
+    use fastmlx::model::batch_cache::SharedKv;
+    use fastmlx::model::layers::AttentionMask;
+    use fastmlx::model::{BatchKvCache, KvCache, LayerCache, Positions};
+    use mlx_rs::ops::concatenate;
+    use mlx_rs::Array;
+
+    let (heads, dim) = (2, 3);
+    let block = |len: i32, seed: f32| -> (Array, Array) {
+        let n = (heads * len * dim) as usize;
+        let shape = [1, heads, len, dim];
+        let k: Vec<f32> = (0..n).map(|i| seed + i as f32).collect();
+        let v: Vec<f32> = (0..n).map(|i| -seed - i as f32).collect();
+        (Array::from_slice(&k, &shape), Array::from_slice(&v, &shape))
+    };
+    let cache_of = |k: &Array, v: &Array| {
+        let mut c = KvCache::new();
+        c.update(k, v).unwrap();
+        c
+    };
+    let flat = |a: &Array| a.flatten(None, None).unwrap().as_slice::<f32>().to_vec();
+    let joined = |a: &Array, b: &Array| flat(&concatenate(&[a.clone(), b.clone()], 2).unwrap());
+    let (sk, sv) = block(4, 10.0);
+    let shared = SharedKv { id: 7, keys: sk.clone(), values: sv.clone() };
+    // Row 0 holds the shared tokens itself, then 3 of its own; row 1 is another sequence; row 2
+    // follows the segment with 2 tokens of its own.
+    let (ak, av) = block(3, 100.0);
+    let a = cache_of(
+        &concatenate(&[sk.clone(), ak.clone()], 2).unwrap(),
+        &concatenate(&[sv.clone(), av.clone()], 2).unwrap(),
+    );
+    let (ck, cv) = block(5, 200.0);
+    let (bk, bv) = block(2, 300.0);
+    let mut batch = BatchKvCache::new();
+    batch.push_rows(&[&a, &cache_of(&ck, &cv)]).unwrap();
+    assert!(batch.push_rows_with(&[(&cache_of(&bk, &bv), true)]).is_err(), "no segment set yet");
+    batch.set_shared(&shared).unwrap();
+    batch.push_rows_with(&[(&cache_of(&bk, &bv), true)]).unwrap();
+    assert_eq!(batch.lengths(), vec![7, 5, 6]);
+    assert_eq!(batch.width(), 7);
+    let (k2, v2) = batch.row_contents(2).unwrap().unwrap();
+    assert_eq!((flat(&k2), flat(&v2)), (joined(&sk, &bk), joined(&sv, &bv)), "the segment, then its own");
+
+    // Row 0 drops its copy: same sequence, the buffers only as wide as the longest own part.
+    let before = batch.clone();
+    assert!(batch.share_rows(&shared, &[2]).is_err(), "a row that already follows it");
+    assert_eq!(batch.lengths(), before.lengths(), "all or nothing");
+    batch.share_rows(&shared, &[0]).unwrap();
+    assert_eq!(batch.lengths(), vec![7, 5, 6]);
+    assert_eq!(batch.width(), 5, "the shared columns are gone from the buffers");
+    assert_eq!(batch.held_tokens(), 3 + 5 + 2 + 4, "the segment counted once");
+    let (k0, v0) = batch.row_contents(0).unwrap().unwrap();
+    assert_eq!((flat(&k0), flat(&v0)), (joined(&sk, &ak), joined(&sv, &av)));
+    let (k1, _) = batch.row_contents(1).unwrap().unwrap();
+    assert_eq!(flat(&k1), flat(&ck));
+
+    // Positions and masks: rows 0 and 2 see the segment, row 1 does not.
+    match batch.positions().unwrap() {
+        Positions::Rows { offsets, max } => {
+            assert_eq!((offsets.as_slice::<i32>().to_vec(), max), (vec![7, 5, 6], 7));
+        }
+        Positions::Scalar(_) => panic!("rows at different positions"),
+    }
+    match batch.mask(1, None).unwrap() {
+        AttentionMask::Shared { prefix: Some(prefix), .. } => {
+            assert_eq!(prefix.as_slice::<bool>().to_vec(), vec![true, false, true]);
+        }
+        _ => panic!("a mask over the segment and the own keys"),
+    }
+    assert_eq!(batch.shared().map(|s| s.id), Some(7));
+
+    // The rows that follow it leave: the segment goes with them.
+    batch.retain(&[1]).unwrap();
+    assert!(batch.shared().is_none());
+    assert!(matches!(batch.mask(1, None).unwrap(), AttentionMask::None));
+    let (k1, _) = batch.row_contents(0).unwrap().unwrap();
+    assert_eq!(flat(&k1), flat(&ck));
+}
