@@ -45,10 +45,6 @@ fn uses_shared(batch: &[BatchKvCache]) -> bool {
 }
 
 impl Scheduler {
-    fn shared_bytes(&self) -> usize {
-        self.shared.as_ref().map_or(0, |s| s.tokens.len() * self.info.kv_bytes_per_token)
-    }
-
     /// How many leading tokens of `seq`'s prompt (at most `limit`) the shared segment holds
     /// for it, making the segment when its prompt starts like another request's: 0 when it
     /// does not take one.
@@ -87,7 +83,7 @@ impl Scheduler {
         let id = next_id();
         let layers = layers.into_iter().map(|(keys, values)| SharedKv { id, keys, values }).collect();
         self.shared = Some(SharedPrefix { tokens: prompt[..len].to_vec(), layers });
-        self.reserved_bytes += self.shared_bytes();
+        self.reserved_bytes += self.shared_segment_bytes();
         tracing::debug!("request {}: {len} prompt tokens held once for the requests that share them", seq.id);
         self.share_existing_rows();
         len
@@ -165,7 +161,7 @@ impl Scheduler {
     /// The segment goes once no row uses it.
     pub(super) fn drop_unused_shared(&mut self) {
         if self.shared.is_some() && !uses_shared(&self.group_cache) && !uses_shared(&self.cache) {
-            self.reserved_bytes -= self.shared_bytes();
+            self.reserved_bytes -= self.shared_segment_bytes();
             self.shared = None;
             if let Some(Err(e)) = self.prefix.as_mut().map(PrefixCache::release_segment) {
                 tracing::warn!("prefix cache: cannot copy the shared segment's blocks: {e}");
