@@ -10,9 +10,18 @@ use mlx_rs::{Array, Dtype};
 
 /// A tiny model; quantized ones keep their weights packed (MLX's quantized kernels, as mlx-lm).
 fn tiny(arch: Arch, seed: u64, bits: Option<i32>) -> (tempfile::TempDir, LoadedModel) {
+    tiny_with(arch, seed, bits, &[])
+}
+
+/// [`tiny`] written with `make-test-model`'s extra flags (`--per-expert`, `--wrapped`).
+fn tiny_with(arch: Arch, seed: u64, bits: Option<i32>, flags: &[&str]) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
-    let quant = bits.map(|bits| QuantSpec { group_size: 64, bits });
-    synthetic::write_tiny_model(dir.path(), arch, seed, quant).unwrap();
+    let options = synthetic::TinyOptions {
+        quant: bits.map(|bits| QuantSpec { group_size: 64, bits }),
+        per_expert: flags.contains(&"--per-expert"),
+        wrapped: flags.contains(&"--wrapped"),
+    };
+    synthetic::write_tiny_model_with(dir.path(), arch, seed, &options).unwrap();
     let model =
         load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     (dir, model)
@@ -38,7 +47,9 @@ fn greedy_output_matches_mlx_lm_for_every_architecture() {
     for case in cases {
         let arch = Arch::from_model_type(case["arch"].as_str().unwrap()).unwrap();
         let bits = case["bits"].as_i64().map(|b| b as i32);
-        let (_dir, model) = tiny(arch, seed, bits);
+        let flags: Vec<&str> =
+            case["flags"].as_array().map(|f| f.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
+        let (_dir, model) = tiny_with(arch, seed, bits, &flags);
         let expected = common::ids(&case["output_ids"]);
         let got = common::greedy(&model, prompt.clone(), expected.len()).tokens;
         assert_eq!(got, expected, "{}: greedy tokens differ from mlx-lm", case["name"]);
@@ -67,7 +78,8 @@ fn one_forward_equals_cached_steps() {
     let _mlx = common::mlx_lock();
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 % 250) as u32).collect();
     let n = tokens.len() as i32;
-    for (arch, bits) in Arch::ALL.iter().map(|a| (*a, None)).chain([(Arch::Llama, Some(4))]) {
+    let quantized = [(Arch::Llama, Some(4)), (Arch::Qwen3Moe, Some(4)), (Arch::Mixtral, Some(8))];
+    for (arch, bits) in Arch::ALL.iter().map(|a| (*a, None)).chain(quantized) {
         let (_dir, model) = tiny(arch, 3, bits);
         let t = &model.transformer;
         let full = t.forward(&Array::from_slice(&tokens, &[1, n]), &mut t.new_cache()).unwrap();

@@ -20,6 +20,20 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
+# mlx-lm 0.32.2 passes `global_scale=None` to `mx.gather_qmm`, which the mlx 0.32.2 wheel
+# rejects, so stock mlx-lm cannot run a quantized MoE model on that pair. Dropping a `None`
+# global scale changes nothing numerically (it is how the call reads without one).
+_gather_qmm = mx.gather_qmm
+
+
+def _gather_qmm_without_none_scale(*args, global_scale=None, **kwargs):
+    if global_scale is not None:
+        kwargs["global_scale"] = global_scale
+    return _gather_qmm(*args, **kwargs)
+
+
+mx.gather_qmm = _gather_qmm_without_none_scale
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests/data/reference/tiny_models.json"
 BINARY = ROOT / "target/debug/fastmlx"
@@ -27,15 +41,27 @@ SEED = 7
 # Longer than the tiny Mistral's sliding window (12), so the window matters in prefill too.
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104, 105, 115, 32, 105, 115]
 N_NEW = 24
-# (name, arch, bits): every architecture dense, and two quantized variants.
+# (name, arch, bits, extra flags): every architecture dense, quantized variants (MoE ones
+# with 8-bit router gates), experts stored one by one as Hugging Face does, and multimodal
+# wrappers around a text model.
 MODELS = [
-    ("llama", "llama", None),
-    ("mistral", "mistral", None),
-    ("qwen2", "qwen2", None),
-    ("qwen3", "qwen3", None),
-    ("phi3", "phi3", None),
-    ("llama-q4", "llama", 4),
-    ("qwen3-q8", "qwen3", 8),
+    ("llama", "llama", None, []),
+    ("mistral", "mistral", None, []),
+    ("qwen2", "qwen2", None, []),
+    ("qwen3", "qwen3", None, []),
+    ("phi3", "phi3", None, []),
+    ("llama-q4", "llama", 4, []),
+    ("qwen3-q8", "qwen3", 8, []),
+    ("qwen3_moe", "qwen3_moe", None, []),
+    ("qwen3_moe-per-expert", "qwen3_moe", None, ["--per-expert"]),
+    ("qwen3_moe-q4", "qwen3_moe", 4, []),
+    ("qwen2_moe", "qwen2_moe", None, []),
+    ("mixtral", "mixtral", None, []),
+    ("mixtral-q4-per-expert", "mixtral", 4, ["--per-expert"]),
+    ("gemma3_text", "gemma3_text", None, []),
+    ("gemma3-wrapped", "gemma3_text", None, ["--wrapped"]),
+    ("gemma3_text-q4", "gemma3_text", 4, []),
+    ("mistral3-wrapped", "mistral", None, ["--wrapped"]),
 ]
 
 
@@ -48,13 +74,13 @@ def greedy(model_dir: Path) -> list[int]:
 def main():
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, arch, bits in MODELS:
+        for name, arch, bits, flags in MODELS:
             out = Path(tmp) / name
-            cmd = [str(BINARY), "make-test-model", "--arch", arch, "--seed", str(SEED), str(out)]
+            cmd = [str(BINARY), "make-test-model", "--arch", arch, "--seed", str(SEED), str(out)] + flags
             if bits:
                 cmd += ["--bits", str(bits)]
             subprocess.run(cmd, check=True)
-            cases.append({"name": name, "arch": arch, "bits": bits, "output_ids": greedy(out)})
+            cases.append({"name": name, "arch": arch, "bits": bits, "flags": flags, "output_ids": greedy(out)})
             print(name, cases[-1]["output_ids"])
     OUT.write_text(json.dumps({
         "description": "mlx-lm greedy decoding on `fastmlx make-test-model` tiny models (float32, CPU)",

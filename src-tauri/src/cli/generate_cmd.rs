@@ -128,7 +128,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct MakeTestModelArgs {
-    /// llama, mistral, qwen2, qwen3 or phi3
+    /// A `model_type`: llama, mistral, qwen2, qwen3, phi3, qwen3_moe, qwen2_moe, mixtral, gemma3_text
     #[arg(long)]
     arch: String,
     /// Output folder.
@@ -138,13 +138,23 @@ pub struct MakeTestModelArgs {
     /// Quantize the linear layers to this many bits (MLX affine, group size 64).
     #[arg(long)]
     bits: Option<i32>,
+    /// Write each expert's matrices apart, as Hugging Face checkpoints do (MoE models).
+    #[arg(long)]
+    per_expert: bool,
+    /// Wrap the text model in its multimodal config (`gemma3` / `mistral3`).
+    #[arg(long)]
+    wrapped: bool,
 }
 
 pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     Backend::init();
     let arch = Arch::from_model_type(&args.arch).with_context(|| format!("unknown architecture {:?}", args.arch))?;
-    let quant = args.bits.map(|bits| QuantSpec { group_size: 64, bits });
-    synthetic::write_tiny_model(&args.out, arch, args.seed, quant)?;
+    let options = synthetic::TinyOptions {
+        quant: args.bits.map(|bits| QuantSpec { group_size: 64, bits }),
+        per_expert: args.per_expert,
+        wrapped: args.wrapped,
+    };
+    synthetic::write_tiny_model_with(&args.out, arch, args.seed, &options)?;
     eprintln!("wrote a tiny {} model to {}", arch.model_type(), args.out.display());
     Ok(())
 }

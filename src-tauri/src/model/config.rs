@@ -11,10 +11,24 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Phi3,
+    Qwen3Moe,
+    Qwen2Moe,
+    Mixtral,
+    Gemma3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Phi3];
+    pub const ALL: [Arch; 9] = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Phi3,
+        Arch::Qwen3Moe,
+        Arch::Qwen2Moe,
+        Arch::Mixtral,
+        Arch::Gemma3,
+    ];
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
         Some(match model_type {
@@ -23,6 +37,10 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
+            "qwen3_moe" => Arch::Qwen3Moe,
+            "qwen2_moe" => Arch::Qwen2Moe,
+            "mixtral" => Arch::Mixtral,
+            "gemma3_text" => Arch::Gemma3,
             _ => return None,
         })
     }
@@ -34,6 +52,10 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Qwen2Moe => "qwen2_moe",
+            Arch::Mixtral => "mixtral",
+            Arch::Gemma3 => "gemma3_text",
         }
     }
 }
@@ -76,6 +98,54 @@ pub struct QuantSpec {
     pub bits: i32,
 }
 
+/// The feed-forward block's activation: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// How a router turns its logits into the experts a token uses and their weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over all experts, then the top k (Qwen MoE); `normalize`: rescale the k weights
+    /// to sum to one (`norm_topk_prob`).
+    SoftmaxThenTopK { normalize: bool },
+    /// The top k logits, then a softmax over them (Mixtral).
+    TopKThenSoftmax,
+}
+
+/// Mixture-of-experts feed-forward layers: each token goes through `top_k` of `num_experts`
+/// SwiGLU experts, weighted by the router.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Hidden size of each expert.
+    pub intermediate_size: usize,
+    pub routing: Routing,
+    /// A dense expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE).
+    pub shared_expert_size: Option<usize>,
+    /// Which layers have experts (the others keep a dense MLP); empty means all.
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse_layers.get(layer).copied().unwrap_or(self.sparse_layers.is_empty())
+    }
+}
+
+/// Gemma's departures from the Llama block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmaStyle {
+    /// Embeddings multiplied by sqrt(hidden_size) (rounded to bf16, as the reference does).
+    pub embed_scale: f32,
+    /// The rotary base of sliding-window layers (global layers use `rope.theta`).
+    pub local_rope_theta: f32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -101,6 +171,15 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj` (Phi-3).
     pub fused_projections: bool,
+    pub activation: Activation,
+    /// Attention logits scale; `None` means `head_dim^-0.5`.
+    pub attention_scale: Option<f32>,
+    /// RMS norms scale by `1 + weight` (Gemma) instead of `weight`.
+    pub norm_plus_one: bool,
+    /// Norms on the attention and MLP outputs too, and before the MLP (Gemma's four norms).
+    pub sandwich_norms: bool,
+    pub gemma: Option<GemmaStyle>,
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -110,13 +189,41 @@ impl ModelConfig {
         self.sliding_window.filter(|_| sliding)
     }
 
-    /// A rough parameter count (embedding + layers), for listings and memory estimates.
+    /// A rough parameter count (embedding + layers, every expert), for listings and memory
+    /// estimates.
     pub fn parameter_count(&self) -> u64 {
-        let (h, i, v) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
+        let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
+        let norms = 2 * h;
+        let layers: u64 =
+            (0..self.num_layers).map(|l| self.attention_parameters() + self.ffn_parameters(l, false) + norms).sum();
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + head + layers + h
+    }
+
+    /// Multiply-accumulates per token in one layer's linear projections, counting only the
+    /// experts a token goes through (what a step costs, not what the model holds).
+    pub fn active_linear_macs(&self) -> u64 {
+        let total: u64 = (0..self.num_layers).map(|l| self.attention_parameters() + self.ffn_parameters(l, true)).sum();
+        total / self.num_layers.max(1) as u64
+    }
+
+    fn attention_parameters(&self) -> u64 {
+        let h = self.hidden_size as u64;
         let q = (self.num_heads * self.head_dim) as u64;
         let kv = (self.num_kv_heads * self.head_dim) as u64;
-        let per_layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + head + per_layer * self.num_layers as u64 + h
+        h * q * 2 + h * kv * 2
+    }
+
+    /// The feed-forward parameters of layer `l`; with `active`, only a token's experts.
+    fn ffn_parameters(&self, l: usize, active: bool) -> u64 {
+        let h = self.hidden_size as u64;
+        match &self.moe {
+            Some(moe) if moe.is_sparse(l) => {
+                let experts = if active { moe.top_k } else { moe.num_experts } as u64;
+                let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + h);
+                experts * 3 * h * moe.intermediate_size as u64 + h * moe.num_experts as u64 + shared
+            }
+            _ => 3 * h * self.intermediate_size as u64,
+        }
     }
 }

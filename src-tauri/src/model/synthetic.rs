@@ -24,6 +24,24 @@ const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 32;
 /// Mistral's tiny model uses a window shorter than the test sequences, so it matters.
 pub const MISTRAL_WINDOW: usize = 12;
+/// Experts of the tiny mixture-of-experts models, and each one's hidden size.
+const EXPERTS: usize = 8;
+const EXPERT_INTERMEDIATE: usize = 64;
+/// Qwen3-MoE routes each token to 4 experts, so a 21-token prompt (84 choices) takes the
+/// sorted expert path and a decode step the unsorted one.
+const QWEN3_MOE_TOP_K: usize = 4;
+
+/// How a tiny model is written, beyond its architecture.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TinyOptions {
+    /// Quantize the matrices (router gates at 8 bits, as mlx-lm's MoE recipes do).
+    pub quant: Option<QuantSpec>,
+    /// Experts as Hugging Face stores them (one tensor per expert) rather than stacked as MLX does.
+    pub per_expert: bool,
+    /// Inside a multimodal wrapper (`gemma3` / `mistral3` with `text_config`, weights under
+    /// `language_model.`, and a vision tensor the loader must skip).
+    pub wrapped: bool,
+}
 
 /// The three special tokens after the 256 byte tokens.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -31,6 +49,11 @@ pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_en
 const CHATML_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
+    config_json_with(arch, &TinyOptions { quant, ..TinyOptions::default() })
+}
+
+pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
+    let quant = options.quant;
     let mut c = json!({
         "model_type": arch.model_type(),
         "architectures": ["TinyForCausalLM"],
@@ -43,7 +66,7 @@ pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "max_position_embeddings": 512,
-        "tie_word_embeddings": matches!(arch, Arch::Qwen2 | Arch::Qwen3),
+        "tie_word_embeddings": tied(arch),
         "eos_token_id": 258,
         "bos_token_id": 257,
         "torch_dtype": "float32",
@@ -73,16 +96,108 @@ pub fn config_json(arch: Arch, quant: Option<QuantSpec>) -> Value {
                 "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 4.0],
                 "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]});
         }
+        Arch::Qwen3Moe => {
+            // Layer 0 routed, layer 1 dense: both kinds in one model.
+            c["head_dim"] = json!(HEAD_DIM);
+            c["num_experts"] = json!(EXPERTS);
+            c["num_experts_per_tok"] = json!(QWEN3_MOE_TOP_K);
+            c["moe_intermediate_size"] = json!(EXPERT_INTERMEDIATE);
+            c["decoder_sparse_step"] = json!(1);
+            c["mlp_only_layers"] = json!([1]);
+            c["norm_topk_prob"] = json!(true);
+        }
+        Arch::Qwen2Moe => {
+            c["num_experts"] = json!(EXPERTS);
+            c["num_experts_per_tok"] = json!(2);
+            c["moe_intermediate_size"] = json!(EXPERT_INTERMEDIATE);
+            c["shared_expert_intermediate_size"] = json!(INTERMEDIATE);
+        }
+        Arch::Mixtral => {
+            c["num_local_experts"] = json!(EXPERTS);
+            c["num_experts_per_tok"] = json!(2);
+            c["intermediate_size"] = json!(EXPERT_INTERMEDIATE);
+            c["rope_theta"] = json!(1e6);
+        }
+        Arch::Gemma3 => {
+            // One local layer (window shorter than the test prompts), one global layer with
+            // linear rope scaling; a query scale unlike head_dim's.
+            c["head_dim"] = json!(HEAD_DIM);
+            c["sliding_window"] = json!(MISTRAL_WINDOW);
+            c["sliding_window_pattern"] = json!(2);
+            c["query_pre_attn_scalar"] = json!(48);
+            c["rope_theta"] = json!(1e6);
+            c["rope_local_base_freq"] = json!(10000.0);
+            c["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0});
+            c["hidden_activation"] = json!("gelu_pytorch_tanh");
+        }
     }
     if let Some(q) = quant {
-        c["quantization"] = json!({"group_size": q.group_size, "bits": q.bits});
+        let mut spec = json!({"group_size": q.group_size, "bits": q.bits});
+        if arch_has_experts(arch) {
+            for l in 0..LAYERS {
+                spec[format!("{}model.layers.{l}.{}.gate", module_prefix(arch, options), moe_block(arch))] =
+                    json!({"group_size": q.group_size, "bits": 8});
+            }
+        }
+        c["quantization"] = spec;
         c["quantization_config"] = c["quantization"].clone();
+    }
+    if options.wrapped {
+        let outer = match arch {
+            Arch::Gemma3 => "gemma3",
+            _ => "mistral3",
+        };
+        let mut text = c.clone();
+        let top = json!({"model_type": outer, "architectures": ["TinyForConditionalGeneration"],
+            "vocab_size": VOCAB, "eos_token_id": 258, "bos_token_id": 257, "torch_dtype": "float32",
+            "vision_config": {"hidden_size": 16}});
+        let mut top = top;
+        for key in ["quantization", "quantization_config"] {
+            if let Some(v) = text.as_object_mut().and_then(|t| t.remove(key)) {
+                top[key] = v;
+            }
+        }
+        top["text_config"] = text;
+        return top;
     }
     c
 }
 
+/// Real Gemma 3 ties its head to the embeddings too, but a tiny tied model whose embeddings are
+/// scaled by sqrt(hidden) only echoes its input; an own head (which the reference also
+/// accepts) makes its outputs compare something.
+fn tied(arch: Arch) -> bool {
+    matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe)
+}
+
+fn arch_has_experts(arch: Arch) -> bool {
+    matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Mixtral)
+}
+
+/// The feed-forward block's name in the checkpoint.
+fn moe_block(arch: Arch) -> &'static str {
+    if arch == Arch::Mixtral {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    }
+}
+
+/// Where the text model's tensors live in the written checkpoint.
+fn module_prefix(_arch: Arch, options: &TinyOptions) -> &'static str {
+    if options.wrapped {
+        "language_model."
+    } else {
+        ""
+    }
+}
+
 /// The tensors of a tiny model of `arch`, named as in Hugging Face checkpoints.
 pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)> {
+    random_weights_with(arch, seed, &TinyOptions::default())
+}
+
+pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<(String, Vec<i32>, Vec<f32>)> {
     let mut rng = Rng::seeded(seed);
     let mut out = Vec::new();
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
@@ -93,35 +208,74 @@ pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)
     let head_dim = if arch == Arch::Qwen3 { 48 } else { HEAD_DIM } as i32;
     let (h, i, q, kv) = (HIDDEN as i32, INTERMEDIATE as i32, HEADS as i32 * head_dim, KV_HEADS as i32 * head_dim);
     let proj = |fan_in: i32| 1.7 / (fan_in as f32).sqrt();
+    // Gemma's norms scale by 1 + weight: centre its weights on 0.
+    let norm_center = if arch == Arch::Gemma3 { 0.0 } else { 1.0 };
     tensor("model.embed_tokens.weight".into(), vec![VOCAB as i32, h], 1.0, 0.0);
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
-        tensor(format!("{p}.input_layernorm.weight"), vec![h], 0.1, 1.0);
-        tensor(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.1, 1.0);
+        tensor(format!("{p}.input_layernorm.weight"), vec![h], 0.1, norm_center);
+        if arch == Arch::Gemma3 {
+            // Branch outputs normalised, then scaled up against the sqrt(hidden)-scaled
+            // embeddings so the layers matter.
+            tensor(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.5, 2.0);
+            tensor(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], 0.1, norm_center);
+            tensor(format!("{p}.post_feedforward_layernorm.weight"), vec![h], 0.5, 2.0);
+        } else {
+            tensor(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.1, norm_center);
+        }
+        // (The order of these draws fixes the older architectures' weights: keep it.)
+        let routed = arch_has_experts(arch) && !(arch == Arch::Qwen3Moe && l == 1);
         if arch == Arch::Phi3 {
             tensor(format!("{p}.self_attn.qkv_proj.weight"), vec![q + 2 * kv, h], proj(h), 0.0);
             tensor(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h], proj(h), 0.0);
         } else {
             for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
                 tensor(format!("{p}.self_attn.{name}.weight"), vec![rows, h], proj(h), 0.0);
-                if arch == Arch::Qwen2 {
+                if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) {
                     tensor(format!("{p}.self_attn.{name}.bias"), vec![rows], 0.1, 0.0);
                 }
             }
-            tensor(format!("{p}.mlp.gate_proj.weight"), vec![i, h], proj(h), 0.0);
-            tensor(format!("{p}.mlp.up_proj.weight"), vec![i, h], proj(h), 0.0);
+            if !routed {
+                tensor(format!("{p}.mlp.gate_proj.weight"), vec![i, h], proj(h), 0.0);
+                tensor(format!("{p}.mlp.up_proj.weight"), vec![i, h], proj(h), 0.0);
+            }
         }
-        if arch == Arch::Qwen3 {
-            tensor(format!("{p}.self_attn.q_norm.weight"), vec![head_dim], 0.1, 1.0);
-            tensor(format!("{p}.self_attn.k_norm.weight"), vec![head_dim], 0.1, 1.0);
+        if matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
+            tensor(format!("{p}.self_attn.q_norm.weight"), vec![head_dim], 0.1, norm_center);
+            tensor(format!("{p}.self_attn.k_norm.weight"), vec![head_dim], 0.1, norm_center);
         }
         // Strong layer outputs: with tied embeddings a weak residual update would just
         // predict the input token again, which compares nothing.
         tensor(format!("{p}.self_attn.o_proj.weight"), vec![h, q], 4.0 * proj(q), 0.0);
-        tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], 4.0 * proj(i), 0.0);
+        if !routed {
+            tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], 4.0 * proj(i), 0.0);
+            continue;
+        }
+        let (e, m) = (EXPERTS as i32, EXPERT_INTERMEDIATE as i32);
+        let block = format!("{p}.{}", moe_block(arch));
+        // A decisive router: well-separated expert scores, so no near-tie picks an expert.
+        tensor(format!("{block}.gate.weight"), vec![e, h], 6.0 * proj(h), 0.0);
+        let projections = [("gate_proj", "w1", m, h), ("up_proj", "w3", m, h), ("down_proj", "w2", h, m)];
+        for (name, mixtral_name, rows, cols) in projections {
+            let scale = if name == "down_proj" { 4.0 * proj(m) } else { proj(h) };
+            if options.per_expert {
+                let name = if arch == Arch::Mixtral { mixtral_name } else { name };
+                for x in 0..e {
+                    tensor(format!("{block}.experts.{x}.{name}.weight"), vec![rows, cols], scale, 0.0);
+                }
+            } else {
+                tensor(format!("{block}.switch_mlp.{name}.weight"), vec![e, rows, cols], scale, 0.0);
+            }
+        }
+        if arch == Arch::Qwen2Moe {
+            tensor(format!("{block}.shared_expert.gate_proj.weight"), vec![i, h], proj(h), 0.0);
+            tensor(format!("{block}.shared_expert.up_proj.weight"), vec![i, h], proj(h), 0.0);
+            tensor(format!("{block}.shared_expert.down_proj.weight"), vec![h, i], 4.0 * proj(i), 0.0);
+            tensor(format!("{block}.shared_expert_gate.weight"), vec![1, h], proj(h), 0.0);
+        }
     }
-    tensor("model.norm.weight".into(), vec![h], 0.1, 1.0);
-    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3) {
+    tensor("model.norm.weight".into(), vec![h], 0.1, norm_center);
+    if !tied(arch) {
         tensor("lm_head.weight".into(), vec![VOCAB as i32, h], proj(h) * 4.0, 0.0);
     }
     out
@@ -166,13 +320,18 @@ fn byte_level_alphabet() -> Vec<char> {
 
 /// Writes a tiny `arch` model to `dir` (created if needed); quantized when `quant` is given.
 pub fn write_tiny_model(dir: &Path, arch: Arch, seed: u64, quant: Option<QuantSpec>) -> Result<()> {
+    write_tiny_model_with(dir, arch, seed, &TinyOptions { quant, ..TinyOptions::default() })
+}
+
+pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOptions) -> Result<()> {
+    let quant = options.quant;
     let io = |e: std::io::Error| ModelError::Io { path: dir.to_path_buf(), source: e };
     std::fs::create_dir_all(dir).map_err(io)?;
     let write_json = |name: &str, value: &Value| -> Result<()> {
         let text = serde_json::to_string_pretty(value).expect("JSON values serialise");
         std::fs::write(dir.join(name), text).map_err(|source| ModelError::Io { path: dir.join(name), source })
     };
-    write_json("config.json", &config_json(arch, quant))?;
+    write_json("config.json", &config_json_with(arch, options))?;
     write_json("tokenizer.json", &tokenizer_json())?;
     write_json(
         "tokenizer_config.json",
@@ -184,12 +343,21 @@ pub fn write_tiny_model(dir: &Path, arch: Arch, seed: u64, quant: Option<QuantSp
     write_json("generation_config.json", &json!({"eos_token_id": [258, 256]}))?;
 
     let mut arrays: HashMap<String, Array> = HashMap::new();
-    for (name, shape, data) in random_weights(arch, seed) {
+    let mut tensors = random_weights_with(arch, seed, options);
+    if options.wrapped {
+        for (name, _, _) in &mut tensors {
+            *name = format!("language_model.{name}");
+        }
+        tensors.push(("vision_tower.patch_embed.weight".into(), vec![16, 3], vec![0.5; 48]));
+    }
+    for (name, shape, data) in tensors {
         let array = Array::from_slice(&data, &shape);
-        let quantizable = name.ends_with(".weight") && shape.len() == 2;
+        let quantizable = name.ends_with(".weight") && shape.len() >= 2 && !name.starts_with("vision_tower");
         match (quant, quantizable) {
             (Some(q), true) => {
-                let (w, scales, biases) = mlx_rs::ops::quantize(&array, q.group_size, q.bits)?;
+                // Router gates at 8 bits, as mlx-lm's MoE recipes write them.
+                let bits = if name.ends_with(".gate.weight") { 8 } else { q.bits };
+                let (w, scales, biases) = mlx_rs::ops::quantize(&array, q.group_size, bits)?;
                 let prefix = name.trim_end_matches(".weight");
                 arrays.insert(format!("{prefix}.weight"), w);
                 arrays.insert(format!("{prefix}.scales"), scales);

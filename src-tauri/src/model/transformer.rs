@@ -1,21 +1,89 @@
 //! The decoder-only transformer every supported architecture is an instance of:
-//! embeddings -> N x (norm, attention, residual, norm, MLP, residual) -> norm -> output head.
+//! embeddings -> N x (norm, attention, residual, norm, feed-forward, residual) -> norm -> head.
+//! The feed-forward is a dense MLP or a mixture of experts; Gemma adds norms on both branches'
+//! outputs ("sandwich" norms).
 
-use mlx_rs::ops::add;
+use mlx_rs::ops::{add, clip, multiply};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, RopeConfig};
 use crate::model::error::Result;
 use crate::model::kv_cache::KvCache;
-use crate::model::layers::{Attention, Embedding, Linear, Mlp, QkvProjection, RmsNorm, Rope};
+use crate::model::layers::{
+    Attention, Embedding, Linear, Mlp, MlpProjections, MoeBlock, QkvProjection, RmsNorm, Rope, SharedExpert, SwitchGlu,
+};
 use crate::model::weights::Weights;
+
+pub enum FeedForward {
+    Dense(Mlp),
+    Experts(Box<MoeBlock>),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Experts(moe) => moe.forward(x),
+        }
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.arrays(),
+            FeedForward::Experts(moe) => moe.arrays(),
+        }
+    }
+}
+
+/// Gemma's extra norms: before the feed-forward and on its output (its
+/// `post_attention_layernorm` normalises the attention output instead).
+pub struct SandwichNorms {
+    pre_feedforward: RmsNorm,
+    post_feedforward: RmsNorm,
+}
 
 pub struct DecoderLayer {
     input_norm: RmsNorm,
     attention: Attention,
+    /// Before the feed-forward (Llama), or on the attention output (Gemma, with `sandwich`).
     post_attention_norm: RmsNorm,
-    mlp: Mlp,
+    sandwich: Option<SandwichNorms>,
+    feed_forward: FeedForward,
+}
+
+impl DecoderLayer {
+    fn forward<C: LayerCache>(
+        &self,
+        h: &Array,
+        mask: &crate::model::layers::AttentionMask,
+        positions: &crate::model::Positions,
+        cache: &mut C,
+    ) -> Result<Array> {
+        let r = self.attention.forward(&self.input_norm.forward(h)?, mask, positions, cache)?;
+        match &self.sandwich {
+            None => {
+                let h1 = add(h, &r)?;
+                let r = self.feed_forward.forward(&self.post_attention_norm.forward(&h1)?)?;
+                Ok(add(&h1, &r)?)
+            }
+            Some(norms) => {
+                let h1 = residual(h, &self.post_attention_norm.forward(&r)?)?;
+                let r = self.feed_forward.forward(&norms.pre_feedforward.forward(&h1)?)?;
+                residual(&h1, &norms.post_feedforward.forward(&r)?)
+            }
+        }
+    }
+}
+
+/// `x + y`; in float16 summed in f32 and clipped to the f16 range, as Gemma's reference does
+/// (its activations outgrow f16).
+fn residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return Ok(add(x, y)?);
+    }
+    let sum = add(x.as_dtype(Dtype::Float32)?, y.as_dtype(Dtype::Float32)?)?;
+    Ok(clip(&sum, (-65504.0f32, 65504.0f32))?.as_dtype(Dtype::Float16)?)
 }
 
 pub struct Transformer {
@@ -27,6 +95,8 @@ pub struct Transformer {
     norm: RmsNorm,
     /// `None` when the output head is the transposed embedding (tied weights).
     lm_head: Option<Linear>,
+    /// Gemma multiplies the embeddings by sqrt(hidden) (as an array in the compute dtype).
+    embed_scale: Option<Array>,
 }
 
 impl Transformer {
@@ -37,10 +107,16 @@ impl Transformer {
         let hidden = c.hidden_size as i32;
         let q_dim = (c.num_heads * c.head_dim) as i32;
         let kv_dim = (c.num_kv_heads * c.head_dim) as i32;
-        let inter = c.intermediate_size as i32;
         let eps = c.rms_norm_eps;
 
         let embed = weights.embedding("model.embed_tokens", c.vocab_size as i32, hidden)?;
+        let norm = |weights: &mut Weights, name: &str, dim: i32| -> Result<RmsNorm> {
+            let mut n = weights.norm(name, dim, eps)?;
+            if c.norm_plus_one {
+                n.weight = add(&n.weight, Array::from_f32(1.0))?;
+            }
+            Ok(n)
+        };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = format!("model.layers.{i}");
@@ -61,8 +137,8 @@ impl Transformer {
             let (q_norm, k_norm) = if c.qk_norm {
                 let d = c.head_dim as i32;
                 (
-                    Some(weights.norm(&format!("{p}.self_attn.q_norm"), d, eps)?),
-                    Some(weights.norm(&format!("{p}.self_attn.k_norm"), d, eps)?),
+                    Some(norm(weights, &format!("{p}.self_attn.q_norm"), d)?),
+                    Some(norm(weights, &format!("{p}.self_attn.k_norm"), d)?),
                 )
             } else {
                 (None, None)
@@ -72,38 +148,40 @@ impl Transformer {
                 o: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, q_dim, false)?,
                 q_norm,
                 k_norm,
-                rope: Rope::new(&c.rope, c.max_position_embeddings)?,
+                rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
                 num_heads: c.num_heads as i32,
                 num_kv_heads: c.num_kv_heads as i32,
                 head_dim: c.head_dim as i32,
+                scale: c.attention_scale.unwrap_or((c.head_dim as f32).powf(-0.5)),
             };
-            let mlp = if c.fused_projections {
-                Mlp::Fused {
-                    gate_up: weights.linear(&format!("{p}.mlp.gate_up_proj"), 2 * inter, hidden, false)?,
-                    down: weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter, false)?,
-                }
+            let sandwich = if c.sandwich_norms {
+                Some(SandwichNorms {
+                    pre_feedforward: norm(weights, &format!("{p}.pre_feedforward_layernorm"), hidden)?,
+                    post_feedforward: norm(weights, &format!("{p}.post_feedforward_layernorm"), hidden)?,
+                })
             } else {
-                Mlp::Separate {
-                    gate: weights.linear(&format!("{p}.mlp.gate_proj"), inter, hidden, false)?,
-                    up: weights.linear(&format!("{p}.mlp.up_proj"), inter, hidden, false)?,
-                    down: weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter, false)?,
-                }
+                None
             };
             layers.push(DecoderLayer {
-                input_norm: weights.norm(&format!("{p}.input_layernorm"), hidden, eps)?,
+                input_norm: norm(weights, &format!("{p}.input_layernorm"), hidden)?,
                 attention,
-                post_attention_norm: weights.norm(&format!("{p}.post_attention_layernorm"), hidden, eps)?,
-                mlp,
+                post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
+                sandwich,
+                feed_forward: feed_forward(c, i, weights)?,
             });
         }
-        let norm = weights.norm("model.norm", hidden, eps)?;
+        let norm = norm(weights, "model.norm", hidden)?;
         let lm_head = if c.tie_word_embeddings || !weights.contains("lm_head.weight") {
             None
         } else {
             Some(weights.linear("lm_head", c.vocab_size as i32, hidden, false)?)
         };
         let dtype = weights.dtype;
-        Ok(Transformer { config, dtype, embed, layers, norm, lm_head })
+        let embed_scale = match &c.gemma {
+            Some(g) => Some(Array::from_f32(g.embed_scale).as_dtype(dtype)?),
+            None => None,
+        };
+        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale })
     }
 
     /// Every array of the model.
@@ -112,8 +190,11 @@ impl Transformer {
         for layer in &self.layers {
             out.push(&layer.input_norm.weight);
             out.push(&layer.post_attention_norm.weight);
+            if let Some(s) = &layer.sandwich {
+                out.extend([&s.pre_feedforward.weight, &s.post_feedforward.weight]);
+            }
             out.extend(layer.attention.arrays());
-            out.extend(layer.mlp.arrays());
+            out.extend(layer.feed_forward.arrays());
         }
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
@@ -143,6 +224,9 @@ impl Transformer {
     /// what `cache` holds (one cache per layer, all with the same layout).
     pub fn forward_hidden<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
         let mut h = self.embed.forward(ids)?;
+        if let Some(scale) = &self.embed_scale {
+            h = multiply(&h, scale)?;
+        }
         let len = ids.dim(1);
         let first = cache.first().ok_or_else(|| crate::model::ModelError::Mlx("no cache".into()))?;
         let positions = first.positions()?;
@@ -153,10 +237,7 @@ impl Transformer {
                 (Some(m), Some(_)) => m,
                 _ => &full_mask,
             };
-            let r = layer.attention.forward(&layer.input_norm.forward(&h)?, mask, &positions, cache)?;
-            let h1 = add(&h, &r)?;
-            let r = layer.mlp.forward(&layer.post_attention_norm.forward(&h1)?)?;
-            h = add(&h1, &r)?;
+            h = layer.forward(&h, mask, &positions, cache)?;
         }
         self.norm.forward(&h)
     }
@@ -174,4 +255,60 @@ impl Transformer {
         let hidden = self.forward_hidden(ids, cache)?;
         self.logits(&hidden)
     }
+}
+
+/// Layer `i`'s rotary settings: Gemma's local layers use their own base and no scaling.
+fn layer_rope(c: &ModelConfig, i: usize) -> RopeConfig {
+    match &c.gemma {
+        Some(g) if c.layer_window(i).is_some() => {
+            RopeConfig { theta: g.local_rope_theta, scaling: None, ..c.rope.clone() }
+        }
+        _ => c.rope.clone(),
+    }
+}
+
+/// Layer `i`'s feed-forward: experts where the config puts them, else a dense MLP.
+fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<FeedForward> {
+    let p = format!("model.layers.{i}.mlp");
+    let hidden = c.hidden_size as i32;
+    let dense = |weights: &mut Weights, p: &str, inter: i32| -> Result<Mlp> {
+        let projections = if c.fused_projections {
+            MlpProjections::Fused {
+                gate_up: weights.linear(&format!("{p}.gate_up_proj"), 2 * inter, hidden, false)?,
+                down: weights.linear(&format!("{p}.down_proj"), hidden, inter, false)?,
+            }
+        } else {
+            MlpProjections::Separate {
+                gate: weights.linear(&format!("{p}.gate_proj"), inter, hidden, false)?,
+                up: weights.linear(&format!("{p}.up_proj"), inter, hidden, false)?,
+                down: weights.linear(&format!("{p}.down_proj"), hidden, inter, false)?,
+            }
+        };
+        Ok(Mlp { projections, activation: c.activation })
+    };
+    let Some(moe) = c.moe.as_ref().filter(|m| m.is_sparse(i)) else {
+        return Ok(FeedForward::Dense(dense(weights, &p, c.intermediate_size as i32)?));
+    };
+    let (n, inter) = (moe.num_experts as i32, moe.intermediate_size as i32);
+    weights.stack_experts(&p, moe.num_experts)?;
+    let experts = SwitchGlu {
+        gate: weights.switch_linear(&format!("{p}.switch_mlp.gate_proj"), n, inter, hidden)?,
+        up: weights.switch_linear(&format!("{p}.switch_mlp.up_proj"), n, inter, hidden)?,
+        down: weights.switch_linear(&format!("{p}.switch_mlp.down_proj"), n, hidden, inter)?,
+        activation: c.activation,
+    };
+    let shared = match moe.shared_expert_size {
+        Some(size) => Some(SharedExpert {
+            mlp: dense(weights, &format!("{p}.shared_expert"), size as i32)?,
+            gate: weights.linear(&format!("{p}.shared_expert_gate"), 1, hidden, false)?,
+        }),
+        None => None,
+    };
+    Ok(FeedForward::Experts(Box::new(MoeBlock {
+        router: weights.linear(&format!("{p}.gate"), n, hidden, false)?,
+        experts,
+        top_k: moe.top_k as i32,
+        routing: moe.routing,
+        shared,
+    })))
 }

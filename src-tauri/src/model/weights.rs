@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::config::QuantSpec;
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{Embedding, Linear, RmsNorm};
+use crate::model::layers::{Embedding, Linear, RmsNorm, SwitchLinear};
 
 /// How the checkpoint says its linear layers are quantized.
 #[derive(Debug, Clone, Default)]
@@ -124,11 +124,55 @@ impl Weights {
         }
     }
 
+    /// Every expert's `[outputs, inputs]` matrix at `prefix`, stacked `[experts, outputs, inputs]`.
+    pub fn switch_linear(&mut self, prefix: &str, experts: i32, outputs: i32, inputs: i32) -> Result<SwitchLinear> {
+        match self.quantized_parts_stacked(prefix, &[experts], outputs, inputs)? {
+            Some((weight, scales, biases, quant)) if self.expand_quantized => {
+                Ok(SwitchLinear::Dense { weight: dequantize(&weight, &scales, &biases, quant)? })
+            }
+            Some((weight, scales, biases, quant)) => Ok(SwitchLinear::Quantized { weight, scales, biases, quant }),
+            None => Ok(SwitchLinear::Dense {
+                weight: self.take_float(&format!("{prefix}.weight"), &[experts, outputs, inputs])?,
+            }),
+        }
+    }
+
+    /// Hugging Face checkpoints keep each expert apart (`{block}.experts.N.gate_proj`, ...);
+    /// stacks them into `{block}.switch_mlp.*` as MLX checkpoints store them. A no-op for
+    /// checkpoints already stacked.
+    pub fn stack_experts(&mut self, block: &str, experts: usize) -> Result<()> {
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            for part in ["weight", "scales", "biases"] {
+                let first = format!("{block}.experts.0.{proj}.{part}");
+                if !self.contains(&first) {
+                    continue;
+                }
+                let parts = (0..experts)
+                    .map(|e| self.take(&format!("{block}.experts.{e}.{proj}.{part}")))
+                    .collect::<Result<Vec<_>>>()?;
+                let stacked = mlx_rs::ops::stack(&parts, 0)?;
+                self.insert(format!("{block}.switch_mlp.{proj}.{part}"), stacked);
+            }
+        }
+        Ok(())
+    }
+
     /// `(weight, scales, biases, spec)` when `prefix` is stored quantized, checked against
     /// an `[outputs, inputs]` matrix.
     fn quantized_parts(
         &mut self,
         prefix: &str,
+        outputs: i32,
+        inputs: i32,
+    ) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
+        self.quantized_parts_stacked(prefix, &[], outputs, inputs)
+    }
+
+    /// [`Self::quantized_parts`] of `lead`-shaped stacks of such matrices.
+    fn quantized_parts_stacked(
+        &mut self,
+        prefix: &str,
+        lead: &[i32],
         outputs: i32,
         inputs: i32,
     ) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
@@ -156,8 +200,9 @@ impl Weights {
                 self.quant_error(prefix, format!("{inputs} inputs do not divide into groups of {}", spec.group_size))
             );
         }
-        self.check_shape(&weight_name, &weight, &[outputs, inputs * spec.bits / 32])?;
-        let groups = [outputs, inputs / spec.group_size];
+        let shape = |last: i32| -> Vec<i32> { lead.iter().copied().chain([outputs, last]).collect() };
+        self.check_shape(&weight_name, &weight, &shape(inputs * spec.bits / 32))?;
+        let groups = shape(inputs / spec.group_size);
         self.check_shape(&scales_name, &scales, &groups)?;
         self.check_shape(&format!("{prefix}.biases"), &biases, &groups)?;
         let scales = self.to_compute(&scales_name, scales)?;

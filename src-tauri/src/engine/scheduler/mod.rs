@@ -93,8 +93,8 @@ impl Scheduler {
         let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
         let group_cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
         let c = &t.config;
-        let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let linear_macs = c.hidden_size * (2 * q_dim + 2 * kv_dim) + 3 * c.hidden_size * c.intermediate_size;
+        let q_dim = c.num_heads * c.head_dim;
+        let linear_macs = c.active_linear_macs() as usize;
         let pacing = Pacing::new(config.itl_budget, config.prefill_chunk, pacing::depth_scale(linear_macs, q_dim));
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));

@@ -1,16 +1,23 @@
 //! One file per architecture: how its `config.json` maps onto [`ModelConfig`] and how its
 //! checkpoint names map onto the shared transformer's. The maths lives in `model::layers`.
 
+mod gemma3;
 mod llama;
 mod mistral;
+mod mixtral;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
+mod qwen3_moe;
+mod wrapped;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::model::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
+
+pub use wrapped::{canonical_tensor_name, text_config};
 
 /// The fields of a Hugging Face `config.json` the supported architectures read. Unknown keys
 /// are ignored; missing ones take the Hugging Face defaults.
@@ -42,6 +49,31 @@ pub struct HfConfig {
     pub partial_rotary_factor: Option<f32>,
     /// Phi-3 keeps the pre-training window here rather than in `rope_scaling`.
     pub original_max_position_embeddings: Option<usize>,
+    /// What only some families read (experts, Gemma's attention layout).
+    #[serde(flatten)]
+    pub extra: HfExtras,
+}
+
+/// The `config.json` fields of the mixture-of-experts and Gemma families.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HfExtras {
+    /// Qwen MoE's expert count...
+    pub num_experts: Option<usize>,
+    /// ...and Mixtral's.
+    pub num_local_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub shared_expert_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    /// Every n-th layer has experts (Qwen MoE)...
+    pub decoder_sparse_step: Option<usize>,
+    /// ...except these, which keep a dense MLP.
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    pub query_pre_attn_scalar: Option<f32>,
+    pub rope_local_base_freq: Option<f32>,
+    pub sliding_window_pattern: Option<usize>,
+    pub hidden_activation: Option<String>,
 }
 
 fn default_eps() -> f32 {
@@ -63,6 +95,10 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Qwen2 => qwen2::adapt(config, hf),
         Arch::Qwen3 => qwen3::adapt(config, hf),
         Arch::Phi3 => phi3::adapt(config, hf),
+        Arch::Qwen3Moe => qwen3_moe::adapt(config, hf),
+        Arch::Qwen2Moe => qwen2_moe::adapt(config, hf),
+        Arch::Mixtral => mixtral::adapt(config, hf),
+        Arch::Gemma3 => gemma3::adapt(config, hf),
     }
 }
 
@@ -106,6 +142,12 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         qkv_bias: hf.attention_bias,
         qk_norm: false,
         fused_projections: false,
+        activation: Activation::Silu,
+        attention_scale: None,
+        norm_plus_one: false,
+        sandwich_norms: false,
+        gemma: None,
+        moe: None,
     })
 }
 
@@ -149,7 +191,15 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
     }))
 }
 
-/// Drops tensors no supported architecture uses (precomputed rotary tables).
-pub fn is_unused_tensor(name: &str) -> bool {
-    name.contains("rotary_emb.inv_freq")
+/// Checks an expert layout before anything is built from it.
+fn checked(moe: MoeConfig) -> Result<MoeConfig, String> {
+    if moe.top_k == 0 || moe.top_k > moe.num_experts {
+        return Err(format!("num_experts_per_tok {} must be between 1 and the {} experts", moe.top_k, moe.num_experts));
+    }
+    Ok(moe)
+}
+
+/// A field every expert family needs, or a clear error naming it.
+fn required(value: Option<usize>, name: &str) -> Result<usize, String> {
+    value.filter(|&n| n > 0).ok_or_else(|| format!("{name} is missing or zero"))
 }

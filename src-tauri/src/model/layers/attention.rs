@@ -42,6 +42,8 @@ pub struct Attention {
     pub num_heads: i32,
     pub num_kv_heads: i32,
     pub head_dim: i32,
+    /// The attention logits' scale (`head_dim^-0.5` unless the config says otherwise).
+    pub scale: f32,
 }
 
 impl Attention {
@@ -93,7 +95,7 @@ impl Attention {
         let k = self.rope.forward(&k, positions)?;
         let (k, v) = cache.update(&k, &v)?;
 
-        let scale = (self.head_dim as f32).powf(-0.5);
+        let scale = self.scale;
         let out = match mask {
             AttentionMask::Shared { prefix, own } => {
                 let shared = cache.shared().ok_or_else(|| {

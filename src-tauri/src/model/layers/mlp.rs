@@ -1,12 +1,13 @@
-//! The SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
+//! The gated feed-forward block: `down(act(gate(x)) * up(x))` (SwiGLU, or GELU for Gemma).
 
 use mlx_rs::ops::{multiply, sigmoid, split_equal};
 use mlx_rs::Array;
 
+use crate::model::config::Activation;
 use crate::model::error::Result;
 use crate::model::layers::Linear;
 
-pub enum Mlp {
+pub enum MlpProjections {
     Separate {
         gate: Linear,
         up: Linear,
@@ -19,25 +20,40 @@ pub enum Mlp {
     },
 }
 
+pub struct Mlp {
+    pub projections: MlpProjections,
+    pub activation: Activation,
+}
+
 impl Mlp {
     pub fn arrays(&self) -> Vec<&Array> {
-        match self {
-            Mlp::Separate { gate, up, down } => [gate, up, down].into_iter().flat_map(Linear::arrays).collect(),
-            Mlp::Fused { gate_up, down } => [gate_up, down].into_iter().flat_map(Linear::arrays).collect(),
+        match &self.projections {
+            MlpProjections::Separate { gate, up, down } => {
+                [gate, up, down].into_iter().flat_map(Linear::arrays).collect()
+            }
+            MlpProjections::Fused { gate_up, down } => [gate_up, down].into_iter().flat_map(Linear::arrays).collect(),
         }
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (gate, up, down) = match self {
-            Mlp::Separate { gate, up, down } => (gate.forward(x)?, up.forward(x)?, down),
-            Mlp::Fused { gate_up, down } => {
+        let (gate, up, down) = match &self.projections {
+            MlpProjections::Separate { gate, up, down } => (gate.forward(x)?, up.forward(x)?, down),
+            MlpProjections::Fused { gate_up, down } => {
                 let mut halves = split_equal(gate_up.forward(x)?, 2, -1)?;
                 let up = halves.pop().expect("split into 2");
                 let gate = halves.pop().expect("split into 2");
                 (gate, up, down)
             }
         };
-        let activated = multiply(multiply(&gate, sigmoid(&gate)?)?, &up)?;
-        down.forward(&activated)
+        down.forward(&gated(self.activation, &gate, &up)?)
     }
+}
+
+/// `act(gate) * up`.
+pub fn gated(activation: Activation, gate: &Array, up: &Array) -> Result<Array> {
+    let activated = match activation {
+        Activation::Silu => multiply(gate, sigmoid(gate)?)?,
+        Activation::GeluTanh => mlx_rs::nn::gelu_approximate(gate)?,
+    };
+    Ok(multiply(&activated, up)?)
 }

@@ -199,6 +199,7 @@ fn hf_config(meta: &Metadata, arch: &str, n_tokens: usize) -> Result<HfConfig> {
         attention_bias: false,
         partial_rotary_factor: rotary.map(|r| r as f32 / head_dim_or_default as f32),
         original_max_position_embeddings: None,
+        extra: Default::default(),
     })
 }
 

@@ -23,7 +23,7 @@ pub fn load(
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     let config_path = dir.join("config.json");
-    let raw = read_json(&config_path)?;
+    let raw = arch::text_config(&read_json(&config_path)?);
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let arch = Arch::from_model_type(model_type)
         .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;
@@ -37,7 +37,7 @@ pub fn load(
     let quant = quant_config(&raw, &config_path)?;
     let mut weights = Weights::new(tensors, dir.to_path_buf(), quant, backend.compute_dtype(stored));
     weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
-    weights.rename_all(|name| (!arch::is_unused_tensor(name)).then(|| name.to_string()));
+    weights.rename_all(arch::canonical_tensor_name);
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");
     }
@@ -165,9 +165,18 @@ fn quant_config(config: &Value, path: &Path) -> Result<QuantConfig> {
     let default = spec(q).ok_or_else(|| bad("needs integer \"group_size\" and \"bits\"".into()))?;
     let overrides = q
         .as_object()
-        .map(|m| m.iter().filter(|(_, v)| v.is_object()).filter_map(|(k, v)| Some((k.clone(), spec(v)?))).collect())
+        .map(|m| {
+            m.iter().filter(|(_, v)| v.is_object()).filter_map(|(k, v)| Some((module_name(k)?, spec(v)?))).collect()
+        })
         .unwrap_or_default();
     Ok(QuantConfig { default: Some(default), overrides, infer_bits_with_group: None })
+}
+
+/// A per-module quantization key in the names the loader uses (see
+/// [`arch::canonical_tensor_name`]).
+fn module_name(key: &str) -> Option<String> {
+    let name = arch::canonical_tensor_name(&format!("{key}.weight"))?;
+    Some(name.trim_end_matches(".weight").to_string())
 }
 
 fn load_tokenizer(dir: &Path, config: &Value) -> Result<(Tokenizer, Option<ChatTemplate>)> {

@@ -53,6 +53,7 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
             return summary;
         }
     };
+    let raw = arch::text_config(&raw);
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
     summary.architecture = (!model_type.is_empty()).then(|| model_type.clone());
     summary.context_length = raw.get("max_position_embeddings").and_then(Value::as_u64).map(|n| n as usize);

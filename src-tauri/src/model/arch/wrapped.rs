@@ -1,0 +1,105 @@
+//! Checkpoints that wrap a text model in a multimodal one (Gemma 3 `gemma3`, Mistral Small 3.x
+//! `mistral3`): the text model's config is nested in `text_config` and its tensors live under
+//! `language_model.`; the vision tower and projector are not loaded. Also the tensor renames
+//! the families need to reach the shared transformer's names.
+
+use serde_json::Value;
+
+/// The text model's config: `raw` itself, or its `text_config` completed from the outer config
+/// (vocabulary, tokens, quantization) as the reference does.
+pub fn text_config(raw: &Value) -> Value {
+    let outer = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
+    let Some(inner) = raw.get("text_config").and_then(Value::as_object) else { return raw.clone() };
+    let mut text = inner.clone();
+    let default_type = match outer {
+        "gemma3" => "gemma3_text",
+        "mistral3" => "mistral",
+        other => other,
+    };
+    text.entry("model_type").or_insert_with(|| Value::from(default_type));
+    if outer == "gemma3" {
+        // Gemma 3's outer config owns the vocabulary and the head counts' defaults.
+        text.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_208)));
+        text.entry("num_attention_heads").or_insert(Value::from(8));
+        text.entry("num_key_value_heads").or_insert(Value::from(4));
+    }
+    if outer == "mistral3" {
+        text.entry("tie_word_embeddings").or_insert(Value::from(false));
+    }
+    for key in ["quantization", "quantization_config", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"] {
+        if let Some(v) = raw.get(key) {
+            text.entry(key).or_insert_with(|| v.clone());
+        }
+    }
+    Value::Object(text)
+}
+
+/// The name a checkpoint tensor has in the shared transformer's layout, or `None` for a
+/// tensor nothing reads (precomputed rotary tables, vision weights).
+pub fn canonical_tensor_name(name: &str) -> Option<String> {
+    if name.contains("rotary_emb.inv_freq")
+        || ["vision_tower", "multi_modal_projector", "vision_model", "audio_tower"].iter().any(|p| name.contains(p))
+    {
+        return None;
+    }
+    let name = if let Some(rest) = name.strip_prefix("model.language_model.") {
+        format!("model.{rest}")
+    } else {
+        name.strip_prefix("language_model.").unwrap_or(name).to_string()
+    };
+    Some(mixtral_names(name))
+}
+
+/// Mixtral's `block_sparse_moe` with experts' `w1`/`w2`/`w3` -> `mlp` with
+/// `gate_proj`/`down_proj`/`up_proj`.
+fn mixtral_names(name: String) -> String {
+    if !name.contains(".block_sparse_moe.") {
+        return name;
+    }
+    let name = name.replace(".block_sparse_moe.", ".mlp.");
+    let Some(at) = name.find(".experts.") else { return name };
+    let (head, tail) = name.split_at(at);
+    let tail = tail.replace(".w1.", ".gate_proj.").replace(".w2.", ".down_proj.").replace(".w3.", ".up_proj.");
+    format!("{head}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wrapped_and_family_names_reach_the_shared_layout() {
+        let cases = [
+            ("language_model.model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.gate_proj.weight"),
+            ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight"),
+            ("language_model.lm_head.weight", "lm_head.weight"),
+            ("model.layers.3.block_sparse_moe.gate.weight", "model.layers.3.mlp.gate.weight"),
+            ("model.layers.3.block_sparse_moe.experts.7.w1.weight", "model.layers.3.mlp.experts.7.gate_proj.weight"),
+            ("model.layers.3.block_sparse_moe.experts.7.w2.scales", "model.layers.3.mlp.experts.7.down_proj.scales"),
+            (
+                "model.layers.3.block_sparse_moe.switch_mlp.up_proj.weight",
+                "model.layers.3.mlp.switch_mlp.up_proj.weight",
+            ),
+        ];
+        for (from, to) in cases {
+            assert_eq!(canonical_tensor_name(from).as_deref(), Some(to), "{from}");
+        }
+        assert_eq!(canonical_tensor_name("vision_tower.encoder.layers.0.mlp.fc1.weight"), None);
+        assert_eq!(canonical_tensor_name("model.multi_modal_projector.linear_1.weight"), None);
+        assert_eq!(canonical_tensor_name("model.layers.0.self_attn.rotary_emb.inv_freq"), None);
+    }
+
+    #[test]
+    fn a_nested_text_config_takes_the_outer_vocabulary_and_quantization() {
+        let raw = json!({"model_type": "gemma3", "vocab_size": 1000, "quantization": {"bits": 4, "group_size": 64},
+                         "text_config": {"hidden_size": 64}});
+        let text = text_config(&raw);
+        assert_eq!(text["model_type"], "gemma3_text");
+        assert_eq!(text["vocab_size"], 1000);
+        assert_eq!(text["num_attention_heads"], 8);
+        assert_eq!(text["quantization"]["bits"], 4);
+        let plain = json!({"model_type": "llama", "hidden_size": 64});
+        assert_eq!(text_config(&plain), plain);
+    }
+}

@@ -1,0 +1,138 @@
+//! Mixture-of-experts feed-forward: a router picks `top_k` experts per token and weights them;
+//! the experts run batched, every token of every row through its own experts in one
+//! `gather_mm` / `gather_qmm` per projection (as mlx-lm's `SwitchGLU`), never row by row.
+
+use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
+use mlx_rs::ops::{
+    add, argpartition_axis, argsort_axis, divide, expand_dims_axes, floor_divide, gather_mm, gather_qmm, multiply,
+    negative, sigmoid, softmax_axis, sum_axis,
+};
+use mlx_rs::Array;
+
+use crate::model::config::{Activation, QuantSpec, Routing};
+use crate::model::error::Result;
+use crate::model::layers::mlp::gated;
+use crate::model::layers::{Linear, Mlp};
+
+/// One projection of every expert: `[experts, out, in]`, dense or packed.
+pub enum SwitchLinear {
+    Dense { weight: Array },
+    Quantized { weight: Array, scales: Array, biases: Array, quant: QuantSpec },
+}
+
+impl SwitchLinear {
+    /// `x`: `[.., 1, in]` rows, `experts`: the expert of each row (broadcast against `x`'s
+    /// leading dimensions) -> `[.., 1, out]`.
+    fn forward(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        Ok(match self {
+            SwitchLinear::Dense { weight } => gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?,
+            SwitchLinear::Quantized { weight, scales, biases, quant } => {
+                gather_qmm(x, weight, scales, biases, None, experts, true, quant.group_size, quant.bits, sorted)?
+            }
+        })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            SwitchLinear::Dense { weight } => vec![weight],
+            SwitchLinear::Quantized { weight, scales, biases, .. } => vec![weight, scales, biases],
+        }
+    }
+}
+
+/// Every expert's gated MLP, stacked.
+pub struct SwitchGlu {
+    pub gate: SwitchLinear,
+    pub up: SwitchLinear,
+    pub down: SwitchLinear,
+    pub activation: Activation,
+}
+
+impl SwitchGlu {
+    /// `x`: `[.., hidden]`, `experts`: `[.., k]` -> `[.., k, hidden]`.
+    fn forward(&self, x: &Array, experts: &Array) -> Result<Array> {
+        let x = expand_dims_axes(x, &[-2, -3])?;
+        // Many tokens: group the rows by expert so each expert's weights are read once, in order.
+        let sort = experts.size() >= 64;
+        let (x, idx, inverse) = if sort {
+            let k = experts.dim(-1);
+            let flat = experts.flatten(None, None)?;
+            let order = argsort_axis(&flat, 0)?;
+            let inverse = argsort_axis(&order, 0)?;
+            let rows = floor_divide(&order, Array::from_int(k))?;
+            let x = x.flatten(0, -3)?.index(&rows);
+            (x, flat.index(&order), Some(inverse))
+        } else {
+            (x, experts.clone(), None)
+        };
+        let up = self.up.forward(&x, &idx, sort)?;
+        let gate = self.gate.forward(&x, &idx, sort)?;
+        let mut y = self.down.forward(&gated(self.activation, &gate, &up)?, &idx, sort)?;
+        if let Some(inverse) = inverse {
+            let mut shape = experts.shape().to_vec();
+            shape.extend_from_slice(&y.shape()[1..]);
+            y = y.index(&inverse).reshape(&shape)?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        [&self.gate, &self.up, &self.down].into_iter().flat_map(SwitchLinear::arrays).collect()
+    }
+}
+
+/// A dense expert every token goes through, scaled by `sigmoid(gate(x))` (Qwen2-MoE).
+pub struct SharedExpert {
+    pub mlp: Mlp,
+    pub gate: Linear,
+}
+
+pub struct MoeBlock {
+    pub router: Linear,
+    pub experts: SwitchGlu,
+    pub top_k: i32,
+    pub routing: Routing,
+    pub shared: Option<SharedExpert>,
+}
+
+impl MoeBlock {
+    /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let logits = self.router.forward(x)?;
+        let k = self.top_k;
+        let (experts, weights) = match self.routing {
+            Routing::SoftmaxThenTopK { normalize } => {
+                let probs = softmax_axis(&logits, -1, true)?;
+                let n = probs.dim(-1);
+                let experts = argpartition_axis(&probs, n - k, -1)?.index((.., .., (n - k)..));
+                let weights = take_along_axis(&probs, &experts, -1)?;
+                let weights = if normalize { divide(&weights, sum_axis(&weights, -1, true)?)? } else { weights };
+                (experts, weights)
+            }
+            Routing::TopKThenSoftmax => {
+                let experts = argpartition_axis(negative(&logits)?, k - 1, -1)?.index((.., .., ..k));
+                let weights = softmax_axis(take_along_axis(&logits, &experts, -1)?, -1, true)?;
+                (experts, weights)
+            }
+        };
+        let y = self.experts.forward(x, &experts)?;
+        let y = sum_axis(multiply(&y, weights.expand_dims(-1)?)?, -2, false)?.as_dtype(y.dtype())?;
+        match &self.shared {
+            None => Ok(y),
+            Some(shared) => {
+                let scale = sigmoid(shared.gate.forward(x)?)?;
+                Ok(add(&y, multiply(&scale, shared.mlp.forward(x)?)?)?)
+            }
+        }
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out = self.router.arrays();
+        out.extend(self.experts.arrays());
+        if let Some(shared) = &self.shared {
+            out.extend(shared.mlp.arrays());
+            out.extend(shared.gate.arrays());
+        }
+        out
+    }
+}
