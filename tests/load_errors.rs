@@ -107,12 +107,12 @@ fn truncated_and_corrupt_safetensors() {
 #[test]
 fn unsupported_quantization() {
     let _mlx = common::mlx_lock();
-    let dir = tiny_dir(Some(QuantSpec { group_size: 64, bits: 4 }));
-    edit_config(dir.path(), |c| c["quantization"]["mode"] = "mxfp4".into());
+    let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
+    edit_config(dir.path(), |c| c["quantization"]["mode"] = "fp3".into());
     let err = load_err(dir.path());
-    assert!(err.contains("mxfp4") && err.contains("quantization"), "{err}");
+    assert!(err.contains("fp3") && err.contains("quantization") && err.contains("mxfp4"), "{err}");
 
-    let dir = tiny_dir(Some(QuantSpec { group_size: 64, bits: 4 }));
+    let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
     edit_config(dir.path(), |c| {
         c.as_object_mut().unwrap().remove("quantization");
         c.as_object_mut().unwrap().remove("quantization_config");
@@ -120,14 +120,23 @@ fn unsupported_quantization() {
     let err = load_err(dir.path());
     assert!(err.contains("no \"quantization\""), "{err}");
 
-    // The config claims 8 bits, the tensors are packed 4-bit: a shape error, not garbage.
-    let dir = tiny_dir(Some(QuantSpec { group_size: 64, bits: 4 }));
+    // A module said to be mxfp4 whose tensors are affine (float scales, biases): named, not garbage.
+    let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
     edit_config(dir.path(), |c| {
-        c["quantization"]["bits"] = 8.into();
+        c["quantization"]["lm_head"] = serde_json::json!({"group_size": 32, "bits": 4, "mode": "mxfp4"});
         c.as_object_mut().unwrap().remove("quantization_config");
     });
     let err = load_err(dir.path());
-    assert!(err.contains("shape"), "{err}");
+    assert!(err.contains("lm_head") && err.contains("Mxfp4"), "{err}");
+
+    // A module said to be 8-bit whose tensors are packed 4-bit: a shape error.
+    let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
+    edit_config(dir.path(), |c| {
+        c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
+        c.as_object_mut().unwrap().remove("quantization_config");
+    });
+    let err = load_err(dir.path());
+    assert!(err.contains("shape") && err.contains("lm_head"), "{err}");
 }
 
 #[test]

@@ -501,7 +501,7 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
 fn another_weight_format_or_context_does_not_reuse_the_entries() {
     let _mlx = common::mlx_lock();
     let dir = tempfile::tempdir().unwrap();
-    let quant = fastmlx::model::config::QuantSpec { group_size: 32, bits: 4 };
+    let quant = fastmlx::model::config::QuantSpec::affine(32, 4);
     synthetic::write_tiny_model(dir.path(), Arch::Llama, 4, Some(quant)).unwrap();
     let cache = tempfile::tempdir().unwrap();
     let prompt = tokens(2, 150, synthetic::VOCAB);

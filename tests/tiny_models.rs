@@ -16,8 +16,9 @@ fn tiny(arch: Arch, seed: u64, bits: Option<i32>) -> (tempfile::TempDir, LoadedM
 /// [`tiny`] written with `make-test-model`'s extra flags (`--per-expert`, `--wrapped`).
 fn tiny_with(arch: Arch, seed: u64, bits: Option<i32>, flags: &[&str]) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
+    let mode = flags.iter().position(|f| *f == "--mode").map_or("affine", |i| flags[i + 1]);
     let options = synthetic::TinyOptions {
-        quant: bits.map(|bits| QuantSpec { group_size: 64, bits }),
+        quant: bits.map(|bits| synthetic::quant_spec(mode, bits).unwrap()),
         per_expert: flags.contains(&"--per-expert"),
         wrapped: flags.contains(&"--wrapped"),
     };
@@ -180,7 +181,7 @@ fn per_layer_quantization_override() {
     let _mlx = common::mlx_lock();
     let (_dir4, four_bit) = tiny(Arch::Llama, 13, Some(4));
     let dir = tempfile::tempdir().unwrap();
-    synthetic::write_tiny_model(dir.path(), Arch::Llama, 13, Some(QuantSpec { group_size: 64, bits: 4 })).unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Llama, 13, Some(QuantSpec::affine(64, 4))).unwrap();
     rewrite_weights(dir.path(), |t| {
         let w =
             mlx_rs::ops::dequantize(&t["lm_head.weight"], &t["lm_head.scales"], &t["lm_head.biases"], 64, 4).unwrap();
@@ -189,7 +190,11 @@ fn per_layer_quantization_override() {
         t.insert("lm_head.scales".into(), s);
         t.insert("lm_head.biases".into(), b);
     });
-    // Without the override the 8-bit head does not fit the 4-bit default: a shape error.
+    // Without an override the head's bits are read from its tensors (as mlx-lm does)...
+    let inferred =
+        load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
+    // ...and an override that contradicts them is a shape error naming the layer.
+    edit_config(dir.path(), |c| c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 4}));
     let err = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed })
         .err()
         .expect("must not load");
@@ -203,6 +208,7 @@ fn per_layer_quantization_override() {
     let ids = [3u32, 1, 4, 1, 5];
     let corr = correlation(&logits_of(&mixed, &ids), &logits_of(&four_bit, &ids));
     assert!(corr > 0.99, "an 8-bit head on 4-bit weights: correlation {corr}");
+    assert_eq!(logits_of(&inferred, &ids), logits_of(&mixed, &ids), "read from the tensors or named: one model");
 }
 
 /// On a CPU, quantized weights are expanded to f32 by default (MLX's CPU quantized matmul is

@@ -62,6 +62,9 @@ MODELS = [
     ("gemma3-wrapped", "gemma3_text", None, ["--wrapped"]),
     ("gemma3_text-q4", "gemma3_text", 4, []),
     ("mistral3-wrapped", "mistral", None, ["--wrapped"]),
+    ("mixtral-mxfp4", "mixtral", 4, ["--mode", "mxfp4"]),
+    ("llama-nvfp4", "llama", 4, ["--mode", "nvfp4"]),
+    ("qwen2_moe-mxfp8", "qwen2_moe", 8, ["--mode", "mxfp8"]),
 ]
 
 

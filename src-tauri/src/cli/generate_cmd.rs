@@ -10,7 +10,6 @@ use serde_json::json;
 
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
-use crate::model::config::QuantSpec;
 use crate::model::{load_model_with, synthetic, Arch};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::chat_template::RenderRequest;
@@ -138,6 +137,9 @@ pub struct MakeTestModelArgs {
     /// Quantize the linear layers to this many bits (MLX affine, group size 64).
     #[arg(long)]
     bits: Option<i32>,
+    /// MLX quantization mode with --bits: affine (group size 64), mxfp4 / mxfp8 (group 32), nvfp4 (16).
+    #[arg(long, default_value = "affine")]
+    mode: String,
     /// Write each expert's matrices apart, as Hugging Face checkpoints do (MoE models).
     #[arg(long)]
     per_expert: bool,
@@ -150,7 +152,7 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     Backend::init();
     let arch = Arch::from_model_type(&args.arch).with_context(|| format!("unknown architecture {:?}", args.arch))?;
     let options = synthetic::TinyOptions {
-        quant: args.bits.map(|bits| QuantSpec { group_size: 64, bits }),
+        quant: args.bits.map(|bits| synthetic::quant_spec(&args.mode, bits)).transpose().map_err(anyhow::Error::msg)?,
         per_expert: args.per_expert,
         wrapped: args.wrapped,
     };

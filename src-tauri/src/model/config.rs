@@ -91,11 +91,41 @@ pub struct RopeConfig {
     pub scaling: Option<RopeScaling>,
 }
 
-/// Affine quantization of a linear layer's weights, as MLX stores it.
+/// How a linear layer's weights are quantized, as MLX stores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub struct QuantSpec {
     pub group_size: i32,
     pub bits: i32,
+    #[serde(default)]
+    pub mode: QuantMode,
+}
+
+impl QuantSpec {
+    pub fn affine(group_size: i32, bits: i32) -> QuantSpec {
+        QuantSpec { group_size, bits, mode: QuantMode::Affine }
+    }
+
+    /// Whether MLX has kernels for this combination (checked before any weight is read).
+    pub fn is_supported(&self) -> bool {
+        match self.mode {
+            QuantMode::Affine => matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8) && matches!(self.group_size, 32 | 64 | 128),
+            QuantMode::Mxfp4 => self.bits == 4 && self.group_size == 32,
+            QuantMode::Nvfp4 => self.bits == 4 && self.group_size == 16,
+            QuantMode::Mxfp8 => self.bits == 8 && self.group_size == 32,
+        }
+    }
+}
+
+/// MLX's quantization modes (`"mode"` in the config): integer codes with a scale and bias per
+/// group, or small floats with a shared 8-bit-float scale per group (no biases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantMode {
+    #[default]
+    Affine,
+    Mxfp4,
+    Nvfp4,
+    Mxfp8,
 }
 
 /// The feed-forward block's activation: `down(act(gate(x)) * up(x))`.
@@ -193,7 +223,8 @@ impl ModelConfig {
     /// estimates.
     pub fn parameter_count(&self) -> u64 {
         let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
-        let norms = 2 * h;
+        let norms =
+            if self.sandwich_norms { 4 * h } else { 2 * h } + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
         let layers: u64 =
             (0..self.num_layers).map(|l| self.attention_parameters() + self.ffn_parameters(l, false) + norms).sum();
         let head = if self.tie_word_embeddings { 0 } else { v * h };

@@ -9,8 +9,9 @@ use std::path::Path;
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
-use crate::model::config::{Arch, QuantSpec};
+use crate::model::config::{Arch, QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
+use crate::model::layers::quant_ops;
 use crate::sampling::Rng;
 
 /// Sizes of the tiny models: small enough for milliseconds per token on a CPU, large enough
@@ -30,6 +31,23 @@ const EXPERT_INTERMEDIATE: usize = 64;
 /// Qwen3-MoE routes each token to 4 experts, so a 21-token prompt (84 choices) takes the
 /// sorted expert path and a decode step the unsorted one.
 const QWEN3_MOE_TOP_K: usize = 4;
+
+/// The spec `--bits` with `--mode` stands for (each float mode has one group size).
+pub fn quant_spec(mode: &str, bits: i32) -> std::result::Result<QuantSpec, String> {
+    let mode: QuantMode =
+        serde_json::from_value(Value::from(mode)).map_err(|_| format!("unknown quantization mode {mode:?}"))?;
+    let group_size = match mode {
+        QuantMode::Affine => 64,
+        QuantMode::Mxfp4 | QuantMode::Mxfp8 => 32,
+        QuantMode::Nvfp4 => 16,
+    };
+    let spec = QuantSpec { group_size, bits, mode };
+    if spec.is_supported() {
+        Ok(spec)
+    } else {
+        Err(format!("{mode:?} cannot hold {bits} bits"))
+    }
+}
 
 /// How a tiny model is written, beyond its architecture.
 #[derive(Debug, Clone, Copy, Default)]
@@ -133,6 +151,9 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
     }
     if let Some(q) = quant {
         let mut spec = json!({"group_size": q.group_size, "bits": q.bits});
+        if q.mode != QuantMode::Affine {
+            spec["mode"] = serde_json::to_value(format!("{:?}", q.mode).to_lowercase()).expect("a string");
+        }
         if arch_has_experts(arch) {
             for l in 0..LAYERS {
                 spec[format!("{}model.layers.{l}.{}.gate", module_prefix(arch, options), moe_block(arch))] =
@@ -356,12 +377,14 @@ pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOp
         match (quant, quantizable) {
             (Some(q), true) => {
                 // Router gates at 8 bits, as mlx-lm's MoE recipes write them.
-                let bits = if name.ends_with(".gate.weight") { 8 } else { q.bits };
-                let (w, scales, biases) = mlx_rs::ops::quantize(&array, q.group_size, bits)?;
+                let spec = if name.ends_with(".gate.weight") { QuantSpec::affine(q.group_size, 8) } else { q };
+                let (w, scales, biases) = quant_ops::quantize(&array, spec)?;
                 let prefix = name.trim_end_matches(".weight");
                 arrays.insert(format!("{prefix}.weight"), w);
                 arrays.insert(format!("{prefix}.scales"), scales);
-                arrays.insert(format!("{prefix}.biases"), biases);
+                if let Some(biases) = biases {
+                    arrays.insert(format!("{prefix}.biases"), biases);
+                }
             }
             _ => {
                 arrays.insert(name, array);

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use mlx_rs::{Array, Dtype};
 
-use crate::model::config::QuantSpec;
+use crate::model::config::{QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{Embedding, Linear, RmsNorm, SwitchLinear};
+use crate::model::layers::{quant_ops, Embedding, Linear, RmsNorm, SwitchLinear};
 
 /// How the checkpoint says its linear layers are quantized.
 #[derive(Debug, Clone, Default)]
@@ -105,7 +105,7 @@ impl Weights {
         let bias = if bias { Some(self.take_float(&format!("{prefix}.bias"), &[outputs])?) } else { None };
         match self.quantized_parts(prefix, outputs, inputs)? {
             Some((weight, scales, biases, quant)) if self.expand_quantized => {
-                Ok(Linear::Dense { weight: dequantize(&weight, &scales, &biases, quant)?, bias })
+                Ok(Linear::Dense { weight: dequantize(&weight, &scales, &biases, quant, self.dtype)?, bias })
             }
             Some((weight, scales, biases, quant)) => Ok(Linear::Quantized { weight, scales, biases, bias, quant }),
             None => {
@@ -117,7 +117,7 @@ impl Weights {
     pub fn embedding(&mut self, prefix: &str, vocab: i32, hidden: i32) -> Result<Embedding> {
         match self.quantized_parts(prefix, vocab, hidden)? {
             Some((weight, scales, biases, quant)) if self.expand_quantized => {
-                Ok(Embedding::Dense { weight: dequantize(&weight, &scales, &biases, quant)? })
+                Ok(Embedding::Dense { weight: dequantize(&weight, &scales, &biases, quant, self.dtype)? })
             }
             Some((weight, scales, biases, quant)) => Ok(Embedding::Quantized { weight, scales, biases, quant }),
             None => Ok(Embedding::Dense { weight: self.take_float(&format!("{prefix}.weight"), &[vocab, hidden])? }),
@@ -128,7 +128,7 @@ impl Weights {
     pub fn switch_linear(&mut self, prefix: &str, experts: i32, outputs: i32, inputs: i32) -> Result<SwitchLinear> {
         match self.quantized_parts_stacked(prefix, &[experts], outputs, inputs)? {
             Some((weight, scales, biases, quant)) if self.expand_quantized => {
-                Ok(SwitchLinear::Dense { weight: dequantize(&weight, &scales, &biases, quant)? })
+                Ok(SwitchLinear::Dense { weight: dequantize(&weight, &scales, &biases, quant, self.dtype)? })
             }
             Some((weight, scales, biases, quant)) => Ok(SwitchLinear::Quantized { weight, scales, biases, quant }),
             None => Ok(SwitchLinear::Dense {
@@ -159,12 +159,7 @@ impl Weights {
 
     /// `(weight, scales, biases, spec)` when `prefix` is stored quantized, checked against
     /// an `[outputs, inputs]` matrix.
-    fn quantized_parts(
-        &mut self,
-        prefix: &str,
-        outputs: i32,
-        inputs: i32,
-    ) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
+    fn quantized_parts(&mut self, prefix: &str, outputs: i32, inputs: i32) -> Result<Option<Packed>> {
         self.quantized_parts_stacked(prefix, &[], outputs, inputs)
     }
 
@@ -175,7 +170,7 @@ impl Weights {
         lead: &[i32],
         outputs: i32,
         inputs: i32,
-    ) -> Result<Option<(Array, Array, Array, QuantSpec)>> {
+    ) -> Result<Option<Packed>> {
         let scales_name = format!("{prefix}.scales");
         if !self.contains(&scales_name) {
             return Ok(None);
@@ -183,17 +178,27 @@ impl Weights {
         let weight_name = format!("{prefix}.weight");
         let weight = self.take(&weight_name)?;
         let scales = self.take(&scales_name)?;
-        let biases = self
-            .take(&format!("{prefix}.biases"))
-            .map_err(|_| self.quant_error(prefix, "no `biases`: only MLX's affine mode is supported"))?;
-        let spec = self.quant_spec(prefix, &weight, inputs)?;
+        let spec = self.quant_spec(prefix, &weight, &scales, inputs)?;
+        let affine = spec.mode == QuantMode::Affine;
+        let biases_name = format!("{prefix}.biases");
+        let biases = match (affine, self.remove(&biases_name)) {
+            (true, Some(b)) => Some(b),
+            (true, None) => return Err(self.quant_error(prefix, "no `biases`, which the affine mode needs")),
+            (false, Some(_)) => {
+                return Err(self.quant_error(prefix, format!("`biases` in {:?} mode, which has none", spec.mode)))
+            }
+            (false, None) => None,
+        };
         if weight.dtype() != Dtype::Uint32 {
             return Err(
                 self.quant_error(prefix, format!("packed weight has dtype {:?}, expected uint32", weight.dtype()))
             );
         }
-        if !matches!(spec.bits, 2 | 3 | 4 | 5 | 6 | 8) || !matches!(spec.group_size, 32 | 64 | 128) {
-            return Err(self.quant_error(prefix, format!("{} bits, group size {}", spec.bits, spec.group_size)));
+        if !spec.is_supported() {
+            return Err(self.quant_error(
+                prefix,
+                format!("{:?} mode with {} bits, group size {}", spec.mode, spec.bits, spec.group_size),
+            ));
         }
         if inputs % spec.group_size != 0 {
             return Err(
@@ -204,23 +209,58 @@ impl Weights {
         self.check_shape(&weight_name, &weight, &shape(inputs * spec.bits / 32))?;
         let groups = shape(inputs / spec.group_size);
         self.check_shape(&scales_name, &scales, &groups)?;
-        self.check_shape(&format!("{prefix}.biases"), &biases, &groups)?;
-        let scales = self.to_compute(&scales_name, scales)?;
-        let biases = self.to_compute(&format!("{prefix}.biases"), biases)?;
+        let (scales, biases) = match biases {
+            Some(biases) => {
+                self.check_shape(&biases_name, &biases, &groups)?;
+                (self.to_compute(&scales_name, scales)?, Some(self.to_compute(&biases_name, biases)?))
+            }
+            // The float modes' scales are 8-bit floats stored as uint8: kept as they are.
+            None if scales.dtype() == Dtype::Uint8 => (scales, None),
+            None => {
+                return Err(self.quant_error(
+                    prefix,
+                    format!("{:?} scales have dtype {:?}, expected uint8", spec.mode, scales.dtype()),
+                ))
+            }
+        };
         Ok(Some((weight, scales, biases, spec)))
     }
 
-    fn quant_spec(&self, prefix: &str, weight: &Array, inputs: i32) -> Result<QuantSpec> {
-        if let Some(spec) = self.quant.overrides.get(prefix).or(self.quant.default.as_ref()) {
+    /// How `prefix` is packed: as the config names it for that module, else read from the
+    /// tensors' shapes and scale dtype (as mlx-lm does, so mixed-precision exports that list
+    /// only some modules load).
+    fn quant_spec(&self, prefix: &str, weight: &Array, scales: &Array, inputs: i32) -> Result<QuantSpec> {
+        if let Some(spec) = self.quant.overrides.get(prefix) {
             return Ok(*spec);
         }
-        if let Some(group_size) = self.quant.infer_bits_with_group {
-            let packed = weight.dim(-1);
-            if inputs % group_size == 0 && (packed * 32) % inputs == 0 {
-                return Ok(QuantSpec { group_size, bits: packed * 32 / inputs });
-            }
+        if self.quant.default.is_none() && self.quant.infer_bits_with_group.is_none() {
+            return Err(self.quant_error(prefix, "quantized tensors but no \"quantization\" in config.json"));
         }
-        Err(self.quant_error(prefix, "quantized tensors but no \"quantization\" in config.json"))
+        let (packed, groups) = (weight.dim(-1), scales.dim(-1));
+        if inputs <= 0 || groups <= 0 || inputs % groups != 0 || (packed * 32) % inputs != 0 {
+            return Err(self.quant_error(
+                prefix,
+                format!("packed shape {:?} and scales {:?} do not fit {inputs} inputs", weight.shape(), scales.shape()),
+            ));
+        }
+        let (group_size, bits) = (inputs / groups, packed * 32 / inputs);
+        if let Some(group) = self.quant.infer_bits_with_group {
+            return Ok(QuantSpec::affine(group, bits));
+        }
+        if scales.dtype() != Dtype::Uint8 {
+            return Ok(QuantSpec::affine(group_size, bits));
+        }
+        let mode = match (bits, group_size) {
+            (4, 16) => QuantMode::Nvfp4,
+            (4, 32) => QuantMode::Mxfp4,
+            (8, 32) => QuantMode::Mxfp8,
+            _ => {
+                return Err(
+                    self.quant_error(prefix, format!("uint8 scales with {bits} bits and group size {group_size}"))
+                )
+            }
+        };
+        Ok(QuantSpec { group_size, bits, mode })
     }
 
     fn quant_error(&self, prefix: &str, message: impl Into<String>) -> ModelError {
@@ -228,7 +268,11 @@ impl Weights {
     }
 }
 
-/// The dense matrix a packed one stands for (in the dtype of its scales).
-fn dequantize(weight: &Array, scales: &Array, biases: &Array, quant: QuantSpec) -> Result<Array> {
-    Ok(mlx_rs::ops::dequantize(weight, scales, biases, quant.group_size, quant.bits)?)
+/// A packed matrix: `(weight, scales, biases, spec)`.
+type Packed = (Array, Array, Option<Array>, QuantSpec);
+
+/// The dense matrix a packed one stands for, in `dtype`.
+fn dequantize(weight: &Array, scales: &Array, biases: &Option<Array>, quant: QuantSpec, dtype: Dtype) -> Result<Array> {
+    let dense = quant_ops::dequantize(weight, scales, biases.as_ref(), quant)?;
+    Ok(if dense.dtype() == dtype { dense } else { dense.as_dtype(dtype)? })
 }

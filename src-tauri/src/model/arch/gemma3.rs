@@ -13,6 +13,8 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         config.head_dim = 256;
         config.rope.dims = 256;
     }
+    // Gemma ties its head to the embeddings unless the config says otherwise.
+    config.tie_word_embeddings = hf.tie_word_embeddings.unwrap_or(true);
     config.qk_norm = true;
     config.norm_plus_one = true;
     config.sandwich_norms = true;

@@ -68,8 +68,7 @@ pub struct HfExtras {
     /// Every n-th layer has experts (Qwen MoE)...
     pub decoder_sparse_step: Option<usize>,
     /// ...except these, which keep a dense MLP.
-    #[serde(default)]
-    pub mlp_only_layers: Vec<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
     pub query_pre_attn_scalar: Option<f32>,
     pub rope_local_base_freq: Option<f32>,
     pub sliding_window_pattern: Option<usize>,

@@ -9,8 +9,8 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
     config.qk_norm = true;
     let x = &hf.extra;
     let step = x.decoder_sparse_step.unwrap_or(1).max(1);
-    let sparse_layers =
-        (0..config.num_layers).map(|l| !x.mlp_only_layers.contains(&l) && (l + 1) % step == 0).collect();
+    let dense = x.mlp_only_layers.clone().unwrap_or_default();
+    let sparse_layers = (0..config.num_layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect();
     config.moe = Some(super::checked(MoeConfig {
         num_experts: required(x.num_experts, "num_experts")?,
         top_k: required(x.num_experts_per_tok, "num_experts_per_tok")?,

@@ -6,8 +6,28 @@
 use serde_json::Value;
 
 /// The text model's config: `raw` itself, or its `text_config` completed from the outer config
-/// (vocabulary, tokens, quantization) as the reference does.
+/// (vocabulary, tokens, quantization) as the reference does; then the family's defaults for
+/// what its published configs leave out.
 pub fn text_config(raw: &Value) -> Value {
+    let mut text = unwrapped(raw);
+    if let Some(fields) = text.as_object_mut() {
+        if fields.get("model_type").and_then(Value::as_str) == Some("gemma3_text") {
+            // Gemma 3's multimodal configs state little of the text model: these are
+            // transformers' Gemma3TextConfig defaults.
+            for (key, value) in [
+                ("head_dim", Value::from(256)),
+                ("rope_theta", Value::from(1_000_000.0)),
+                ("max_position_embeddings", Value::from(131_072)),
+                ("rms_norm_eps", Value::from(1e-6)),
+            ] {
+                fields.entry(key).or_insert(value);
+            }
+        }
+    }
+    text
+}
+
+fn unwrapped(raw: &Value) -> Value {
     let outer = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let Some(inner) = raw.get("text_config").and_then(Value::as_object) else { return raw.clone() };
     let mut text = inner.clone();

@@ -1,15 +1,15 @@
 //! Token embeddings, dense or quantized; also used as the output head when embeddings are tied.
 
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{dequantize, quantized_matmul};
 use mlx_rs::Array;
 
 use crate::model::config::QuantSpec;
 use crate::model::error::Result;
+use crate::model::layers::quant_ops;
 
 pub enum Embedding {
     Dense { weight: Array },
-    Quantized { weight: Array, scales: Array, biases: Array, quant: QuantSpec },
+    Quantized { weight: Array, scales: Array, biases: Option<Array>, quant: QuantSpec },
 }
 
 impl Embedding {
@@ -17,13 +17,10 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense { weight } => weight.try_index(ids)?,
-            Embedding::Quantized { weight, scales, biases, quant } => dequantize(
-                weight.try_index(ids)?,
-                scales.try_index(ids)?,
-                &biases.try_index(ids)?,
-                quant.group_size,
-                quant.bits,
-            )?,
+            Embedding::Quantized { weight, scales, biases, quant } => {
+                let biases = biases.as_ref().map(|b| b.try_index(ids)).transpose()?;
+                quant_ops::dequantize(&weight.try_index(ids)?, &scales.try_index(ids)?, biases.as_ref(), *quant)?
+            }
         })
     }
 
@@ -32,7 +29,7 @@ impl Embedding {
         Ok(match self {
             Embedding::Dense { weight } => x.matmul(weight.t())?,
             Embedding::Quantized { weight, scales, biases, quant } => {
-                quantized_matmul(x, weight, scales, biases, true, quant.group_size, quant.bits)?
+                quant_ops::quantized_matmul(x, weight, scales, biases.as_ref(), *quant)?
             }
         })
     }
@@ -40,7 +37,7 @@ impl Embedding {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Embedding::Dense { weight } => vec![weight],
-            Embedding::Quantized { weight, scales, biases, .. } => vec![weight, scales, biases],
+            Embedding::Quantized { weight, scales, biases, .. } => [weight, scales].into_iter().chain(biases).collect(),
         }
     }
 }

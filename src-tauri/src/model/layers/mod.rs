@@ -7,6 +7,7 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
+pub mod quant_ops;
 mod rope;
 mod shared_attention;
 

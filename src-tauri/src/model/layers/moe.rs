@@ -4,20 +4,21 @@
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 use mlx_rs::ops::{
-    add, argpartition_axis, argsort_axis, divide, expand_dims_axes, floor_divide, gather_mm, gather_qmm, multiply,
-    negative, sigmoid, softmax_axis, sum_axis,
+    add, argpartition_axis, argsort_axis, divide, expand_dims_axes, floor_divide, gather_mm, multiply, negative,
+    sigmoid, softmax_axis, sum_axis,
 };
 use mlx_rs::Array;
 
 use crate::model::config::{Activation, QuantSpec, Routing};
 use crate::model::error::Result;
 use crate::model::layers::mlp::gated;
+use crate::model::layers::quant_ops;
 use crate::model::layers::{Linear, Mlp};
 
 /// One projection of every expert: `[experts, out, in]`, dense or packed.
 pub enum SwitchLinear {
     Dense { weight: Array },
-    Quantized { weight: Array, scales: Array, biases: Array, quant: QuantSpec },
+    Quantized { weight: Array, scales: Array, biases: Option<Array>, quant: QuantSpec },
 }
 
 impl SwitchLinear {
@@ -27,7 +28,7 @@ impl SwitchLinear {
         Ok(match self {
             SwitchLinear::Dense { weight } => gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?,
             SwitchLinear::Quantized { weight, scales, biases, quant } => {
-                gather_qmm(x, weight, scales, biases, None, experts, true, quant.group_size, quant.bits, sorted)?
+                quant_ops::gather_qmm(x, weight, scales, biases.as_ref(), experts, sorted, *quant)?
             }
         })
     }
@@ -35,7 +36,9 @@ impl SwitchLinear {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             SwitchLinear::Dense { weight } => vec![weight],
-            SwitchLinear::Quantized { weight, scales, biases, .. } => vec![weight, scales, biases],
+            SwitchLinear::Quantized { weight, scales, biases, .. } => {
+                [weight, scales].into_iter().chain(biases).collect()
+            }
         }
     }
 }

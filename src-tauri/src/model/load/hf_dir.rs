@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::mlx::Backend;
 use crate::model::arch::{self, HfConfig};
-use crate::model::config::{Arch, QuantSpec};
+use crate::model::config::{Arch, QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
 use crate::model::weights::{QuantConfig, Weights};
 use crate::model::Transformer;
@@ -153,9 +153,9 @@ fn quant_config(config: &Value, path: &Path) -> Result<QuantConfig> {
     };
     let bad =
         |message: String| ModelError::Quantization { path: path.to_path_buf(), name: "quantization".into(), message };
-    if let Some(mode) = q.get("mode").and_then(Value::as_str) {
-        if mode != "affine" {
-            return Err(bad(format!("mode {mode:?} (only \"affine\" is supported)")));
+    if let Some(mode) = q.get("mode") {
+        if serde_json::from_value::<QuantMode>(mode.clone()).is_err() {
+            return Err(bad(format!("mode {mode} (supported: \"affine\", \"mxfp4\", \"nvfp4\", \"mxfp8\")")));
         }
     }
     if let Some(method) = q.get("quant_method").and_then(Value::as_str) {

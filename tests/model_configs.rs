@@ -1,0 +1,175 @@
+//! The published `config.json` of the real models each family stands for (tests/data/configs,
+//! see SOURCES.md there) read into the right configuration, and their parameter counts (what
+//! the inspector's memory estimate rests on) equal to a count by hand and close to the
+//! published totals.
+
+use fastmlx::model::arch::{self, HfConfig};
+use fastmlx::model::config::{Activation, Arch, Routing};
+use fastmlx::model::ModelConfig;
+
+fn config(file: &str) -> ModelConfig {
+    let path = format!("{}/tests/data/configs/{file}", env!("CARGO_MANIFEST_DIR"));
+    let raw: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let text = arch::text_config(&raw);
+    let model_type = text["model_type"].as_str().unwrap();
+    let arch = Arch::from_model_type(model_type).unwrap_or_else(|| panic!("{file}: {model_type} not supported"));
+    let hf: HfConfig = serde_json::from_value(text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    arch::model_config(arch, &hf).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// Parameters of a llama-style layer stack, counted by hand: embeddings (and an untied head),
+/// per layer q/k/v/o, the feed-forward `ffn` and the `norms` (two or four of the hidden size,
+/// plus q/k norms of the head size).
+struct Count {
+    vocab: u64,
+    hidden: u64,
+    layers: u64,
+    q_dim: u64,
+    kv_dim: u64,
+    ffn: u64,
+    norms: u64,
+    tied: bool,
+}
+
+impl Count {
+    fn total(&self) -> u64 {
+        let attention = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim;
+        let head = if self.tied { 0 } else { self.vocab * self.hidden };
+        self.vocab * self.hidden + head + self.layers * (attention + self.ffn + self.norms) + self.hidden
+    }
+}
+
+/// Within 1.5% of a published total (given to three figures).
+fn assert_close(got: u64, published: f64, what: &str) {
+    assert_within(got, published, 0.015, what);
+}
+
+fn assert_within(got: u64, published: f64, tolerance: f64, what: &str) {
+    let ratio = got as f64 / published;
+    assert!((ratio - 1.0).abs() < tolerance, "{what}: {got} parameters vs published {published:e}");
+}
+
+#[test]
+fn qwen3_moe_configs() {
+    for (file, inter, total, active) in
+        [("qwen3-30b-a3b.json", 768, 30.5e9, 3.3e9), ("qwen3-coder-30b-a3b-instruct.json", 768, 30.5e9, 3.3e9)]
+    {
+        let c = config(file);
+        assert_eq!(c.arch, Arch::Qwen3Moe);
+        assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (48, 32, 4, 128), "{file}");
+        assert!(c.qk_norm && !c.qkv_bias && !c.tie_word_embeddings, "{file}");
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (128, 8, inter), "{file}");
+        assert_eq!(moe.routing, Routing::SoftmaxThenTopK { normalize: true });
+        assert!((0..48).all(|l| moe.is_sparse(l)) && moe.shared_expert_size.is_none());
+        // By hand: 128 experts of 3 x 2048 x 768, a 2048 x 128 router, two norms and the q/k
+        // norms (2 x 128) per layer.
+        let ffn = 128 * 3 * 2048 * 768 + 2048 * 128;
+        let hand = Count {
+            vocab: 151_936,
+            hidden: 2048,
+            layers: 48,
+            q_dim: 4096,
+            kv_dim: 512,
+            ffn,
+            norms: 2 * 2048 + 2 * 128,
+            tied: false,
+        };
+        assert_eq!(c.parameter_count(), hand.total(), "{file}");
+        assert_close(c.parameter_count(), total, file);
+        let active_count = 2 * 151_936 * 2048 + 48 * c.active_linear_macs();
+        // ("3.3B activated" is rounded: 3.35B by this count.)
+        assert_within(active_count, active, 0.03, file);
+    }
+    let c = config("qwen3-235b-a22b.json");
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((c.num_layers, moe.num_experts, moe.top_k, moe.intermediate_size), (94, 128, 8, 1536));
+    assert_close(c.parameter_count(), 235.1e9, "Qwen3-235B-A22B");
+    assert_within(2 * 151_936 * 4096 + 94 * c.active_linear_macs(), 22.2e9, 0.03, "Qwen3-235B-A22B active");
+}
+
+#[test]
+fn mixtral_and_qwen2_moe_configs() {
+    let c = config("mixtral-8x7b-instruct-v0.1.json");
+    assert_eq!(c.arch, Arch::Mixtral);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (8, 2, 14_336));
+    assert_eq!(moe.routing, Routing::TopKThenSoftmax);
+    let hand = Count {
+        vocab: 32_000,
+        hidden: 4096,
+        layers: 32,
+        q_dim: 4096,
+        kv_dim: 1024,
+        ffn: 8 * 3 * 4096 * 14_336 + 4096 * 8,
+        norms: 2 * 4096,
+        tied: false,
+    };
+    assert_eq!(c.parameter_count(), hand.total());
+    assert_close(c.parameter_count(), 46.7e9, "Mixtral 8x7B");
+    assert_within(2 * 32_000 * 4096 + 32 * c.active_linear_macs(), 12.9e9, 0.03, "Mixtral 8x7B active");
+
+    let c = config("qwen2-57b-a14b.json");
+    assert_eq!(c.arch, Arch::Qwen2Moe);
+    assert!(c.qkv_bias);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size),
+        (64, 8, 2560, Some(20_480))
+    );
+    assert_close(c.parameter_count(), 57.4e9, "Qwen2-57B-A14B");
+}
+
+#[test]
+fn gemma3_configs_plain_and_wrapped() {
+    let c = config("gemma-3-1b-it.json");
+    assert_eq!(c.arch, Arch::Gemma3);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (26, 4, 1, 256));
+    assert!(c.norm_plus_one && c.sandwich_norms && c.qk_norm);
+    assert_eq!(c.activation, Activation::GeluTanh);
+    assert_eq!(c.attention_scale, Some(1.0 / 16.0));
+    assert_eq!(c.sliding_window, Some(512));
+    let globals: Vec<usize> = (0..26).filter(|&l| c.layer_window(l).is_none()).collect();
+    assert_eq!(globals, [5, 11, 17, 23], "every sixth layer is global");
+    let gemma = c.gemma.as_ref().unwrap();
+    assert_eq!((gemma.embed_scale, gemma.local_rope_theta), (34.0, 10_000.0));
+    assert_eq!((c.rope.theta, c.max_position_embeddings), (1e6, 32_768));
+    // Tied head; four norms per block plus q/k norms of 256.
+    let hand = Count {
+        vocab: 262_144,
+        hidden: 1152,
+        layers: 26,
+        q_dim: 1024,
+        kv_dim: 256,
+        ffn: 3 * 1152 * 6912,
+        norms: 4 * 1152 + 2 * 256,
+        tied: true,
+    };
+    assert_eq!(c.parameter_count(), hand.total());
+    assert_close(c.parameter_count(), 0.9999e9, "Gemma 3 1B");
+
+    // The multimodal 4B states only a few text fields: the rest are the family's defaults.
+    let c = config("gemma-3-4b-it.json");
+    assert_eq!(c.arch, Arch::Gemma3);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (34, 8, 4, 256, 262_208));
+    assert_eq!(c.sliding_window, Some(1024));
+    assert_eq!((c.rope.theta, c.max_position_embeddings), (1e6, 131_072));
+    assert_eq!(c.attention_scale, Some(1.0 / 16.0));
+    assert!(matches!(c.rope.scaling, Some(fastmlx::model::config::RopeScaling::Linear { factor }) if factor == 8.0));
+    assert_close(c.parameter_count(), 3.88e9, "Gemma 3 4B (text)");
+
+    let c = config("gemma-3-27b-it.json");
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (62, 32, 16, 128));
+    assert_eq!(c.attention_scale, Some(168f32.powf(-0.5)));
+    assert_close(c.parameter_count(), 27.0e9, "Gemma 3 27B (text)");
+}
+
+#[test]
+fn mistral_small_3_1_reads_its_text_model() {
+    let c = config("mistral-small-3.1-24b-instruct-2503.json");
+    assert_eq!(c.arch, Arch::Mistral);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (40, 32, 8, 128, 131_072));
+    assert_eq!(c.rope.theta, 1e9);
+    assert!(!c.tie_word_embeddings);
+    assert_close(c.parameter_count(), 23.57e9, "Mistral Small 3.1 (text)");
+}
