@@ -94,7 +94,7 @@ fn mixtral_and_qwen2_moe_configs() {
     assert_eq!(c.arch, Arch::Mixtral);
     let moe = c.moe.as_ref().unwrap();
     assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (8, 2, 14_336));
-    assert_eq!(moe.routing, Routing::TopKThenSoftmax);
+    assert_eq!(moe.routing, Routing::TopKThenSoftmax { largest_last: false });
     let hand = Count {
         vocab: 32_000,
         hidden: 4096,
@@ -172,4 +172,57 @@ fn mistral_small_3_1_reads_its_text_model() {
     assert_eq!(c.rope.theta, 1e9);
     assert!(!c.tie_word_embeddings);
     assert_close(c.parameter_count(), 23.57e9, "Mistral Small 3.1 (text)");
+}
+
+#[test]
+fn gpt_oss_configs() {
+    for (file, layers, experts, total, active) in
+        [("gpt-oss-20b.json", 24, 32, 20.91e9, 3.61e9), ("gpt-oss-120b.json", 36, 128, 116.83e9, 5.13e9)]
+    {
+        let c = config(file);
+        assert_eq!(c.arch, Arch::GptOss);
+        assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (layers, 64, 8, 64), "{file}");
+        assert!(c.attention_sinks && c.qkv_bias && c.o_bias && !c.tie_word_embeddings, "{file}");
+        assert_eq!(c.activation, Activation::SwigluClamped { alpha: 1.702, limit: 7.0 });
+        assert_eq!(c.sliding_window, Some(128));
+        assert!((0..layers).all(|l| c.layer_window(l).is_some() == (l % 2 == 0)), "{file}: alternating layers");
+        assert!(matches!(
+            c.rope.scaling,
+            Some(fastmlx::model::config::RopeScaling::Yarn { factor, original_max_position_embeddings: 4096, .. })
+                if factor == 32.0
+        ));
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.biases), (experts, 4, 2880, true));
+        // Published totals count biases and sinks too (well under 0.1%).
+        assert_close(c.parameter_count(), total, file);
+        // OpenAI's "active" counts the output head but not the embedding lookup.
+        assert_within(201_088 * 2880 + layers as u64 * c.active_linear_macs(), active, 0.03, file);
+    }
+}
+
+/// The inspector (model listings, `/api/tags`, the memory estimate) reads each of them as
+/// loadable, with the parameter count above and the quantization the config names.
+#[test]
+fn the_inspector_lists_every_family_as_loadable() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        let model = tempfile::tempdir().unwrap();
+        std::fs::copy(&path, model.path().join("config.json")).unwrap();
+        std::fs::write(model.path().join("tokenizer.json"), "{}").unwrap();
+        std::fs::write(model.path().join("model.safetensors"), "").unwrap();
+        let summary = fastmlx::model::inspect(model.path());
+        assert_eq!(summary.unloadable_reason, None, "{file}");
+        assert_eq!(summary.parameters, Some(config(&file).parameter_count()), "{file}");
+        if file.starts_with("gpt-oss") {
+            assert_eq!(summary.quantization.as_deref(), Some("mxfp4"), "{file}");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 10, "{seen} configs");
 }

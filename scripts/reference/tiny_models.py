@@ -43,7 +43,8 @@ PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 1
 N_NEW = 24
 # (name, arch, bits, extra flags): every architecture dense, quantized variants (MoE ones
 # with 8-bit router gates), experts stored one by one as Hugging Face does, and multimodal
-# wrappers around a text model.
+# wrappers around a text model; gpt-oss with --per-expert is OpenAI's release layout (fused
+# gate/up rows, mxfp4 blocks).
 MODELS = [
     ("llama", "llama", None, []),
     ("mistral", "mistral", None, []),
@@ -65,6 +66,9 @@ MODELS = [
     ("mixtral-mxfp4", "mixtral", 4, ["--mode", "mxfp4"]),
     ("llama-nvfp4", "llama", 4, ["--mode", "nvfp4"]),
     ("qwen2_moe-mxfp8", "qwen2_moe", 8, ["--mode", "mxfp8"]),
+    ("gpt_oss", "gpt_oss", None, []),
+    ("gpt_oss-openai-mxfp4", "gpt_oss", None, ["--per-expert"]),
+    ("gpt_oss-mxfp4", "gpt_oss", 4, ["--mode", "mxfp4"]),
 ]
 
 

@@ -15,10 +15,11 @@ pub enum Arch {
     Qwen2Moe,
     Mixtral,
     Gemma3,
+    GptOss,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -28,6 +29,7 @@ impl Arch {
         Arch::Qwen2Moe,
         Arch::Mixtral,
         Arch::Gemma3,
+        Arch::GptOss,
     ];
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
@@ -41,6 +43,7 @@ impl Arch {
             "qwen2_moe" => Arch::Qwen2Moe,
             "mixtral" => Arch::Mixtral,
             "gemma3_text" => Arch::Gemma3,
+            "gpt_oss" => Arch::GptOss,
             _ => return None,
         })
     }
@@ -56,6 +59,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::Mixtral => "mixtral",
             Arch::Gemma3 => "gemma3_text",
+            Arch::GptOss => "gpt_oss",
         }
     }
 }
@@ -71,6 +75,16 @@ pub enum RopeScaling {
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
     /// Per-pair wavelength factors as GGUF stores them for Llama 3.1 (`rope_freqs.weight`).
     Factors { factors: Vec<f32> },
+    /// YaRN (gpt-oss): frequencies blended between interpolation and extrapolation by a ramp
+    /// over the dimensions, and a magnitude scale on the rotated part.
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        mscale: f32,
+        mscale_all_dim: f32,
+    },
     /// Phi-3's "longrope"/"su": per-dimension factors plus a magnitude scale.
     LongRope {
         short_factor: Vec<f32>,
@@ -129,11 +143,16 @@ pub enum QuantMode {
 }
 
 /// The feed-forward block's activation: `down(act(gate(x)) * up(x))`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss: `(clip(up, ±limit) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, limit)`.
+    SwigluClamped {
+        alpha: f32,
+        limit: f32,
+    },
 }
 
 /// How a router turns its logits into the experts a token uses and their weights.
@@ -142,8 +161,9 @@ pub enum Routing {
     /// Softmax over all experts, then the top k (Qwen MoE); `normalize`: rescale the k weights
     /// to sum to one (`norm_topk_prob`).
     SoftmaxThenTopK { normalize: bool },
-    /// The top k logits, then a softmax over them (Mixtral).
-    TopKThenSoftmax,
+    /// The top k logits, then a softmax over them (Mixtral; gpt-oss with `largest_last`, which
+    /// only changes the order the reference sums the k experts in).
+    TopKThenSoftmax { largest_last: bool },
 }
 
 /// Mixture-of-experts feed-forward layers: each token goes through `top_k` of `num_experts`
@@ -159,6 +179,8 @@ pub struct MoeConfig {
     pub shared_expert_size: Option<usize>,
     /// Which layers have experts (the others keep a dense MLP); empty means all.
     pub sparse_layers: Vec<bool>,
+    /// Biases on the router and on every expert's projections (gpt-oss).
+    pub biases: bool,
 }
 
 impl MoeConfig {
@@ -197,6 +219,10 @@ pub struct ModelConfig {
     pub sliding_layers: Vec<bool>,
     /// Biases on q/k/v projections (Qwen2).
     pub qkv_bias: bool,
+    /// A bias on the attention output projection too (gpt-oss).
+    pub o_bias: bool,
+    /// A learned per-head logit in every attention softmax (gpt-oss's sinks).
+    pub attention_sinks: bool,
     /// RMS norm on each head of q and k before rotary (Qwen3).
     pub qk_norm: bool,
     /// q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj` (Phi-3).

@@ -136,6 +136,22 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["intermediate_size"] = json!(EXPERT_INTERMEDIATE);
             c["rope_theta"] = json!(1e6);
         }
+        Arch::GptOss => {
+            // Sliding then full attention, YaRN, 4 of 8 experts (84 choices for a 21-token
+            // prompt: the sorted path), a clamp the activations reach.
+            c["head_dim"] = json!(HEAD_DIM);
+            c["num_local_experts"] = json!(EXPERTS);
+            c["num_experts_per_tok"] = json!(4);
+            c["experts_per_token"] = json!(4);
+            c["intermediate_size"] = json!(EXPERT_INTERMEDIATE);
+            c["sliding_window"] = json!(MISTRAL_WINDOW);
+            c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+            c["attention_bias"] = json!(true);
+            c["swiglu_limit"] = json!(7.0);
+            c["rope_theta"] = json!(150000);
+            c["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "original_max_position_embeddings": 64, "truncate": false});
+        }
         Arch::Gemma3 => {
             // One local layer (window shorter than the test prompts), one global layer with
             // linear rope scaling; a query scale unlike head_dim's.
@@ -149,6 +165,11 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
         }
     }
+    if arch == Arch::GptOss && options.per_expert {
+        // OpenAI's release: experts in mxfp4 blocks, everything else unquantized.
+        c["quantization_config"] = json!({"quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]});
+    }
     if let Some(q) = quant {
         let mut spec = json!({"group_size": q.group_size, "bits": q.bits});
         if q.mode != QuantMode::Affine {
@@ -156,7 +177,8 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
         }
         if arch_has_experts(arch) {
             for l in 0..LAYERS {
-                spec[format!("{}model.layers.{l}.{}.gate", module_prefix(arch, options), moe_block(arch))] =
+                let router = if arch == Arch::GptOss { "router" } else { "gate" };
+                spec[format!("{}model.layers.{l}.{}.{router}", module_prefix(arch, options), moe_block(arch))] =
                     json!({"group_size": q.group_size, "bits": 8});
             }
         }
@@ -192,7 +214,7 @@ fn tied(arch: Arch) -> bool {
 }
 
 fn arch_has_experts(arch: Arch) -> bool {
-    matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Mixtral)
+    matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Mixtral | Arch::GptOss)
 }
 
 /// The feed-forward block's name in the checkpoint.
@@ -213,12 +235,15 @@ fn module_prefix(_arch: Arch, options: &TinyOptions) -> &'static str {
     }
 }
 
+/// A named tensor as written: name, shape, values.
+pub type Tensor = (String, Vec<i32>, Vec<f32>);
+
 /// The tensors of a tiny model of `arch`, named as in Hugging Face checkpoints.
-pub fn random_weights(arch: Arch, seed: u64) -> Vec<(String, Vec<i32>, Vec<f32>)> {
+pub fn random_weights(arch: Arch, seed: u64) -> Vec<Tensor> {
     random_weights_with(arch, seed, &TinyOptions::default())
 }
 
-pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<(String, Vec<i32>, Vec<f32>)> {
+pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<Tensor> {
     let mut rng = Rng::seeded(seed);
     let mut out = Vec::new();
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
@@ -252,7 +277,7 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
         } else {
             for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
                 tensor(format!("{p}.self_attn.{name}.weight"), vec![rows, h], proj(h), 0.0);
-                if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) {
+                if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe | Arch::GptOss) {
                     tensor(format!("{p}.self_attn.{name}.bias"), vec![rows], 0.1, 0.0);
                 }
             }
@@ -268,6 +293,10 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
         // Strong layer outputs: with tied embeddings a weak residual update would just
         // predict the input token again, which compares nothing.
         tensor(format!("{p}.self_attn.o_proj.weight"), vec![h, q], 4.0 * proj(q), 0.0);
+        if arch == Arch::GptOss {
+            tensor(format!("{p}.self_attn.o_proj.bias"), vec![h], 0.1, 0.0);
+            tensor(format!("{p}.self_attn.sinks"), vec![HEADS as i32], 1.0, 0.0);
+        }
         if !routed {
             tensor(format!("{p}.mlp.down_proj.weight"), vec![h, i], 4.0 * proj(i), 0.0);
             continue;
@@ -275,11 +304,19 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
         let (e, m) = (EXPERTS as i32, EXPERT_INTERMEDIATE as i32);
         let block = format!("{p}.{}", moe_block(arch));
         // A decisive router: well-separated expert scores, so no near-tie picks an expert.
-        tensor(format!("{block}.gate.weight"), vec![e, h], 6.0 * proj(h), 0.0);
+        let router = if arch == Arch::GptOss { "router" } else { "gate" };
+        tensor(format!("{block}.{router}.weight"), vec![e, h], 6.0 * proj(h), 0.0);
+        if arch == Arch::GptOss {
+            tensor(format!("{block}.router.bias"), vec![e], 0.5, 0.0);
+        }
         let projections = [("gate_proj", "w1", m, h), ("up_proj", "w3", m, h), ("down_proj", "w2", h, m)];
         for (name, mixtral_name, rows, cols) in projections {
             let scale = if name == "down_proj" { 4.0 * proj(m) } else { proj(h) };
-            if options.per_expert {
+            if arch == Arch::GptOss {
+                // MLX's layout (OpenAI's fused one is made from it when writing).
+                tensor(format!("{block}.experts.{name}.weight"), vec![e, rows, cols], scale, 0.0);
+                tensor(format!("{block}.experts.{name}.bias"), vec![e, rows], 0.1, 0.0);
+            } else if options.per_expert {
                 let name = if arch == Arch::Mixtral { mixtral_name } else { name };
                 for x in 0..e {
                     tensor(format!("{block}.experts.{x}.{name}.weight"), vec![rows, cols], scale, 0.0);
@@ -300,6 +337,46 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
         tensor("lm_head.weight".into(), vec![VOCAB as i32, h], proj(h) * 4.0, 0.0);
     }
     out
+}
+
+/// gpt-oss as OpenAI releases it: each layer's expert gate and up rows interleaved into one
+/// `gate_up_proj`, expert matrices as mxfp4 `*_blocks` bytes with `*_scales`, biases apart.
+/// Moves the experts from `tensors` into `arrays`; returns the rest.
+fn openai_expert_blocks(tensors: Vec<Tensor>, arrays: &mut HashMap<String, Array>) -> Result<Vec<Tensor>> {
+    let (experts, rest): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(n, _, _)| n.contains(".mlp.experts."));
+    let mut by_name: HashMap<String, Array> =
+        experts.into_iter().map(|(n, shape, data)| (n, Array::from_slice(&data, &shape))).collect();
+    let spec = QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 };
+    let blocks = |w: &Array| -> Result<(Array, Array)> {
+        let (q, scales, _) = quant_ops::quantize(w, spec)?;
+        let mut shape = q.shape().to_vec();
+        let words = shape.pop().expect("a matrix");
+        shape.extend([words * 4 / 16, 16]);
+        Ok((q.view_dtype(mlx_rs::Dtype::Uint8)?.reshape(&shape)?, scales))
+    };
+    let interleave = |a: &Array, b: &Array| -> Result<Array> {
+        let stacked = mlx_rs::ops::stack(&[a, b], -2)?;
+        let mut shape = a.shape().to_vec();
+        let n = shape.len();
+        shape[n - 2] *= 2;
+        Ok(stacked.reshape(&shape)?)
+    };
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let mut take = |name: &str| by_name.remove(&format!("{p}.{name}")).expect("written above");
+        let (gate, up, down) = (take("gate_proj.weight"), take("up_proj.weight"), take("down_proj.weight"));
+        let (gate_bias, up_bias, down_bias) = (take("gate_proj.bias"), take("up_proj.bias"), take("down_proj.bias"));
+        let (b, s) = blocks(&interleave(&gate, &up)?)?;
+        arrays.insert(format!("{p}.gate_up_proj_blocks"), b);
+        arrays.insert(format!("{p}.gate_up_proj_scales"), s);
+        let fused_bias = interleave(&gate_bias.expand_dims(-1)?, &up_bias.expand_dims(-1)?)?.squeeze_axes(&[-1])?;
+        arrays.insert(format!("{p}.gate_up_proj_bias"), fused_bias);
+        let (b, s) = blocks(&down)?;
+        arrays.insert(format!("{p}.down_proj_blocks"), b);
+        arrays.insert(format!("{p}.down_proj_scales"), s);
+        arrays.insert(format!("{p}.down_proj_bias"), down_bias);
+    }
+    Ok(rest)
 }
 
 /// A byte-level BPE tokenizer over the 256 byte symbols (no merges) plus the special tokens.
@@ -363,7 +440,6 @@ pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOp
     )?;
     write_json("generation_config.json", &json!({"eos_token_id": [258, 256]}))?;
 
-    let mut arrays: HashMap<String, Array> = HashMap::new();
     let mut tensors = random_weights_with(arch, seed, options);
     if options.wrapped {
         for (name, _, _) in &mut tensors {
@@ -371,13 +447,18 @@ pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOp
         }
         tensors.push(("vision_tower.patch_embed.weight".into(), vec![16, 3], vec![0.5; 48]));
     }
+    let mut arrays: HashMap<String, Array> = HashMap::new();
+    if arch == Arch::GptOss && options.per_expert {
+        tensors = openai_expert_blocks(tensors, &mut arrays)?;
+    }
     for (name, shape, data) in tensors {
         let array = Array::from_slice(&data, &shape);
         let quantizable = name.ends_with(".weight") && shape.len() >= 2 && !name.starts_with("vision_tower");
         match (quant, quantizable) {
             (Some(q), true) => {
                 // Router gates at 8 bits, as mlx-lm's MoE recipes write them.
-                let spec = if name.ends_with(".gate.weight") { QuantSpec::affine(q.group_size, 8) } else { q };
+                let router = name.ends_with(".gate.weight") || name.ends_with(".router.weight");
+                let spec = if router { QuantSpec::affine(q.group_size, 8) } else { q };
                 let (w, scales, biases) = quant_ops::quantize(&array, spec)?;
                 let prefix = name.trim_end_matches(".weight");
                 arrays.insert(format!("{prefix}.weight"), w);

@@ -11,7 +11,8 @@ use crate::model::config::{ModelConfig, RopeConfig};
 use crate::model::error::Result;
 use crate::model::kv_cache::KvCache;
 use crate::model::layers::{
-    Attention, Embedding, Linear, Mlp, MlpProjections, MoeBlock, QkvProjection, RmsNorm, Rope, SharedExpert, SwitchGlu,
+    Attention, Embedding, Linear, Mlp, MlpProjections, MoeBlock, QkvProjection, RmsNorm, Rope, SharedExpert, Sinks,
+    SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -145,7 +146,7 @@ impl Transformer {
             };
             let attention = Attention {
                 qkv,
-                o: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, q_dim, false)?,
+                o: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, q_dim, c.o_bias)?,
                 q_norm,
                 k_norm,
                 rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
@@ -153,6 +154,11 @@ impl Transformer {
                 num_kv_heads: c.num_kv_heads as i32,
                 head_dim: c.head_dim as i32,
                 scale: c.attention_scale.unwrap_or((c.head_dim as f32).powf(-0.5)),
+                sinks: if c.attention_sinks {
+                    Some(Sinks::new(weights.take_float(&format!("{p}.self_attn.sinks"), &[c.num_heads as i32])?)?)
+                } else {
+                    None
+                },
             };
             let sandwich = if c.sandwich_norms {
                 Some(SandwichNorms {
@@ -291,10 +297,11 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Feed
     };
     let (n, inter) = (moe.num_experts as i32, moe.intermediate_size as i32);
     weights.stack_experts(&p, moe.num_experts)?;
+    let b = moe.biases;
     let experts = SwitchGlu {
-        gate: weights.switch_linear(&format!("{p}.switch_mlp.gate_proj"), n, inter, hidden)?,
-        up: weights.switch_linear(&format!("{p}.switch_mlp.up_proj"), n, inter, hidden)?,
-        down: weights.switch_linear(&format!("{p}.switch_mlp.down_proj"), n, hidden, inter)?,
+        gate: weights.switch_linear(&format!("{p}.switch_mlp.gate_proj"), n, inter, hidden, b)?,
+        up: weights.switch_linear(&format!("{p}.switch_mlp.up_proj"), n, inter, hidden, b)?,
+        down: weights.switch_linear(&format!("{p}.switch_mlp.down_proj"), n, hidden, inter, b)?,
         activation: c.activation,
     };
     let shared = match moe.shared_expert_size {
@@ -305,7 +312,7 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Feed
         None => None,
     };
     Ok(FeedForward::Experts(Box::new(MoeBlock {
-        router: weights.linear(&format!("{p}.gate"), n, hidden, false)?,
+        router: weights.linear(&format!("{p}.gate"), n, hidden, moe.biases)?,
         experts,
         top_k: moe.top_k as i32,
         routing: moe.routing,

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::config::{QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{quant_ops, Embedding, Linear, RmsNorm, SwitchLinear};
+use crate::model::layers::{quant_ops, Embedding, Linear, RmsNorm, SwitchLinear, SwitchMatrix};
 
 /// How the checkpoint says its linear layers are quantized.
 #[derive(Debug, Clone, Default)]
@@ -124,17 +124,27 @@ impl Weights {
         }
     }
 
-    /// Every expert's `[outputs, inputs]` matrix at `prefix`, stacked `[experts, outputs, inputs]`.
-    pub fn switch_linear(&mut self, prefix: &str, experts: i32, outputs: i32, inputs: i32) -> Result<SwitchLinear> {
-        match self.quantized_parts_stacked(prefix, &[experts], outputs, inputs)? {
+    /// Every expert's `[outputs, inputs]` matrix at `prefix`, stacked `[experts, outputs, inputs]`
+    /// (with a `[experts, outputs]` bias when `bias`).
+    pub fn switch_linear(
+        &mut self,
+        prefix: &str,
+        experts: i32,
+        outputs: i32,
+        inputs: i32,
+        bias: bool,
+    ) -> Result<SwitchLinear> {
+        let bias = if bias { Some(self.take_float(&format!("{prefix}.bias"), &[experts, outputs])?) } else { None };
+        let matrix = match self.quantized_parts_stacked(prefix, &[experts], outputs, inputs)? {
             Some((weight, scales, biases, quant)) if self.expand_quantized => {
-                Ok(SwitchLinear::Dense { weight: dequantize(&weight, &scales, &biases, quant, self.dtype)? })
+                SwitchMatrix::Dense { weight: dequantize(&weight, &scales, &biases, quant, self.dtype)? }
             }
-            Some((weight, scales, biases, quant)) => Ok(SwitchLinear::Quantized { weight, scales, biases, quant }),
-            None => Ok(SwitchLinear::Dense {
+            Some((weight, scales, biases, quant)) => SwitchMatrix::Quantized { weight, scales, biases, quant },
+            None => SwitchMatrix::Dense {
                 weight: self.take_float(&format!("{prefix}.weight"), &[experts, outputs, inputs])?,
-            }),
-        }
+            },
+        };
+        Ok(SwitchLinear { matrix, bias })
     }
 
     /// Hugging Face checkpoints keep each expert apart (`{block}.experts.N.gate_proj`, ...);

@@ -379,7 +379,10 @@ impl Residency {
 /// Memory the weights will take once loaded: on a CPU quantized weights are expanded to f32
 /// when they fit (see `WeightFormat::Auto`), elsewhere about their size on disk.
 pub fn estimated_weights_bytes(summary: &ModelSummary, options: &LoadOptions) -> u64 {
-    let quantized = summary.quantization.as_deref().is_some_and(|q| q.contains("bit") || q.starts_with('Q'));
+    let quantized = summary
+        .quantization
+        .as_deref()
+        .is_some_and(|q| q.contains("bit") || q.contains("mxfp") || q.contains("nvfp") || q.starts_with('Q'));
     match summary.parameters {
         Some(params) if quantized && crate::model::load::expands_quantized(options, params) => params * 4,
         _ => summary.size_bytes,

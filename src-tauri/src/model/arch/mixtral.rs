@@ -11,9 +11,10 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         num_experts: required(x.num_local_experts, "num_local_experts")?,
         top_k: x.num_experts_per_tok.unwrap_or(2),
         intermediate_size: config.intermediate_size,
-        routing: Routing::TopKThenSoftmax,
+        routing: Routing::TopKThenSoftmax { largest_last: false },
         shared_expert_size: None,
         sparse_layers: Vec::new(),
+        biases: false,
     })?);
     Ok(config)
 }

@@ -2,6 +2,7 @@
 //! checkpoint names map onto the shared transformer's. The maths lives in `model::layers`.
 
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
 
+pub use gpt_oss::split_fused_experts;
 pub use wrapped::{canonical_tensor_name, text_config};
 
 /// The fields of a Hugging Face `config.json` the supported architectures read. Unknown keys
@@ -73,6 +75,8 @@ pub struct HfExtras {
     pub rope_local_base_freq: Option<f32>,
     pub sliding_window_pattern: Option<usize>,
     pub hidden_activation: Option<String>,
+    /// gpt-oss's clamp on its SwiGLU.
+    pub swiglu_limit: Option<f32>,
 }
 
 fn default_eps() -> f32 {
@@ -98,6 +102,7 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Qwen2Moe => qwen2_moe::adapt(config, hf),
         Arch::Mixtral => mixtral::adapt(config, hf),
         Arch::Gemma3 => gemma3::adapt(config, hf),
+        Arch::GptOss => gpt_oss::adapt(config, hf),
     }
 }
 
@@ -139,6 +144,8 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         sliding_window: None,
         sliding_layers: Vec::new(),
         qkv_bias: hf.attention_bias,
+        o_bias: false,
+        attention_sinks: false,
         qk_norm: false,
         fused_projections: false,
         activation: Activation::Silu,
@@ -172,6 +179,17 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
             high_freq_factor: num("high_freq_factor").unwrap_or(4.0),
             original_max_position_embeddings: num("original_max_position_embeddings").unwrap_or(8192.0) as usize,
         },
+        "yarn" => RopeScaling::Yarn {
+            factor: need("factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")
+                .map(|n| n as usize)
+                .or(original_max_positions)
+                .ok_or("rope_scaling \"yarn\" needs original_max_position_embeddings")?,
+            beta_fast: num("beta_fast").unwrap_or(32.0),
+            beta_slow: num("beta_slow").unwrap_or(1.0),
+            mscale: num("mscale").unwrap_or(1.0),
+            mscale_all_dim: num("mscale_all_dim").unwrap_or(0.0),
+        },
         "longrope" | "su" => RopeScaling::LongRope {
             short_factor: floats("short_factor")?,
             long_factor: floats("long_factor")?,
@@ -184,7 +202,7 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
         },
         other => {
             return Err(format!(
-                "unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, longrope)"
+                "unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, yarn, longrope)"
             ))
         }
     }))

@@ -15,6 +15,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         routing: Routing::SoftmaxThenTopK { normalize: false },
         shared_expert_size: Some(required(x.shared_expert_intermediate_size, "shared_expert_intermediate_size")?),
         sparse_layers: Vec::new(),
+        biases: false,
     })?);
     Ok(config)
 }

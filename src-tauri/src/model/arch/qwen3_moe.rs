@@ -18,6 +18,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         routing: Routing::SoftmaxThenTopK { normalize: x.norm_topk_prob.unwrap_or(false) },
         shared_expert_size: None,
         sparse_layers,
+        biases: false,
     })?);
     Ok(config)
 }

@@ -67,7 +67,16 @@ pub fn canonical_tensor_name(name: &str) -> Option<String> {
     } else {
         name.strip_prefix("language_model.").unwrap_or(name).to_string()
     };
-    Some(mixtral_names(name))
+    Some(gpt_oss_names(mixtral_names(name)))
+}
+
+/// gpt-oss as MLX saves it: `mlp.router` and stacked `mlp.experts.{gate,up,down}_proj` (no
+/// expert number) -> `mlp.gate` and `mlp.switch_mlp.*`.
+fn gpt_oss_names(name: String) -> String {
+    let name = name.replace(".mlp.router.", ".mlp.gate.");
+    ["gate_proj", "up_proj", "down_proj"]
+        .iter()
+        .fold(name, |n, proj| n.replace(&format!(".mlp.experts.{proj}."), &format!(".mlp.switch_mlp.{proj}.")))
 }
 
 /// Mixtral's `block_sparse_moe` with experts' `w1`/`w2`/`w3` -> `mlp` with

@@ -23,6 +23,22 @@ pub enum AttentionMask {
     Shared { prefix: Option<Array>, own: Box<AttentionMask> },
 }
 
+/// One logit per query head that joins every softmax with a zero value, so a head can attend
+/// to nothing (gpt-oss): as an array for MLX's kernel and as host floats for the CPU path.
+pub struct Sinks {
+    pub array: Array,
+    pub host: Vec<f32>,
+}
+
+impl Sinks {
+    pub fn new(array: Array) -> Result<Sinks> {
+        let array = array.as_dtype(mlx_rs::Dtype::Float32)?;
+        array.eval()?;
+        let host = array.as_slice::<f32>().to_vec();
+        Ok(Sinks { array, host })
+    }
+}
+
 pub enum QkvProjection {
     Separate {
         q: Linear,
@@ -44,6 +60,7 @@ pub struct Attention {
     pub head_dim: i32,
     /// The attention logits' scale (`head_dim^-0.5` unless the config says otherwise).
     pub scale: f32,
+    pub sinks: Option<Sinks>,
 }
 
 impl Attention {
@@ -55,6 +72,7 @@ impl Attention {
         out.extend(self.o.arrays());
         out.extend(self.q_norm.iter().chain(&self.k_norm).map(|n| &n.weight));
         out.extend(self.rope.arrays());
+        out.extend(self.sinks.iter().map(|s| &s.array));
         out
     }
 
@@ -96,19 +114,23 @@ impl Attention {
         let (k, v) = cache.update(&k, &v)?;
 
         let scale = self.scale;
+        let sinks = self.sinks.as_ref().map(|s| s.array.as_dtype(q.dtype())).transpose()?;
+        let sinks = sinks.as_ref();
         let out = match mask {
             AttentionMask::Shared { prefix, own } => {
                 let shared = cache.shared().ok_or_else(|| {
                     crate::model::ModelError::Mlx("a shared-segment mask for a cache without one".into())
                 })?;
-                shared_attention::attention(&q, shared, &k, &v, scale, prefix.as_ref(), own)?
+                shared_attention::attention(&q, shared, &k, &v, scale, prefix.as_ref(), own, self.sinks.as_ref())?
             }
-            _ if host_softmax::applies(q.dtype()) => host_softmax::attention(&q, &k, &v, scale, mask)?,
-            AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, None)?,
+            _ if host_softmax::applies(q.dtype()) => {
+                host_softmax::attention(&q, &k, &v, scale, mask, self.sinks.as_ref().map(|s| s.host.as_slice()))?
+            }
+            AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, sinks)?,
             AttentionMask::Causal => {
-                scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, None)?
+                scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, sinks)?
             }
-            AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, None)?,
+            AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, sinks)?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
         self.o.forward(&out)

@@ -25,8 +25,16 @@ pub fn applies(dtype: Dtype) -> bool {
 }
 
 /// Scaled dot-product attention: `q` `[B, Hq, L, D]`, `k`/`v` `[B, Hkv, S, D]` (Hq a multiple of
-/// Hkv, query head `h` using key head `h / (Hq / Hkv)`); returns `[B, Hq, L, D]`.
-pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+/// Hkv, query head `h` using key head `h / (Hq / Hkv)`); returns `[B, Hq, L, D]`. `sinks`: one
+/// logit per query head that joins every softmax with a zero value (gpt-oss).
+pub fn attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: &AttentionMask,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
     let (b, heads, l, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (kv_heads, s) = (k.dim(1), k.dim(2));
     let repeats = heads / kv_heads;
@@ -54,13 +62,21 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMa
     // and no copy back into MLX.
     let data = crate::mlx::exclusive_f32(&mut scores)
         .ok_or_else(|| crate::model::ModelError::Mlx("attention scores are not one contiguous buffer".into()))?;
-    softmax_rows(data, s as usize, visible);
+    // Rows are (batch, key head, repeat, query): the query head is the row's (key head, repeat).
+    let sink = |row: usize| sinks.map_or(f32::NEG_INFINITY, |s| s[(row / l as usize) % heads as usize]);
+    softmax_rows(data, s as usize, visible, sink);
     Ok(matmul(&scores, v)?.reshape(&[b, heads, l, d])?)
 }
 
 /// Softmax of each `width`-long row of `scores`, in place; row `r` uses its first `visible(r)`
-/// entries (the rest become 0). A row with nothing finite to see is all zeros.
-fn softmax_rows(scores: &mut [f32], width: usize, visible: impl Fn(usize) -> usize + Sync) {
+/// entries (the rest become 0) and `sink(r)` as one more logit whose probability is dropped
+/// (`-inf`: none). A row with nothing finite to see is all zeros.
+fn softmax_rows(
+    scores: &mut [f32],
+    width: usize,
+    visible: impl Fn(usize) -> usize + Sync,
+    sink: impl Fn(usize) -> f32 + Sync,
+) {
     let rows = scores.len() / width.max(1);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
     // Small jobs stay on this thread (a spawn costs more than a few thousand exps).
@@ -68,12 +84,13 @@ fn softmax_rows(scores: &mut [f32], width: usize, visible: impl Fn(usize) -> usi
     let per_thread = rows.div_ceil(threads).max(1);
     std::thread::scope(|scope| {
         for (chunk, rows) in scores.chunks_mut(per_thread * width).enumerate() {
-            let visible = &visible;
+            let (visible, sink) = (&visible, &sink);
             let mut work = move || {
                 for (i, row) in rows.chunks_mut(width).enumerate() {
-                    let n = visible(chunk * per_thread + i).min(width);
+                    let r = chunk * per_thread + i;
+                    let n = visible(r).min(width);
                     let (seen, unseen) = row.split_at_mut(n);
-                    softmax(seen);
+                    softmax_pair(seen, &mut [], sink(r));
                     unseen.fill(0.0);
                 }
             };
@@ -89,13 +106,14 @@ fn softmax_rows(scores: &mut [f32], width: usize, visible: impl Fn(usize) -> usi
 /// Softmax over each row made of `first`'s row and `second`'s (rows `first_width` and
 /// `second_width` long, the same number of rows), in place: the keys of a shared segment and a
 /// row's own keys, one distribution over both. Row `r` uses the first `second_visible(r)`
-/// entries of its `second` part (the rest become 0).
+/// entries of its `second` part (the rest become 0), and `sink(r)` as in [`softmax_rows`].
 pub(crate) fn softmax_row_pairs(
     first: &mut [f32],
     first_width: usize,
     second: &mut [f32],
     second_width: usize,
     second_visible: impl Fn(usize) -> usize + Sync,
+    sink: impl Fn(usize) -> f32 + Sync,
 ) {
     let rows = first.len() / first_width.max(1);
     debug_assert_eq!(rows, second.len() / second_width.max(1));
@@ -105,12 +123,13 @@ pub(crate) fn softmax_row_pairs(
     std::thread::scope(|scope| {
         let chunks = first.chunks_mut(per_thread * first_width).zip(second.chunks_mut(per_thread * second_width));
         for (chunk, (a, b)) in chunks.enumerate() {
-            let visible = &second_visible;
+            let (visible, sink) = (&second_visible, &sink);
             let mut work = move || {
                 for (i, (x, y)) in a.chunks_mut(first_width).zip(b.chunks_mut(second_width)).enumerate() {
-                    let n = visible(chunk * per_thread + i).min(second_width);
+                    let r = chunk * per_thread + i;
+                    let n = visible(r).min(second_width);
                     let (seen, unseen) = y.split_at_mut(n);
-                    softmax_pair(x, seen);
+                    softmax_pair(x, seen, sink(r));
                     unseen.fill(0.0);
                 }
             };
@@ -123,33 +142,27 @@ pub(crate) fn softmax_row_pairs(
     });
 }
 
-/// `x = softmax(x)`, in f32 like MLX's: eight lanes at a time with AVX2 where the CPU has it,
-/// else in the portable form (the same operations in the same order either way).
-fn softmax(x: &mut [f32]) {
-    let max = kernels::max(x);
-    if max == f32::NEG_INFINITY {
-        x.fill(0.0);
-        return;
-    }
-    let inverse = 1.0 / kernels::exp_sum(x, max);
-    kernels::scale(x, inverse);
-}
-
-/// One softmax over `a` then `b`, as if they were one row.
-fn softmax_pair(a: &mut [f32], b: &mut [f32]) {
-    let max = kernels::max(a).max(kernels::max(b));
-    if max == f32::NEG_INFINITY {
+/// One softmax over `a` then `b`, as if they were one row, in f32 like MLX's: eight lanes at a
+/// time with AVX2 where the CPU has it, else in the portable form (the same operations in the
+/// same order either way). `sink`: one more logit in the denominator (`-inf`: none, and then
+/// nothing changes, not even rounding).
+fn softmax_pair(a: &mut [f32], b: &mut [f32], sink: f32) {
+    let seen = kernels::max(a).max(kernels::max(b));
+    if seen == f32::NEG_INFINITY {
         a.fill(0.0);
         b.fill(0.0);
         return;
     }
-    let inverse = 1.0 / (kernels::exp_sum(a, max) + kernels::exp_sum(b, max));
+    let max = seen.max(sink);
+    let sink_term = if sink == f32::NEG_INFINITY { 0.0 } else { (sink - max).exp() };
+    let inverse = 1.0 / (kernels::exp_sum(a, max) + kernels::exp_sum(b, max) + sink_term);
     kernels::scale(a, inverse);
     kernels::scale(b, inverse);
 }
 
 #[cfg(test)]
 fn softmax_portable(x: &mut [f32]) {
+    // The portable kernels on one row, no sink: what `softmax_pair` computes without AVX2.
     let max = portable::max(x);
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
@@ -342,8 +355,49 @@ mod tests {
     /// `softmax_rows` on a copy of `scores`.
     fn softmax_of(scores: &[f32], width: usize, visible: impl Fn(usize) -> usize + Sync) -> Vec<f32> {
         let mut out = scores.to_vec();
-        softmax_rows(&mut out, width, visible);
+        softmax_rows(&mut out, width, visible, |_| f32::NEG_INFINITY);
         out
+    }
+
+    fn softmax(x: &mut [f32]) {
+        softmax_pair(x, &mut [], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_distribution() {
+        let x = [0.5f32, -1.0, 2.0, 0.0];
+        for sink in [-3.0f32, 1.0, 4.0] {
+            let mut got = x.to_vec();
+            softmax_pair(&mut got, &mut [], sink);
+            let max = x.iter().copied().fold(sink, f32::max) as f64;
+            let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
+            for (g, v) in got.iter().zip(x) {
+                assert!((*g as f64 - (v as f64 - max).exp() / sum).abs() < 1e-6, "sink {sink}");
+            }
+        }
+    }
+
+    /// Against MLX's own attention with sinks (the reference's kernel), masked and not.
+    #[test]
+    fn attention_with_sinks_matches_mlx() {
+        let key = |seed| mlx_rs::random::key(seed).unwrap();
+        let normal = |shape: &[i32], seed| mlx_rs::random::normal::<f32>(shape, None, None, Some(&key(seed))).unwrap();
+        let (q, k, v) = (normal(&[2, 4, 5, 8], 1), normal(&[2, 2, 9, 8], 2), normal(&[2, 2, 9, 8], 3));
+        let sinks = [0.3f32, -1.0, 2.5, 0.0];
+        let sink_array = Array::from_slice(&sinks, &[4]);
+        for causal in [false, true] {
+            let (mask, mlx_mask) = if causal {
+                (AttentionMask::Causal, mlx_rs::fast::ScaledDotProductAttentionMask::Causal)
+            } else {
+                (AttentionMask::None, mlx_rs::fast::ScaledDotProductAttentionMask::Array(&Array::from_bool(true)))
+            };
+            let got = attention(&q, &k, &v, 0.35, &mask, Some(&sinks)).unwrap();
+            let want =
+                mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, 0.35, mlx_mask, Some(&sink_array)).unwrap();
+            let diff = mlx_rs::ops::abs(mlx_rs::ops::subtract(&got, &want).unwrap()).unwrap().max(None).unwrap();
+            let diff = diff.item_exact::<f32>();
+            assert!(diff < 1e-5, "causal {causal}: {diff}");
+        }
     }
 
     #[test]
@@ -394,7 +448,7 @@ mod tests {
         let b: Vec<f32> = (0..wb * rows).map(|i| ((i * 104_729) % 89) as f32 / 8.0 - 4.0).collect();
         let visible = |row: usize| row % (wb + 1);
         let (mut pa, mut pb) = (a.clone(), b.clone());
-        softmax_row_pairs(&mut pa, wa, &mut pb, wb, visible);
+        softmax_row_pairs(&mut pa, wa, &mut pb, wb, visible, |_| f32::NEG_INFINITY);
         for row in 0..rows {
             // The same row as one: the first part, then the visible entries of the second.
             let n = visible(row);

@@ -1,6 +1,6 @@
 //! The gated feed-forward block: `down(act(gate(x)) * up(x))` (SwiGLU, or GELU for Gemma).
 
-use mlx_rs::ops::{multiply, sigmoid, split_equal};
+use mlx_rs::ops::{add, clip, minimum, multiply, sigmoid, split_equal};
 use mlx_rs::Array;
 
 use crate::model::config::Activation;
@@ -54,6 +54,13 @@ pub fn gated(activation: Activation, gate: &Array, up: &Array) -> Result<Array> 
     let activated = match activation {
         Activation::Silu => multiply(gate, sigmoid(gate)?)?,
         Activation::GeluTanh => mlx_rs::nn::gelu_approximate(gate)?,
+        Activation::SwigluClamped { alpha, limit } => {
+            // gpt-oss: the gate clipped from above, `up` into [-limit, limit] and shifted by one.
+            let gate = minimum(gate, Array::from_f32(limit))?;
+            let glu = multiply(&gate, sigmoid(multiply(&gate, Array::from_f32(alpha))?)?)?;
+            let up = add(clip(up, (-limit, limit))?, Array::from_f32(1.0))?;
+            return Ok(multiply(&up, &glu)?);
+        }
     };
     Ok(multiply(&activated, up)?)
 }

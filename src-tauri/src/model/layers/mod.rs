@@ -11,10 +11,10 @@ pub mod quant_ops;
 mod rope;
 mod shared_attention;
 
-pub use attention::{Attention, AttentionMask, QkvProjection};
+pub use attention::{Attention, AttentionMask, QkvProjection, Sinks};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpProjections};
-pub use moe::{MoeBlock, SharedExpert, SwitchGlu, SwitchLinear};
+pub use moe::{MoeBlock, SharedExpert, SwitchGlu, SwitchLinear, SwitchMatrix};
 pub use norm::RmsNorm;
 pub use rope::Rope;

@@ -15,31 +15,43 @@ use crate::model::layers::mlp::gated;
 use crate::model::layers::quant_ops;
 use crate::model::layers::{Linear, Mlp};
 
-/// One projection of every expert: `[experts, out, in]`, dense or packed.
-pub enum SwitchLinear {
+/// Every expert's matrix for one projection: `[experts, out, in]`, dense or packed.
+pub enum SwitchMatrix {
     Dense { weight: Array },
     Quantized { weight: Array, scales: Array, biases: Option<Array>, quant: QuantSpec },
+}
+
+/// One projection of every expert, with an optional bias per expert (`[experts, out]`, gpt-oss).
+pub struct SwitchLinear {
+    pub matrix: SwitchMatrix,
+    pub bias: Option<Array>,
 }
 
 impl SwitchLinear {
     /// `x`: `[.., 1, in]` rows, `experts`: the expert of each row (broadcast against `x`'s
     /// leading dimensions) -> `[.., 1, out]`.
     fn forward(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
-        Ok(match self {
-            SwitchLinear::Dense { weight } => gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?,
-            SwitchLinear::Quantized { weight, scales, biases, quant } => {
+        let y = match &self.matrix {
+            SwitchMatrix::Dense { weight } => gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?,
+            SwitchMatrix::Quantized { weight, scales, biases, quant } => {
                 quant_ops::gather_qmm(x, weight, scales, biases.as_ref(), experts, sorted, *quant)?
             }
+        };
+        Ok(match &self.bias {
+            Some(bias) => add(&y, bias.take_axis(experts, 0)?.expand_dims(-2)?)?,
+            None => y,
         })
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        match self {
-            SwitchLinear::Dense { weight } => vec![weight],
-            SwitchLinear::Quantized { weight, scales, biases, .. } => {
+        let mut out = match &self.matrix {
+            SwitchMatrix::Dense { weight } => vec![weight],
+            SwitchMatrix::Quantized { weight, scales, biases, .. } => {
                 [weight, scales].into_iter().chain(biases).collect()
             }
-        }
+        };
+        out.extend(&self.bias);
+        out
     }
 }
 
@@ -112,8 +124,15 @@ impl MoeBlock {
                 let weights = if normalize { divide(&weights, sum_axis(&weights, -1, true)?)? } else { weights };
                 (experts, weights)
             }
-            Routing::TopKThenSoftmax => {
-                let experts = argpartition_axis(negative(&logits)?, k - 1, -1)?.index((.., .., ..k));
+            Routing::TopKThenSoftmax { largest_last } => {
+                // The same k either way; taken as the reference does, so the weighted sum
+                // runs in its order.
+                let experts = if largest_last {
+                    let n = logits.dim(-1);
+                    argpartition_axis(&logits, n - k, -1)?.index((.., .., (n - k)..))
+                } else {
+                    argpartition_axis(negative(&logits)?, k - 1, -1)?.index((.., .., ..k))
+                };
                 let weights = softmax_axis(take_along_axis(&logits, &experts, -1)?, -1, true)?;
                 (experts, weights)
             }

@@ -68,6 +68,24 @@ impl Rope {
                 let freqs = multiply(Array::from_slice(factors, &[half as i32]), base_freqs(base, dims)?)?;
                 Kind::Freqs { freqs, input_scale: 1.0 }
             }
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            }) => {
+                let (freqs, input_scale) = yarn(
+                    base,
+                    dims,
+                    *factor,
+                    *original_max_position_embeddings as f32,
+                    (*beta_fast, *beta_slow),
+                    (*mscale, *mscale_all_dim),
+                )?;
+                Kind::Freqs { freqs, input_scale }
+            }
             Some(RopeScaling::LongRope { long_factor, original_max_position_embeddings, long_mscale, .. }) => {
                 // As mlx-lm: the long factors always, and a magnitude scale when the model's
                 // window is longer than the one it was pre-trained with.
@@ -135,6 +153,31 @@ impl Rope {
 
 fn f32_scalar(x: f32) -> Array {
     Array::from_f32(x)
+}
+
+/// YaRN's blended frequencies and magnitude scale, as mlx-lm's `YarnRoPE` computes them.
+fn yarn(
+    base: f32,
+    dims: i32,
+    factor: f32,
+    original: f32,
+    betas: (f32, f32),
+    mscales: (f32, f32),
+) -> Result<(Array, f32)> {
+    let d = dims as f32;
+    let correction =
+        |rotations: f32| d * (original / (rotations * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    let low = correction(betas.0).floor().max(0.0);
+    let high = correction(betas.1).ceil().min(d - 1.0);
+    let high = if low == high { high + 0.001 } else { high };
+    let get_mscale = |m: f32| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+    let mscale = get_mscale(mscales.0) / get_mscale(mscales.1);
+    let extra = base_freqs(base, dims)?;
+    let inter = multiply(&extra, f32_scalar(factor))?;
+    let ramp = divide(subtract(Array::arange::<i32, f32>(0, dims / 2, 1)?, f32_scalar(low))?, f32_scalar(high - low))?;
+    let mask = subtract(f32_scalar(1.0), mlx_rs::ops::clip(&ramp, (0.0f32, 1.0f32))?)?;
+    let blended = add(multiply(&inter, &mask)?, multiply(&extra, subtract(f32_scalar(1.0), &mask)?)?)?;
+    Ok((divide(multiply(&inter, &extra)?, &blended)?, mscale))
 }
 
 /// `base ** (arange(0, dims, 2) / dims)`: each rotating pair's wavelength factor.

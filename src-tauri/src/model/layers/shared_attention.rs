@@ -12,11 +12,13 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::batch_cache::SharedKv;
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{host_softmax, AttentionMask};
+use crate::model::layers::{host_softmax, AttentionMask, Sinks};
 
 /// `q` `[B, Hq, L, D]` (Hq a multiple of Hkv); `k`/`v` the rows' own keys `[B, Hkv, W, D]`;
 /// `prefix`: which shared keys each query sees (`[B, 1, L or 1, P or 1]`, `None`: all); `own`:
-/// the mask over the own keys. Returns `[B, Hq, L, D]`.
+/// the mask over the own keys; `sinks`: per-head logits in every softmax (gpt-oss). Returns
+/// `[B, Hq, L, D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &Array,
     shared: &SharedKv,
@@ -25,6 +27,7 @@ pub fn attention(
     scale: f32,
     prefix: Option<&Array>,
     own: &AttentionMask,
+    sinks: Option<&Sinks>,
 ) -> Result<Array> {
     let (b, heads, l, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (kv_heads, w, p) = (k.dim(1), k.dim(2), shared.len());
@@ -59,10 +62,24 @@ pub fn attention(
         AttentionMask::Shared { .. } => return Err(ModelError::Mlx("a shared segment inside a shared mask".into())),
     };
     let (first, second) = if host_softmax::applies(q.dtype()) {
-        host_probabilities(first, second, p, w, l, causal)?
+        // Rows are (key head, batch, repeat, query): the query head is (key head, repeat).
+        let host = sinks.map(|s| s.host.as_slice());
+        let sink = |row: usize| {
+            let (l, b, r) = (l as usize, b as usize, r as usize);
+            host.map_or(f32::NEG_INFINITY, |s| s[row / (b * r * l) * r + (row / l) % r])
+        };
+        host_probabilities(first, second, p, w, l, causal, sink)?
     } else {
         let second = if causal { masked(second, &causal_mask(l, w)?, w)? } else { second };
-        probabilities(first, second, v.dtype())?
+        // The sinks as one more score per row: `[Hkv, B, R, L, 1]` from `[Hkv * R]`.
+        let sink = match sinks {
+            Some(s) => Some(
+                mlx_rs::ops::broadcast_to(s.array.reshape(&[kv_heads, 1, r, 1, 1])?, &[kv_heads, b, r, l, 1])?
+                    .reshape(&[kv_heads, rows, 1])?,
+            ),
+            None => None,
+        };
+        probabilities(first, second, sink.as_ref(), v.dtype())?
     };
     let shared_values = shared.values.reshape(&[kv_heads, p, d])?;
     let out_shared = matmul(&first, &shared_values)?.reshape(&[kv_heads, b, r * l, d])?;
@@ -80,6 +97,7 @@ fn host_probabilities(
     w: i32,
     l: i32,
     causal: bool,
+    sink: impl Fn(usize) -> f32 + Sync,
 ) -> Result<(Array, Array)> {
     mlx_rs::transforms::eval([&first, &second])?;
     let not_contiguous = || ModelError::Mlx("attention scores are not one contiguous buffer".into());
@@ -88,18 +106,25 @@ fn host_probabilities(
         let b = crate::mlx::exclusive_f32(&mut second).ok_or_else(not_contiguous)?;
         // Causal: query `i` (the row's place among the L queries) sees own keys up to `W - L + i`.
         let visible = |row: usize| if causal { (w - l) as usize + row % l as usize + 1 } else { w as usize };
-        host_softmax::softmax_row_pairs(a, p as usize, b, w as usize, visible);
+        host_softmax::softmax_row_pairs(a, p as usize, b, w as usize, visible, sink);
     }
     Ok((first, second))
 }
 
-/// The softmax from MLX ops, in f32, cast back to `dtype` for the products with the values.
-fn probabilities(first: Array, second: Array, dtype: Dtype) -> Result<(Array, Array)> {
+/// The softmax from MLX ops, in f32, cast back to `dtype` for the products with the values;
+/// `sink`: one more logit per row (`[.., rows, 1]`) in the denominator.
+fn probabilities(first: Array, second: Array, sink: Option<&Array>, dtype: Dtype) -> Result<(Array, Array)> {
     let (first, second) = (first.as_dtype(Dtype::Float32)?, second.as_dtype(Dtype::Float32)?);
-    let max = maximum(first.max_axis(-1, true)?, second.max_axis(-1, true)?)?;
+    let mut max = maximum(first.max_axis(-1, true)?, second.max_axis(-1, true)?)?;
+    if let Some(sink) = sink {
+        max = maximum(&max, sink.as_dtype(Dtype::Float32)?)?;
+    }
     let first = exp(subtract(&first, &max)?)?;
     let second = exp(subtract(&second, &max)?)?;
-    let sum = add(first.sum_axis(-1, true)?, second.sum_axis(-1, true)?)?;
+    let mut sum = add(first.sum_axis(-1, true)?, second.sum_axis(-1, true)?)?;
+    if let Some(sink) = sink {
+        sum = add(&sum, exp(subtract(sink.as_dtype(Dtype::Float32)?, &max)?)?)?;
+    }
     Ok((divide(&first, &sum)?.as_dtype(dtype)?, divide(&second, &sum)?.as_dtype(dtype)?))
 }
 
@@ -124,6 +149,18 @@ mod tests {
 
     /// The same attention with the shared keys copied in front of every row's own keys.
     fn reference(q: &Array, shared: &SharedKv, k: &Array, v: &Array, scale: f32, mask: &Array) -> Array {
+        reference_with_sinks(q, shared, k, v, scale, mask, None)
+    }
+
+    fn reference_with_sinks(
+        q: &Array,
+        shared: &SharedKv,
+        k: &Array,
+        v: &Array,
+        scale: f32,
+        mask: &Array,
+        sinks: Option<&Array>,
+    ) -> Array {
         let (b, kv_heads, p, d) = (k.dim(0), k.dim(1), shared.len(), k.dim(3));
         let wide = |s: &Array, own: &Array| {
             concatenate(&[broadcast_to(s, &[b, kv_heads, p, d]).unwrap(), own.clone()], 2).unwrap()
@@ -137,7 +174,7 @@ mod tests {
                 .reshape(&[s[0], s[1] * repeats, s[2], s[3]])
                 .unwrap()
         };
-        scaled_dot_product_attention(q, repeat(&k), repeat(&v), scale, mask, None).unwrap()
+        scaled_dot_product_attention(q, repeat(&k), repeat(&v), scale, mask, sinks).unwrap()
     }
 
     fn close(a: &Array, b: &Array) {
@@ -171,24 +208,26 @@ mod tests {
         let prefix = Array::from_slice(&follows, &[b, 1, 1, 1]);
         let own = AttentionMask::Explicit(Array::from_slice(&own, &[b, 1, l, w]));
         // Both the host softmax (f32 on the CPU) and the MLX-ops form.
-        let got = attention(&q, &shared, &k, &v, scale, Some(&prefix), &own).unwrap();
+        let got = attention(&q, &shared, &k, &v, scale, Some(&prefix), &own, None).unwrap();
         close(&got, &want);
         // (Separate arrays: the host form writes over its inputs.)
         let rows = b * (heads / kv_heads) * l;
         let scores = || (random(&[kv_heads, rows, p], 6), random(&[kv_heads, rows, w], 7));
         let (first, second) = scores();
-        let (hf, hs) = host_probabilities(first, second, p, w, l, false).unwrap();
+        let (hf, hs) = host_probabilities(first, second, p, w, l, false, |_| f32::NEG_INFINITY).unwrap();
         let (first, second) = scores();
-        let (mf, ms) = probabilities(first, second, Dtype::Float32).unwrap();
+        let (mf, ms) = probabilities(first, second, None, Dtype::Float32).unwrap();
         close(&hf, &mf);
         close(&hs, &ms);
 
         // Every row follows it, aligned: a causal mask over the own keys and none on the shared.
         let causal: Vec<bool> = (0..l).flat_map(|i| (0..p + w).map(move |j| j < p || j - p <= w - l + i)).collect();
         let want = reference(&q, &shared, &k, &v, scale, &Array::from_slice(&causal, &[1, 1, l, p + w]));
-        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal).unwrap();
+        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal, None).unwrap();
         close(&got, &want);
-        let (hf, hs) = host_probabilities(random(&[2, 24, p], 8), random(&[2, 24, w], 9), p, w, l, true).unwrap();
+        let (hf, hs) =
+            host_probabilities(random(&[2, 24, p], 8), random(&[2, 24, w], 9), p, w, l, true, |_| f32::NEG_INFINITY)
+                .unwrap();
         let causal_scores = select(
             causal_mask(l, w).unwrap(),
             random(&[2, 24, w], 9).reshape(&[2, 6, l, w]).unwrap(),
@@ -196,7 +235,35 @@ mod tests {
         )
         .unwrap();
         let (mf, ms) =
-            probabilities(random(&[2, 24, p], 8), causal_scores.reshape(&[2, 24, w]).unwrap(), Dtype::Float32).unwrap();
+            probabilities(random(&[2, 24, p], 8), causal_scores.reshape(&[2, 24, w]).unwrap(), None, Dtype::Float32)
+                .unwrap();
+        close(&hf, &mf);
+        close(&hs, &ms);
+
+        // With sinks (gpt-oss), in both forms: one more logit per query head in every softmax.
+        let sinks =
+            crate::model::layers::Sinks::new(Array::from_slice(&[0.5f32, -2.0, 1.5, 0.0, 3.0, -0.5], &[6])).unwrap();
+        let want = reference_with_sinks(
+            &q,
+            &shared,
+            &k,
+            &v,
+            scale,
+            &Array::from_slice(&causal, &[1, 1, l, p + w]),
+            Some(&sinks.array),
+        );
+        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal, Some(&sinks)).unwrap();
+        close(&got, &want);
+        let sink_rows = mlx_rs::ops::broadcast_to(sinks.array.reshape(&[2, 1, 3, 1, 1]).unwrap(), &[2, 1, 3, l, 1])
+            .unwrap()
+            .reshape(&[2, 3 * l, 1])
+            .unwrap();
+        let host = sinks.host.clone();
+        let host_sink = |row: usize| host[row / (3 * l as usize) * 3 + (row / l as usize) % 3];
+        let (hf, hs) =
+            host_probabilities(random(&[2, 12, p], 10), random(&[2, 12, w], 11), p, w, l, false, host_sink).unwrap();
+        let (mf, ms) =
+            probabilities(random(&[2, 12, p], 10), random(&[2, 12, w], 11), Some(&sink_rows), Dtype::Float32).unwrap();
         close(&hf, &mf);
         close(&hs, &ms);
     }

@@ -38,6 +38,9 @@ pub fn load(
     let mut weights = Weights::new(tensors, dir.to_path_buf(), quant, backend.compute_dtype(stored));
     weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
     weights.rename_all(arch::canonical_tensor_name);
+    if arch == Arch::GptOss {
+        arch::split_fused_experts(&mut weights, config.num_layers)?;
+    }
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");
     }
@@ -158,8 +161,16 @@ fn quant_config(config: &Value, path: &Path) -> Result<QuantConfig> {
             return Err(bad(format!("mode {mode} (supported: \"affine\", \"mxfp4\", \"nvfp4\", \"mxfp8\")")));
         }
     }
-    if let Some(method) = q.get("quant_method").and_then(Value::as_str) {
-        return Err(bad(format!("{method:?} checkpoints are not MLX-quantized; use an MLX conversion")));
+    match q.get("quant_method").and_then(Value::as_str) {
+        // OpenAI's gpt-oss ships its experts in mxfp4, which MLX computes with as is.
+        Some("mxfp4") => {
+            let spec = QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 };
+            return Ok(QuantConfig { default: Some(spec), ..QuantConfig::default() });
+        }
+        Some(method) => {
+            return Err(bad(format!("{method:?} checkpoints are not MLX-quantized; use an MLX conversion")))
+        }
+        None => {}
     }
     let spec = |v: &Value| -> Option<QuantSpec> { serde_json::from_value(v.clone()).ok() };
     let default = spec(q).ok_or_else(|| bad("needs integer \"group_size\" and \"bits\"".into()))?;

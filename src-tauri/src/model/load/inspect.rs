@@ -63,7 +63,10 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
             q.get("group_size").and_then(Value::as_u64),
             q.get("quant_method").and_then(Value::as_str),
         ) {
-            (Some(bits), Some(group), _) => Some(format!("{bits}-bit (group {group})")),
+            (Some(bits), Some(group), _) => match q.get("mode").and_then(Value::as_str).filter(|m| *m != "affine") {
+                Some(mode) => Some(format!("{bits}-bit {mode} (group {group})")),
+                None => Some(format!("{bits}-bit (group {group})")),
+            },
             (_, _, Some(method)) => Some(method.to_string()),
             _ => Some("quantized".into()),
         },
@@ -80,7 +83,8 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
             Err(e) => reasons.push(format!("config.json: {e}")),
         },
     }
-    if let Some(method) = raw.get("quantization_config").and_then(|q| q.get("quant_method")).and_then(Value::as_str) {
+    let method = raw.get("quantization_config").and_then(|q| q.get("quant_method")).and_then(Value::as_str);
+    if let Some(method) = method.filter(|m| *m != "mxfp4") {
         reasons.push(format!("{method} quantization is not supported (use an MLX conversion)"));
     }
     if !dir.join("tokenizer.json").exists() {
