@@ -108,6 +108,7 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
         response_format,
         continue_final_message: prefill.then_some(true),
         chat_template_kwargs: thinking.map(|on| Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])),
+        reasoning_effort: effort(body, thinking),
         ..Default::default()
     };
     let common = CommonParams {
@@ -267,6 +268,22 @@ fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
 }
 
 /// `{"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}`.
+/// The reasoning effort for templates that take one (gpt-oss): `output_config.effort` if given,
+/// else from the thinking budget (under 4k tokens low, under 16k medium, else high).
+fn effort(body: &Value, thinking: Option<bool>) -> Option<String> {
+    if let Some(effort) = body.pointer("/output_config/effort").and_then(Value::as_str) {
+        return Some(if effort == "max" { "high" } else { effort }.to_string());
+    }
+    let budget = body.pointer("/thinking/budget_tokens").and_then(Value::as_u64);
+    let level = match (thinking?, budget) {
+        (false, _) => "low",
+        (true, Some(b)) if b < 4096 => "low",
+        (true, Some(b)) if b < 16_384 => "medium",
+        (true, _) => "high",
+    };
+    Some(level.to_string())
+}
+
 fn tool_choice(choice: Option<&Value>) -> Result<(Option<Value>, Option<bool>), ApiError> {
     let Some(choice) = choice.filter(|c| !c.is_null()) else { return Ok((None, None)) };
     let parallel = choice.get("disable_parallel_tool_use").and_then(Value::as_bool).map(|d| !d);

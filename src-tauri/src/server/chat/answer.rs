@@ -4,9 +4,10 @@
 
 use serde_json::Value;
 
+use super::harmony::HarmonyParser;
 use super::reasoning::{Part, ReasoningSplitter};
 use super::structured::ToolMode;
-use super::tool_calls::{self, call_from_value, ToolCall, ToolCallParser};
+use super::tool_calls::{self, call_from_value, ParameterSchemas, ToolCall, ToolCallParser};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
@@ -29,6 +30,8 @@ enum Tools {
 pub struct AnswerParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Tools,
+    /// gpt-oss: one parser for reasoning, answer and calls.
+    harmony: Option<HarmonyParser>,
 }
 
 impl AnswerParser {
@@ -39,10 +42,33 @@ impl AnswerParser {
             ToolMode::Named(_) => Tools::Named,
             ToolMode::Required => Tools::Required(String::new()),
         };
-        AnswerParser { reasoning, tools }
+        AnswerParser { reasoning, tools, harmony: None }
+    }
+
+    /// For a Harmony model (gpt-oss) answering freely: channels split reasoning from the
+    /// answer, and calls come back as calls when `mode` offers tools.
+    pub fn harmony(mode: &ToolMode) -> AnswerParser {
+        let tools = if matches!(mode, ToolMode::Auto(_)) {
+            Tools::Parse(ToolCallParser::new(tool_calls::ToolFormat::Harmony))
+        } else {
+            Tools::Off
+        };
+        AnswerParser { reasoning: None, tools, harmony: Some(HarmonyParser::new()) }
+    }
+
+    /// The tools' parameter schemas, for formats that write values as text (Qwen's XML).
+    pub fn with_schemas(mut self, schemas: ParameterSchemas) -> AnswerParser {
+        if let Tools::Parse(parser) = self.tools {
+            self.tools = Tools::Parse(parser.with_schemas(schemas));
+        }
+        self
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        if let Some(harmony) = self.harmony.as_mut() {
+            let pieces = harmony.push(text);
+            return self.harmony_pieces(pieces);
+        }
         let parts = match self.reasoning.as_mut() {
             Some(r) => r.push(text),
             None => vec![Part::Answer(text.to_string())],
@@ -51,6 +77,10 @@ impl AnswerParser {
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
+        if let Some(harmony) = self.harmony.as_mut() {
+            let pieces = harmony.finish();
+            return self.harmony_pieces(pieces);
+        }
         let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
         let mut out = self.route(parts);
         match &mut self.tools {
@@ -83,6 +113,21 @@ impl AnswerParser {
         }
         out.retain(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) | Piece::Arguments(t) if t.is_empty()));
         out
+    }
+}
+
+impl AnswerParser {
+    /// A Harmony call where no tools were offered is shown as text (its arguments).
+    fn harmony_pieces(&self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let calls = matches!(self.tools, Tools::Parse(_));
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Call(call) if !calls => Piece::Text(call.arguments),
+                other => other,
+            })
+            .filter(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) if t.is_empty()))
+            .collect()
     }
 }
 
@@ -125,6 +170,25 @@ mod tests {
                 Piece::Call(ToolCall { name: "w".into(), arguments: "{}".into() })
             ]
         );
+    }
+
+    #[test]
+    fn harmony_reasoning_answer_and_calls() {
+        let text = "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>commentary to=functions.w <|constrain|>json<|message|>{\"city\": \"Oslo\"}";
+        let mut p = AnswerParser::harmony(&ToolMode::Auto(ToolFormat::Harmony));
+        let mut out = p.push(text);
+        out.extend(p.finish());
+        assert_eq!(
+            out,
+            vec![
+                Piece::Reasoning("Weather needed.".into()),
+                Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })
+            ]
+        );
+        let mut p = AnswerParser::harmony(&ToolMode::Off);
+        let mut out = p.push("<|channel|>final<|message|>Hi.");
+        out.extend(p.finish());
+        assert_eq!(out, vec![Piece::Text("Hi.".into())]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod answer;
 pub mod fim;
+pub mod harmony;
 pub mod outcome;
 pub mod params;
 pub mod prompt;

@@ -10,6 +10,7 @@ use super::answer::AnswerParser;
 use super::params::CommonParams;
 use super::reasoning::ReasoningSplitter;
 use super::structured::{answer_shape, AnswerShape, ToolMode};
+use super::{harmony, tool_calls};
 use crate::engine::{ModelInfo, RequestStream};
 use crate::server::{ApiError, AppState};
 use crate::store::Served;
@@ -45,6 +46,30 @@ pub struct ChatRequest {
     /// The last message is an assistant turn to continue (vLLM's name; Anthropic's prefill):
     /// the answer carries on from its text instead of starting a new turn.
     pub continue_final_message: Option<bool>,
+    /// `"none"`, `"minimal"`, `"low"`, `"medium"` or `"high"`: gpt-oss's template states it to the
+    /// model (none and minimal as low, its least); templates with a thinking switch (Qwen 3) turn
+    /// thinking off for none and minimal. `chat_template_kwargs` overrides both.
+    pub reasoning_effort: Option<String>,
+}
+
+/// The chat template's extra variables: `chat_template_kwargs` and what `reasoning_effort` sets.
+fn template_kwargs(request: &ChatRequest) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = request.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = request.reasoning_effort.as_deref() {
+        let level = match effort {
+            "none" | "minimal" | "low" => "low",
+            "medium" | "high" => effort,
+            other => {
+                return Err(ApiError::invalid(
+                    "reasoning_effort",
+                    format!("reasoning_effort {other:?} is not one of none, minimal, low, medium, high"),
+                ))
+            }
+        };
+        kwargs.entry("reasoning_effort").or_insert_with(|| Value::from(level));
+        kwargs.entry("enable_thinking").or_insert_with(|| Value::Bool(!matches!(effort, "none" | "minimal")));
+    }
+    Ok(kwargs)
 }
 
 /// A chat generation under way, with what a dialect needs to render it.
@@ -116,7 +141,7 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         messages: &messages,
         tools: shape.prompt_tools,
         add_generation_prompt: true,
-        extra: request.chat_template_kwargs.clone().unwrap_or_default(),
+        extra: template_kwargs(request)?,
     };
     let mut text = template.render(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     if let Some(prefill) = prefill {
@@ -140,18 +165,27 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     }
     let logprobs = request.logprobs.unwrap_or(false).then_some(top);
     let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
-    if let ToolMode::Auto(format) = shape.mode {
-        engine_request.special_text_tokens =
-            format.marker_tokens().iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
-    }
+    // Harmony (gpt-oss) marks reasoning and calls with special tokens, tools or not; a grammar
+    // decides the whole answer and then no channel is written.
+    let harmony = shape.grammar.is_none() && harmony::is_harmony(template.source());
+    let markers = match shape.mode {
+        _ if harmony => harmony::MARKERS.as_slice(),
+        ToolMode::Auto(format) => format.marker_tokens(),
+        _ => &[],
+    };
+    engine_request.special_text_tokens = markers.iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     // A grammar decides the whole answer; a think block would break it.
     let reasoning =
         if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
-    let parser = AnswerParser::new(&shape.mode, reasoning);
+    let parser = if harmony {
+        AnswerParser::harmony(&shape.mode)
+    } else {
+        AnswerParser::new(&shape.mode, reasoning)
+            .with_schemas(tool_calls::parameter_schemas(request.tools.as_deref().unwrap_or_default()))
+    };
     engine_request.grammar = shape.grammar.clone();
     engine_request.message_starts = message_starts;
-    engine_request.turn_boundary =
-        turn_boundary(template, &info.tokenizer, request.chat_template_kwargs.clone().unwrap_or_default());
+    engine_request.turn_boundary = turn_boundary(template, &info.tokenizer, template_kwargs(request)?);
     let stream = served.engine.submit(engine_request)?;
     Ok(StartedChat {
         model: served.id,

@@ -8,23 +8,39 @@
 //!   `name[ARGS]{..}` per call (v11+, `[CALL_ID]id` in between in some).
 //! - Llama 3.x JSON tool calling: the whole answer is `{"name": .., "parameters": {..}}`, maybe
 //!   after the special token `<|python_tag|>`, several calls separated by `;`.
+//! - Qwen3-Coder (and Qwen3.5/3.6, Qwen3-Coder-Next) XML: `<tool_call>\n<function=name>\n
+//!   <parameter=key>\nvalue\n</parameter>\n</function>\n</tool_call>`; the values are text,
+//!   typed from the tool's JSON Schema (a number, a boolean, JSON for objects and arrays).
 //!
 //! The markers that are special tokens only reach this parser if the request asks the engine to
 //! keep their text ([`ToolFormat::marker_tokens`]).
 
-use serde_json::Value;
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
     Mistral,
     LlamaJson,
+    QwenXml,
+    /// gpt-oss: calls are messages to `functions.*` (read by `harmony::HarmonyParser`, which
+    /// also splits the reasoning; this parser passes such text through).
+    Harmony,
 }
+
+/// Each function's parameter schemas (`properties`), by function name: what typed XML values.
+pub type ParameterSchemas = HashMap<String, Map<String, Value>>;
 
 impl ToolFormat {
     /// The format a chat template trains its model on, if it supports tools at all.
     pub fn of_template(source: &str) -> Option<ToolFormat> {
-        if source.contains("<tool_call>") {
+        if super::harmony::is_harmony(source) {
+            Some(ToolFormat::Harmony)
+        } else if source.contains("<function=") && source.contains("<parameter=") {
+            Some(ToolFormat::QwenXml)
+        } else if source.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
         } else if source.contains("[TOOL_CALLS]") {
             Some(ToolFormat::Mistral)
@@ -38,9 +54,10 @@ impl ToolFormat {
     /// Special tokens of this format whose text the parser must see.
     pub fn marker_tokens(self) -> &'static [&'static str] {
         match self {
-            ToolFormat::Hermes => &[],
+            ToolFormat::Hermes | ToolFormat::QwenXml => &[],
             ToolFormat::Mistral => &[MISTRAL_CALLS, "[ARGS]", "[CALL_ID]"],
             ToolFormat::LlamaJson => &[PYTHON_TAG],
+            ToolFormat::Harmony => &super::harmony::MARKERS,
         }
     }
 }
@@ -65,6 +82,8 @@ const PYTHON_TAG: &str = "<|python_tag|>";
 
 pub struct ToolCallParser {
     format: ToolFormat,
+    /// For the XML format's values.
+    schemas: ParameterSchemas,
     /// Text not yet emitted: a possible start of `<tool_call>`, or a call being read.
     pending: String,
     in_call: bool,
@@ -74,16 +93,23 @@ pub struct ToolCallParser {
 
 impl ToolCallParser {
     pub fn new(format: ToolFormat) -> ToolCallParser {
-        ToolCallParser { format, pending: String::new(), in_call: false, at_start: true }
+        ToolCallParser { format, schemas: HashMap::new(), pending: String::new(), in_call: false, at_start: true }
+    }
+
+    /// The tools' parameter schemas, which type the XML format's values.
+    pub fn with_schemas(mut self, schemas: ParameterSchemas) -> ToolCallParser {
+        self.schemas = schemas;
+        self
     }
 
     /// Feeds newly generated text; returns what can be emitted now.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
         match self.format {
-            ToolFormat::Hermes => self.push_hermes(),
+            ToolFormat::Hermes | ToolFormat::QwenXml => self.push_hermes(),
             ToolFormat::Mistral => self.push_mistral(),
             ToolFormat::LlamaJson => self.push_llama(),
+            ToolFormat::Harmony => vec![Piece::Text(std::mem::take(&mut self.pending))],
         }
     }
 
@@ -95,13 +121,19 @@ impl ToolCallParser {
         }
         let calls = match self.format {
             ToolFormat::Hermes if self.in_call => parse_call(&rest).map(|c| vec![c]),
+            // Cut short (no `</function>`): left as text, as a Hermes call cut short is.
+            ToolFormat::QwenXml if self.in_call && rest.contains("</function>") => {
+                parse_xml_call(&rest, &self.schemas).map(|c| vec![c])
+            }
             ToolFormat::Mistral if self.in_call => parse_mistral(&rest),
             ToolFormat::LlamaJson if self.in_call => parse_llama(rest.trim_start().trim_start_matches(PYTHON_TAG)),
             _ => None,
         };
         match calls {
             Some(calls) => calls.into_iter().map(Piece::Call).collect(),
-            None if self.in_call && self.format == ToolFormat::Hermes => vec![Piece::Text(format!("{OPEN}{rest}"))],
+            None if self.in_call && matches!(self.format, ToolFormat::Hermes | ToolFormat::QwenXml) => {
+                vec![Piece::Text(format!("{OPEN}{rest}"))]
+            }
             None if self.in_call && self.format == ToolFormat::Mistral => {
                 vec![Piece::Text(format!("{MISTRAL_CALLS}{rest}"))]
             }
@@ -119,7 +151,11 @@ impl ToolCallParser {
                 let Some(end) = self.pending.find(CLOSE) else { return out };
                 let body: String = self.pending.drain(..end + CLOSE.len()).collect();
                 let body = &body[..end];
-                out.push(match parse_call(body) {
+                let call = match self.format {
+                    ToolFormat::QwenXml => parse_xml_call(body, &self.schemas),
+                    _ => parse_call(body),
+                };
+                out.push(match call {
                     Some(call) => Piece::Call(call),
                     None => Piece::Text(format!("{OPEN}{body}{CLOSE}")),
                 });
@@ -187,6 +223,82 @@ impl ToolCallParser {
 /// `{"name": .., "arguments" | "parameters": {..} | "<json text>"}`.
 fn parse_call(text: &str) -> Option<ToolCall> {
     call_from_value(&serde_json::from_str(text.trim()).ok()?)
+}
+
+/// `<function=name><parameter=key>value</parameter>..</function>` (whitespace around the tags
+/// as the model writes it; one newline either side of a value is the format's, not the value's).
+fn parse_xml_call(text: &str, schemas: &ParameterSchemas) -> Option<ToolCall> {
+    let rest = text.trim().strip_prefix("<function=")?;
+    let (name, mut rest) = rest.split_once('>')?;
+    let name = name.trim();
+    let body_end = rest.rfind("</function>").unwrap_or(rest.len());
+    rest = &rest[..body_end];
+    let schema = schemas.get(name);
+    let mut arguments = Map::new();
+    while let Some(at) = rest.find("<parameter=") {
+        let after = &rest[at + "<parameter=".len()..];
+        let (key, after) = after.split_once('>')?;
+        // A value runs to its closing tag, or (as models sometimes write) to the next parameter.
+        let end = after.find("</parameter>").or_else(|| after.find("<parameter=")).unwrap_or(after.len());
+        let raw = after[..end].strip_prefix('\n').unwrap_or(&after[..end]);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let key = key.trim();
+        arguments.insert(key.to_string(), typed_value(raw, schema.and_then(|s| s.get(key))));
+        rest = after[end..].strip_prefix("</parameter>").unwrap_or(&after[end..]);
+    }
+    (!name.is_empty()).then(|| ToolCall { name: name.to_string(), arguments: Value::Object(arguments).to_string() })
+}
+
+/// An XML parameter's text as the JSON value its schema asks for (as Qwen's own parser does):
+/// strings stay text; numbers, booleans, objects and arrays are parsed; with no schema, JSON if
+/// it parses, else text.
+fn typed_value(raw: &str, schema: Option<&Value>) -> Value {
+    let types: Vec<&str> = match schema.and_then(|s| s.get("type")) {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let trimmed = raw.trim();
+    if types.contains(&"string") || (types.is_empty() && schema.is_some_and(|s| s.get("enum").is_some())) {
+        return Value::String(raw.to_string());
+    }
+    if trimmed == "null" && (types.is_empty() || types.contains(&"null")) {
+        return Value::Null;
+    }
+    let parsed = serde_json::from_str::<Value>(trimmed).ok();
+    let fits = |v: &Value| {
+        types.is_empty()
+            || types.iter().any(|t| match *t {
+                "integer" => v.is_i64() || v.is_u64(),
+                "number" => v.is_number(),
+                "boolean" => v.is_boolean(),
+                "object" => v.is_object(),
+                "array" => v.is_array(),
+                "null" => v.is_null(),
+                _ => false,
+            })
+    };
+    match parsed {
+        Some(v) if fits(&v) => v,
+        // `True`/`False` as Python writes them.
+        _ if types.contains(&"boolean") && trimmed.eq_ignore_ascii_case("true") => Value::Bool(true),
+        _ if types.contains(&"boolean") && trimmed.eq_ignore_ascii_case("false") => Value::Bool(false),
+        _ => Value::String(raw.to_string()),
+    }
+}
+
+/// The parameter schemas of OpenAI-shaped tools (`{"type": "function", "function": {..}}`).
+pub fn parameter_schemas(tools: &[Value]) -> ParameterSchemas {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let f = t.get("function").unwrap_or(t);
+            let name = f.get("name")?.as_str()?.to_string();
+            let properties =
+                f.pointer("/parameters/properties").and_then(Value::as_object).cloned().unwrap_or_default();
+            Some((name, properties))
+        })
+        .collect()
 }
 
 /// What follows `[TOOL_CALLS]`: `[{call}, ..]`, or `name[ARGS]{..}` (with `[CALL_ID]id` before
@@ -341,6 +453,39 @@ mod tests {
         assert_eq!(out, vec![call("a", r#"{"x":1}"#), call("b", "{}")]);
         let out = run(ToolFormat::LlamaJson, &["<|python_tag|>", "brave_search.call(query=\"x\")"]);
         assert_eq!(out, vec![Piece::Text("brave_search.call(query=\"x\")".into())]);
+    }
+
+    #[test]
+    fn qwen_xml_calls_typed_from_the_schema() {
+        let schemas = parameter_schemas(&[serde_json::json!({"type": "function", "function": {"name": "edit",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+            "dry": {"type": "boolean"}, "opts": {"type": "object"}, "code": {"type": "string"}}}}})]);
+        let mut p = ToolCallParser::new(ToolFormat::QwenXml).with_schemas(schemas);
+        let pieces = [
+            "I will edit it.\n<tool_",
+            "call>\n<function=edit>\n<parameter=path>\nsrc/main.rs\n</parameter>\n",
+            "<parameter=line>\n42\n</parameter>\n<parameter=dry>\nFalse\n</parameter>\n",
+            "<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=code>\n  let x = 1;\n\n</parameter>\n",
+            "</function>\n</tool_call>",
+        ];
+        let mut out: Vec<Piece> = pieces.iter().flat_map(|t| p.push(t)).collect();
+        out.extend(p.finish());
+        assert_eq!(out[0], Piece::Text("I will edit it.\n".into()));
+        let Piece::Call(edit) = &out[1] else { panic!("{out:?}") };
+        assert_eq!(edit.name, "edit");
+        let args: Value = serde_json::from_str(&edit.arguments).unwrap();
+        assert_eq!(
+            args,
+            serde_json::json!({"path": "src/main.rs", "line": 42, "dry": false, "opts": {"a": [1]}, "code": "  let x = 1;\n"})
+        );
+        // No schema (an unknown tool): JSON where it parses, else text; a call cut short stays text.
+        let out = run(
+            ToolFormat::QwenXml,
+            &["<tool_call><function=f><parameter=n>7</parameter><parameter=s>hi</parameter></function></tool_call>"],
+        );
+        assert_eq!(out, vec![call("f", r#"{"n":7,"s":"hi"}"#)]);
+        let out = run(ToolFormat::QwenXml, &["<tool_call>\n<function=f>\n<parameter=n>"]);
+        assert_eq!(out, vec![Piece::Text("<tool_call>\n<function=f>\n<parameter=n>".into())]);
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub async fn chat(
         tools: tools(&body)?,
         response_format: response_format(body.get("format"))?,
         chat_template_kwargs: think_kwargs(&body)?,
+        reasoning_effort: think_level(&body),
         ..Default::default()
     };
     let mut common = options(&body)?.to_common(&id, streaming)?;
@@ -122,6 +123,7 @@ pub async fn generate(
         messages,
         response_format: response_format(body.get("format"))?,
         chat_template_kwargs: think_kwargs(&body)?,
+        reasoning_effort: think_level(&body),
         ..Default::default()
     };
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
@@ -261,6 +263,11 @@ fn think_kwargs(body: &Value) -> Result<Option<Map<String, Value>>, ApiError> {
         }
     };
     Ok(Some(Map::from_iter([("enable_thinking".to_string(), Value::Bool(on))])))
+}
+
+/// `think: "low" | "medium" | "high"`: the reasoning effort (gpt-oss's levels).
+fn think_level(body: &Value) -> Option<String> {
+    body.get("think").and_then(Value::as_str).map(str::to_string)
 }
 
 /// Renders the answer in Ollama's shapes.

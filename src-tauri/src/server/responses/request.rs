@@ -3,7 +3,7 @@
 //! `text.format`, `max_output_tokens`. Nothing is stored: `store: true` and
 //! `previous_response_id` get a clear 400.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::server::chat::{ChatRequest, CommonParams};
 use crate::server::ApiError;
@@ -88,16 +88,13 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
             }
         },
     };
-    let effort = body.pointer("/reasoning/effort").and_then(Value::as_str);
-    let chat_template_kwargs =
-        effort.map(|e| Map::from_iter([("enable_thinking".to_string(), Value::Bool(e != "none" && e != "minimal"))]));
     let request = ChatRequest {
         messages,
         tools,
         tool_choice,
         parallel_tool_calls: body.get("parallel_tool_calls").and_then(Value::as_bool),
         response_format,
-        chat_template_kwargs,
+        reasoning_effort: body.pointer("/reasoning/effort").and_then(Value::as_str).map(str::to_string),
         ..Default::default()
     };
     let number = |key: &str| -> Result<Option<f64>, ApiError> {
