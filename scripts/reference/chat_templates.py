@@ -65,6 +65,11 @@ TEMPLATES = {
     "qwen3.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "phi3.5.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>", "tools": False},
     "smollm2.jinja": {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "tools": False},
+    # gpt-oss writes today's date (strftime_now) into its system message: the Rust test reads
+    # "Current date: YYYY-MM-DD" as any date.
+    "gpt-oss.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "tools": True},
+    "qwen3-coder.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "gemma3.jinja": {"bos_token": "<bos>", "eos_token": "<end_of_turn>", "tools": False},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -177,6 +182,25 @@ def cases_for(name, meta):
         conv = copy.deepcopy(tool_conversation(""))
         conv[1]["tool_calls"][0]["function"]["arguments"] = json.dumps(TOOL_ARGS)
         yield "tools_arguments_string", conv, [WEATHER_TOOL], True, extra
+
+
+    if name == "gpt-oss.jinja":
+        yield "reasoning_effort_high", USER_ONLY, None, True, {"reasoning_effort": "high"}
+        with_thinking = copy.deepcopy(tool_conversation(""))
+        with_thinking[1]["thinking"] = "The user wants the weather; call the tool."
+        yield "tools_with_thinking", with_thinking, [WEATHER_TOOL], True, extra
+        yield "developer_instructions", [{"role": "system", "content": "Answer in French."}] + USER_ONLY, [WEATHER_TOOL], True, extra
+    if name == "qwen3-coder.jinja":
+        two = copy.deepcopy(tool_conversation(""))
+        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
+        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
+        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+        # Values written with Python's str(): True, None, 2.5 (not JSON's true, null).
+        typed = copy.deepcopy(tool_conversation(""))
+        typed[1]["tool_calls"][0]["function"]["arguments"] = {"location": "Oslo", "days": 3, "metric": True,
+                                                               "ratio": 2.5, "extra": None, "tags": ["a", "b"]}
+        yield "typed_argument_values", typed, [WEATHER_TOOL], True, extra
 
 
 def make_tokenizer(meta, chat_template):

@@ -55,6 +55,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_test("iterable", is_iterable);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())?;
         Ok(ChatTemplate { env, source: source.to_string(), bos_token, eos_token })
     }
@@ -113,6 +114,13 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let _ = kwargs.get::<Option<bool>>("ensure_ascii")?;
     kwargs.assert_all_used()?;
     Ok(Value::from_safe_string(pyjson::dumps(&value, &options)?))
+}
+
+/// Python's `is iterable`: sequences, mappings and strings; not `none` (which minijinja's own
+/// test accepts, so Qwen3-Coder's `tools is iterable and tools | length > 0` fails on no tools).
+fn is_iterable(value: Value) -> bool {
+    use minijinja::value::ValueKind;
+    matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::String | ValueKind::Iterable)
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
