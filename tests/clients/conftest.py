@@ -13,16 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BINARY = Path(os.environ.get("FASTMLX_BIN", ROOT / "target/debug/fastmlx"))
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    log = open(ROOT / "target/client-tests-server.log", "w+")
+def launch(tmp_path_factory, log_name, extra=()):
+    """`fastmlx serve` on free ports, isolated from the machine's models and caches; yields its
+    URLs and first model id, then shuts it down (and checks that it shut down cleanly)."""
+    log = open(ROOT / "target" / log_name, "w+")
     # Model discovery looks only at empty folders: the machine's own models stay out of the tests.
     empty = tmp_path_factory.mktemp("no-models")
     env = {**os.environ, "FASTMLX_MODELS_DIR": str(empty), "HF_HUB_CACHE": str(empty), "LMSTUDIO_MODELS_DIR": str(empty)}
     # The prefix cache's disk tier in a folder of its own, not the machine's cache.
     env["FASTMLX_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     # `--ollama-port 0`: the second listener, where Ollama clients look, on a free port here.
-    command = [str(BINARY), "serve", "--port", "0", "--ollama-port", "0", "--max-batch", "16"]
+    command = [str(BINARY), "serve", "--port", "0", "--ollama-port", "0", *extra]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = ollama = None
     deadline = time.time() + 120
@@ -37,3 +38,8 @@ def server(tmp_path_factory):
     yield {"url": url, "base": url[: -len("/v1")], "ollama": ollama, "model": __import__("json").loads(model)["data"][0]["id"]}
     proc.terminate()
     assert proc.wait(timeout=30) == 0, "graceful shutdown"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    yield from launch(tmp_path_factory, "client-tests-server.log", ["--max-batch", "16"])

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
-use crate::model::{load_model_with, synthetic, Arch};
+use crate::model::{load_model_with, scripted, synthetic, Arch};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::chat_template::RenderRequest;
 
@@ -127,9 +127,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct MakeTestModelArgs {
-    /// A `model_type`: llama, mistral, qwen2, qwen3, phi3, qwen3_moe, qwen2_moe, mixtral, gemma3_text
-    #[arg(long)]
-    arch: String,
+    /// A `model_type`: llama, mistral, qwen2, qwen3, phi3, qwen3_moe, qwen2_moe, mixtral,
+    /// gemma3_text, gpt_oss
+    #[arg(long, required_unless_present = "scripted")]
+    arch: Option<String>,
     /// Output folder.
     out: PathBuf,
     #[arg(long, default_value_t = 0)]
@@ -146,11 +147,29 @@ pub struct MakeTestModelArgs {
     /// Wrap the text model in its multimodal config (`gemma3` / `mistral3`).
     #[arg(long)]
     wrapped: bool,
+    /// Instead: a model that writes one tool call in this format (harmony, qwen-xml), with
+    /// --chat-template the family's template (tests of what clients receive).
+    #[arg(long, requires = "chat_template")]
+    scripted: Option<String>,
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
 }
 
 pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     Backend::init();
-    let arch = Arch::from_model_type(&args.arch).with_context(|| format!("unknown architecture {:?}", args.arch))?;
+    if let (Some(format), Some(template)) = (&args.scripted, &args.chat_template) {
+        let source = std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
+        let script = match format.as_str() {
+            "harmony" => scripted::harmony_tool_call(&source),
+            "qwen-xml" => scripted::qwen_xml_tool_call(&source),
+            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml)"),
+        };
+        scripted::write_scripted_model(&args.out, &script)?;
+        eprintln!("wrote a scripted {format} model to {}", args.out.display());
+        return Ok(());
+    }
+    let name = args.arch.as_deref().context("--arch is required")?;
+    let arch = Arch::from_model_type(name).with_context(|| format!("unknown architecture {name:?}"))?;
     let options = synthetic::TinyOptions {
         quant: args.bits.map(|bits| synthetic::quant_spec(&args.mode, bits)).transpose().map_err(anyhow::Error::msg)?,
         per_expert: args.per_expert,

@@ -8,6 +8,7 @@ pub mod error;
 pub mod kv_cache;
 pub mod layers;
 pub mod load;
+pub mod scripted;
 pub mod synthetic;
 pub mod transformer;
 pub mod weights;

@@ -400,6 +400,11 @@ pub fn tokenizer_json() -> Value {
     })
 }
 
+/// The byte-level vocabulary's symbol for byte `b` (its token id is `b`).
+pub fn byte_symbol(b: u8) -> char {
+    byte_level_alphabet()[b as usize]
+}
+
 /// GPT-2's printable stand-ins for the 256 bytes, in byte order.
 fn byte_level_alphabet() -> Vec<char> {
     let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);

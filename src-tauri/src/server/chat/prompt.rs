@@ -52,6 +52,21 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
 }
 
+/// Tools as templates expect them: every function with a `description` (gpt-oss's template,
+/// as published, fails on one without; clients often leave it out). Empty where missing.
+fn with_descriptions(tools: &[Value]) -> Vec<Value> {
+    tools
+        .iter()
+        .map(|tool| {
+            let mut tool = tool.clone();
+            if let Some(function) = tool.get_mut("function").and_then(Value::as_object_mut) {
+                function.entry("description").or_insert_with(|| Value::from(""));
+            }
+            tool
+        })
+        .collect()
+}
+
 /// The chat template's extra variables: `chat_template_kwargs` and what `reasoning_effort` sets.
 fn template_kwargs(request: &ChatRequest) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = request.chat_template_kwargs.clone().unwrap_or_default();
@@ -130,8 +145,9 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         Some(true) => Some(final_assistant_text(&mut messages)?),
         _ => None,
     };
+    let tools = request.tools.as_deref().map(with_descriptions);
     let shape = answer_shape(
-        request.tools.as_deref(),
+        tools.as_deref(),
         request.tool_choice.as_ref(),
         request.parallel_tool_calls,
         request.response_format.as_ref(),

@@ -1,0 +1,193 @@
+//! Tiny models that write one fixed answer: to test what the server makes of a model family's
+//! output format (Harmony channels, XML tool calls) through real client packages, without a
+//! real model. The weights are computed, not trained: one layer whose attention and MLP
+//! are zero, so the hidden state is the last token's embedding, and an output head whose row
+//! for each scripted token points at the embedding of the token before it. Greedy or sampled,
+//! the model writes `trigger`'s successor, then the next, to the end of the script. Every
+//! token of the script must be distinct (a token has one successor).
+//!
+//! The vocabulary is the tiny byte-level one (`synthetic::tokenizer_json`) plus the format's
+//! special tokens and each multi-byte piece of the script as an added token (printable ASCII
+//! only: the byte-level decoder knows no other characters; a space or newline is a byte token).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::Array;
+use serde_json::{json, Value};
+
+use crate::model::error::{ModelError, Result};
+use crate::model::synthetic;
+use crate::sampling::Rng;
+
+const HIDDEN: usize = 128;
+
+/// A model that answers with `answer` whenever the prompt ends with `trigger`.
+pub struct Script<'a> {
+    pub chat_template: &'a str,
+    /// The format's special tokens (their text is hidden unless the server asks for it).
+    pub special: &'a [&'a str],
+    /// The prompt's last token: a special token, a script token, or one byte.
+    pub trigger: &'a str,
+    /// The answer, one token per piece.
+    pub answer: &'a [&'a str],
+    /// What ends the answer (the first is written after the script; all stop generation).
+    pub eos: &'a [&'a str],
+}
+
+/// gpt-oss's Harmony format (its published chat template): a call to `get_weather`.
+pub fn harmony_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &[
+            "<|startoftext|>",
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+        ],
+        trigger: "assistant",
+        answer: &[
+            "<|channel|>",
+            "commentary",
+            " ",
+            "to=functions.get_weather",
+            "<|constrain|>",
+            "json",
+            "<|message|>",
+            r#"{"city":"Paris"}"#,
+        ],
+        eos: &["<|call|>", "<|return|>"],
+    }
+}
+
+/// Qwen3-Coder's XML tool calls (its published chat template): a call to `get_weather` with a
+/// string and an integer parameter.
+pub fn qwen_xml_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        trigger: "\n",
+        answer: &[
+            "<tool_call>",
+            "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
+            "</tool_call>",
+        ],
+        eos: &["<|im_end|>"],
+    }
+}
+
+/// Writes the scripted model to `dir`.
+pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
+    let io = |e: std::io::Error| ModelError::Io { path: dir.to_path_buf(), source: e };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mut tokenizer = synthetic::tokenizer_json();
+    let byte_ids = byte_ids(&tokenizer);
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for (k, t) in synthetic::SPECIAL_TOKENS.iter().enumerate() {
+        ids.insert(t.to_string(), 256 + k);
+    }
+    let added = tokenizer["added_tokens"].as_array_mut().expect("a list");
+    let trigger = [script.trigger];
+    let pieces = script.special.iter().chain(&trigger).chain(script.answer).chain(script.eos);
+    for piece in pieces {
+        if ids.contains_key(*piece) || byte_ids.contains_key(*piece) {
+            continue;
+        }
+        if !piece.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ModelError::Config {
+                path: dir.to_path_buf(),
+                message: format!("script piece {piece:?}: printable ASCII only, or a single byte"),
+            });
+        }
+        let id = 256 + added.len();
+        let special = script.special.contains(piece);
+        added.push(json!({"id": id, "content": piece, "single_word": false, "lstrip": false, "rstrip": false,
+                          "normalized": false, "special": special}));
+        ids.insert(piece.to_string(), id);
+    }
+    let vocab = 256 + added.len();
+    let id = |piece: &str| ids.get(piece).or_else(|| byte_ids.get(piece)).copied().expect("every piece has an id");
+    let chain: Vec<usize> = std::iter::once(script.trigger)
+        .chain(script.answer.iter().copied())
+        .chain(script.eos.first().copied())
+        .map(id)
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(repeat) = chain[..chain.len() - 1].iter().find(|t| !seen.insert(**t)) {
+        return Err(ModelError::Config {
+            path: dir.to_path_buf(),
+            message: format!("token {repeat} appears twice in the script: it can have only one successor"),
+        });
+    }
+
+    let write_json = |name: &str, value: &Value| -> Result<()> {
+        let text = serde_json::to_string_pretty(value).expect("JSON values serialise");
+        std::fs::write(dir.join(name), text).map_err(|source| ModelError::Io { path: dir.join(name), source })
+    };
+    let eos_ids: Vec<usize> = script.eos.iter().map(|e| id(e)).collect();
+    write_json(
+        "config.json",
+        &json!({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab,
+            "hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "max_position_embeddings": 65536,
+            "tie_word_embeddings": false, "eos_token_id": eos_ids, "torch_dtype": "float32"}),
+    )?;
+    write_json("tokenizer.json", &tokenizer)?;
+    write_json(
+        "tokenizer_config.json",
+        &json!({"eos_token": script.eos[0], "chat_template": script.chat_template,
+                "tokenizer_class": "PreTrainedTokenizerFast"}),
+    )?;
+    write_json("generation_config.json", &json!({"eos_token_id": eos_ids}))?;
+
+    // Embeddings: random directions (nearly orthogonal in 128 dimensions). The head's row for
+    // each scripted token is its predecessor's direction, scaled so its logit (~45) dwarfs
+    // every other (a cosine of at most ~0.3 of it, or 0).
+    let mut rng = Rng::seeded(11);
+    let embed: Vec<f32> = (0..vocab * HIDDEN).map(|_| 2.0 * rng.next_f64() as f32 - 1.0).collect();
+    let mut head = vec![0f32; vocab * HIDDEN];
+    for pair in chain.windows(2) {
+        let (from, to) = (pair[0], pair[1]);
+        let row = &embed[from * HIDDEN..][..HIDDEN];
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        for (h, x) in head[to * HIDDEN..][..HIDDEN].iter_mut().zip(row) {
+            *h = 4.0 * x / norm;
+        }
+    }
+    let zeros = |rows: usize, cols: usize| Array::from_slice(&vec![0f32; rows * cols], &[rows as i32, cols as i32]);
+    let ones = Array::from_slice(&[1f32; HIDDEN], &[HIDDEN as i32]);
+    let mut arrays: HashMap<String, Array> = HashMap::new();
+    arrays.insert("model.embed_tokens.weight".into(), Array::from_slice(&embed, &[vocab as i32, HIDDEN as i32]));
+    arrays.insert("lm_head.weight".into(), Array::from_slice(&head, &[vocab as i32, HIDDEN as i32]));
+    arrays.insert("model.norm.weight".into(), ones.clone());
+    let p = "model.layers.0";
+    arrays.insert(format!("{p}.input_layernorm.weight"), ones.clone());
+    arrays.insert(format!("{p}.post_attention_layernorm.weight"), ones);
+    for name in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+        arrays.insert(format!("{p}.self_attn.{name}.weight"), zeros(HIDDEN, HIDDEN));
+    }
+    arrays.insert(format!("{p}.mlp.gate_proj.weight"), zeros(64, HIDDEN));
+    arrays.insert(format!("{p}.mlp.up_proj.weight"), zeros(64, HIDDEN));
+    arrays.insert(format!("{p}.mlp.down_proj.weight"), zeros(HIDDEN, 64));
+    let path = dir.join("model.safetensors");
+    let metadata = HashMap::from([("format".to_string(), "mlx".to_string())]);
+    Array::save_safetensors(arrays, &metadata, &path).map_err(|e| ModelError::Weights { path, message: e.to_string() })
+}
+
+/// Each single-byte string's token id in the byte-level vocabulary.
+fn byte_ids(tokenizer: &Value) -> HashMap<String, usize> {
+    let vocab = tokenizer["model"]["vocab"].as_object().expect("a vocabulary");
+    let alphabet: HashMap<&str, usize> =
+        vocab.iter().filter_map(|(symbol, id)| Some((symbol.as_str(), id.as_u64()? as usize))).collect();
+    (0u8..=127)
+        .filter_map(|b| {
+            // The byte's id is its place in the alphabet, which the vocabulary lists by symbol.
+            let symbol = synthetic::byte_symbol(b);
+            alphabet.get(symbol.to_string().as_str()).map(|&id| ((b as char).to_string(), id))
+        })
+        .collect()
+}

@@ -1,0 +1,86 @@
+"""Tool calls in the formats of the 2026 model families, through the official client packages:
+gpt-oss's Harmony (a commentary message to `functions.get_weather`) and Qwen3-Coder's XML
+(`<function=..><parameter=..>`, values typed from the tool's schema). The models are scripted
+(`fastmlx make-test-model --scripted`): tiny computed models that write one tool call in the
+family's format, with the family's published chat template and special tokens, so what is
+tested is what the server makes of that output in each API."""
+
+import json
+import subprocess
+
+import anthropic
+import openai
+import pytest
+
+from conftest import BINARY, ROOT, launch
+
+TEMPLATES = ROOT / "tests/data/chat_templates"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}
+ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city",
+                     "input_schema": WEATHER["function"]["parameters"]}
+# What each scripted model calls get_weather with.
+EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}}
+
+
+def scripted_server(tmp_path_factory, fmt, template):
+    model = tmp_path_factory.mktemp(f"scripted-{fmt}") / "model"
+    subprocess.run([str(BINARY), "make-test-model", "--scripted", fmt, "--chat-template", str(TEMPLATES / template),
+                    str(model)], check=True)
+    yield from launch(tmp_path_factory, f"client-tests-{fmt}.log", ["--model", str(model)])
+
+
+@pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja")],
+                ids=["harmony", "qwen-xml"])
+def scripted(request, tmp_path_factory):
+    fmt, template = request.param
+    for server in scripted_server(tmp_path_factory, fmt, template):
+        yield fmt, server
+
+
+def test_openai_chat_tool_call(scripted):
+    fmt, server = scripted
+    client = openai.OpenAI(base_url=server["url"], api_key="x")
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED[fmt]
+    # Streamed: the SDK assembles the call from its deltas.
+    stream = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER], stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].tool_calls[0].function.name == "get_weather"
+    arguments = "".join(d.tool_calls[0].function.arguments or "" for d in deltas)
+    assert json.loads(arguments) == EXPECTED[fmt] and not any((d.content or "").strip() for d in deltas)
+    # The call and its result sent back render in the family's template; the scripted model
+    # calls again, which is all it can do.
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny, 24 C"}]
+    again = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER])
+    assert again.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_anthropic_tool_use(scripted):
+    fmt, server = scripted
+    client = anthropic.Anthropic(base_url=server["base"], api_key="x")
+    m = client.messages.create(model=server["model"], max_tokens=100, tools=[ANTHROPIC_WEATHER],
+                               messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    assert m.stop_reason == "tool_use"
+    use = next(b for b in m.content if b.type == "tool_use")
+    assert use.name == "get_weather" and use.input == EXPECTED[fmt]
+    with client.messages.stream(model=server["model"], max_tokens=100, tools=[ANTHROPIC_WEATHER],
+                                messages=[{"role": "user", "content": "And in Oslo?"}]) as s:
+        final = s.get_final_message()
+    assert [b.input for b in final.content if b.type == "tool_use"] == [EXPECTED[fmt]]
+
+
+def test_responses_function_call(scripted):
+    fmt, server = scripted
+    client = openai.OpenAI(base_url=server["url"], api_key="x")
+    tool = {"type": "function", **WEATHER["function"]}
+    r = client.responses.create(model=server["model"], input="What is the weather in Paris?", tools=[tool])
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == EXPECTED[fmt]
