@@ -1,0 +1,59 @@
+"""Two small random-weight models for the mixture-of-experts benchmark, built with mlx-lm's own
+classes: a Qwen3-MoE (8 layers, 32 experts of 256, 4 per token) and a dense Qwen3 of the same
+active size (an MLP of 4 x 256 = 1024), same attention, same seed for what they share. Float32,
+saved as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
+
+    .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR
+
+Writes OUT_DIR/qwen3-moe-bench and OUT_DIR/qwen3-dense-bench.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx_lm.models import qwen3, qwen3_moe
+from mlx_lm.utils import save_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-4bit"
+COMMON = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+              rms_norm_eps=1e-6, vocab_size=49152, rope_theta=1e6, max_position_embeddings=8192,
+              tie_word_embeddings=False)
+MODELS = {
+    "qwen3-moe-bench": (qwen3_moe, dict(model_type="qwen3_moe", intermediate_size=1024, num_experts=32,
+                                        num_experts_per_tok=4, moe_intermediate_size=256, decoder_sparse_step=1,
+                                        mlp_only_layers=[], norm_topk_prob=True)),
+    "qwen3-dense-bench": (qwen3, dict(model_type="qwen3", intermediate_size=1024)),
+}
+
+
+def build(module, config, out):
+    args = module.ModelArgs.from_dict(config)
+    model = module.Model(args)
+    mx.random.seed(3)
+    # Small random weights (a trained model's scale), norms at 1.
+    params = tree_map(lambda p: mx.random.normal(p.shape, dtype=mx.float32) * 0.02, model.parameters())
+    model.update(params)
+    norms = [(n, mx.ones(p.shape)) for n, p in tree_flatten(model.parameters()) if n.endswith("norm.weight")]
+    model.update(tree_unflatten(norms))
+    mx.eval(model.parameters())
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, model)
+    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}, indent=1))
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]:
+        shutil.copy(TOKENIZER / name, out / name)
+
+
+def main():
+    root = Path(sys.argv[1])
+    for name, (module, extra) in MODELS.items():
+        build(module, {**COMMON, **extra}, root / name)
+        print("wrote", root / name)
+
+
+if __name__ == "__main__":
+    main()
