@@ -69,6 +69,8 @@ MODELS = [
     ("gpt_oss", "gpt_oss", None, []),
     ("gpt_oss-openai-mxfp4", "gpt_oss", None, ["--per-expert"]),
     ("gpt_oss-mxfp4", "gpt_oss", 4, ["--mode", "mxfp4"]),
+    ("ministral3", "ministral3", None, []),
+    ("ministral3-wrapped-q4", "ministral3", 4, ["--wrapped"]),
 ]
 
 

@@ -16,10 +16,11 @@ pub enum Arch {
     Mixtral,
     Gemma3,
     GptOss,
+    Ministral3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -30,6 +31,7 @@ impl Arch {
         Arch::Mixtral,
         Arch::Gemma3,
         Arch::GptOss,
+        Arch::Ministral3,
     ];
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
@@ -44,6 +46,7 @@ impl Arch {
             "mixtral" => Arch::Mixtral,
             "gemma3_text" => Arch::Gemma3,
             "gpt_oss" => Arch::GptOss,
+            "ministral3" => Arch::Ministral3,
             _ => return None,
         })
     }
@@ -60,6 +63,7 @@ impl Arch {
             Arch::Mixtral => "mixtral",
             Arch::Gemma3 => "gemma3_text",
             Arch::GptOss => "gpt_oss",
+            Arch::Ministral3 => "ministral3",
         }
     }
 }
@@ -189,6 +193,14 @@ impl MoeConfig {
     }
 }
 
+/// Queries scaled up with their position past the pre-training window, `1 + beta * ln(1 +
+/// floor(position / original))` (Llama 4's long-context scaling, used by Ministral 3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryScale {
+    pub beta: f32,
+    pub original_max_position_embeddings: usize,
+}
+
 /// Gemma's departures from the Llama block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GemmaStyle {
@@ -236,6 +248,7 @@ pub struct ModelConfig {
     pub sandwich_norms: bool,
     pub gemma: Option<GemmaStyle>,
     pub moe: Option<MoeConfig>,
+    pub query_scale: Option<QueryScale>,
 }
 
 impl ModelConfig {

@@ -152,6 +152,16 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "original_max_position_embeddings": 64, "truncate": false});
         }
+        Arch::Ministral3 => {
+            // YaRN from rope_parameters, and a pre-training window of 8 so the query scale
+            // changes every 8 positions of the test sequences; one sliding, one full layer.
+            c["head_dim"] = json!(HEAD_DIM);
+            c["sliding_window"] = json!(MISTRAL_WINDOW);
+            c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+            c["rope_parameters"] = json!({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5});
+        }
         Arch::Gemma3 => {
             // One local layer (window shorter than the test prompts), one global layer with
             // linear rope scaling; a query scale unlike head_dim's.

@@ -3,11 +3,12 @@
 //! The feed-forward is a dense MLP or a mixture of experts; Gemma adds norms on both branches'
 //! outputs ("sandwich" norms).
 
-use mlx_rs::ops::{add, clip, multiply};
+use mlx_rs::ops::{add, clip, divide, multiply};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
-use crate::model::config::{ModelConfig, RopeConfig};
+use crate::model::cache::Positions;
+use crate::model::config::{ModelConfig, QueryScale, RopeConfig};
 use crate::model::error::Result;
 use crate::model::kv_cache::KvCache;
 use crate::model::layers::{
@@ -58,10 +59,11 @@ impl DecoderLayer {
         &self,
         h: &Array,
         mask: &crate::model::layers::AttentionMask,
-        positions: &crate::model::Positions,
+        positions: &Positions,
+        query_scale: Option<&Array>,
         cache: &mut C,
     ) -> Result<Array> {
-        let r = self.attention.forward(&self.input_norm.forward(h)?, mask, positions, cache)?;
+        let r = self.attention.forward(&self.input_norm.forward(h)?, mask, positions, query_scale, cache)?;
         match &self.sandwich {
             None => {
                 let h1 = add(h, &r)?;
@@ -238,12 +240,13 @@ impl Transformer {
         let positions = first.positions()?;
         let full_mask = first.mask(len, None)?;
         let window_mask = self.config.sliding_window.map(|w| first.mask(len, Some(w))).transpose()?;
+        let query_scale = self.config.query_scale.map(|s| position_scale(s, &positions, len, h.dtype())).transpose()?;
         for (i, (layer, cache)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
             let mask = match (&window_mask, self.config.layer_window(i)) {
                 (Some(m), Some(_)) => m,
                 _ => &full_mask,
             };
-            h = layer.forward(&h, mask, &positions, cache)?;
+            h = layer.forward(&h, mask, &positions, query_scale.as_ref(), cache)?;
         }
         self.norm.forward(&h)
     }
@@ -318,4 +321,23 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Feed
         routing: moe.routing,
         shared,
     })))
+}
+
+/// Ministral 3's query multiplier for `len` new tokens at `positions`: `[L, 1]` for one offset,
+/// `[B, 1, L, 1]` for a batch's rows.
+fn position_scale(scale: QueryScale, positions: &Positions, len: i32, dtype: Dtype) -> Result<Array> {
+    let steps = Array::arange::<i32, f32>(0, len, 1)?;
+    let at = match positions {
+        Positions::Scalar(offset) => add(&steps, Array::from_f32(*offset as f32))?.reshape(&[len, 1])?,
+        Positions::Rows { offsets, .. } => {
+            let rows = offsets.dim(0);
+            add(&offsets.as_dtype(Dtype::Float32)?.reshape(&[rows, 1])?, &steps)?.reshape(&[rows, 1, len, 1])?
+        }
+    };
+    let windows = mlx_rs::ops::floor(divide(&at, Array::from_f32(scale.original_max_position_embeddings as f32))?)?;
+    let factor = add(
+        multiply(mlx_rs::ops::log(add(&windows, Array::from_f32(1.0))?)?, Array::from_f32(scale.beta))?,
+        Array::from_f32(1.0),
+    )?;
+    Ok(factor.as_dtype(dtype)?)
 }

@@ -4,6 +4,7 @@
 mod gemma3;
 mod gpt_oss;
 mod llama;
+mod ministral3;
 mod mistral;
 mod mixtral;
 mod phi3;
@@ -77,6 +78,9 @@ pub struct HfExtras {
     pub hidden_activation: Option<String>,
     /// gpt-oss's clamp on its SwiGLU.
     pub swiglu_limit: Option<f32>,
+    /// Newer configs' rotary settings in one place (`rope_theta`, `rope_type`, the scaling's
+    /// fields; Ministral 3 also `llama_4_scaling_beta`).
+    pub rope_parameters: Option<Value>,
 }
 
 fn default_eps() -> f32 {
@@ -103,6 +107,7 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Mixtral => mixtral::adapt(config, hf),
         Arch::Gemma3 => gemma3::adapt(config, hf),
         Arch::GptOss => gpt_oss::adapt(config, hf),
+        Arch::Ministral3 => ministral3::adapt(config, hf),
     }
 }
 
@@ -154,6 +159,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         sandwich_norms: false,
         gemma: None,
         moe: None,
+        query_scale: None,
     })
 }
 

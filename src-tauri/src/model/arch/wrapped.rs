@@ -46,6 +46,10 @@ fn unwrapped(raw: &Value) -> Value {
     if outer == "mistral3" {
         text.entry("tie_word_embeddings").or_insert(Value::from(false));
     }
+    if text.get("model_type").and_then(Value::as_str) == Some("ministral3") {
+        // The reference's defaults for what Ministral 3's configs may leave out.
+        text.entry("tie_word_embeddings").or_insert(Value::from(true));
+    }
     for key in ["quantization", "quantization_config", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"] {
         if let Some(v) = raw.get(key) {
             text.entry(key).or_insert_with(|| v.clone());

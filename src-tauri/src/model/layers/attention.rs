@@ -82,6 +82,7 @@ impl Attention {
         x: &Array,
         mask: &AttentionMask,
         positions: &Positions,
+        query_scale: Option<&Array>,
         cache: &mut impl LayerCache,
     ) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
@@ -110,6 +111,11 @@ impl Attention {
         let v = heads(v, self.num_kv_heads, &None)?;
 
         let q = self.rope.forward(&q, positions)?;
+        // Ministral 3: queries scaled with their position (after the rotation, as the reference).
+        let q = match query_scale {
+            Some(s) => q.multiply(s)?,
+            None => q,
+        };
         let k = self.rope.forward(&k, positions)?;
         let (k, v) = cache.update(&k, &v)?;
 
