@@ -1,6 +1,13 @@
-//! A single GGUF file (F32, F16, Q4_0, Q4_1, Q8_0 tensors as MLX reads them): hyper-parameters,
-//! tokenizer and chat template from its metadata, tensors renamed to the Hugging Face layout,
-//! and llama.cpp's Q/K row permutation undone so the shared rotary code applies.
+//! A single GGUF file: hyper-parameters, tokenizer and chat template from its metadata, tensors
+//! renamed to the Hugging Face layout, and llama.cpp's Q/K row permutation undone so the shared
+//! rotary code applies.
+//!
+//! MLX reads F32, F16, BF16, Q4_0, Q4_1 and Q8_0 as they are (the quantized ones packed as MLX
+//! affine 4/8-bit, group 32). It also turns Q2_K, Q4_K and Q6_K into f16, Q4_K wrongly; those
+//! tensors are read again from the file here (`gguf_kquants.rs`) and kept packed unless they
+//! are to be expanded anyway ([`KQUANT_BITS`]): a Q4_K_M file stays near its size in memory.
+//! (MLX's f16 copies exist while loading: a reader of our own for every type is the next step,
+//! and would add Q3_K and Q5_K, which MLX cannot read.)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,12 +26,47 @@ use crate::tokenizer::{tokenizer_from_gguf_metadata, ChatTemplate, GgufTokenizer
 /// GGUF's quantized blocks are 32 values wide for every type MLX reads.
 const GGUF_GROUP_SIZE: i32 = 32;
 
+/// The K-quant types read here, and the MLX affine bits (group 32) each is packed into: Q4_K
+/// exactly (the same grid); Q6_K (groups of 16) into 6 bits; Q2_K (2.6 bits a weight, groups of
+/// 16) into 3 bits, as 2-bit groups of 32 lose too much. Measured against the dequantized
+/// weights in tests/gguf_kquants.rs.
+pub const KQUANT_BITS: [(u32, &str, i32); 3] = [(10, "Q2_K", 3), (12, "Q4_K", 4), (14, "Q6_K", 6)];
+
+/// ggml types this build reads: F32, F16, Q4_0, Q4_1, Q8_0, the K-quants above, BF16.
+pub const READABLE_TYPES: [u32; 9] = [0, 1, 2, 3, 8, 10, 12, 14, 30];
+
+/// The name of a ggml tensor type, for messages.
+pub fn ggml_type_name(t: u32) -> String {
+    let known = [
+        (0, "F32"),
+        (1, "F16"),
+        (2, "Q4_0"),
+        (3, "Q4_1"),
+        (6, "Q5_0"),
+        (7, "Q5_1"),
+        (8, "Q8_0"),
+        (9, "Q8_1"),
+        (10, "Q2_K"),
+        (11, "Q3_K"),
+        (12, "Q4_K"),
+        (13, "Q5_K"),
+        (14, "Q6_K"),
+        (15, "Q8_K"),
+        (30, "BF16"),
+        (39, "MXFP4"),
+    ];
+    known.iter().find(|(id, _)| *id == t).map_or_else(|| format!("type {t} (IQ or newer)"), |(_, n)| n.to_string())
+}
+
 pub fn load(
     path: &Path,
     backend: &Backend,
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     check_gguf_header(path)?;
+    let header = super::gguf_header::read(path)
+        .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    check_tensor_types(&header, path)?;
     let file =
         GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     let meta = Metadata { file: &file, path };
@@ -37,15 +79,17 @@ pub fn load(
     let config =
         arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
 
-    let tensors =
+    let mut tensors =
         file.arrays().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let expand = super::expand_quantized(options, backend, config.parameter_count());
+    read_kquants(path, &header, &mut tensors, expand)?;
     let mut weights = Weights::new(
         tensors,
         path.to_path_buf(),
         QuantConfig { infer_bits_with_group: Some(GGUF_GROUP_SIZE), ..Default::default() },
         backend.compute_dtype(Dtype::Float16),
     );
-    weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
+    weights.expand_quantized = expand;
     // Llama 3.1 GGUFs carry their rope scaling as precomputed per-pair factors.
     let mut config = config;
     if let Some(factors) = weights.remove("rope_freqs.weight") {
@@ -90,6 +134,91 @@ fn check_gguf_header(path: &Path) -> Result<()> {
     let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
     if f.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
         return Err(ModelError::Weights { path: path.to_path_buf(), message: "not a GGUF file (bad magic)".into() });
+    }
+    Ok(())
+}
+
+/// A file with tensors MLX cannot read fails here, naming the type and a tensor, rather than in
+/// MLX's reader with no name.
+fn check_tensor_types(header: &super::gguf_header::GgufHeader, path: &Path) -> Result<()> {
+    let unreadable = header.tensor_types.iter().zip(&header.tensor_names).find(|(t, _)| !READABLE_TYPES.contains(t));
+    match unreadable {
+        None => Ok(()),
+        Some((t, name)) => Err(ModelError::Weights {
+            path: path.to_path_buf(),
+            message: format!(
+                "{} tensors ({name}) are not read yet; GGUF files of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q2_K, \
+                 Q4_K and Q6_K tensors load (Q4_K_M, Q6_K), or use an MLX conversion",
+                ggml_type_name(*t)
+            ),
+        }),
+    }
+}
+
+/// Reads the K-quant tensors from the file (over MLX's f16 versions): Q4_K repacked as MLX
+/// 4-bit exactly, the others decoded and packed again at [`KQUANT_BITS`]; all decoded to f32
+/// when `expand`. Packed ones become `x.weight` / `x.scales` / `x.biases`, the names MLX gives
+/// the types it keeps packed.
+fn read_kquants(
+    path: &Path,
+    header: &super::gguf_header::GgufHeader,
+    tensors: &mut HashMap<String, Array>,
+    expand: bool,
+) -> Result<()> {
+    use super::gguf_kquants as kq;
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |message: String| ModelError::Weights { path: path.to_path_buf(), message };
+    let mut file = None;
+    for (i, name) in header.tensor_names.iter().enumerate() {
+        let t = header.tensor_types[i];
+        let Some(&(_, type_name, bits)) = KQUANT_BITS.iter().find(|(id, _, _)| *id == t) else { continue };
+        let dims = &header.tensor_dims[i];
+        let [cols, rows] = dims[..] else {
+            return Err(bad(format!("{type_name} tensor {name} has {} dimensions, expected 2", dims.len())));
+        };
+        let block_bytes = match t {
+            10 => kq::Q2_K_BYTES,
+            12 => kq::Q4_K_BYTES,
+            _ => kq::Q6_K_BYTES,
+        };
+        if cols % kq::QK_K as u64 != 0 {
+            return Err(bad(format!("{type_name} tensor {name}: rows of {cols} are not whole 256-weight blocks")));
+        }
+        let len = (rows * cols / kq::QK_K as u64) as usize * block_bytes;
+        let f = match &mut file {
+            Some(f) => f,
+            None => file.insert(
+                std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?,
+            ),
+        };
+        let mut bytes = vec![0u8; len];
+        f.seek(SeekFrom::Start(header.tensor_offsets[i]))
+            .and_then(|_| f.read_exact(&mut bytes))
+            .map_err(|e| bad(format!("{type_name} tensor {name}: {e}")))?;
+        let (rows, cols) = (rows as i32, cols as i32);
+        let base = name.trim_end_matches(".weight");
+        if t == 12 && !expand {
+            let (words, scales, biases) = kq::q4_k_as_mlx(&bytes);
+            let groups = cols / GGUF_GROUP_SIZE;
+            tensors.insert(name.clone(), Array::from_slice(&words, &[rows, cols / 8]));
+            tensors.insert(format!("{base}.scales"), Array::from_slice(&scales, &[rows, groups]));
+            tensors.insert(format!("{base}.biases"), Array::from_slice(&biases, &[rows, groups]));
+            continue;
+        }
+        let values = match t {
+            10 => kq::dequantize_q2_k(&bytes),
+            12 => kq::dequantize_q4_k(&bytes),
+            _ => kq::dequantize_q6_k(&bytes),
+        };
+        let dense = Array::from_slice(&values, &[rows, cols]);
+        if expand || !name.ends_with(".weight") {
+            tensors.insert(name.clone(), dense);
+            continue;
+        }
+        let (w, scales, biases) = mlx_rs::ops::quantize(&dense, GGUF_GROUP_SIZE, bits)?;
+        tensors.insert(format!("{base}.scales"), scales);
+        tensors.insert(format!("{base}.biases"), biases);
+        tensors.insert(name.clone(), w);
     }
     Ok(())
 }

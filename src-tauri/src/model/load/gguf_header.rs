@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +22,11 @@ pub struct GgufHeader {
     pub tensor_elements: Vec<u64>,
     /// Each tensor's ggml type id.
     pub tensor_types: Vec<u32>,
+    pub tensor_names: Vec<String>,
+    /// Each tensor's dimensions, GGUF's order (the fastest-varying first).
+    pub tensor_dims: Vec<Vec<u64>>,
+    /// Where each tensor's data starts in the file.
+    pub tensor_offsets: Vec<u64>,
 }
 
 impl GgufHeader {
@@ -65,22 +70,29 @@ pub fn read(path: &Path) -> std::io::Result<GgufHeader> {
         let kind = u32_(&mut r)?;
         metadata.insert(key, value(&mut r, kind)?);
     }
-    let (mut tensor_elements, mut tensor_types) = (Vec::new(), Vec::new());
+    let (mut tensor_elements, mut tensor_types, mut tensor_names) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut tensor_dims, mut offsets) = (Vec::new(), Vec::new());
     for _ in 0..tensors {
-        let _name = string(&mut r)?;
-        let dims = u32_(&mut r)?;
-        if dims > 8 {
+        tensor_names.push(string(&mut r)?);
+        let n = u32_(&mut r)?;
+        if n > 8 {
             return Err(invalid("a tensor with more than 8 dimensions"));
         }
-        let mut elements = 1u64;
-        for _ in 0..dims {
-            elements = elements.saturating_mul(u64_(&mut r)?);
-        }
+        let dims = (0..n).map(|_| u64_(&mut r)).collect::<std::io::Result<Vec<u64>>>()?;
+        tensor_elements.push(dims.iter().fold(1u64, |a, &d| a.saturating_mul(d)));
+        tensor_dims.push(dims);
         tensor_types.push(u32_(&mut r)?);
-        let _offset = u64_(&mut r)?;
-        tensor_elements.push(elements);
+        offsets.push(u64_(&mut r)?);
     }
-    Ok(GgufHeader { metadata, tensor_elements, tensor_types })
+    // The data section starts at the next multiple of the alignment; offsets count from there.
+    let alignment = match metadata.get("general.alignment") {
+        Some(MetaValue::Int(a)) if *a > 0 => *a as u64,
+        _ => 32,
+    };
+    let end = r.stream_position()?;
+    let data = end.div_ceil(alignment) * alignment;
+    let tensor_offsets = offsets.iter().map(|o| data.saturating_add(*o)).collect();
+    Ok(GgufHeader { metadata, tensor_elements, tensor_types, tensor_names, tensor_dims, tensor_offsets })
 }
 
 fn invalid(message: &str) -> std::io::Error {

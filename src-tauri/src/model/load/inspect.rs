@@ -131,10 +131,10 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
     if header.string("tokenizer.ggml.model").is_some_and(|m| m != "gpt2") {
         reasons.push("SentencePiece GGUF tokenizers are not supported (load the Hugging Face folder)".into());
     }
-    // ggml types MLX reads: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8.
-    if let Some(t) = header.tensor_types.iter().find(|t| ![0, 1, 2, 3, 8].contains(*t)) {
+    if let Some(t) = header.tensor_types.iter().find(|t| !super::gguf::READABLE_TYPES.contains(*t)) {
         reasons.push(format!(
-            "ggml tensor type {t} (K-quants, IQ) is not supported; use Q4_0, Q4_1, Q8_0, F16 or an MLX conversion"
+            "{} tensors are not read yet (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q2_K, Q4_K, Q6_K are); use an MLX conversion",
+            super::gguf::ggml_type_name(*t)
         ));
     }
     summary.architecture = (!arch.is_empty()).then_some(arch);

@@ -3,6 +3,7 @@
 
 mod gguf;
 mod gguf_header;
+mod gguf_kquants;
 mod hf_dir;
 mod inspect;
 
