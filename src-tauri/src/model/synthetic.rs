@@ -201,10 +201,9 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             _ => "mistral3",
         };
         let mut text = c.clone();
-        let top = json!({"model_type": outer, "architectures": ["TinyForConditionalGeneration"],
+        let mut top = json!({"model_type": outer, "architectures": ["TinyForConditionalGeneration"],
             "vocab_size": VOCAB, "eos_token_id": 258, "bos_token_id": 257, "torch_dtype": "float32",
             "vision_config": {"hidden_size": 16}});
-        let mut top = top;
         for key in ["quantization", "quantization_config"] {
             if let Some(v) = text.as_object_mut().and_then(|t| t.remove(key)) {
                 top[key] = v;

@@ -21,11 +21,8 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
     config.activation = Activation::GeluTanh;
     config.attention_scale = Some(x.query_pre_attn_scalar.unwrap_or(256.0).powf(-0.5));
     config.sliding_window = Some(hf.sliding_window.unwrap_or(512));
-    config.sliding_layers = match &hf.layer_types {
-        Some(types) if types.len() == config.num_layers => types.iter().map(|t| t == "sliding_attention").collect(),
-        Some(types) => {
-            return Err(format!("layer_types lists {} layers, the model has {}", types.len(), config.num_layers))
-        }
+    config.sliding_layers = match super::sliding_layers(hf, config.num_layers)? {
+        Some(layers) => layers,
         None => {
             let pattern = x.sliding_window_pattern.unwrap_or(6).max(1);
             (0..config.num_layers).map(|i| (i + 1) % pattern != 0).collect()

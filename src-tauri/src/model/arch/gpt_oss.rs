@@ -21,11 +21,8 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
     config.attention_sinks = true;
     config.activation = Activation::SwigluClamped { alpha: 1.702, limit: x.swiglu_limit.unwrap_or(7.0) };
     config.sliding_window = Some(hf.sliding_window.unwrap_or(128));
-    config.sliding_layers = match &hf.layer_types {
-        Some(types) if types.len() == config.num_layers => types.iter().map(|t| t == "sliding_attention").collect(),
-        Some(types) => {
-            return Err(format!("layer_types lists {} layers, the model has {}", types.len(), config.num_layers))
-        }
+    config.sliding_layers = match super::sliding_layers(hf, config.num_layers)? {
+        Some(layers) => layers,
         None => (0..config.num_layers).map(|i| i % 2 == 0).collect(),
     };
     config.moe = Some(super::checked(MoeConfig {

@@ -19,12 +19,9 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         beta: number("llama_4_scaling_beta").ok_or("rope_parameters needs llama_4_scaling_beta")? as f32,
         original_max_position_embeddings: original.max(1),
     });
-    if let Some(types) = &hf.layer_types {
-        if types.len() != config.num_layers {
-            return Err(format!("layer_types lists {} layers, the model has {}", types.len(), config.num_layers));
-        }
+    if let Some(layers) = super::sliding_layers(hf, config.num_layers)? {
         config.sliding_window = hf.sliding_window;
-        config.sliding_layers = types.iter().map(|t| t == "sliding_attention").collect();
+        config.sliding_layers = layers;
     }
     Ok(config)
 }

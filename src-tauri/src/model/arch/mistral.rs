@@ -6,11 +6,8 @@ use crate::model::config::ModelConfig;
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     config.sliding_window = hf.sliding_window;
-    if let Some(types) = &hf.layer_types {
-        if types.len() != config.num_layers {
-            return Err(format!("layer_types lists {} layers, the model has {}", types.len(), config.num_layers));
-        }
-        config.sliding_layers = types.iter().map(|t| t == "sliding_attention").collect();
+    if let Some(layers) = super::sliding_layers(hf, config.num_layers)? {
+        config.sliding_layers = layers;
     }
     Ok(config)
 }

@@ -19,7 +19,6 @@ use serde_json::Value;
 
 use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
 
-pub use gpt_oss::split_fused_experts;
 pub use wrapped::{canonical_tensor_name, text_config};
 
 /// The fields of a Hugging Face `config.json` the supported architectures read. Unknown keys
@@ -212,6 +211,31 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
             ))
         }
     }))
+}
+
+/// Which layers `layer_types` marks "sliding_attention", if the config has the list (checked
+/// against the layer count).
+fn sliding_layers(hf: &HfConfig, layers: usize) -> Result<Option<Vec<bool>>, String> {
+    match &hf.layer_types {
+        None => Ok(None),
+        Some(types) if types.len() != layers => {
+            Err(format!("layer_types lists {} layers, the model has {layers}", types.len()))
+        }
+        Some(types) => Ok(Some(types.iter().map(|t| t == "sliding_attention").collect())),
+    }
+}
+
+/// Checkpoint layouts a family must convert before its tensors are read (gpt-oss's fused
+/// experts); a no-op for the others.
+pub fn sanitize(
+    arch: Arch,
+    weights: &mut crate::model::weights::Weights,
+    layers: usize,
+) -> crate::model::error::Result<()> {
+    match arch {
+        Arch::GptOss => gpt_oss::split_fused_experts(weights, layers),
+        _ => Ok(()),
+    }
 }
 
 /// Checks an expert layout before anything is built from it.

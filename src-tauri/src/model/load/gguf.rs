@@ -5,7 +5,7 @@
 //! MLX reads F32, F16, BF16, Q4_0, Q4_1 and Q8_0 as they are (the quantized ones packed as MLX
 //! affine 4/8-bit, group 32). It also turns Q2_K, Q4_K and Q6_K into f16, Q4_K wrongly; those
 //! tensors are read again from the file here (`gguf_kquants.rs`) and kept packed unless they
-//! are to be expanded anyway ([`KQUANT_BITS`]): a Q4_K_M file stays near its size in memory.
+//! are to be expanded anyway ([`KQUANTS`]): a Q4_K_M file stays near its size in memory.
 //! (MLX's f16 copies exist while loading: a reader of our own for every type is the next step,
 //! and would add Q3_K and Q5_K, which MLX cannot read.)
 
@@ -15,6 +15,7 @@ use std::path::Path;
 use mlx_rs::io::{GgufFile, GgufMetadataValue};
 use mlx_rs::{Array, Dtype};
 
+use super::gguf_kquants as kq;
 use crate::mlx::Backend;
 use crate::model::arch::{self, HfConfig};
 use crate::model::config::Arch;
@@ -30,7 +31,20 @@ const GGUF_GROUP_SIZE: i32 = 32;
 /// exactly (the same grid); Q6_K (groups of 16) into 6 bits; Q2_K (2.6 bits a weight, groups of
 /// 16) into 3 bits, as 2-bit groups of 32 lose too much. Measured against the dequantized
 /// weights in tests/gguf_kquants.rs.
-pub const KQUANT_BITS: [(u32, &str, i32); 3] = [(10, "Q2_K", 3), (12, "Q4_K", 4), (14, "Q6_K", 6)];
+const KQUANTS: [KQuant; 3] = [
+    KQuant { id: 10, name: "Q2_K", bits: 3, block_bytes: kq::Q2_K_BYTES, decode: kq::dequantize_q2_k },
+    KQuant { id: 12, name: "Q4_K", bits: 4, block_bytes: kq::Q4_K_BYTES, decode: kq::dequantize_q4_k },
+    KQuant { id: 14, name: "Q6_K", bits: 6, block_bytes: kq::Q6_K_BYTES, decode: kq::dequantize_q6_k },
+];
+
+/// A K-quant type: its ggml id, the MLX bits it is packed into, its block size and decoder.
+struct KQuant {
+    id: u32,
+    name: &'static str,
+    bits: i32,
+    block_bytes: usize,
+    decode: fn(&[u8]) -> Vec<f32>,
+}
 
 /// ggml types this build reads: F32, F16, Q4_0, Q4_1, Q8_0, the K-quants above, BF16.
 pub const READABLE_TYPES: [u32; 9] = [0, 1, 2, 3, 8, 10, 12, 14, 30];
@@ -63,7 +77,7 @@ pub fn load(
     backend: &Backend,
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
-    check_gguf_header(path)?;
+    // Reading the header first also rejects what is not GGUF, with the file's name.
     let header = super::gguf_header::read(path)
         .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     check_tensor_types(&header, path)?;
@@ -126,18 +140,6 @@ pub fn load(
     Ok((transformer, tokenizer, template))
 }
 
-/// Rejects files that are not GGUF, or shorter than their header, with a clear message before
-/// MLX's reader sees them.
-fn check_gguf_header(path: &Path) -> Result<()> {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-    if f.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
-        return Err(ModelError::Weights { path: path.to_path_buf(), message: "not a GGUF file (bad magic)".into() });
-    }
-    Ok(())
-}
-
 /// A file with tensors MLX cannot read fails here, naming the type and a tensor, rather than in
 /// MLX's reader with no name.
 fn check_tensor_types(header: &super::gguf_header::GgufHeader, path: &Path) -> Result<()> {
@@ -156,7 +158,7 @@ fn check_tensor_types(header: &super::gguf_header::GgufHeader, path: &Path) -> R
 }
 
 /// Reads the K-quant tensors from the file (over MLX's f16 versions): Q4_K repacked as MLX
-/// 4-bit exactly, the others decoded and packed again at [`KQUANT_BITS`]; all decoded to f32
+/// 4-bit exactly, the others decoded and packed again at [`KQUANTS`]' bits; all decoded to f32
 /// when `expand`. Packed ones become `x.weight` / `x.scales` / `x.biases`, the names MLX gives
 /// the types it keeps packed.
 fn read_kquants(
@@ -165,26 +167,21 @@ fn read_kquants(
     tensors: &mut HashMap<String, Array>,
     expand: bool,
 ) -> Result<()> {
-    use super::gguf_kquants as kq;
     use std::io::{Read, Seek, SeekFrom};
     let bad = |message: String| ModelError::Weights { path: path.to_path_buf(), message };
     let mut file = None;
     for (i, name) in header.tensor_names.iter().enumerate() {
         let t = header.tensor_types[i];
-        let Some(&(_, type_name, bits)) = KQUANT_BITS.iter().find(|(id, _, _)| *id == t) else { continue };
+        let Some(kquant) = KQUANTS.iter().find(|k| k.id == t) else { continue };
+        let type_name = kquant.name;
         let dims = &header.tensor_dims[i];
         let [cols, rows] = dims[..] else {
             return Err(bad(format!("{type_name} tensor {name} has {} dimensions, expected 2", dims.len())));
         };
-        let block_bytes = match t {
-            10 => kq::Q2_K_BYTES,
-            12 => kq::Q4_K_BYTES,
-            _ => kq::Q6_K_BYTES,
-        };
         if cols % kq::QK_K as u64 != 0 {
             return Err(bad(format!("{type_name} tensor {name}: rows of {cols} are not whole 256-weight blocks")));
         }
-        let len = (rows * cols / kq::QK_K as u64) as usize * block_bytes;
+        let len = (rows * cols / kq::QK_K as u64) as usize * kquant.block_bytes;
         let f = match &mut file {
             Some(f) => f,
             None => file.insert(
@@ -197,7 +194,8 @@ fn read_kquants(
             .map_err(|e| bad(format!("{type_name} tensor {name}: {e}")))?;
         let (rows, cols) = (rows as i32, cols as i32);
         let base = name.trim_end_matches(".weight");
-        if t == 12 && !expand {
+        // Q4_K's grid is MLX's 4-bit one: repacked as it is.
+        if kquant.name == "Q4_K" && !expand {
             let (words, scales, biases) = kq::q4_k_as_mlx(&bytes);
             let groups = cols / GGUF_GROUP_SIZE;
             tensors.insert(name.clone(), Array::from_slice(&words, &[rows, cols / 8]));
@@ -205,17 +203,12 @@ fn read_kquants(
             tensors.insert(format!("{base}.biases"), Array::from_slice(&biases, &[rows, groups]));
             continue;
         }
-        let values = match t {
-            10 => kq::dequantize_q2_k(&bytes),
-            12 => kq::dequantize_q4_k(&bytes),
-            _ => kq::dequantize_q6_k(&bytes),
-        };
-        let dense = Array::from_slice(&values, &[rows, cols]);
+        let dense = Array::from_slice(&(kquant.decode)(&bytes), &[rows, cols]);
         if expand || !name.ends_with(".weight") {
             tensors.insert(name.clone(), dense);
             continue;
         }
-        let (w, scales, biases) = mlx_rs::ops::quantize(&dense, GGUF_GROUP_SIZE, bits)?;
+        let (w, scales, biases) = mlx_rs::ops::quantize(&dense, GGUF_GROUP_SIZE, kquant.bits)?;
         tensors.insert(format!("{base}.scales"), scales);
         tensors.insert(format!("{base}.biases"), biases);
         tensors.insert(name.clone(), w);

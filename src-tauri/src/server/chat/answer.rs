@@ -30,8 +30,9 @@ enum Tools {
 pub struct AnswerParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Tools,
-    /// gpt-oss: one parser for reasoning, answer and calls.
-    harmony: Option<HarmonyParser>,
+    /// gpt-oss: one parser for reasoning, answer and calls (`tools` is then `Off`), and whether
+    /// tools were offered (else a call is shown as text).
+    harmony: Option<(HarmonyParser, bool)>,
 }
 
 impl AnswerParser {
@@ -48,14 +49,9 @@ impl AnswerParser {
     /// For a Harmony model (gpt-oss) answering freely: channels split reasoning from the
     /// answer, and calls come back as calls when `mode` offers tools.
     pub fn harmony(mode: &ToolMode) -> AnswerParser {
-        let tools = if matches!(mode, ToolMode::Auto(_)) {
-            Tools::Parse(ToolCallParser::new(tool_calls::ToolFormat::Harmony))
-        } else {
-            Tools::Off
-        };
-        AnswerParser { reasoning: None, tools, harmony: Some(HarmonyParser::new()) }
+        let calls = matches!(mode, ToolMode::Auto(_));
+        AnswerParser { reasoning: None, tools: Tools::Off, harmony: Some((HarmonyParser::new(), calls)) }
     }
-
     /// The tools' parameter schemas, for formats that write values as text (Qwen's XML).
     pub fn with_schemas(mut self, schemas: ParameterSchemas) -> AnswerParser {
         if let Tools::Parse(parser) = self.tools {
@@ -65,9 +61,8 @@ impl AnswerParser {
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        if let Some(harmony) = self.harmony.as_mut() {
-            let pieces = harmony.push(text);
-            return self.harmony_pieces(pieces);
+        if let Some((harmony, calls)) = self.harmony.as_mut() {
+            return harmony_pieces(harmony.push(text), *calls);
         }
         let parts = match self.reasoning.as_mut() {
             Some(r) => r.push(text),
@@ -77,9 +72,8 @@ impl AnswerParser {
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
-        if let Some(harmony) = self.harmony.as_mut() {
-            let pieces = harmony.finish();
-            return self.harmony_pieces(pieces);
+        if let Some((harmony, calls)) = self.harmony.as_mut() {
+            return harmony_pieces(harmony.finish(), *calls);
         }
         let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
         let mut out = self.route(parts);
@@ -116,19 +110,16 @@ impl AnswerParser {
     }
 }
 
-impl AnswerParser {
-    /// A Harmony call where no tools were offered is shown as text (its arguments).
-    fn harmony_pieces(&self, pieces: Vec<Piece>) -> Vec<Piece> {
-        let calls = matches!(self.tools, Tools::Parse(_));
-        pieces
-            .into_iter()
-            .map(|p| match p {
-                Piece::Call(call) if !calls => Piece::Text(call.arguments),
-                other => other,
-            })
-            .filter(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) if t.is_empty()))
-            .collect()
-    }
+/// A Harmony call where no tools were offered is shown as text (its arguments).
+fn harmony_pieces(pieces: Vec<Piece>, calls: bool) -> Vec<Piece> {
+    pieces
+        .into_iter()
+        .map(|p| match p {
+            Piece::Call(call) if !calls => Piece::Text(call.arguments),
+            other => other,
+        })
+        .filter(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) if t.is_empty()))
+        .collect()
 }
 
 fn from_tool_piece(piece: tool_calls::Piece) -> Piece {
