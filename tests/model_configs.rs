@@ -200,6 +200,117 @@ fn gpt_oss_configs() {
     }
 }
 
+/// Gemma 4's parameters counted by hand, layer by layer: (total, active, per-layer embedding
+/// table). `kinds[l]`: whether layer `l` is global.
+#[allow(clippy::too_many_arguments)]
+fn gemma4_count(
+    hidden: u64,
+    heads: u64,
+    (head_dim, global_head_dim): (u64, u64),
+    (kv_heads, global_kv_heads, keys_as_values): (u64, u64, bool),
+    globals: &[bool],
+    first_shared: usize,
+    (intermediate, double_wide): (u64, bool),
+    per_layer: u64,
+    experts: Option<(u64, u64, u64)>,
+) -> (u64, u64, u64) {
+    let vocab = 262_144;
+    let layers = globals.len();
+    let (mut total, mut active) = (vocab * hidden + hidden, vocab * hidden + hidden);
+    for (l, &global) in globals.iter().enumerate() {
+        let d = if global { global_head_dim } else { head_dim };
+        let kv = if global && keys_as_values { global_kv_heads } else { kv_heads };
+        // q, o and q_norm; k (and v) and k_norm only in layers that keep their own cache.
+        let mut attention = 2 * hidden * heads * d + d;
+        if l < first_shared {
+            attention += if global && keys_as_values { 1 } else { 2 } * hidden * kv * d + d;
+        }
+        let width = if double_wide && l >= first_shared { 2 * intermediate } else { intermediate };
+        let dense = 3 * hidden * width;
+        // Four norms, the per-layer input gate (two projections and a norm), the layer scalar.
+        let extras = 4 * hidden + if per_layer > 0 { 2 * hidden * per_layer + hidden } else { 0 } + 1;
+        let (all, used) = match experts {
+            // The router (projection, input scale, per-expert scale) and three more norms.
+            Some((n, k, size)) => {
+                let beside = hidden * n + hidden + n + 3 * hidden;
+                (dense + n * 3 * hidden * size + beside, dense + k * 3 * hidden * size + beside)
+            }
+            None => (dense, dense),
+        };
+        total += attention + all + extras;
+        active += attention + used + extras;
+    }
+    let table = vocab * layers as u64 * per_layer;
+    let per_layer_inputs = if per_layer > 0 { table + hidden * layers as u64 * per_layer + per_layer } else { 0 };
+    (total + per_layer_inputs, active + per_layer_inputs, table)
+}
+
+#[test]
+fn gemma4_configs() {
+    let every = |n: usize, period: usize| -> Vec<bool> { (0..n).map(|l| (l + 1) % period == 0).collect() };
+
+    // E2B: 35 layers, every fifth global; the last 20 reuse keys and values, with MLPs twice
+    // as wide; 256 per-layer input features.
+    let c = config("gemma-4-e2b.json");
+    assert_eq!(c.arch, Arch::Gemma4);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (35, 8, 1, 256, 262_144));
+    let globals: Vec<usize> = (0..35).filter(|&l| c.layer_window(l).is_none()).collect();
+    assert_eq!(globals, [4, 9, 14, 19, 24, 29, 34]);
+    assert_eq!((c.kv_cache_layers(), c.layer_intermediate_size(14), c.layer_intermediate_size(15)), (15, 6144, 12_288));
+    let g = c.gemma4.as_ref().unwrap();
+    assert_eq!((g.global_head_dim, g.first_kv_shared, g.final_logit_softcap), (512, 15, Some(30.0)));
+    assert_eq!(g.per_layer_input.map(|p| (p.size, p.vocab_size)), Some((256, 262_144)));
+    assert!(matches!(
+        g.global_rope.scaling,
+        Some(fastmlx::model::config::RopeScaling::Proportional { partial_rotary_factor, .. }) if partial_rotary_factor == 0.25
+    ));
+    assert_eq!((g.global_rope.theta, g.local_rope.theta, g.global_rope.dims, g.local_rope.dims), (1e6, 1e4, 512, 256));
+    assert_eq!(c.attention_scale, Some(1.0));
+    assert!(c.tie_word_embeddings && c.qk_norm && c.sandwich_norms && !c.norm_plus_one);
+    // Shared layers take the last sliding (13) or global (14) layer's keys and values.
+    assert_eq!((c.layer_attention(15).kv_source, c.layer_attention(19).kv_source), (Some(13), Some(14)));
+    assert_eq!(c.layer_attention(19).head_dim, 512);
+    // Key/value elements per token: 12 sliding (1 x 256) and 3 global (1 x 512) layers.
+    assert_eq!(c.kv_elements_per_token(), 2 * (12 * 256 + 3 * 512));
+    let (total, _, table) =
+        gemma4_count(1536, 8, (256, 512), (1, 1, false), &every(35, 5), 15, (6144, true), 256, None);
+    assert_eq!(c.parameter_count(), total);
+    // Google: 2.3B "effective" (without the per-layer table), 5.1B with it and the vision and
+    // audio encoders (not loaded here: ~0.45B).
+    assert_close(total - table, 2.3e9, "Gemma 4 E2B effective");
+
+    // E4B: 42 layers, every sixth global, 18 shared, no double-wide MLPs.
+    let c = config("gemma-4-e4b-it.json");
+    assert_eq!((c.num_layers, c.num_kv_heads, c.kv_cache_layers(), c.layer_intermediate_size(41)), (42, 2, 24, 10_240));
+    let (total, _, table) =
+        gemma4_count(2560, 8, (256, 512), (2, 2, false), &every(42, 6), 24, (10_240, false), 256, None);
+    assert_eq!(c.parameter_count(), total);
+    // Published "4.5B effective": rounded down (4.64B counted).
+    assert_within(total - table, 4.5e9, 0.035, "Gemma 4 E4B effective");
+
+    // 26B-A4B (an MLX 4-bit conversion): experts beside every dense MLP, global keys as values.
+    let c = config("gemma-4-26b-a4b-it-mlx-4bit.json");
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.kv_cache_layers()), (30, 16, 8, 30));
+    let g = c.gemma4.as_ref().unwrap();
+    assert_eq!((g.global_kv_heads, g.global_keys_as_values, g.per_layer_input), (2, true, None));
+    let a = c.layer_attention(5);
+    assert_eq!((a.head_dim, a.kv_heads, a.keys_as_values), (512, 2, true));
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (128, 8, 704));
+    let (total, active, _) =
+        gemma4_count(2816, 16, (256, 512), (8, 2, true), &every(30, 6), 30, (2112, false), 0, Some((128, 8, 704)));
+    assert_eq!(c.parameter_count(), total);
+    assert_close(total, 25.2e9, "Gemma 4 26B-A4B");
+    assert_within(active, 3.8e9, 0.03, "Gemma 4 26B-A4B active");
+
+    // 31B dense.
+    let c = config("gemma-4-31b-it.json");
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.kv_cache_layers()), (60, 32, 16, 60));
+    let (total, _, _) = gemma4_count(5376, 32, (256, 512), (16, 4, true), &every(60, 6), 60, (21_504, false), 0, None);
+    assert_eq!(c.parameter_count(), total);
+    assert_close(total, 30.7e9, "Gemma 4 31B");
+}
+
 /// The inspector (model listings, `/api/tags`, the memory estimate) reads each of them as
 /// loadable, with the parameter count above and the quantization the config names.
 #[test]

@@ -43,7 +43,7 @@ PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 1
 N_NEW = 24
 # (name, arch, bits, extra flags): every architecture dense, quantized variants (MoE ones
 # with 8-bit router gates), experts stored one by one as Hugging Face does, and multimodal
-# wrappers around a text model; gpt-oss with --per-expert is OpenAI's release layout (fused
+# wrappers around a text model (Gemma 4 also as its mixture-of-experts variant); gpt-oss with --per-expert is OpenAI's release layout (fused
 # gate/up rows, mxfp4 blocks).
 MODELS = [
     ("llama", "llama", None, []),
@@ -71,6 +71,10 @@ MODELS = [
     ("gpt_oss-mxfp4", "gpt_oss", 4, ["--mode", "mxfp4"]),
     ("ministral3", "ministral3", None, []),
     ("ministral3-wrapped-q4", "ministral3", 4, ["--wrapped"]),
+    ("gemma4_text", "gemma4_text", None, []),
+    ("gemma4-wrapped-q4", "gemma4_text", 4, ["--wrapped"]),
+    ("gemma4_text-moe", "gemma4_text", None, ["--moe"]),
+    ("gemma4_text-moe-q4", "gemma4_text", 4, ["--moe"]),
 ]
 
 

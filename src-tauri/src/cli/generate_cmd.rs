@@ -128,7 +128,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 #[derive(Args)]
 pub struct MakeTestModelArgs {
     /// A `model_type`: llama, mistral, qwen2, qwen3, phi3, qwen3_moe, qwen2_moe, mixtral,
-    /// gemma3_text, gpt_oss
+    /// gemma3_text, gpt_oss, ministral3, gemma4_text
     #[arg(long, required_unless_present = "scripted")]
     arch: Option<String>,
     /// Output folder.
@@ -144,9 +144,12 @@ pub struct MakeTestModelArgs {
     /// Write each expert's matrices apart, as Hugging Face checkpoints do (MoE models).
     #[arg(long)]
     per_expert: bool,
-    /// Wrap the text model in its multimodal config (`gemma3` / `mistral3`).
+    /// Wrap the text model in its multimodal config (`gemma3` / `gemma4` / `mistral3`).
     #[arg(long)]
     wrapped: bool,
+    /// The family's mixture-of-experts variant (gemma4_text).
+    #[arg(long)]
+    moe: bool,
     /// Instead: a model that writes one tool call in this format (harmony, qwen-xml), with
     /// --chat-template the family's template (tests of what clients receive).
     #[arg(long, requires = "chat_template")]
@@ -174,6 +177,7 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
         quant: args.bits.map(|bits| synthetic::quant_spec(&args.mode, bits)).transpose().map_err(anyhow::Error::msg)?,
         per_expert: args.per_expert,
         wrapped: args.wrapped,
+        moe: args.moe,
     };
     synthetic::write_tiny_model_with(&args.out, arch, args.seed, &options)?;
     eprintln!("wrote a tiny {} model to {}", arch.model_type(), args.out.display());

@@ -17,10 +17,11 @@ pub enum Arch {
     Gemma3,
     GptOss,
     Ministral3,
+    Gemma4,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 12] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -32,6 +33,7 @@ impl Arch {
         Arch::Gemma3,
         Arch::GptOss,
         Arch::Ministral3,
+        Arch::Gemma4,
     ];
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
@@ -47,6 +49,7 @@ impl Arch {
             "gemma3_text" => Arch::Gemma3,
             "gpt_oss" => Arch::GptOss,
             "ministral3" => Arch::Ministral3,
+            "gemma4_text" => Arch::Gemma4,
             _ => return None,
         })
     }
@@ -64,6 +67,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3_text",
             Arch::GptOss => "gpt_oss",
             Arch::Ministral3 => "ministral3",
+            Arch::Gemma4 => "gemma4_text",
         }
     }
 }
@@ -97,6 +101,9 @@ pub enum RopeScaling {
         short_mscale: Option<f32>,
         long_mscale: Option<f32>,
     },
+    /// Gemma 4's global layers: the plain frequencies over the whole head (times `factor`) for
+    /// the leading `partial_rotary_factor` of it; the other pairs do not rotate.
+    Proportional { factor: f32, partial_rotary_factor: f32 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -210,6 +217,46 @@ pub struct GemmaStyle {
     pub local_rope_theta: f32,
 }
 
+/// Gemma 4's departures from Gemma 3's block (which it otherwise follows, with plain `weight`
+/// norms and unscaled attention logits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Style {
+    /// Full-attention layers have their own head size and KV head count...
+    pub global_head_dim: usize,
+    pub global_kv_heads: usize,
+    /// ...their keys may double as values (no `v_proj`; the larger models)...
+    pub global_keys_as_values: bool,
+    /// ...and their own rotary settings; sliding-window layers use `local_rope`.
+    pub global_rope: RopeConfig,
+    pub local_rope: RopeConfig,
+    /// Layers from this one on compute no keys or values: each attends over those of the last
+    /// earlier layer of its kind (`num_kv_shared_layers`). Equal to the layer count when none do.
+    pub first_kv_shared: usize,
+    /// Extra features per layer and token, from a second embedding table and the input.
+    pub per_layer_input: Option<PerLayerInput>,
+    /// KV-shared layers' MLPs are twice as wide.
+    pub double_wide_mlp: bool,
+    /// Logits squashed into `(-cap, cap)` by `cap * tanh(x / cap)`.
+    pub final_logit_softcap: Option<f32>,
+}
+
+/// Gemma 4's per-layer inputs (the small "E" models): `size` features per layer and token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    pub size: usize,
+    pub vocab_size: usize,
+}
+
+/// One layer's attention shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerAttention {
+    pub head_dim: usize,
+    pub kv_heads: usize,
+    pub keys_as_values: bool,
+    /// The earlier layer whose keys and values (and cache) this one uses instead of its own.
+    pub kv_source: Option<usize>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -249,6 +296,7 @@ pub struct ModelConfig {
     pub gemma: Option<GemmaStyle>,
     pub moe: Option<MoeConfig>,
     pub query_scale: Option<QueryScale>,
+    pub gemma4: Option<Gemma4Style>,
 }
 
 impl ModelConfig {
@@ -258,42 +306,122 @@ impl ModelConfig {
         self.sliding_window.filter(|_| sliding)
     }
 
-    /// A rough parameter count (embedding + layers, every expert), for listings and memory
+    /// Layer `i`'s attention shape: the model's, or Gemma 4's per layer kind.
+    pub fn layer_attention(&self, i: usize) -> LayerAttention {
+        let uniform = LayerAttention {
+            head_dim: self.head_dim,
+            kv_heads: self.num_kv_heads,
+            keys_as_values: false,
+            kv_source: None,
+        };
+        let Some(g) = &self.gemma4 else { return uniform };
+        let local = self.layer_window(i).is_some();
+        let kv_source = (i >= g.first_kv_shared)
+            .then(|| (0..g.first_kv_shared).rev().find(|&j| self.layer_window(j).is_some() == local))
+            .flatten();
+        if local {
+            return LayerAttention { kv_source, ..uniform };
+        }
+        LayerAttention {
+            head_dim: g.global_head_dim,
+            kv_heads: if g.global_keys_as_values { g.global_kv_heads } else { self.num_kv_heads },
+            keys_as_values: g.global_keys_as_values,
+            kv_source,
+        }
+    }
+
+    /// How many layers keep a key/value cache (the first ones; the rest reuse theirs).
+    pub fn kv_cache_layers(&self) -> usize {
+        self.gemma4.as_ref().map_or(self.num_layers, |g| g.first_kv_shared.min(self.num_layers))
+    }
+
+    /// Layer `i`'s dense MLP width.
+    pub fn layer_intermediate_size(&self, i: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if g.double_wide_mlp && i >= g.first_kv_shared && g.first_kv_shared > 0 => {
+                2 * self.intermediate_size
+            }
+            _ => self.intermediate_size,
+        }
+    }
+
+    /// Key and value elements one token adds to the caches (all layers that keep one).
+    pub fn kv_elements_per_token(&self) -> usize {
+        (0..self.kv_cache_layers()).map(|i| self.layer_attention(i)).map(|a| 2 * a.kv_heads * a.head_dim).sum()
+    }
+
+    /// A rough parameter count (embeddings + layers, every expert), for listings and memory
     /// estimates.
     pub fn parameter_count(&self) -> u64 {
         let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
-        let norms =
-            if self.sandwich_norms { 4 * h } else { 2 * h } + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
-        let layers: u64 =
-            (0..self.num_layers).map(|l| self.attention_parameters() + self.ffn_parameters(l, false) + norms).sum();
+        let layers: u64 = (0..self.num_layers)
+            .map(|l| self.attention_parameters(l) + self.ffn_parameters(l, false) + self.layer_extras(l))
+            .sum();
         let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + head + layers + h
+        let per_layer_input = self.per_layer_input().map_or(0, |p| {
+            let width = (self.num_layers * p.size) as u64;
+            p.vocab_size as u64 * width + h * width + p.size as u64
+        });
+        v * h + head + layers + h + per_layer_input
     }
 
     /// Multiply-accumulates per token in one layer's linear projections, counting only the
     /// experts a token goes through (what a step costs, not what the model holds).
     pub fn active_linear_macs(&self) -> u64 {
-        let total: u64 = (0..self.num_layers).map(|l| self.attention_parameters() + self.ffn_parameters(l, true)).sum();
+        let total: u64 =
+            (0..self.num_layers).map(|l| self.attention_parameters(l) + self.ffn_parameters(l, true)).sum();
         total / self.num_layers.max(1) as u64
     }
 
-    fn attention_parameters(&self) -> u64 {
+    fn per_layer_input(&self) -> Option<PerLayerInput> {
+        self.gemma4.as_ref().and_then(|g| g.per_layer_input)
+    }
+
+    /// Layer `l`'s attention projections and q/k norms.
+    fn attention_parameters(&self, l: usize) -> u64 {
+        let a = self.layer_attention(l);
         let h = self.hidden_size as u64;
-        let q = (self.num_heads * self.head_dim) as u64;
-        let kv = (self.num_kv_heads * self.head_dim) as u64;
-        h * q * 2 + h * kv * 2
+        let q = (self.num_heads * a.head_dim) as u64;
+        let kv = (a.kv_heads * a.head_dim) as u64;
+        let own_kv = match (a.kv_source, a.keys_as_values) {
+            (Some(_), _) => 0,
+            (None, true) => h * kv,
+            (None, false) => 2 * h * kv,
+        };
+        let norms = if !self.qk_norm {
+            0
+        } else if a.kv_source.is_some() {
+            a.head_dim as u64
+        } else {
+            2 * a.head_dim as u64
+        };
+        2 * h * q + own_kv + norms
+    }
+
+    /// Layer `l`'s norms and Gemma 4's per-layer input gate and scalar.
+    fn layer_extras(&self, _l: usize) -> u64 {
+        let h = self.hidden_size as u64;
+        let norms = if self.sandwich_norms { 4 * h } else { 2 * h };
+        let per_layer = self.per_layer_input().map_or(0, |p| 2 * h * p.size as u64 + h);
+        let scalar = u64::from(self.gemma4.is_some());
+        norms + per_layer + scalar
     }
 
     /// The feed-forward parameters of layer `l`; with `active`, only a token's experts.
     fn ffn_parameters(&self, l: usize, active: bool) -> u64 {
         let h = self.hidden_size as u64;
+        let dense = 3 * h * self.layer_intermediate_size(l) as u64;
         match &self.moe {
             Some(moe) if moe.is_sparse(l) => {
                 let experts = if active { moe.top_k } else { moe.num_experts } as u64;
                 let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + h);
-                experts * 3 * h * moe.intermediate_size as u64 + h * moe.num_experts as u64 + shared
+                let router = h * moe.num_experts as u64;
+                // Gemma 4 runs its dense MLP beside the experts, with three more norms and a
+                // router that scales its input and each expert.
+                let beside = if self.gemma4.is_some() { dense + 3 * h + h + moe.num_experts as u64 } else { 0 };
+                experts * 3 * h * moe.intermediate_size as u64 + router + shared + beside
             }
-            _ => 3 * h * self.intermediate_size as u64,
+            _ => dense,
         }
     }
 }

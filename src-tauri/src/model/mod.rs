@@ -10,6 +10,7 @@ pub mod layers;
 pub mod load;
 pub mod scripted;
 pub mod synthetic;
+mod synthetic_gemma4;
 pub mod transformer;
 pub mod weights;
 

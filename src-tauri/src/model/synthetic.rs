@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::model::config::{Arch, QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
 use crate::model::layers::quant_ops;
+use crate::model::synthetic_gemma4;
 use crate::sampling::Rng;
 
 /// Sizes of the tiny models: small enough for milliseconds per token on a CPU, large enough
@@ -59,6 +60,8 @@ pub struct TinyOptions {
     /// Inside a multimodal wrapper (`gemma3` / `mistral3` with `text_config`, weights under
     /// `language_model.`, and a vision tensor the loader must skip).
     pub wrapped: bool,
+    /// The family's mixture-of-experts variant (Gemma 4).
+    pub moe: bool,
 }
 
 /// The three special tokens after the 256 byte tokens.
@@ -174,6 +177,7 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0});
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
         }
+        Arch::Gemma4 => synthetic_gemma4::config(&mut c, options),
     }
     if arch == Arch::GptOss && options.per_expert {
         // OpenAI's release: experts in mxfp4 blocks, everything else unquantized.
@@ -184,6 +188,9 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
         let mut spec = json!({"group_size": q.group_size, "bits": q.bits});
         if q.mode != QuantMode::Affine {
             spec["mode"] = serde_json::to_value(format!("{:?}", q.mode).to_lowercase()).expect("a string");
+        }
+        for module in synthetic_gemma4::router_modules(options).into_iter().filter(|_| arch == Arch::Gemma4) {
+            spec[format!("{}{module}", module_prefix(arch, options))] = json!({"group_size": q.group_size, "bits": 8});
         }
         if arch_has_experts(arch) {
             for l in 0..LAYERS {
@@ -198,6 +205,7 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
     if options.wrapped {
         let outer = match arch {
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma4 => "gemma4",
             _ => "mistral3",
         };
         let mut text = c.clone();
@@ -253,6 +261,9 @@ pub fn random_weights(arch: Arch, seed: u64) -> Vec<Tensor> {
 }
 
 pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<Tensor> {
+    if arch == Arch::Gemma4 {
+        return synthetic_gemma4::random_weights(seed, options);
+    }
     let mut rng = Rng::seeded(seed);
     let mut out = Vec::new();
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
@@ -468,10 +479,12 @@ pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOp
     for (name, shape, data) in tensors {
         let array = Array::from_slice(&data, &shape);
         let quantizable = name.ends_with(".weight") && shape.len() >= 2 && !name.starts_with("vision_tower");
+        let quantizable = quantizable && quant.is_some_and(|q| shape[shape.len() - 1] % q.group_size == 0);
         match (quant, quantizable) {
             (Some(q), true) => {
                 // Router gates at 8 bits, as mlx-lm's MoE recipes write them.
-                let router = name.ends_with(".gate.weight") || name.ends_with(".router.weight");
+                let router =
+                    [".gate.weight", ".router.weight", ".router.proj.weight"].iter().any(|s| name.ends_with(s));
                 let spec = if router { QuantSpec::affine(q.group_size, 8) } else { q };
                 let (w, scales, biases) = quant_ops::quantize(&array, spec)?;
                 let prefix = name.trim_end_matches(".weight");

@@ -3,6 +3,7 @@
 //! The feed-forward is a dense MLP or a mixture of experts; Gemma adds norms on both branches'
 //! outputs ("sandwich" norms).
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{add, clip, divide, multiply};
 use mlx_rs::{Array, Dtype};
 
@@ -12,21 +13,25 @@ use crate::model::config::{ModelConfig, QueryScale, RopeConfig};
 use crate::model::error::Result;
 use crate::model::kv_cache::KvCache;
 use crate::model::layers::{
-    Attention, Embedding, Linear, Mlp, MlpProjections, MoeBlock, QkvProjection, RmsNorm, Rope, SharedExpert, Sinks,
-    SwitchGlu,
+    Attention, Embedding, KeysValues, Linear, Mlp, MlpProjections, MoeBlock, ParallelExperts, PerLayerGate,
+    PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, Sinks, SwitchGlu,
 };
 use crate::model::weights::Weights;
 
 pub enum FeedForward {
     Dense(Mlp),
     Experts(Box<MoeBlock>),
+    /// Gemma 4's dense MLP and experts side by side (only with sandwich norms).
+    DenseAndExperts(Box<ParallelExperts>),
 }
 
 impl FeedForward {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    /// `h`: the residual stream; `pre_norm`: the norm before the feed-forward.
+    fn forward(&self, h: &Array, pre_norm: &RmsNorm) -> Result<Array> {
         match self {
-            FeedForward::Dense(mlp) => mlp.forward(x),
-            FeedForward::Experts(moe) => moe.forward(x),
+            FeedForward::Dense(mlp) => mlp.forward(&pre_norm.forward(h)?),
+            FeedForward::Experts(moe) => moe.forward(&pre_norm.forward(h)?),
+            FeedForward::DenseAndExperts(both) => both.forward(h, pre_norm),
         }
     }
 
@@ -34,6 +39,7 @@ impl FeedForward {
         match self {
             FeedForward::Dense(mlp) => mlp.arrays(),
             FeedForward::Experts(moe) => moe.arrays(),
+            FeedForward::DenseAndExperts(both) => both.arrays(),
         }
     }
 }
@@ -52,30 +58,52 @@ pub struct DecoderLayer {
     post_attention_norm: RmsNorm,
     sandwich: Option<SandwichNorms>,
     feed_forward: FeedForward,
+    /// Gemma 4: the layer's per-layer input gate, and a learned scale on its output.
+    per_layer_gate: Option<PerLayerGate>,
+    output_scale: Option<Array>,
+}
+
+/// What a layer reads besides the residual stream.
+struct LayerInputs<'a> {
+    mask: &'a crate::model::layers::AttentionMask,
+    positions: &'a Positions,
+    query_scale: Option<&'a Array>,
+    /// This layer's slice of Gemma 4's per-layer inputs.
+    per_layer: Option<Array>,
 }
 
 impl DecoderLayer {
+    /// The layer's output and the keys and values its attention used.
     fn forward<C: LayerCache>(
         &self,
         h: &Array,
-        mask: &crate::model::layers::AttentionMask,
-        positions: &Positions,
-        query_scale: Option<&Array>,
+        inputs: LayerInputs,
         cache: &mut C,
-    ) -> Result<Array> {
-        let r = self.attention.forward(&self.input_norm.forward(h)?, mask, positions, query_scale, cache)?;
-        match &self.sandwich {
+        kv: KeysValues,
+    ) -> Result<(Array, (Array, Array))> {
+        let x = self.input_norm.forward(h)?;
+        let (r, kv) = self.attention.forward(&x, inputs.mask, inputs.positions, inputs.query_scale, cache, kv)?;
+        let out = match &self.sandwich {
             None => {
                 let h1 = add(h, &r)?;
-                let r = self.feed_forward.forward(&self.post_attention_norm.forward(&h1)?)?;
-                Ok(add(&h1, &r)?)
+                let r = self.feed_forward.forward(&h1, &self.post_attention_norm)?;
+                add(&h1, &r)?
             }
             Some(norms) => {
                 let h1 = residual(h, &self.post_attention_norm.forward(&r)?)?;
-                let r = self.feed_forward.forward(&norms.pre_feedforward.forward(&h1)?)?;
-                residual(&h1, &norms.post_feedforward.forward(&r)?)
+                let r = self.feed_forward.forward(&h1, &norms.pre_feedforward)?;
+                residual(&h1, &norms.post_feedforward.forward(&r)?)?
             }
-        }
+        };
+        let out = match (&self.per_layer_gate, &inputs.per_layer) {
+            (Some(gate), Some(input)) => gate.forward(&out, input)?,
+            _ => out,
+        };
+        let out = match &self.output_scale {
+            Some(scale) => multiply(&out, scale)?,
+            None => out,
+        };
+        Ok((out, kv))
     }
 }
 
@@ -100,6 +128,7 @@ pub struct Transformer {
     lm_head: Option<Linear>,
     /// Gemma multiplies the embeddings by sqrt(hidden) (as an array in the compute dtype).
     embed_scale: Option<Array>,
+    per_layer_inputs: Option<PerLayerInputs>,
 }
 
 impl Transformer {
@@ -108,8 +137,6 @@ impl Transformer {
     pub fn build(config: ModelConfig, weights: &mut Weights) -> Result<Transformer> {
         let c = &config;
         let hidden = c.hidden_size as i32;
-        let q_dim = (c.num_heads * c.head_dim) as i32;
-        let kv_dim = (c.num_kv_heads * c.head_dim) as i32;
         let eps = c.rms_norm_eps;
 
         let embed = weights.embedding("model.embed_tokens", c.vocab_size as i32, hidden)?;
@@ -123,45 +150,6 @@ impl Transformer {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = format!("model.layers.{i}");
-            let qkv = if c.fused_projections {
-                QkvProjection::Fused(weights.linear(
-                    &format!("{p}.self_attn.qkv_proj"),
-                    q_dim + 2 * kv_dim,
-                    hidden,
-                    c.qkv_bias,
-                )?)
-            } else {
-                QkvProjection::Separate {
-                    q: weights.linear(&format!("{p}.self_attn.q_proj"), q_dim, hidden, c.qkv_bias)?,
-                    k: weights.linear(&format!("{p}.self_attn.k_proj"), kv_dim, hidden, c.qkv_bias)?,
-                    v: weights.linear(&format!("{p}.self_attn.v_proj"), kv_dim, hidden, c.qkv_bias)?,
-                }
-            };
-            let (q_norm, k_norm) = if c.qk_norm {
-                let d = c.head_dim as i32;
-                (
-                    Some(norm(weights, &format!("{p}.self_attn.q_norm"), d)?),
-                    Some(norm(weights, &format!("{p}.self_attn.k_norm"), d)?),
-                )
-            } else {
-                (None, None)
-            };
-            let attention = Attention {
-                qkv,
-                o: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, q_dim, c.o_bias)?,
-                q_norm,
-                k_norm,
-                rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
-                num_heads: c.num_heads as i32,
-                num_kv_heads: c.num_kv_heads as i32,
-                head_dim: c.head_dim as i32,
-                scale: c.attention_scale.unwrap_or((c.head_dim as f32).powf(-0.5)),
-                sinks: if c.attention_sinks {
-                    Some(Sinks::new(weights.take_float(&format!("{p}.self_attn.sinks"), &[c.num_heads as i32])?)?)
-                } else {
-                    None
-                },
-            };
             let sandwich = if c.sandwich_norms {
                 Some(SandwichNorms {
                     pre_feedforward: norm(weights, &format!("{p}.pre_feedforward_layernorm"), hidden)?,
@@ -170,14 +158,43 @@ impl Transformer {
             } else {
                 None
             };
+            let per_layer_gate = match c.gemma4.as_ref().and_then(|g| g.per_layer_input) {
+                Some(pli) => Some(PerLayerGate {
+                    gate: weights.linear(&format!("{p}.per_layer_input_gate"), pli.size as i32, hidden, false)?,
+                    projection: weights.linear(&format!("{p}.per_layer_projection"), hidden, pli.size as i32, false)?,
+                    norm: norm(weights, &format!("{p}.post_per_layer_input_norm"), hidden)?,
+                }),
+                None => None,
+            };
+            let output_scale = match c.gemma4 {
+                Some(_) => Some(weights.take_float(&format!("{p}.layer_scalar"), &[1])?),
+                None => None,
+            };
             layers.push(DecoderLayer {
                 input_norm: norm(weights, &format!("{p}.input_layernorm"), hidden)?,
-                attention,
+                attention: attention(c, i, weights, &norm)?,
                 post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
                 sandwich,
-                feed_forward: feed_forward(c, i, weights)?,
+                feed_forward: feed_forward(c, i, weights, &norm)?,
+                per_layer_gate,
+                output_scale,
             });
         }
+        let per_layer_inputs = match c.gemma4.as_ref().and_then(|g| g.per_layer_input) {
+            Some(pli) => {
+                let width = (c.num_layers * pli.size) as i32;
+                Some(PerLayerInputs {
+                    embed: weights.embedding("model.embed_tokens_per_layer", pli.vocab_size as i32, width)?,
+                    projection: weights.linear("model.per_layer_model_projection", width, hidden, false)?,
+                    projection_norm: norm(weights, "model.per_layer_projection_norm", pli.size as i32)?,
+                    layers: c.num_layers as i32,
+                    size: pli.size as i32,
+                    embed_scale: (pli.size as f64).sqrt() as f32,
+                    projection_scale: (c.hidden_size as f64).powf(-0.5) as f32,
+                })
+            }
+            None => None,
+        };
         let norm = norm(weights, "model.norm", hidden)?;
         let lm_head = if c.tie_word_embeddings || !weights.contains("lm_head.weight") {
             None
@@ -185,11 +202,12 @@ impl Transformer {
             Some(weights.linear("lm_head", c.vocab_size as i32, hidden, false)?)
         };
         let dtype = weights.dtype;
-        let embed_scale = match &c.gemma {
-            Some(g) => Some(Array::from_f32(g.embed_scale).as_dtype(dtype)?),
-            None => None,
+        let embed_scale = match (&c.gemma, &c.gemma4) {
+            (Some(g), _) => Some(Array::from_f32(g.embed_scale).as_dtype(dtype)?),
+            (None, Some(_)) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
+            _ => None,
         };
-        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale })
+        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs })
     }
 
     /// Every array of the model.
@@ -203,7 +221,10 @@ impl Transformer {
             }
             out.extend(layer.attention.arrays());
             out.extend(layer.feed_forward.arrays());
+            out.extend(layer.per_layer_gate.iter().flat_map(PerLayerGate::arrays));
+            out.extend(&layer.output_scale);
         }
+        out.extend(self.per_layer_inputs.iter().flat_map(PerLayerInputs::arrays));
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
         out
@@ -219,43 +240,74 @@ impl Transformer {
 
     /// Key/value cache bytes per token of one sequence (all layers).
     pub fn kv_bytes_per_token(&self) -> usize {
-        let c = &self.config;
         let dtype_bytes = if self.dtype == Dtype::Float32 { 4 } else { 2 };
-        2 * c.num_layers * c.num_kv_heads * c.head_dim * dtype_bytes
+        self.config.kv_elements_per_token() * dtype_bytes
     }
 
+    /// One cache per layer that keeps one (Gemma 4's KV-shared layers use an earlier layer's).
     pub fn new_cache(&self) -> Vec<KvCache> {
-        self.layers.iter().map(|_| KvCache::new()).collect()
+        (0..self.config.kv_cache_layers()).map(|_| KvCache::new()).collect()
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
-    /// what `cache` holds (one cache per layer, all with the same layout).
+    /// what `cache` holds (one cache per layer that keeps one, all with the same layout).
     pub fn forward_hidden<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
         let mut h = self.embed.forward(ids)?;
         if let Some(scale) = &self.embed_scale {
             h = multiply(&h, scale)?;
         }
+        let per_layer = self.per_layer_inputs.as_ref().map(|p| p.forward(ids, &h)).transpose()?;
         let len = ids.dim(1);
         let first = cache.first().ok_or_else(|| crate::model::ModelError::Mlx("no cache".into()))?;
         let positions = first.positions()?;
         let full_mask = first.mask(len, None)?;
         let window_mask = self.config.sliding_window.map(|w| first.mask(len, Some(w))).transpose()?;
         let query_scale = self.config.query_scale.map(|s| position_scale(s, &positions, len, h.dtype())).transpose()?;
-        for (i, (layer, cache)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+        // Keys and values of this step by cache, for layers that reuse another's (Gemma 4).
+        let reusing = self.config.kv_cache_layers() < self.layers.len();
+        let mut produced: Vec<Option<(Array, Array)>> = vec![None; cache.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
             let mask = match (&window_mask, self.config.layer_window(i)) {
                 (Some(m), Some(_)) => m,
                 _ => &full_mask,
             };
-            h = layer.forward(&h, mask, &positions, query_scale.as_ref(), cache)?;
+            let inputs = LayerInputs {
+                mask,
+                positions: &positions,
+                query_scale: query_scale.as_ref(),
+                per_layer: per_layer.as_ref().map(|p| p.index((.., .., i as i32, ..))),
+            };
+            let source = self.config.layer_attention(i).kv_source;
+            let slot = source.unwrap_or(i);
+            let layer_cache = cache
+                .get_mut(slot)
+                .ok_or_else(|| crate::model::ModelError::Mlx(format!("no cache for layer {slot}")))?;
+            let (out, kv) = match source {
+                Some(s) => {
+                    let kv = produced[s].clone().ok_or_else(|| {
+                        crate::model::ModelError::Mlx(format!("layer {i} reuses layer {s}, which ran no attention"))
+                    })?;
+                    layer.forward(&h, inputs, layer_cache, KeysValues::Reused(&kv))?
+                }
+                None => layer.forward(&h, inputs, layer_cache, KeysValues::Own)?,
+            };
+            h = out;
+            if reusing {
+                produced[slot] = Some(kv);
+            }
         }
         self.norm.forward(&h)
     }
 
     /// Logits over the vocabulary for hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed.as_linear(hidden),
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
+        };
+        match self.config.gemma4.as_ref().and_then(|g| g.final_logit_softcap) {
+            Some(cap) => soft_cap(&logits, cap),
+            None => Ok(logits),
         }
     }
 
@@ -266,18 +318,69 @@ impl Transformer {
     }
 }
 
-/// Layer `i`'s rotary settings: Gemma's local layers use their own base and no scaling.
+/// Layer `i`'s rotary settings: Gemma's local layers use their own base and no scaling;
+/// Gemma 4's global layers their own settings.
 fn layer_rope(c: &ModelConfig, i: usize) -> RopeConfig {
-    match &c.gemma {
-        Some(g) if c.layer_window(i).is_some() => {
-            RopeConfig { theta: g.local_rope_theta, scaling: None, ..c.rope.clone() }
-        }
+    let local = c.layer_window(i).is_some();
+    match (&c.gemma, &c.gemma4) {
+        (Some(g), _) if local => RopeConfig { theta: g.local_rope_theta, scaling: None, ..c.rope.clone() },
+        (_, Some(g)) if local => g.local_rope.clone(),
+        (_, Some(g)) => g.global_rope.clone(),
         _ => c.rope.clone(),
     }
 }
 
+type NormLoader<'a> = dyn Fn(&mut Weights, &str, i32) -> Result<RmsNorm> + 'a;
+
+/// Layer `i`'s attention, in the shape the config gives that layer.
+fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader) -> Result<Attention> {
+    let p = format!("model.layers.{i}.self_attn");
+    let shape = c.layer_attention(i);
+    let hidden = c.hidden_size as i32;
+    let (head_dim, kv_heads) = (shape.head_dim as i32, shape.kv_heads as i32);
+    let (q_dim, kv_dim) = (c.num_heads as i32 * head_dim, kv_heads * head_dim);
+    let linear =
+        |weights: &mut Weights, name: &str, rows: i32| weights.linear(&format!("{p}.{name}"), rows, hidden, c.qkv_bias);
+    let qkv = if c.fused_projections {
+        QkvProjection::Fused(linear(weights, "qkv_proj", q_dim + 2 * kv_dim)?)
+    } else if shape.kv_source.is_some() {
+        QkvProjection::QueryOnly(linear(weights, "q_proj", q_dim)?)
+    } else if shape.keys_as_values {
+        QkvProjection::KeysAsValues { q: linear(weights, "q_proj", q_dim)?, k: linear(weights, "k_proj", kv_dim)? }
+    } else {
+        QkvProjection::Separate {
+            q: linear(weights, "q_proj", q_dim)?,
+            k: linear(weights, "k_proj", kv_dim)?,
+            v: linear(weights, "v_proj", kv_dim)?,
+        }
+    };
+    let q_norm = if c.qk_norm { Some(norm(weights, &format!("{p}.q_norm"), head_dim)?) } else { None };
+    let k_norm = if c.qk_norm && shape.kv_source.is_none() {
+        Some(norm(weights, &format!("{p}.k_norm"), head_dim)?)
+    } else {
+        None
+    };
+    Ok(Attention {
+        qkv,
+        o: weights.linear(&format!("{p}.o_proj"), hidden, q_dim, c.o_bias)?,
+        q_norm,
+        k_norm,
+        v_norm: c.gemma4.as_ref().map(|_| c.rms_norm_eps),
+        rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
+        num_heads: c.num_heads as i32,
+        num_kv_heads: kv_heads,
+        head_dim,
+        scale: c.attention_scale.unwrap_or((head_dim as f32).powf(-0.5)),
+        sinks: if c.attention_sinks {
+            Some(Sinks::new(weights.take_float(&format!("{p}.sinks"), &[c.num_heads as i32])?)?)
+        } else {
+            None
+        },
+    })
+}
+
 /// Layer `i`'s feed-forward: experts where the config puts them, else a dense MLP.
-fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<FeedForward> {
+fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader) -> Result<FeedForward> {
     let p = format!("model.layers.{i}.mlp");
     let hidden = c.hidden_size as i32;
     let dense = |weights: &mut Weights, p: &str, inter: i32| -> Result<Mlp> {
@@ -296,9 +399,36 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Feed
         Ok(Mlp { projections, activation: c.activation })
     };
     let Some(moe) = c.moe.as_ref().filter(|m| m.is_sparse(i)) else {
-        return Ok(FeedForward::Dense(dense(weights, &p, c.intermediate_size as i32)?));
+        return Ok(FeedForward::Dense(dense(weights, &p, c.layer_intermediate_size(i) as i32)?));
     };
     let (n, inter) = (moe.num_experts as i32, moe.intermediate_size as i32);
+    if c.gemma4.is_some() {
+        let l = format!("model.layers.{i}");
+        let e = format!("{l}.experts.switch_glu");
+        let scale = weights.take_float(&format!("{l}.router.scale"), &[hidden])?;
+        return Ok(FeedForward::DenseAndExperts(Box::new(ParallelExperts {
+            mlp: dense(weights, &p, c.layer_intermediate_size(i) as i32)?,
+            post_mlp_norm: norm(weights, &format!("{l}.post_feedforward_layernorm_1"), hidden)?,
+            router: ScaledRouter {
+                proj: weights.linear(&format!("{l}.router.proj"), n, hidden, false)?,
+                scale: multiply(
+                    &scale,
+                    Array::from_f32((c.hidden_size as f64).powf(-0.5) as f32).as_dtype(scale.dtype())?,
+                )?,
+                per_expert_scale: weights.take_float(&format!("{l}.router.per_expert_scale"), &[n])?,
+                eps: c.rms_norm_eps,
+                top_k: moe.top_k as i32,
+            },
+            pre_experts_norm: norm(weights, &format!("{l}.pre_feedforward_layernorm_2"), hidden)?,
+            experts: SwitchGlu {
+                gate: weights.switch_linear(&format!("{e}.gate_proj"), n, inter, hidden, false)?,
+                up: weights.switch_linear(&format!("{e}.up_proj"), n, inter, hidden, false)?,
+                down: weights.switch_linear(&format!("{e}.down_proj"), n, hidden, inter, false)?,
+                activation: c.activation,
+            },
+            post_experts_norm: norm(weights, &format!("{l}.post_feedforward_layernorm_2"), hidden)?,
+        })));
+    }
     weights.stack_experts(&p, moe.num_experts)?;
     let b = moe.biases;
     let experts = SwitchGlu {
@@ -321,6 +451,12 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Feed
         routing: moe.routing,
         shared,
     })))
+}
+
+/// `cap * tanh(x / cap)`, with `cap` in `x`'s dtype.
+fn soft_cap(x: &Array, cap: f32) -> Result<Array> {
+    let cap = Array::from_f32(cap).as_dtype(x.dtype())?;
+    Ok(multiply(mlx_rs::ops::tanh(divide(x, &cap)?)?, &cap)?)
 }
 
 /// Ministral 3's query multiplier for `len` new tokens at `positions`: `[L, 1]` for one offset,

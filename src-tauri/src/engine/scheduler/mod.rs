@@ -90,8 +90,8 @@ impl Scheduler {
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
             weights_bytes: model.weights_bytes,
         };
-        let cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
-        let group_cache = (0..t.config.num_layers).map(|_| BatchKvCache::new()).collect();
+        let cache = (0..t.config.kv_cache_layers()).map(|_| BatchKvCache::new()).collect();
+        let group_cache = (0..t.config.kv_cache_layers()).map(|_| BatchKvCache::new()).collect();
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;

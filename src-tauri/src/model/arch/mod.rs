@@ -2,6 +2,7 @@
 //! checkpoint names map onto the shared transformer's. The maths lives in `model::layers`.
 
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod llama;
 mod ministral3;
@@ -80,6 +81,21 @@ pub struct HfExtras {
     /// Newer configs' rotary settings in one place (`rope_theta`, `rope_type`, the scaling's
     /// fields; Ministral 3 also `llama_4_scaling_beta`).
     pub rope_parameters: Option<Value>,
+    /// Gemma 4: full-attention layers' head size and KV heads, keys as values...
+    pub global_head_dim: Option<usize>,
+    pub num_global_key_value_heads: Option<usize>,
+    pub attention_k_eq_v: Option<bool>,
+    /// ...layers that reuse earlier layers' keys and values, per-layer inputs...
+    pub num_kv_shared_layers: Option<usize>,
+    pub hidden_size_per_layer_input: Option<usize>,
+    pub vocab_size_per_layer_input: Option<usize>,
+    pub use_double_wide_mlp: Option<bool>,
+    pub final_logit_softcapping: Option<f32>,
+    /// ...and its experts beside the dense MLP.
+    pub enable_moe_block: Option<bool>,
+    pub top_k_experts: Option<usize>,
+    /// What some transformers versions save `moe_intermediate_size` as (Gemma 4).
+    pub expert_intermediate_size: Option<usize>,
 }
 
 fn default_eps() -> f32 {
@@ -107,6 +123,7 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Gemma3 => gemma3::adapt(config, hf),
         Arch::GptOss => gpt_oss::adapt(config, hf),
         Arch::Ministral3 => ministral3::adapt(config, hf),
+        Arch::Gemma4 => gemma4::adapt(config, hf),
     }
 }
 
@@ -159,6 +176,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         gemma: None,
         moe: None,
         query_scale: None,
+        gemma4: None,
     })
 }
 
@@ -205,9 +223,13 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
             short_mscale: num("short_mscale"),
             long_mscale: num("long_mscale"),
         },
+        "proportional" => RopeScaling::Proportional {
+            factor: num("factor").unwrap_or(1.0),
+            partial_rotary_factor: num("partial_rotary_factor").unwrap_or(1.0),
+        },
         other => {
             return Err(format!(
-                "unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, yarn, longrope)"
+                "unsupported rope_scaling type {other:?} (supported: linear, dynamic, llama3, yarn, longrope, proportional)"
             ))
         }
     }))
@@ -225,15 +247,12 @@ fn sliding_layers(hf: &HfConfig, layers: usize) -> Result<Option<Vec<bool>>, Str
     }
 }
 
-/// Checkpoint layouts a family must convert before its tensors are read (gpt-oss's fused
-/// experts); a no-op for the others.
-pub fn sanitize(
-    arch: Arch,
-    weights: &mut crate::model::weights::Weights,
-    layers: usize,
-) -> crate::model::error::Result<()> {
-    match arch {
-        Arch::GptOss => gpt_oss::split_fused_experts(weights, layers),
+/// Checkpoint layouts a family must convert before its tensors are read (gpt-oss's and
+/// Gemma 4's fused experts); a no-op for the others.
+pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weights) -> crate::model::error::Result<()> {
+    match config.arch {
+        Arch::GptOss => gpt_oss::split_fused_experts(weights, config.num_layers),
+        Arch::Gemma4 => gemma4::sanitize(weights, config),
         _ => Ok(()),
     }
 }

@@ -11,6 +11,16 @@ use serde_json::Value;
 pub fn text_config(raw: &Value) -> Value {
     let mut text = unwrapped(raw);
     if let Some(fields) = text.as_object_mut() {
+        if fields.get("model_type").and_then(Value::as_str) == Some("gemma4_text") {
+            // The reference's defaults (mlx-lm's gemma4_text ModelArgs).
+            for (key, value) in [
+                ("head_dim", Value::from(256)),
+                ("max_position_embeddings", Value::from(131_072)),
+                ("rms_norm_eps", Value::from(1e-6)),
+            ] {
+                fields.entry(key).or_insert(value);
+            }
+        }
         if fields.get("model_type").and_then(Value::as_str) == Some("gemma3_text") {
             // Gemma 3's multimodal configs state little of the text model: these are
             // transformers' Gemma3TextConfig defaults.
@@ -33,6 +43,7 @@ fn unwrapped(raw: &Value) -> Value {
     let mut text = inner.clone();
     let default_type = match outer {
         "gemma3" => "gemma3_text",
+        "gemma4" => "gemma4_text",
         "mistral3" => "mistral",
         other => other,
     };
@@ -42,6 +53,12 @@ fn unwrapped(raw: &Value) -> Value {
         text.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_208)));
         text.entry("num_attention_heads").or_insert(Value::from(8));
         text.entry("num_key_value_heads").or_insert(Value::from(4));
+    }
+    if outer == "gemma4" {
+        // As the reference: the outer config owns the vocabulary; head counts default small.
+        text.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
+        text.entry("num_attention_heads").or_insert(Value::from(8));
+        text.entry("num_key_value_heads").or_insert(Value::from(1));
     }
     if outer == "mistral3" {
         text.entry("tie_word_embeddings").or_insert(Value::from(false));
@@ -62,7 +79,17 @@ fn unwrapped(raw: &Value) -> Value {
 /// tensor nothing reads (precomputed rotary tables, vision weights).
 pub fn canonical_tensor_name(name: &str) -> Option<String> {
     if name.contains("rotary_emb.inv_freq")
-        || ["vision_tower", "multi_modal_projector", "vision_model", "audio_tower"].iter().any(|p| name.contains(p))
+        || [
+            "vision_tower",
+            "multi_modal_projector",
+            "vision_model",
+            "audio_tower",
+            "embed_audio",
+            "embed_vision",
+            "vision_embedder",
+        ]
+        .iter()
+        .any(|p| name.contains(p))
     {
         return None;
     }

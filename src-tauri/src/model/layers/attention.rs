@@ -47,6 +47,20 @@ pub enum QkvProjection {
     },
     /// Phi-3's `qkv_proj`: q, k and v rows one after the other.
     Fused(Linear),
+    /// Gemma 4's larger global layers: the keys, before their norm and rotation, are the values.
+    KeysAsValues {
+        q: Linear,
+        k: Linear,
+    },
+    /// Gemma 4's KV-shared layers: only queries; keys and values come from an earlier layer.
+    QueryOnly(Linear),
+}
+
+/// What a layer attends over: its own keys and values, appended to its cache, or those an
+/// earlier layer produced this step (Gemma 4's KV sharing), with that layer's cache.
+pub enum KeysValues<'a> {
+    Own,
+    Reused(&'a (Array, Array)),
 }
 
 pub struct Attention {
@@ -54,6 +68,8 @@ pub struct Attention {
     pub o: Linear,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
+    /// An RMS norm without weights on the values (Gemma 4).
+    pub v_norm: Option<f32>,
     pub rope: Rope,
     pub num_heads: i32,
     pub num_kv_heads: i32,
@@ -67,7 +83,9 @@ impl Attention {
     pub fn arrays(&self) -> Vec<&Array> {
         let mut out = match &self.qkv {
             QkvProjection::Separate { q, k, v } => [q, k, v].into_iter().flat_map(Linear::arrays).collect(),
+            QkvProjection::KeysAsValues { q, k } => [q, k].into_iter().flat_map(Linear::arrays).collect(),
             QkvProjection::Fused(qkv) => qkv.arrays(),
+            QkvProjection::QueryOnly(q) => q.arrays(),
         };
         out.extend(self.o.arrays());
         out.extend(self.q_norm.iter().chain(&self.k_norm).map(|n| &n.weight));
@@ -76,7 +94,8 @@ impl Attention {
         out
     }
 
-    /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
+    /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`, and the keys and values attended over (all
+    /// the cached ones), for layers that reuse them.
     pub fn forward(
         &self,
         x: &Array,
@@ -84,10 +103,24 @@ impl Attention {
         positions: &Positions,
         query_scale: Option<&Array>,
         cache: &mut impl LayerCache,
-    ) -> Result<Array> {
+        kv: KeysValues,
+    ) -> Result<(Array, (Array, Array))> {
         let (b, l) = (x.dim(0), x.dim(1));
-        let (q, k, v) = match &self.qkv {
-            QkvProjection::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+        let heads = |t: Array, n: i32| -> Result<Array> { Ok(t.reshape(&[b, l, n, self.head_dim])?) };
+        let normed = |t: Array, norm: &Option<RmsNorm>| -> Result<Array> {
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let (q, kv_new) = match &self.qkv {
+            QkvProjection::Separate { q, k, v } => (q.forward(x)?, Some((k.forward(x)?, v.forward(x)?))),
+            QkvProjection::KeysAsValues { q, k } => {
+                let k = k.forward(x)?;
+                (q.forward(x)?, Some((k.clone(), k)))
+            }
+            QkvProjection::QueryOnly(q) => (q.forward(x)?, None),
             QkvProjection::Fused(qkv) => {
                 let q_size = self.num_heads * self.head_dim;
                 let kv_size = self.num_kv_heads * self.head_dim;
@@ -95,29 +128,31 @@ impl Attention {
                 let v = parts.pop().expect("3 parts");
                 let k = parts.pop().expect("3 parts");
                 let q = parts.pop().expect("3 parts");
-                (q, k, v)
+                (q, Some((k, v)))
             }
         };
-        let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, self.head_dim])?;
-            let t = match norm {
-                Some(norm) => norm.forward(&t)?,
-                None => t,
-            };
-            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
-        };
-        let q = heads(q, self.num_heads, &self.q_norm)?;
-        let k = heads(k, self.num_kv_heads, &self.k_norm)?;
-        let v = heads(v, self.num_kv_heads, &None)?;
-
+        let q = normed(heads(q, self.num_heads)?, &self.q_norm)?;
         let q = self.rope.forward(&q, positions)?;
         // Ministral 3: queries scaled with their position (after the rotation, as the reference).
         let q = match query_scale {
             Some(s) => q.multiply(s)?,
             None => q,
         };
-        let k = self.rope.forward(&k, positions)?;
-        let (k, v) = cache.update(&k, &v)?;
+        let (k, v) = match (kv, kv_new) {
+            (KeysValues::Reused(kv), _) => kv.clone(),
+            (KeysValues::Own, Some((k, v))) => {
+                let k = self.rope.forward(&normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions)?;
+                let v = heads(v, self.num_kv_heads)?;
+                let v = match self.v_norm {
+                    Some(eps) => mlx_rs::fast::rms_norm(&v, None, eps)?,
+                    None => v,
+                };
+                cache.update(&k, &v.transpose_axes(&[0, 2, 1, 3])?)?
+            }
+            (KeysValues::Own, None) => {
+                return Err(crate::model::ModelError::Mlx("a KV-shared layer was given no keys and values".into()))
+            }
+        };
 
         let scale = self.scale;
         let sinks = self.sinks.as_ref().map(|s| s.array.as_dtype(q.dtype())).transpose()?;
@@ -139,6 +174,6 @@ impl Attention {
             AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, sinks)?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
-        self.o.forward(&out)
+        Ok((self.o.forward(&out)?, (k, v)))
     }
 }

@@ -7,14 +7,16 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
+mod per_layer_input;
 pub mod quant_ops;
 mod rope;
 mod shared_attention;
 
-pub use attention::{Attention, AttentionMask, QkvProjection, Sinks};
+pub use attention::{Attention, AttentionMask, KeysValues, QkvProjection, Sinks};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpProjections};
-pub use moe::{MoeBlock, SharedExpert, SwitchGlu, SwitchLinear, SwitchMatrix};
+pub use moe::{MoeBlock, ParallelExperts, ScaledRouter, SharedExpert, SwitchGlu, SwitchLinear, SwitchMatrix};
 pub use norm::RmsNorm;
+pub use per_layer_input::{PerLayerGate, PerLayerInputs};
 pub use rope::Rope;

@@ -13,7 +13,7 @@ use crate::model::config::{Activation, QuantSpec, Routing};
 use crate::model::error::Result;
 use crate::model::layers::mlp::gated;
 use crate::model::layers::quant_ops;
-use crate::model::layers::{Linear, Mlp};
+use crate::model::layers::{Linear, Mlp, RmsNorm};
 
 /// Every expert's matrix for one projection: `[experts, out, in]`, dense or packed.
 pub enum SwitchMatrix {
@@ -113,32 +113,8 @@ pub struct MoeBlock {
 impl MoeBlock {
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let logits = self.router.forward(x)?;
-        let k = self.top_k;
-        let (experts, weights) = match self.routing {
-            Routing::SoftmaxThenTopK { normalize } => {
-                let probs = softmax_axis(&logits, -1, true)?;
-                let n = probs.dim(-1);
-                let experts = argpartition_axis(&probs, n - k, -1)?.index((.., .., (n - k)..));
-                let weights = take_along_axis(&probs, &experts, -1)?;
-                let weights = if normalize { divide(&weights, sum_axis(&weights, -1, true)?)? } else { weights };
-                (experts, weights)
-            }
-            Routing::TopKThenSoftmax { largest_last } => {
-                // The same k either way; taken as the reference does, so the weighted sum
-                // runs in its order.
-                let experts = if largest_last {
-                    let n = logits.dim(-1);
-                    argpartition_axis(&logits, n - k, -1)?.index((.., .., (n - k)..))
-                } else {
-                    argpartition_axis(negative(&logits)?, k - 1, -1)?.index((.., .., ..k))
-                };
-                let weights = softmax_axis(take_along_axis(&logits, &experts, -1)?, -1, true)?;
-                (experts, weights)
-            }
-        };
-        let y = self.experts.forward(x, &experts)?;
-        let y = sum_axis(multiply(&y, weights.expand_dims(-1)?)?, -2, false)?.as_dtype(y.dtype())?;
+        let (experts, weights) = route(&self.router.forward(x)?, self.top_k, self.routing)?;
+        let y = weighted_sum(&self.experts.forward(x, &experts)?, &weights)?;
         match &self.shared {
             None => Ok(y),
             Some(shared) => {
@@ -155,6 +131,82 @@ impl MoeBlock {
             out.extend(shared.mlp.arrays());
             out.extend(shared.gate.arrays());
         }
+        out
+    }
+}
+
+/// The `k` experts each token goes to and their weights, from the router's logits `[B, L, E]`.
+fn route(logits: &Array, k: i32, routing: Routing) -> Result<(Array, Array)> {
+    Ok(match routing {
+        Routing::SoftmaxThenTopK { normalize } => {
+            let probs = softmax_axis(logits, -1, true)?;
+            let n = probs.dim(-1);
+            let experts = argpartition_axis(&probs, n - k, -1)?.index((.., .., (n - k)..));
+            let weights = take_along_axis(&probs, &experts, -1)?;
+            let weights = if normalize { divide(&weights, sum_axis(&weights, -1, true)?)? } else { weights };
+            (experts, weights)
+        }
+        Routing::TopKThenSoftmax { largest_last } => {
+            // The same k either way; taken as the reference does, so the weighted sum
+            // runs in its order.
+            let experts = if largest_last {
+                let n = logits.dim(-1);
+                argpartition_axis(logits, n - k, -1)?.index((.., .., (n - k)..))
+            } else {
+                argpartition_axis(negative(logits)?, k - 1, -1)?.index((.., .., ..k))
+            };
+            let weights = softmax_axis(take_along_axis(logits, &experts, -1)?, -1, true)?;
+            (experts, weights)
+        }
+    })
+}
+
+/// The experts' outputs `[.., k, hidden]` summed with their weights `[.., k]`.
+fn weighted_sum(y: &Array, weights: &Array) -> Result<Array> {
+    Ok(sum_axis(multiply(y, weights.expand_dims(-1)?)?, -2, false)?.as_dtype(y.dtype())?)
+}
+
+/// Gemma 4's router: the input RMS-normalised with a learned scale (times hidden^-0.5), the top
+/// k logits softmaxed, each chosen expert's weight scaled by its own learned factor.
+pub struct ScaledRouter {
+    pub proj: Linear,
+    /// The norm's weight, already multiplied by hidden^-0.5.
+    pub scale: Array,
+    pub per_expert_scale: Array,
+    pub eps: f32,
+    pub top_k: i32,
+}
+
+/// Gemma 4's feed-forward with experts (26B-A4B): the dense MLP and the experts side by side,
+/// each with its own norms, summed.
+pub struct ParallelExperts {
+    pub mlp: Mlp,
+    pub post_mlp_norm: RmsNorm,
+    pub router: ScaledRouter,
+    pub pre_experts_norm: RmsNorm,
+    pub experts: SwitchGlu,
+    pub post_experts_norm: RmsNorm,
+}
+
+impl ParallelExperts {
+    /// `h`: the residual stream `[B, L, hidden]`; `pre_mlp_norm`: the layer's norm before the MLP.
+    pub fn forward(&self, h: &Array, pre_mlp_norm: &RmsNorm) -> Result<Array> {
+        let dense = self.post_mlp_norm.forward(&self.mlp.forward(&pre_mlp_norm.forward(h)?)?)?;
+        let r = &self.router;
+        let logits = r.proj.forward(&mlx_rs::fast::rms_norm(h, Some(&r.scale), r.eps)?)?;
+        let (experts, weights) = route(&logits, r.top_k, Routing::TopKThenSoftmax { largest_last: true })?;
+        let weights = multiply(&weights, r.per_expert_scale.take_axis(&experts, 0)?)?;
+        let y = self.experts.forward(&self.pre_experts_norm.forward(h)?, &experts)?;
+        let routed = self.post_experts_norm.forward(&sum_axis(multiply(&y, weights.expand_dims(-1)?)?, -2, false)?)?;
+        Ok(add(&dense, &routed)?)
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out = self.mlp.arrays();
+        out.extend(self.router.proj.arrays());
+        out.extend([&self.router.scale, &self.router.per_expert_scale]);
+        out.extend(self.experts.arrays());
+        out.extend([&self.post_mlp_norm.weight, &self.pre_experts_norm.weight, &self.post_experts_norm.weight]);
         out
     }
 }

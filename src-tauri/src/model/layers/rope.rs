@@ -86,6 +86,16 @@ impl Rope {
                 )?;
                 Kind::Freqs { freqs, input_scale }
             }
+            Some(RopeScaling::Proportional { factor, partial_rotary_factor }) => {
+                // As mlx-lm's ProportionalRoPE: frequencies over the whole head for the rotated
+                // pairs, infinite (no rotation) for the rest.
+                let rotated = (dims as f32 * partial_rotary_factor) as i32;
+                let exponents = divide(Array::arange::<i32, f32>(0, rotated, 2)?, f32_scalar(dims as f32))?;
+                let rotating = multiply(f32_scalar(*factor), power(f32_scalar(base), exponents)?)?;
+                let still =
+                    Array::from_slice(&vec![f32::INFINITY; ((dims - rotated) / 2) as usize], &[(dims - rotated) / 2]);
+                Kind::Freqs { freqs: concatenate(&[rotating, still], 0)?, input_scale: 1.0 }
+            }
             Some(RopeScaling::LongRope { long_factor, original_max_position_embeddings, long_mscale, .. }) => {
                 // As mlx-lm: the long factors always, and a magnitude scale when the model's
                 // window is longer than the one it was pre-trained with.

@@ -38,7 +38,7 @@ pub fn load(
     let mut weights = Weights::new(tensors, dir.to_path_buf(), quant, backend.compute_dtype(stored));
     weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
     weights.rename_all(arch::canonical_tensor_name);
-    arch::sanitize(arch, &mut weights, config.num_layers)?;
+    arch::sanitize(&config, &mut weights)?;
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");
     }
