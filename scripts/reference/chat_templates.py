@@ -70,6 +70,7 @@ TEMPLATES = {
     "gpt-oss.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "tools": True},
     "qwen3-coder.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "gemma3.jinja": {"bos_token": "<bos>", "eos_token": "<end_of_turn>", "tools": False},
+    "gemma4.jinja": {"bos_token": "<bos>", "eos_token": "<turn|>", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -200,6 +201,21 @@ def cases_for(name, meta):
         typed = copy.deepcopy(tool_conversation(""))
         typed[1]["tool_calls"][0]["function"]["arguments"] = {"location": "Oslo", "days": 3, "metric": True,
                                                                "ratio": 2.5, "extra": None, "tags": ["a", "b"]}
+        yield "typed_argument_values", typed, [WEATHER_TOOL], True, extra
+
+
+    if name == "gemma4.jinja":
+        yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
+        history_with_thought = [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "<|channel>thought\nSimple arithmetic.<channel|>2+2 = 4."},
+            {"role": "user", "content": "And 3+3?"},
+        ]
+        yield "history_thought_stripped", history_with_thought, None, True, extra
+        typed = copy.deepcopy(tool_conversation(""))
+        typed[1]["tool_calls"][0]["function"]["arguments"] = {"location": "Oslo", "days": 3, "metric": True,
+                                                               "ratio": 2.5, "tags": ["a", "b"],
+                                                               "where": {"lat": 59.9, "name": "Oslo"}}
         yield "typed_argument_values", typed, [WEATHER_TOOL], True, extra
 
 

@@ -22,7 +22,9 @@ WEATHER = {"type": "function", "function": {
 ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city",
                      "input_schema": WEATHER["function"]["parameters"]}
 # What each scripted model calls get_weather with.
-EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}}
+EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3}}
+# Text a scripted model writes before its call (Gemma 4's; the others call straight away).
+REMARK = {"gemma4": "Checking."}
 
 
 def scripted_server(tmp_path_factory, fmt, template):
@@ -32,8 +34,9 @@ def scripted_server(tmp_path_factory, fmt, template):
     yield from launch(tmp_path_factory, f"client-tests-{fmt}.log", ["--model", str(model)])
 
 
-@pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja")],
-                ids=["harmony", "qwen-xml"])
+@pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja"),
+                                        ("gemma4", "gemma4.jinja")],
+                ids=["harmony", "qwen-xml", "gemma4"])
 def scripted(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template):
@@ -46,7 +49,7 @@ def test_openai_chat_tool_call(scripted):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER])
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert choice.finish_reason == "tool_calls" and (choice.message.content or "") == REMARK.get(fmt, "")
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED[fmt]
     # Streamed: the SDK assembles the call from its deltas.
@@ -55,6 +58,10 @@ def test_openai_chat_tool_call(scripted):
     assert deltas[0].tool_calls[0].function.name == "get_weather"
     arguments = "".join(d.tool_calls[0].function.arguments or "" for d in deltas)
     assert json.loads(arguments) == EXPECTED[fmt] and not any((d.content or "").strip() for d in deltas)
+    # No marker of the format leaks into the streamed text.
+    streamed = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER], stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == REMARK.get(fmt, "")
     # The call and its result sent back render in the family's template; the scripted model
     # calls again, which is all it can do.
     messages += [choice.message.model_dump(exclude_none=True),

@@ -150,7 +150,7 @@ pub struct MakeTestModelArgs {
     /// The family's mixture-of-experts variant (gemma4_text).
     #[arg(long)]
     moe: bool,
-    /// Instead: a model that writes one tool call in this format (harmony, qwen-xml), with
+    /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, gemma4), with
     /// --chat-template the family's template (tests of what clients receive).
     #[arg(long, requires = "chat_template")]
     scripted: Option<String>,
@@ -165,7 +165,8 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
         let script = match format.as_str() {
             "harmony" => scripted::harmony_tool_call(&source),
             "qwen-xml" => scripted::qwen_xml_tool_call(&source),
-            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml)"),
+            "gemma4" => scripted::gemma4_tool_call(&source),
+            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml, gemma4)"),
         };
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());

@@ -80,6 +80,33 @@ pub fn qwen_xml_tool_call(chat_template: &str) -> Script<'_> {
     }
 }
 
+/// Gemma 4's tool calls (its published chat template, thinking off: the prompt ends with an
+/// empty thought): a short remark, then a call to `get_weather` with an integer argument (a
+/// string argument would need its quote token twice, which a script cannot hold).
+pub fn gemma4_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &[
+            "<bos>",
+            "<|turn>",
+            "<turn|>",
+            "<|think|>",
+            "<|channel>",
+            "<channel|>",
+            "<|tool>",
+            "<tool|>",
+            "<|tool_call>",
+            "<tool_call|>",
+            "<|tool_response>",
+            "<tool_response|>",
+            "<|\"|>",
+        ],
+        trigger: "<channel|>",
+        answer: &["Checking.", "<|tool_call>", "call:get_weather{days:3}", "<tool_call|>"],
+        eos: &["<|tool_response>", "<turn|>"],
+    }
+}
+
 /// Writes the scripted model to `dir`.
 pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
     let io = |e: std::io::Error| ModelError::Io { path: dir.to_path_buf(), source: e };

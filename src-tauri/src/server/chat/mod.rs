@@ -7,6 +7,7 @@
 
 pub mod answer;
 pub mod fim;
+mod gemma4_calls;
 pub mod harmony;
 pub mod outcome;
 pub mod params;

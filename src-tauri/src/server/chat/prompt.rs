@@ -189,10 +189,12 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
         ToolMode::Auto(format) => format.marker_tokens(),
         _ => &[],
     };
-    engine_request.special_text_tokens = markers.iter().filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     // A grammar decides the whole answer; a think block would break it.
     let reasoning =
         if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
+    let reasoning_markers = reasoning.as_ref().map(ReasoningSplitter::special_tokens).unwrap_or_default();
+    engine_request.special_text_tokens =
+        markers.iter().chain(reasoning_markers).filter_map(|t| info.tokenizer.token_to_id(t)).collect();
     let parser = if harmony {
         AnswerParser::harmony(&shape.mode)
     } else {

@@ -1,9 +1,19 @@
 //! Reasoning models (Qwen 3, DeepSeek R1 distills, QwQ) think inside `<think>...</think>` before
-//! they answer; clients show that part apart, from `reasoning_content`. The split happens while
-//! the text streams; a tag cut across tokens is held back until it is whole.
+//! they answer (Gemma 4 inside `<|channel>thought\n...<channel|>`, special tokens); clients show
+//! that part apart, from `reasoning_content`. The split happens while the text streams; a tag
+//! cut across tokens is held back until it is whole.
 
-const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// The tags around a family's reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tags {
+    open: &'static str,
+    close: &'static str,
+    /// Special tokens among the tags, whose text the engine must keep.
+    special: &'static [&'static str],
+}
+
+const THINK: Tags = Tags { open: "<think>", close: "</think>", special: &[] };
+const GEMMA4: Tags = Tags { open: "<|channel>thought\n", close: "<channel|>", special: &["<|channel>", "<channel|>"] };
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part {
@@ -22,20 +32,31 @@ enum State {
 }
 
 pub struct ReasoningSplitter {
+    tags: Tags,
     state: State,
     pending: String,
 }
 
 impl ReasoningSplitter {
-    /// `thinking`: the prompt already opened `<think>` (templates that force reasoning).
+    /// `<think>` tags; `thinking`: the prompt already opened one (templates that force reasoning).
     pub fn new(thinking: bool) -> ReasoningSplitter {
-        ReasoningSplitter { state: if thinking { State::Thinking } else { State::Start }, pending: String::new() }
+        ReasoningSplitter::with_tags(THINK, thinking)
     }
 
-    /// Whether a chat template's model reasons in `<think>` tags, and whether its rendered
-    /// prompt leaves the model inside one.
+    fn with_tags(tags: Tags, thinking: bool) -> ReasoningSplitter {
+        ReasoningSplitter { tags, state: if thinking { State::Thinking } else { State::Start }, pending: String::new() }
+    }
+
+    /// Whether a chat template's model reasons in tags (which), and whether its rendered prompt
+    /// leaves the model inside them.
     pub fn for_template(template_source: &str, prompt: &str) -> Option<ReasoningSplitter> {
-        template_source.contains(CLOSE).then(|| ReasoningSplitter::new(prompt.trim_end().ends_with(OPEN)))
+        let tags = [GEMMA4, THINK].into_iter().find(|t| template_source.contains(t.close))?;
+        Some(ReasoningSplitter::with_tags(tags, prompt.trim_end().ends_with(tags.open.trim_end())))
+    }
+
+    /// Special tokens the tags are made of (the engine keeps their text for this parser).
+    pub fn special_tokens(&self) -> &'static [&'static str] {
+        self.tags.special
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Part> {
@@ -45,23 +66,24 @@ impl ReasoningSplitter {
             match self.state {
                 State::Start => {
                     let trimmed = self.pending.trim_start();
-                    if let Some(thought) = trimmed.strip_prefix(OPEN) {
+                    if let Some(thought) = trimmed.strip_prefix(self.tags.open) {
                         self.pending = thought.to_string();
                         self.state = State::Thinking;
-                    } else if trimmed.is_empty() || OPEN.starts_with(trimmed) {
+                    } else if trimmed.is_empty() || self.tags.open.starts_with(trimmed) {
                         return out;
                     } else {
                         self.state = State::Answering;
                     }
                 }
                 State::Thinking => {
-                    if let Some(end) = self.pending.find(CLOSE) {
-                        let thought: String = self.pending.drain(..end + CLOSE.len()).collect();
+                    let close = self.tags.close;
+                    if let Some(end) = self.pending.find(close) {
+                        let thought: String = self.pending.drain(..end + close.len()).collect();
                         push_part(&mut out, Part::Reasoning(thought[..end].to_string()));
                         self.state = State::AfterThinking;
                         continue;
                     }
-                    let keep = partial_tag_len(&self.pending, CLOSE);
+                    let keep = partial_tag_len(&self.pending, close);
                     let emit: String = self.pending.drain(..self.pending.len() - keep).collect();
                     push_part(&mut out, Part::Reasoning(emit));
                     return out;
@@ -154,5 +176,20 @@ mod tests {
             ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state,
             State::Thinking
         );
+    }
+
+    #[test]
+    fn gemma4_thought_channel() {
+        let template = "{{ '<|channel>thought\\n<channel|>' }}";
+        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n").unwrap();
+        assert_eq!(s.special_tokens(), ["<|channel>", "<channel|>"]);
+        let mut parts: Vec<Part> =
+            ["<|chan", "nel>thought\nAdd", " them.<chan", "nel|>", "4."].iter().flat_map(|p| s.push(p)).collect();
+        parts.extend(s.finish());
+        assert_eq!(parts, [Part::Reasoning("Add".into()), Part::Reasoning(" them.".into()), Part::Answer("4.".into())]);
+        // With thinking off the prompt closes an empty thought: the answer is all answer.
+        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n<|channel>thought\n<channel|>").unwrap();
+        assert_eq!(s.state, State::Start);
+        assert_eq!(s.push("Four."), [Part::Answer("Four.".into())]);
     }
 }

@@ -11,6 +11,8 @@
 //! - Qwen3-Coder (and Qwen3.5/3.6, Qwen3-Coder-Next) XML: `<tool_call>\n<function=name>\n
 //!   <parameter=key>\nvalue\n</parameter>\n</function>\n</tool_call>`; the values are text,
 //!   typed from the tool's JSON Schema (a number, a boolean, JSON for objects and arrays).
+//! - Gemma 4: `<|tool_call>call:name{key:value,..}<tool_call|>` (special tokens; see
+//!   [`super::gemma4_calls`]).
 //!
 //! The markers that are special tokens only reach this parser if the request asks the engine to
 //! keep their text ([`ToolFormat::marker_tokens`]).
@@ -18,6 +20,8 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
+
+use super::gemma4_calls;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
@@ -28,6 +32,7 @@ pub enum ToolFormat {
     /// gpt-oss: calls are messages to `functions.*` (read by `harmony::HarmonyParser`, which
     /// also splits the reasoning; this parser passes such text through).
     Harmony,
+    Gemma4,
 }
 
 /// Each function's parameter schemas (`properties`), by function name: what typed XML values.
@@ -38,6 +43,8 @@ impl ToolFormat {
     pub fn of_template(source: &str) -> Option<ToolFormat> {
         if super::harmony::is_harmony(source) {
             Some(ToolFormat::Harmony)
+        } else if source.contains(gemma4_calls::OPEN) && source.contains(gemma4_calls::CLOSE) {
+            Some(ToolFormat::Gemma4)
         } else if source.contains("<function=") && source.contains("<parameter=") {
             Some(ToolFormat::QwenXml)
         } else if source.contains("<tool_call>") {
@@ -58,6 +65,15 @@ impl ToolFormat {
             ToolFormat::Mistral => &[MISTRAL_CALLS, "[ARGS]", "[CALL_ID]"],
             ToolFormat::LlamaJson => &[PYTHON_TAG],
             ToolFormat::Harmony => &super::harmony::MARKERS,
+            ToolFormat::Gemma4 => &gemma4_calls::MARKERS,
+        }
+    }
+
+    /// The markers around one call, for the formats that wrap each call in a pair.
+    fn call_delimiters(self) -> (&'static str, &'static str) {
+        match self {
+            ToolFormat::Gemma4 => (gemma4_calls::OPEN, gemma4_calls::CLOSE),
+            _ => (OPEN, CLOSE),
         }
     }
 }
@@ -106,7 +122,7 @@ impl ToolCallParser {
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
         match self.format {
-            ToolFormat::Hermes | ToolFormat::QwenXml => self.push_hermes(),
+            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4 => self.push_hermes(),
             ToolFormat::Mistral => self.push_mistral(),
             ToolFormat::LlamaJson => self.push_llama(),
             ToolFormat::Harmony => vec![Piece::Text(std::mem::take(&mut self.pending))],
@@ -125,14 +141,17 @@ impl ToolCallParser {
             ToolFormat::QwenXml if self.in_call && rest.contains("</function>") => {
                 parse_xml_call(&rest, &self.schemas).map(|c| vec![c])
             }
+            ToolFormat::Gemma4 if self.in_call => gemma4_calls::parse_call(&rest).map(|c| vec![c]),
             ToolFormat::Mistral if self.in_call => parse_mistral(&rest),
             ToolFormat::LlamaJson if self.in_call => parse_llama(rest.trim_start().trim_start_matches(PYTHON_TAG)),
             _ => None,
         };
         match calls {
             Some(calls) => calls.into_iter().map(Piece::Call).collect(),
-            None if self.in_call && matches!(self.format, ToolFormat::Hermes | ToolFormat::QwenXml) => {
-                vec![Piece::Text(format!("{OPEN}{rest}"))]
+            None if self.in_call
+                && matches!(self.format, ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4) =>
+            {
+                vec![Piece::Text(format!("{}{rest}", self.format.call_delimiters().0))]
             }
             None if self.in_call && self.format == ToolFormat::Mistral => {
                 vec![Piece::Text(format!("{MISTRAL_CALLS}{rest}"))]
@@ -144,35 +163,38 @@ impl ToolCallParser {
         }
     }
 
+    /// Calls each wrapped in a pair of markers, text around them.
     fn push_hermes(&mut self) -> Vec<Piece> {
+        let (open, close) = self.format.call_delimiters();
         let mut out = Vec::new();
         loop {
             if self.in_call {
-                let Some(end) = self.pending.find(CLOSE) else { return out };
-                let body: String = self.pending.drain(..end + CLOSE.len()).collect();
+                let Some(end) = self.pending.find(close) else { return out };
+                let body: String = self.pending.drain(..end + close.len()).collect();
                 let body = &body[..end];
                 let call = match self.format {
                     ToolFormat::QwenXml => parse_xml_call(body, &self.schemas),
+                    ToolFormat::Gemma4 => gemma4_calls::parse_call(body),
                     _ => parse_call(body),
                 };
                 out.push(match call {
                     Some(call) => Piece::Call(call),
-                    None => Piece::Text(format!("{OPEN}{body}{CLOSE}")),
+                    None => Piece::Text(format!("{open}{body}{close}")),
                 });
                 self.in_call = false;
                 continue;
             }
-            if let Some(start) = self.pending.find(OPEN) {
+            if let Some(start) = self.pending.find(open) {
                 let text: String = self.pending.drain(..start).collect();
                 if !text.trim().is_empty() {
                     out.push(Piece::Text(text));
                 }
-                self.pending.drain(..OPEN.len());
+                self.pending.drain(..open.len());
                 self.in_call = true;
                 continue;
             }
-            // Hold back a suffix that may be the start of "<tool_call>".
-            let keep = (1..OPEN.len()).rev().find(|&n| self.pending.ends_with(&OPEN[..n])).unwrap_or(0);
+            // Hold back a suffix that may be the start of the opening marker.
+            let keep = (1..open.len()).rev().find(|&n| self.pending.ends_with(&open[..n])).unwrap_or(0);
             let emit_to = self.pending.len() - keep;
             if emit_to > 0 {
                 out.push(Piece::Text(self.pending.drain(..emit_to).collect()));
@@ -497,5 +519,34 @@ mod tests {
         assert_eq!(of("llama3.1.jinja"), Some(ToolFormat::LlamaJson));
         assert_eq!(of("mistral-v0.3.jinja"), Some(ToolFormat::Mistral));
         assert_eq!(of("smollm2.jinja"), None);
+        assert_eq!(of("gemma4.jinja"), Some(ToolFormat::Gemma4));
+    }
+
+    #[test]
+    fn gemma4_calls_split_across_tokens() {
+        let q = "<|\"|>";
+        let pieces = [
+            "Let me check.",
+            "<|tool_",
+            "call>call:get_weather{location:",
+            q,
+            "Paris, France",
+            q,
+            "}<tool_call|><|tool_call>call:noop{}<tool_",
+            "call|>",
+        ];
+        assert_eq!(
+            run(ToolFormat::Gemma4, &pieces),
+            [
+                Piece::Text("Let me check.".into()),
+                call("get_weather", r#"{"location":"Paris, France"}"#),
+                call("noop", "{}")
+            ]
+        );
+        // Cut short: text, markers and all.
+        assert_eq!(
+            run(ToolFormat::Gemma4, &["<|tool_call>call:f{a:1"]),
+            [Piece::Text("<|tool_call>call:f{a:1".into())]
+        );
     }
 }

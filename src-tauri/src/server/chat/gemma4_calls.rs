@@ -1,0 +1,169 @@
+//! Gemma 4's tool-call syntax: `call:name{key:value,..}` between the special tokens
+//! `<|tool_call>` and `<tool_call|>`. Values are JSON-like, but keys are bare words and strings
+//! sit between `<|"|>` tokens (so a string may hold any character, quotes and braces included):
+//! `{location:<|"|>Paris, France<|"|>,days:3,tags:[<|"|>a<|"|>],where:{lat:59.9}}`.
+
+use serde_json::{Map, Number, Value};
+
+use super::tool_calls::ToolCall;
+
+pub const OPEN: &str = "<|tool_call>";
+pub const CLOSE: &str = "<tool_call|>";
+/// The string delimiter token.
+const QUOTE: &str = "<|\"|>";
+
+/// The special tokens whose text the parser must see.
+pub const MARKERS: [&str; 3] = [OPEN, CLOSE, QUOTE];
+
+/// A call's body (what is between the markers), or `None` if it does not read as one.
+pub fn parse_call(body: &str) -> Option<ToolCall> {
+    let rest = body.trim().strip_prefix("call:")?;
+    let brace = rest.find('{')?;
+    let name = rest[..brace].trim();
+    if name.is_empty() {
+        return None;
+    }
+    let mut reader = Reader { rest: &rest[brace..] };
+    let arguments = reader.value()?;
+    (arguments.is_object() && reader.rest.trim().is_empty())
+        .then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
+}
+
+struct Reader<'a> {
+    rest: &'a str,
+}
+
+impl Reader<'_> {
+    fn skip_space(&mut self) {
+        self.rest = self.rest.trim_start();
+    }
+
+    fn eat(&mut self, token: &str) -> bool {
+        self.skip_space();
+        match self.rest.strip_prefix(token) {
+            Some(after) => {
+                self.rest = after;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn value(&mut self) -> Option<Value> {
+        self.skip_space();
+        if self.eat(QUOTE) {
+            let end = self.rest.find(QUOTE)?;
+            let text = self.rest[..end].to_string();
+            self.rest = &self.rest[end + QUOTE.len()..];
+            return Some(Value::String(text));
+        }
+        if self.eat("{") {
+            let mut object = Map::new();
+            if self.eat("}") {
+                return Some(Value::Object(object));
+            }
+            loop {
+                let key = self.key()?;
+                if !self.eat(":") {
+                    return None;
+                }
+                object.insert(key, self.value()?);
+                if self.eat("}") {
+                    return Some(Value::Object(object));
+                }
+                if !self.eat(",") {
+                    return None;
+                }
+            }
+        }
+        if self.eat("[") {
+            let mut items = Vec::new();
+            if self.eat("]") {
+                return Some(Value::Array(items));
+            }
+            loop {
+                items.push(self.value()?);
+                if self.eat("]") {
+                    return Some(Value::Array(items));
+                }
+                if !self.eat(",") {
+                    return None;
+                }
+            }
+        }
+        // A bare word: a number, true/false/null, or (leniently) text.
+        let end = self.rest.find([',', '}', ']']).unwrap_or(self.rest.len());
+        let word = self.rest[..end].trim();
+        self.rest = &self.rest[end..];
+        if word.is_empty() {
+            return None;
+        }
+        Some(match word {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            "null" | "None" => Value::Null,
+            _ => number(word).unwrap_or_else(|| Value::String(word.to_string())),
+        })
+    }
+
+    /// A bare key, or one between `<|"|>` tokens.
+    fn key(&mut self) -> Option<String> {
+        if self.eat(QUOTE) {
+            let end = self.rest.find(QUOTE)?;
+            let key = self.rest[..end].to_string();
+            self.rest = &self.rest[end + QUOTE.len()..];
+            return Some(key);
+        }
+        let end = self.rest.find(':')?;
+        let key = self.rest[..end].trim();
+        self.rest = &self.rest[end..];
+        (!key.is_empty()).then(|| key.to_string())
+    }
+}
+
+fn number(word: &str) -> Option<Value> {
+    if let Ok(n) = word.parse::<i64>() {
+        return Some(Value::Number(n.into()));
+    }
+    word.parse::<f64>().ok().and_then(Number::from_f64).map(Value::Number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(body: &str) -> Value {
+        serde_json::from_str(&parse_call(body).unwrap().arguments).unwrap()
+    }
+
+    #[test]
+    fn calls_as_the_template_writes_them() {
+        let call = parse_call("call:get_weather{location:<|\"|>Paris, France<|\"|>,unit:<|\"|>celsius<|\"|>}").unwrap();
+        assert_eq!(call.name, "get_weather");
+        assert_eq!(
+            args("call:get_weather{location:<|\"|>Paris, France<|\"|>,unit:<|\"|>celsius<|\"|>}"),
+            json!({"location": "Paris, France", "unit": "celsius"})
+        );
+        assert_eq!(
+            args("call:f{days:3,metric:true,ratio:2.5,tags:[<|\"|>a<|\"|>,<|\"|>b<|\"|>],where:{lat:59.9,name:<|\"|>Oslo<|\"|>},none:null}"),
+            json!({"days": 3, "metric": true, "ratio": 2.5, "tags": ["a", "b"], "where": {"lat": 59.9, "name": "Oslo"}, "none": null})
+        );
+        // Strings keep what JSON would have to escape.
+        assert_eq!(
+            args("call:edit{text:<|\"|>a \"quoted\" {brace}, [x]\n<|\"|>}"),
+            json!({"text": "a \"quoted\" {brace}, [x]\n"})
+        );
+        assert_eq!(args("call:noop{}"), json!({}));
+        assert_eq!(args(" call:f{ <|\"|>odd key<|\"|> : 1 } "), json!({"odd key": 1}));
+    }
+
+    #[test]
+    fn what_is_not_a_call() {
+        for body in
+            ["get_weather{}", "call:{a:1}", "call:f{a:<|\"|>open}", "call:f{a:1", "call:f{a:1}} trailing", "call:f[1]"]
+        {
+            assert_eq!(parse_call(body), None, "{body}");
+        }
+    }
+}
