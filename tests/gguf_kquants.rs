@@ -1,9 +1,10 @@
 //! GGUF files in llama.cpp's K-quants (what most GGUF files on the Hub are): tiny Llama models
-//! all Q4_K, all Q6_K, with Q4_K_M's mix of the two, and all Q2_K, written by
-//! scripts/reference/make_kquant_gguf.py with gguf-py (random blocks), next to their reference:
-//! the same model with every tensor dequantized by gguf-py (which follows ggml). Expanded, the
-//! logits equal the reference's; packed (Q4_K as MLX 4-bit exactly, Q6_K requantized to 6
-//! bits, Q2_K to 3), they stay within the stated tolerance, at a fraction of the memory.
+//! all Q4_K, all Q6_K, all Q2_K, and the mixes of Q4_K_M, Q5_K_M and Q3_K_M, and Q8_0 with Q4_0,
+//! written by scripts/reference/make_kquant_gguf.py with gguf-py (random blocks), next to their
+//! reference: the same model with every tensor dequantized by gguf-py (which follows ggml).
+//! Expanded, the logits equal the reference's; packed (Q4_K, Q5_K, Q8_0 and Q4_0 as MLX 4-, 5-
+//! and 8-bit exactly, Q6_K requantized to 6 bits, Q3_K to 4, Q2_K to 3), they stay within the
+//! stated tolerance, at a fraction of the memory.
 
 mod common;
 
@@ -52,10 +53,21 @@ fn k_quant_files_match_their_dequantized_reference() {
     let _mlx = common::mlx_lock();
     let dir = make_files();
     let ids: Vec<u32> = (0..24).map(|i| 100 + i * 1543 % 40_000).collect();
-    // (file, worst logit difference packed (of the largest logit), correlation packed). Q4_K is
-    // packed on its own grid: exact. Measured at seeds 7 and 8 (KQ_SEED): Q6_K 0.027-0.031 /
-    // 0.99963-0.99965, Q4_K_M 0.020-0.062 / 0.99919-0.99978, Q2_K 0.048-0.049 / 0.99947.
-    let cases = [("q4_k", 1e-5, 0.999_999), ("q6_k", 0.06, 0.999), ("q4_k_m", 0.1, 0.998), ("q2_k", 0.1, 0.999)];
+    // (file, worst logit difference packed (of the largest logit), correlation packed). Q4_K,
+    // Q5_K, Q8_0 and Q4_0 are packed on their own grids: exact. Measured at seeds 7 and 8
+    // (KQ_SEED): Q6_K 0.027-0.031 / 0.99963-0.99965, Q4_K_M 0.020-0.062 / 0.99919-0.99978,
+    // Q5_K_M 0.134-0.256 / 0.9939-0.9994 (all of it Q6_K's 6-bit repacking: 0.022-0.029 with
+    // 8 bits), Q3_K_M 0.075-0.112 / 0.9950-0.9974, Q2_K 0.048-0.049 / 0.99947.
+    let cases = [
+        ("q4_k", 1e-5, 0.999_999),
+        ("q5_k", 1e-5, 0.999_999),
+        ("q8_0", 1e-5, 0.999_999),
+        ("q6_k", 0.06, 0.999),
+        ("q4_k_m", 0.1, 0.998),
+        ("q3_k_m", 0.15, 0.99),
+        ("q2_k", 0.1, 0.999),
+        ("q5_k_m", 0.35, 0.99),
+    ];
     for (kind, packed_worst, packed_corr) in cases {
         let reference = load(&dir.path().join(format!("{kind}-f32.gguf")), WeightFormat::Dense);
         let want = logits(&reference, &ids);
@@ -71,18 +83,22 @@ fn k_quant_files_match_their_dequantized_reference() {
         assert!(worst < packed_worst && corr > packed_corr, "{kind} packed: {worst} / {corr}");
         // Packed, far below the f32 reference's memory.
         assert!(packed.weights_bytes * 3 < reference.weights_bytes, "{kind}: {} bytes", packed.weights_bytes);
-        assert_eq!(inspect(&file).unloadable_reason, None);
+        // The inspector counts, without loading, the bytes the packed weights take.
+        let summary = inspect(&file);
+        assert_eq!(summary.unloadable_reason, None);
+        assert_eq!(summary.loaded_bytes, Some(packed.weights_bytes as u64), "{kind}: the inspector's estimate");
     }
 }
 
 #[test]
-fn k_quants_not_read_yet_are_refused_by_name() {
+fn types_not_read_are_refused_by_name() {
     let _mlx = common::mlx_lock();
     let dir = make_files();
-    let file = dir.path().join("q5_k.gguf");
-    let err = load_model_with(&file, &common::backend(), &LoadOptions::default()).err().expect("Q5_K is not read");
+    let file = dir.path().join("iq4_xs.gguf");
+    let err = load_model_with(&file, &common::backend(), &LoadOptions::default()).err().expect("IQ4_XS is not read");
     let message = err.to_string();
-    assert!(message.contains("Q5_K tensors (") && message.contains(".weight)"), "{message}");
+    assert!(message.contains("type 23 (IQ or newer) tensors (") && message.contains(".weight)"), "{message}");
+    assert!(message.contains("Q3_K") && message.contains("Q5_K"), "{message}");
     let reason = inspect(&file).unloadable_reason.unwrap_or_default();
-    assert!(reason.contains("Q5_K"), "{reason}");
+    assert!(reason.contains("type 23"), "{reason}");
 }

@@ -1,14 +1,15 @@
-"""Tiny GGUF models with K-quant tensors, and their dequantized reference, for
-tests/gguf_kquants.rs. A Llama of hidden size 256 (K-quant blocks hold 256 values), two
-layers, SmolLM2's tokenizer (copied from its GGUF's metadata); tensors as llama.cpp's Q4_K_M
-mixes them (Q4_K, with Q6_K for attn_v, ffn_down and the output head), or all Q2_K / one Q5_K.
-gguf-py has no K-quant writer, so the blocks are random bytes with sane scales (any bit pattern
-is a valid block); the reference is the same model with every tensor dequantized by gguf-py.
+"""Tiny GGUF models with K-quant (and legacy block) tensors, and their dequantized reference,
+for tests/gguf_kquants.rs. A Llama of hidden size 256 (K-quant blocks hold 256 values), two
+layers, SmolLM2's tokenizer (copied from its GGUF's metadata); tensors as llama.cpp's mixes
+have them: Q4_K_M (Q4_K, with Q6_K for attn_v, ffn_down and the output head), Q5_K_M (Q5_K
+with Q6_K), Q3_K_M (Q3_K with Q4_K), all Q2_K, Q4_K, Q5_K or Q6_K, and Q8_0 with Q4_0. gguf-py has no
+K-quant writer, so the blocks are random bytes with sane scales (any bit pattern is a valid
+block); the reference is the same model with every tensor dequantized by gguf-py.
 
     .cache/venv/bin/python scripts/reference/make_kquant_gguf.py OUT_DIR
 
-Writes OUT_DIR/{q4_k_m,q2_k,q4_k,q6_k}.gguf, each with its reference {kind}-f32.gguf, and
-q5_k.gguf (a type not read yet). KQ_SEED changes the random blocks (default 7).
+Writes OUT_DIR/{kind}.gguf, each with its reference {kind}-f32.gguf, and iq4_xs.gguf (a type
+not read). KQ_SEED changes the random blocks (default 7).
 """
 
 import sys
@@ -35,14 +36,29 @@ def random_blocks(qtype, rows, cols):
     b = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     # Scales as a trained model's: weights of a few hundredths (larger random ones make a
     # chaotic network whose logits no quantization could keep).
-    if qtype in (T.Q4_K, T.Q5_K):  # d, dmin first
-        b[:, 0:2] = f16_bytes(rng.uniform(1e-5, 3e-5, n))
+    if qtype in (T.Q4_K, T.Q5_K):  # d, dmin first; Q5_K's codes go twice as high: half the d
+        step = 1.0 if qtype == T.Q4_K else 0.5
+        b[:, 0:2] = f16_bytes(rng.uniform(1e-5, 3e-5, n) * step)
         b[:, 2:4] = f16_bytes(rng.uniform(1e-5, 3e-5, n))
     elif qtype == T.Q6_K:  # int8 scales of 16 weights at 192..208, d last
         # Neighbouring 16-weight groups of a trained matrix get similar scales: pairs here.
         scales = rng.integers(40, 127, size=(n, 8)) * rng.choice([-1, 1], size=(n, 8))
         b[:, 192:208] = np.repeat(scales, 2, axis=1).astype(np.int8).view(np.uint8)
         b[:, -2:] = f16_bytes(rng.uniform(2e-6, 6e-6, n))
+    elif qtype == T.Q3_K:  # hmask, qs, 12 bytes of sixteen 6-bit scales (32 = zero), d last
+        # Pairs of similar scales (the two 16-weight halves of 32 neighbours: a trained matrix's
+        # differ by a few), of either sign.
+        magnitude = np.repeat(rng.integers(12, 29, size=(n, 8)), 2, axis=1) + rng.integers(-3, 4, size=(n, 16))
+        scales = (magnitude * np.repeat(rng.choice([-1, 1], size=(n, 8)), 2, axis=1) + 32).astype(np.uint8)
+        packed = np.zeros((n, 12), dtype=np.uint8)
+        for j in range(16):  # ggml's layout: low nibbles in bytes 0-7, high 2 bits in 8-11
+            low, high = scales[:, j] & 0xF, scales[:, j] >> 4
+            packed[:, j % 8] |= low << (4 * (j // 8))
+            packed[:, 8 + j % 4] |= high << (2 * (j // 4))
+        b[:, 96:108] = packed
+        b[:, -2:] = f16_bytes(rng.uniform(5e-5, 1.5e-4, n))
+    elif qtype in (T.Q4_0, T.Q8_0, T.IQ4_XS):  # d first
+        b[:, 0:2] = f16_bytes(rng.uniform(2e-3, 6e-3, n) if qtype == T.Q4_0 else rng.uniform(1e-4, 3e-4, n))
     elif qtype == T.Q2_K:  # 4-bit scale and min of 16 weights at 0..16, d, dmin last
         b[:, 0:16] = np.repeat(b[:, 0:8], 2, axis=1)
         b[:, -4:-2] = f16_bytes(rng.uniform(2e-4, 6e-4, n))
@@ -50,10 +66,15 @@ def random_blocks(qtype, rows, cols):
     return b.reshape(rows, cols // block * size)
 
 
+# Each kind's main type and the type of its "important" tensors (attn_v, ffn_down, output).
+KINDS = {"q4_k_m": (T.Q4_K, T.Q6_K), "q5_k_m": (T.Q5_K, T.Q6_K), "q3_k_m": (T.Q3_K, T.Q4_K),
+         "q2_k": (T.Q2_K, T.Q2_K), "q4_k": (T.Q4_K, T.Q4_K), "q5_k": (T.Q5_K, T.Q5_K), "q6_k": (T.Q6_K, T.Q6_K),
+         "q8_0": (T.Q8_0, T.Q4_0), "iq4_xs": (T.Q4_K, T.IQ4_XS)}
+
+
 def tensors(kind):
-    """(name, qtype, rows, cols) of the model; `kind` is q4_k_m, q2_k, q5_k, q4_k or q6_k."""
-    main = {"q4_k_m": T.Q4_K, "q2_k": T.Q2_K, "q5_k": T.Q4_K, "q4_k": T.Q4_K, "q6_k": T.Q6_K}[kind]
-    high = {"q4_k_m": T.Q6_K, "q2_k": T.Q2_K, "q5_k": T.Q5_K, "q4_k": T.Q4_K, "q6_k": T.Q6_K}[kind]
+    """(name, qtype, rows, cols) of the model, for a kind of KINDS."""
+    main, high = KINDS[kind]
     q, kv = HEADS * 64, KV_HEADS * 64
     out = [("token_embd.weight", main, VOCAB, HIDDEN), ("output.weight", high, VOCAB, HIDDEN)]
     for l in range(LAYERS):
@@ -110,12 +131,12 @@ def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     reader = GGUFReader(str(SMOLLM2))
-    for kind in ("q4_k_m", "q2_k", "q5_k", "q4_k", "q6_k"):
+    for kind in KINDS:
         global rng
         rng = np.random.default_rng(int(__import__("os").environ.get("KQ_SEED", "7")))
         blocks = [(name, qtype, random_blocks(qtype, rows, cols)) for name, qtype, rows, cols in tensors(kind)]
         norms_seed = rng.bit_generator.state
-        for suffix in ("", "-f32") if kind != "q5_k" else ("",):
+        for suffix in ("", "-f32") if kind != "iq4_xs" else ("",):
             rng.bit_generator.state = norms_seed  # the same norms in both files
             write(out / f"{kind}{suffix}.gguf", kind, reader, blocks)
         print("wrote", out / f"{kind}.gguf")

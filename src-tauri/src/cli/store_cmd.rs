@@ -99,17 +99,24 @@ pub fn ls() -> anyhow::Result<()> {
         println!("no models yet: `fastmlx search <text>` then `fastmlx pull <repo>`");
         return Ok(());
     }
-    println!("{:<56} {:>9} {:>8} {:<18} {:<10} {:<8} NOTES", "ID", "SIZE", "PARAMS", "QUANTIZATION", "ARCH", "SOURCE");
+    println!(
+        "{:<56} {:>9} {:>9} {:>8} {:<18} {:<10} {:<8} NOTES",
+        "ID", "SIZE", "MEMORY", "PARAMS", "QUANTIZATION", "ARCH", "SOURCE"
+    );
+    let load = crate::model::LoadOptions::default();
     for m in models {
         let s = &m.summary;
+        // What the weights will take once loaded here (repacked GGUF blocks, f32 on a CPU).
+        let memory = human_bytes(crate::store::estimated_weights_bytes(s, &load));
         let params = s.parameters.map_or("-".into(), |p| format!("{:.1}B", p as f64 / 1e9));
         let source =
             serde_json::to_value(m.source).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let notes = s.unloadable_reason.as_ref().map_or(String::new(), |r| format!("cannot load: {r}"));
         println!(
-            "{:<56} {:>9} {:>8} {:<18} {:<10} {:<8} {notes}",
+            "{:<56} {:>9} {:>9} {:>8} {:<18} {:<10} {:<8} {notes}",
             m.id,
             human_bytes(s.size_bytes),
+            memory,
             params,
             s.quantization.as_deref().unwrap_or("-"),
             s.architecture.as_deref().unwrap_or("-"),

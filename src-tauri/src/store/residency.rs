@@ -377,7 +377,8 @@ impl Residency {
 }
 
 /// Memory the weights will take once loaded: on a CPU quantized weights are expanded to f32
-/// when they fit (see `WeightFormat::Auto`), elsewhere about their size on disk.
+/// when they fit (see `WeightFormat::Auto`), elsewhere what the inspector counts (a GGUF's
+/// blocks repacked) or about their size on disk.
 pub fn estimated_weights_bytes(summary: &ModelSummary, options: &LoadOptions) -> u64 {
     let quantized = summary
         .quantization
@@ -385,6 +386,6 @@ pub fn estimated_weights_bytes(summary: &ModelSummary, options: &LoadOptions) ->
         .is_some_and(|q| q.contains("bit") || q.contains("mxfp") || q.contains("nvfp") || q.starts_with('Q'));
     match summary.parameters {
         Some(params) if quantized && crate::model::load::expands_quantized(options, params) => params * 4,
-        _ => summary.size_bytes,
+        _ => summary.loaded_bytes.unwrap_or(summary.size_bytes),
     }
 }

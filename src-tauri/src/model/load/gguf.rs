@@ -1,21 +1,14 @@
 //! A single GGUF file: hyper-parameters, tokenizer and chat template from its metadata, tensors
-//! renamed to the Hugging Face layout, and llama.cpp's Q/K row permutation undone so the shared
-//! rotary code applies.
-//!
-//! MLX reads F32, F16, BF16, Q4_0, Q4_1 and Q8_0 as they are (the quantized ones packed as MLX
-//! affine 4/8-bit, group 32). It also turns Q2_K, Q4_K and Q6_K into f16, Q4_K wrongly; those
-//! tensors are read again from the file here (`gguf_kquants.rs`) and kept packed unless they
-//! are to be expanded anyway ([`KQUANTS`]): a Q4_K_M file stays near its size in memory.
-//! (MLX's f16 copies exist while loading: a reader of our own for every type is the next step,
-//! and would add Q3_K and Q5_K, which MLX cannot read.)
+//! (read by `gguf_tensors.rs`) renamed to the Hugging Face layout, and llama.cpp's Q/K row
+//! permutation undone so the shared rotary code applies.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlx_rs::io::{GgufFile, GgufMetadataValue};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Dtype;
 
-use super::gguf_kquants as kq;
+use super::gguf_header::{GgufHeader, MetaValue};
+use super::gguf_tensors;
 use crate::mlx::Backend;
 use crate::model::arch::{self, HfConfig};
 use crate::model::config::Arch;
@@ -24,30 +17,10 @@ use crate::model::weights::{QuantConfig, Weights};
 use crate::model::Transformer;
 use crate::tokenizer::{tokenizer_from_gguf_metadata, ChatTemplate, GgufTokenizerMetadata, Tokenizer};
 
-/// GGUF's quantized blocks are 32 values wide for every type MLX reads.
-const GGUF_GROUP_SIZE: i32 = 32;
-
-/// The K-quant types read here, and the MLX affine bits (group 32) each is packed into: Q4_K
-/// exactly (the same grid); Q6_K (groups of 16) into 6 bits; Q2_K (2.6 bits a weight, groups of
-/// 16) into 3 bits, as 2-bit groups of 32 lose too much. Measured against the dequantized
-/// weights in tests/gguf_kquants.rs.
-const KQUANTS: [KQuant; 3] = [
-    KQuant { id: 10, name: "Q2_K", bits: 3, block_bytes: kq::Q2_K_BYTES, decode: kq::dequantize_q2_k },
-    KQuant { id: 12, name: "Q4_K", bits: 4, block_bytes: kq::Q4_K_BYTES, decode: kq::dequantize_q4_k },
-    KQuant { id: 14, name: "Q6_K", bits: 6, block_bytes: kq::Q6_K_BYTES, decode: kq::dequantize_q6_k },
-];
-
-/// A K-quant type: its ggml id, the MLX bits it is packed into, its block size and decoder.
-struct KQuant {
-    id: u32,
-    name: &'static str,
-    bits: i32,
-    block_bytes: usize,
-    decode: fn(&[u8]) -> Vec<f32>,
+/// Whether this build reads tensors of ggml type `t`.
+pub fn is_readable_type(t: u32) -> bool {
+    gguf_tensors::is_readable(t)
 }
-
-/// ggml types this build reads: F32, F16, Q4_0, Q4_1, Q8_0, the K-quants above, BF16.
-pub const READABLE_TYPES: [u32; 9] = [0, 1, 2, 3, 8, 10, 12, 14, 30];
 
 /// The name of a ggml tensor type, for messages.
 pub fn ggml_type_name(t: u32) -> String {
@@ -78,12 +51,10 @@ pub fn load(
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     // Reading the header first also rejects what is not GGUF, with the file's name.
-    let header = super::gguf_header::read(path)
+    let header = super::gguf_header::read_all(path)
         .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     check_tensor_types(&header, path)?;
-    let file =
-        GgufFile::load(path).map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
-    let meta = Metadata { file: &file, path };
+    let meta = Metadata { header: &header, path };
 
     let arch_name = meta.string("general.architecture")?.unwrap_or_default();
     let arch = Arch::from_model_type(&arch_name)
@@ -93,14 +64,12 @@ pub fn load(
     let config =
         arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
 
-    let mut tensors =
-        file.arrays().map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     let expand = super::expand_quantized(options, backend, config.parameter_count());
-    read_kquants(path, &header, &mut tensors, expand)?;
+    let tensors = gguf_tensors::read(path, &header, expand)?;
     let mut weights = Weights::new(
         tensors,
         path.to_path_buf(),
-        QuantConfig { infer_bits_with_group: Some(GGUF_GROUP_SIZE), ..Default::default() },
+        QuantConfig { infer_bits_with_group: Some(gguf_tensors::GROUP as i32), ..Default::default() },
         backend.compute_dtype(Dtype::Float16),
     );
     weights.expand_quantized = expand;
@@ -140,84 +109,24 @@ pub fn load(
     Ok((transformer, tokenizer, template))
 }
 
-/// A file with tensors MLX cannot read fails here, naming the type and a tensor, rather than in
-/// MLX's reader with no name.
-fn check_tensor_types(header: &super::gguf_header::GgufHeader, path: &Path) -> Result<()> {
-    let unreadable = header.tensor_types.iter().zip(&header.tensor_names).find(|(t, _)| !READABLE_TYPES.contains(t));
+/// A file with tensors of a type not read fails here, naming the type and a tensor.
+fn check_tensor_types(header: &GgufHeader, path: &Path) -> Result<()> {
+    let unreadable = header.tensor_types.iter().zip(&header.tensor_names).find(|(t, _)| !is_readable_type(**t));
     match unreadable {
         None => Ok(()),
         Some((t, name)) => Err(ModelError::Weights {
             path: path.to_path_buf(),
             message: format!(
-                "{} tensors ({name}) are not read yet; GGUF files of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q2_K, \
-                 Q4_K and Q6_K tensors load (Q4_K_M, Q6_K), or use an MLX conversion",
-                ggml_type_name(*t)
+                "{} tensors ({name}) are not read yet; GGUF files of {} tensors load, or use an MLX conversion",
+                ggml_type_name(*t),
+                gguf_tensors::readable_names().join(", ")
             ),
         }),
     }
 }
 
-/// Reads the K-quant tensors from the file (over MLX's f16 versions): Q4_K repacked as MLX
-/// 4-bit exactly, the others decoded and packed again at [`KQUANTS`]' bits; all decoded to f32
-/// when `expand`. Packed ones become `x.weight` / `x.scales` / `x.biases`, the names MLX gives
-/// the types it keeps packed.
-fn read_kquants(
-    path: &Path,
-    header: &super::gguf_header::GgufHeader,
-    tensors: &mut HashMap<String, Array>,
-    expand: bool,
-) -> Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    let bad = |message: String| ModelError::Weights { path: path.to_path_buf(), message };
-    let mut file = None;
-    for (i, name) in header.tensor_names.iter().enumerate() {
-        let t = header.tensor_types[i];
-        let Some(kquant) = KQUANTS.iter().find(|k| k.id == t) else { continue };
-        let type_name = kquant.name;
-        let dims = &header.tensor_dims[i];
-        let [cols, rows] = dims[..] else {
-            return Err(bad(format!("{type_name} tensor {name} has {} dimensions, expected 2", dims.len())));
-        };
-        if cols % kq::QK_K as u64 != 0 {
-            return Err(bad(format!("{type_name} tensor {name}: rows of {cols} are not whole 256-weight blocks")));
-        }
-        let len = (rows * cols / kq::QK_K as u64) as usize * kquant.block_bytes;
-        let f = match &mut file {
-            Some(f) => f,
-            None => file.insert(
-                std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?,
-            ),
-        };
-        let mut bytes = vec![0u8; len];
-        f.seek(SeekFrom::Start(header.tensor_offsets[i]))
-            .and_then(|_| f.read_exact(&mut bytes))
-            .map_err(|e| bad(format!("{type_name} tensor {name}: {e}")))?;
-        let (rows, cols) = (rows as i32, cols as i32);
-        let base = name.trim_end_matches(".weight");
-        // Q4_K's grid is MLX's 4-bit one: repacked as it is.
-        if kquant.name == "Q4_K" && !expand {
-            let (words, scales, biases) = kq::q4_k_as_mlx(&bytes);
-            let groups = cols / GGUF_GROUP_SIZE;
-            tensors.insert(name.clone(), Array::from_slice(&words, &[rows, cols / 8]));
-            tensors.insert(format!("{base}.scales"), Array::from_slice(&scales, &[rows, groups]));
-            tensors.insert(format!("{base}.biases"), Array::from_slice(&biases, &[rows, groups]));
-            continue;
-        }
-        let dense = Array::from_slice(&(kquant.decode)(&bytes), &[rows, cols]);
-        if expand || !name.ends_with(".weight") {
-            tensors.insert(name.clone(), dense);
-            continue;
-        }
-        let (w, scales, biases) = mlx_rs::ops::quantize(&dense, GGUF_GROUP_SIZE, kquant.bits)?;
-        tensors.insert(format!("{base}.scales"), scales);
-        tensors.insert(format!("{base}.biases"), biases);
-        tensors.insert(name.clone(), w);
-    }
-    Ok(())
-}
-
 struct Metadata<'a> {
-    file: &'a GgufFile,
+    header: &'a GgufHeader,
     path: &'a Path,
 }
 
@@ -226,51 +135,65 @@ impl Metadata<'_> {
         ModelError::Config { path: self.path.to_path_buf(), message: format!("metadata {key:?}: {e}") }
     }
 
-    fn value(&self, key: &str) -> Result<Option<GgufMetadataValue>> {
-        self.file.get_metadata(key).map_err(|e| self.err(key, e))
-    }
-
     fn string(&self, key: &str) -> Result<Option<String>> {
-        match self.value(key)? {
-            Some(GgufMetadataValue::String(s)) => Ok(Some(s)),
+        match self.header.get(key) {
+            Some(MetaValue::Str(s)) => Ok(Some(s.clone())),
             None => Ok(None),
             Some(_) => Err(self.err(key, "expected a string")),
         }
     }
 
-    fn strings(&self, key: &str) -> Result<Vec<String>> {
-        match self.value(key)? {
-            Some(GgufMetadataValue::Strings(s)) => Ok(s),
-            None => Ok(Vec::new()),
-            Some(_) => Err(self.err(key, "expected a list of strings")),
+    fn list(&self, key: &str) -> Result<&[MetaValue]> {
+        match self.header.get(key) {
+            Some(MetaValue::List(items)) => Ok(items),
+            None => Ok(&[]),
+            Some(_) => Err(self.err(key, "expected a list")),
         }
     }
 
-    fn array(&self, key: &str) -> Result<Option<Array>> {
-        match self.value(key)? {
-            Some(GgufMetadataValue::Array(a)) => Ok(Some(a)),
+    fn strings(&self, key: &str) -> Result<Vec<String>> {
+        self.list(key)?
+            .iter()
+            .map(|v| match v {
+                MetaValue::Str(s) => Ok(s.clone()),
+                _ => Err(self.err(key, "expected a list of strings")),
+            })
+            .collect()
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>> {
+        match self.header.get(key) {
+            Some(MetaValue::Int(i)) => Ok(Some(*i as f64)),
+            Some(MetaValue::Float(f)) => Ok(Some(*f)),
             None => Ok(None),
             Some(_) => Err(self.err(key, "expected a number")),
         }
     }
 
-    fn number(&self, key: &str) -> Result<Option<f64>> {
-        self.array(key)?.map(|a| a.try_item_cast::<f32>().map(f64::from).map_err(|e| self.err(key, e))).transpose()
-    }
-
     fn uint(&self, key: &str) -> Result<Option<u32>> {
-        self.array(key)?.map(|a| a.try_item_cast::<u32>().map_err(|e| self.err(key, e))).transpose()
+        match self.header.get(key) {
+            Some(MetaValue::Int(i)) => u32::try_from(*i).map(Some).map_err(|_| self.err(key, "out of range")),
+            None => Ok(None),
+            Some(_) => Err(self.err(key, "expected an integer")),
+        }
     }
 
     fn bool(&self, key: &str) -> Result<Option<bool>> {
-        self.array(key)?.map(|a| a.try_item_cast::<bool>().map_err(|e| self.err(key, e))).transpose()
+        match self.header.get(key) {
+            Some(MetaValue::Bool(b)) => Ok(Some(*b)),
+            None => Ok(None),
+            Some(_) => Err(self.err(key, "expected a boolean")),
+        }
     }
 
     fn ints(&self, key: &str) -> Result<Vec<i32>> {
-        match self.array(key)? {
-            Some(a) => a.as_dtype(Dtype::Int32).map(|a| a.as_slice::<i32>().to_vec()).map_err(|e| self.err(key, e)),
-            None => Ok(Vec::new()),
-        }
+        self.list(key)?
+            .iter()
+            .map(|v| match v {
+                MetaValue::Int(i) => i32::try_from(*i).map_err(|_| self.err(key, "out of range")),
+                _ => Err(self.err(key, "expected a list of integers")),
+            })
+            .collect()
     }
 
     fn required(&self, key: &str) -> Result<usize> {

@@ -1,5 +1,6 @@
 //! The key/value metadata and tensor shapes at the start of a GGUF file, read without loading
-//! any weights (model listings look at many files).
+//! any weights: without the metadata arrays for model listings, which look at many files
+//! ([`read`]); with them (the vocabulary) for loading ([`read_all`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -12,8 +13,10 @@ pub enum MetaValue {
     Float(f64),
     Bool(bool),
     Str(String),
-    /// Arrays are skipped (the vocabulary is large); only their length is kept.
+    /// An array skipped by [`read`] (the vocabulary is large): only its length.
     Array(u64),
+    /// An array as [`read_all`] keeps it.
+    List(Vec<MetaValue>),
 }
 
 pub struct GgufHeader {
@@ -43,12 +46,26 @@ impl GgufHeader {
             _ => None,
         }
     }
+
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
 }
 
 const MAX_STRING: u64 = 16 << 20;
 const MAX_ENTRIES: u64 = 1 << 20;
 
+/// The header, arrays skipped.
 pub fn read(path: &Path) -> std::io::Result<GgufHeader> {
+    read_with(path, false)
+}
+
+/// The header with every metadata array.
+pub fn read_all(path: &Path) -> std::io::Result<GgufHeader> {
+    read_with(path, true)
+}
+
+fn read_with(path: &Path, keep_arrays: bool) -> std::io::Result<GgufHeader> {
     let mut r = BufReader::new(File::open(path)?);
     let mut magic = [0u8; 4];
     r.read_exact(&mut magic)?;
@@ -68,7 +85,7 @@ pub fn read(path: &Path) -> std::io::Result<GgufHeader> {
     for _ in 0..entries {
         let key = string(&mut r)?;
         let kind = u32_(&mut r)?;
-        metadata.insert(key, value(&mut r, kind)?);
+        metadata.insert(key, value(&mut r, kind, keep_arrays)?);
     }
     let (mut tensor_elements, mut tensor_types, mut tensor_names) = (Vec::new(), Vec::new(), Vec::new());
     let (mut tensor_dims, mut offsets) = (Vec::new(), Vec::new());
@@ -125,7 +142,7 @@ fn string(r: &mut impl Read) -> std::io::Result<String> {
 
 /// GGUF value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array,
 /// 10 u64, 11 i64, 12 f64.
-fn value(r: &mut impl Read, kind: u32) -> std::io::Result<MetaValue> {
+fn value(r: &mut impl Read, kind: u32, keep_arrays: bool) -> std::io::Result<MetaValue> {
     Ok(match kind {
         0 => MetaValue::Int(u8::from_le_bytes(bytes(r)?).into()),
         1 => MetaValue::Int(i8::from_le_bytes(bytes(r)?).into()),
@@ -142,10 +159,14 @@ fn value(r: &mut impl Read, kind: u32) -> std::io::Result<MetaValue> {
             if len > 1 << 24 {
                 return Err(invalid("implausible GGUF array length"));
             }
-            for _ in 0..len {
-                value(r, item)?;
+            if keep_arrays {
+                MetaValue::List((0..len).map(|_| value(r, item, false)).collect::<std::io::Result<_>>()?)
+            } else {
+                for _ in 0..len {
+                    value(r, item, false)?;
+                }
+                MetaValue::Array(len)
             }
-            MetaValue::Array(len)
         }
         10 => MetaValue::Int(u64::from_le_bytes(bytes(r)?).into()),
         11 => MetaValue::Int(i64::from_le_bytes(bytes(r)?).into()),

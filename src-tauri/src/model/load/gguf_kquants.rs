@@ -3,16 +3,43 @@
 //! measured against gguf-py, which follows ggml) and cannot read Q3_K or Q5_K, so the tensors of
 //! these types are read from the file here, as ggml's `dequantize_row_q*_K` defines them.
 //!
-//! Q4_K is, per 32 weights, `d·sc·q − dmin·m` with 4-bit `q`: exactly MLX's affine 4-bit with
-//! group 32, so it is repacked without loss ([`q4_k_as_mlx`]). The others are decoded to f32.
+//! Q4_K and Q5_K are, per 32 weights, `d·sc·q − dmin·m` with 4- or 5-bit `q`: exactly MLX's
+//! affine 4- and 5-bit with group 32, so they are repacked without loss ([`q4_k_as_mlx`],
+//! [`q5_k_as_mlx`]). The others are decoded to f32.
 
 /// Weights per block, and bytes per block of each type.
 pub const QK_K: usize = 256;
 pub const Q2_K_BYTES: usize = 84;
+pub const Q3_K_BYTES: usize = 110;
 pub const Q4_K_BYTES: usize = 144;
+pub const Q5_K_BYTES: usize = 176;
 pub const Q6_K_BYTES: usize = 210;
 
-fn f16(bytes: &[u8]) -> f32 {
+/// Weights as MLX's affine quantization stores them: `bits`-bit codes packed into words (row
+/// by row, each row a little-endian bit stream), one scale and bias per 32 weights.
+pub struct Packed {
+    pub words: Vec<u32>,
+    pub scales: Vec<f32>,
+    pub biases: Vec<f32>,
+}
+
+/// Packs codes (each below `2^bits`) as MLX does: a little-endian bit stream per row, read as
+/// 32-bit words (the first code in the lowest bits). `codes.len() * bits` must be a multiple
+/// of 32 (true of whole groups of 32).
+pub fn pack_codes(codes: &[u8], bits: u32) -> Vec<u32> {
+    let mut words = vec![0u32; codes.len() * bits as usize / 32];
+    for (i, &code) in codes.iter().enumerate() {
+        let at = i * bits as usize;
+        let (word, shift) = (at / 32, at % 32);
+        words[word] |= (code as u32) << shift;
+        if shift + bits as usize > 32 {
+            words[word + 1] |= (code as u32) >> (32 - shift);
+        }
+    }
+    words
+}
+
+pub(crate) fn f16(bytes: &[u8]) -> f32 {
     half_to_f32(u16::from_le_bytes([bytes[0], bytes[1]]))
 }
 
@@ -46,7 +73,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 
 /// `blocks` of Q4_K as MLX affine 4-bit, group 32: packed words (8 weights each, the first in
 /// the low bits), and one scale and bias per 32 weights (`w = scale·q + bias`), in order.
-pub fn q4_k_as_mlx(blocks: &[u8]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+pub fn q4_k_as_mlx(blocks: &[u8]) -> Packed {
     let n = blocks.len() / Q4_K_BYTES;
     let (mut words, mut scales, mut biases) =
         (Vec::with_capacity(n * QK_K / 8), Vec::with_capacity(n * 8), Vec::with_capacity(n * 8));
@@ -68,19 +95,98 @@ pub fn q4_k_as_mlx(blocks: &[u8]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
             }
         }
     }
-    (words, scales, biases)
+    Packed { words, scales, biases }
+}
+
+/// `blocks` of Q5_K as MLX affine 5-bit, group 32: per 32 weights `d·sc·q − dmin·m` with the
+/// low 4 bits of `q` in `qs` and the fifth in `qh` (ggml's `dequantize_row_q5_K`).
+pub fn q5_k_as_mlx(blocks: &[u8]) -> Packed {
+    let n = blocks.len() / Q5_K_BYTES;
+    let (mut codes, mut scales, mut biases) = (Vec::with_capacity(n * QK_K), Vec::new(), Vec::new());
+    for block in blocks.chunks_exact(Q5_K_BYTES) {
+        let (d, dmin) = (f16(&block[0..2]), f16(&block[2..4]));
+        let (sc, qh, qs) = (&block[4..16], &block[16..48], &block[48..176]);
+        for chunk in 0..4 {
+            let ql = &qs[chunk * 32..][..32];
+            for (half, shift) in [(0, 0), (1, 4)] {
+                let (s, m) = scale_min_k4(chunk * 2 + half, sc);
+                scales.push(d * s as f32);
+                biases.push(-dmin * m as f32);
+                let high_bit = 1u8 << (2 * chunk + half);
+                codes.extend((0..32).map(|l| ((ql[l] >> shift) & 0xf) | if qh[l] & high_bit != 0 { 16 } else { 0 }));
+            }
+        }
+    }
+    Packed { words: pack_codes(&codes, 5), scales, biases }
+}
+
+/// `blocks` of Q5_K as f32 weights.
+pub fn dequantize_q5_k(blocks: &[u8]) -> Vec<f32> {
+    unpack(&q5_k_as_mlx(blocks), 5)
+}
+
+/// `blocks` of Q3_K as f32 weights: per 16 weights `d·(sc − 32)·(q − 4)`, 3-bit `q` as 2 low
+/// bits (`qs`) and a high bit (`hmask`, set meaning no `− 4`), 6-bit `sc` packed in 12 bytes
+/// (ggml's `dequantize_row_q3_K`).
+pub fn dequantize_q3_k(blocks: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(blocks.len() / Q3_K_BYTES * QK_K);
+    for block in blocks.chunks_exact(Q3_K_BYTES) {
+        let (hmask, qs, packed) = (&block[..32], &block[32..96], &block[96..108]);
+        let d = f16(&block[108..110]);
+        let scales = q3_k_scales(packed);
+        let mut is = 0;
+        let mut m = 1u8;
+        for n in 0..2 {
+            let q = &qs[n * 32..][..32];
+            for shift in [0, 2, 4, 6] {
+                for sixteen in 0..2 {
+                    let dl = d * (scales[is] as i32 - 32) as f32;
+                    is += 1;
+                    for l in sixteen * 16..sixteen * 16 + 16 {
+                        let low = ((q[l] >> shift) & 3) as i32;
+                        let minus = if hmask[l] & m != 0 { 0 } else { 4 };
+                        out.push(dl * (low - minus) as f32);
+                    }
+                }
+                m <<= 1;
+            }
+        }
+    }
+    out
+}
+
+/// Q3_K's sixteen 6-bit scales from their 12 bytes: the low 4 bits of scale `j` are nibble
+/// `j % 8` of bytes 0-7 (low nibbles first), the high 2 bits are in bytes 8-11.
+fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (j, scale) in out.iter_mut().enumerate() {
+        let low = if j < 8 { packed[j] & 0xf } else { packed[j - 8] >> 4 };
+        let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *scale = low | (high << 4);
+    }
+    out
+}
+
+/// Packed codes back to f32 weights (`scale·q + bias`).
+fn unpack(p: &Packed, bits: u32) -> Vec<f32> {
+    let n = p.scales.len() * 32;
+    (0..n)
+        .map(|i| {
+            let at = i * bits as usize;
+            let (word, shift) = (at / 32, at % 32);
+            let mut code = (p.words[word] >> shift) as u64;
+            if shift + bits as usize > 32 {
+                code |= (p.words[word + 1] as u64) << (32 - shift);
+            }
+            let code = (code & ((1 << bits) - 1)) as f32;
+            p.scales[i / 32] * code + p.biases[i / 32]
+        })
+        .collect()
 }
 
 /// `blocks` of Q4_K as f32 weights.
 pub fn dequantize_q4_k(blocks: &[u8]) -> Vec<f32> {
-    let (words, scales, biases) = q4_k_as_mlx(blocks);
-    let mut out = Vec::with_capacity(words.len() * 8);
-    for (group, (s, b)) in scales.iter().zip(&biases).enumerate() {
-        for w in &words[group * 4..][..4] {
-            out.extend((0..8).map(|i| s * ((w >> (4 * i)) & 0xf) as f32 + b));
-        }
-    }
-    out
+    unpack(&q4_k_as_mlx(blocks), 4)
 }
 
 /// `blocks` of Q6_K as f32 weights: per 16 weights `d·sc·(q − 32)`, 6-bit `q` in 4 low bits
@@ -136,6 +242,22 @@ pub fn dequantize_q2_k(blocks: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The packing is MLX's: its dequantize reads the codes back (scale 1, bias 0).
+    #[test]
+    fn codes_pack_as_mlx_reads_them() {
+        use mlx_rs::Array;
+        for bits in [2u32, 3, 4, 5, 6, 8] {
+            let top = (1u32 << bits) - 1;
+            let codes: Vec<u8> = (0..128u32).map(|i| ((i * 7 + i / 32) % (top + 1)) as u8).collect();
+            let words = Array::from_slice(&pack_codes(&codes, bits), &[2, (64 * bits / 32) as i32]);
+            let (ones, zeros) = (Array::from_slice(&[1f32; 4], &[2, 2]), Array::from_slice(&[0f32; 4], &[2, 2]));
+            let w = mlx_rs::ops::dequantize(&words, &ones, &zeros, 32, bits as i32).unwrap();
+            w.eval().unwrap();
+            let want: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
+            assert_eq!(w.as_slice::<f32>(), want.as_slice(), "{bits} bits");
+        }
+    }
 
     #[test]
     fn halves_decode_like_ieee() {

@@ -20,6 +20,9 @@ pub struct ModelSummary {
     pub quantization: Option<String>,
     pub context_length: Option<usize>,
     pub size_bytes: u64,
+    /// Bytes the weights take once loaded (kept packed), where that is not about `size_bytes`:
+    /// GGUF files, whose blocks are repacked into MLX's layout.
+    pub loaded_bytes: Option<u64>,
     /// `None` when this build can load it; otherwise why not.
     pub unloadable_reason: Option<String>,
 }
@@ -41,6 +44,7 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
         quantization: None,
         context_length: None,
         size_bytes: folder_size(dir),
+        loaded_bytes: None,
         unloadable_reason: None,
     };
     let raw: Value = match std::fs::read_to_string(dir.join("config.json"))
@@ -111,6 +115,7 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
         quantization: None,
         context_length: None,
         size_bytes,
+        loaded_bytes: None,
         unloadable_reason: None,
     };
     let header = match gguf_header::read(path) {
@@ -123,6 +128,14 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
     let arch = header.string("general.architecture").unwrap_or_default().to_string();
     summary.context_length = header.int(&format!("{arch}.context_length")).map(|n| n as usize);
     summary.parameters = Some(header.tensor_elements.iter().sum());
+    // Floats are computed in f16 on a GPU, f32 on a CPU; scales and biases follow.
+    let compute_bytes = if crate::mlx::gpu_available() { 2.0 } else { 4.0 };
+    summary.loaded_bytes = header
+        .tensor_types
+        .iter()
+        .zip(&header.tensor_elements)
+        .map(|(&t, &n)| super::gguf_tensors::loaded_bytes_per_weight(t, compute_bytes).map(|b| (b * n as f64) as u64))
+        .sum::<Option<u64>>();
     summary.quantization = header.int("general.file_type").map(|t| file_type_name(t as u32).to_string());
     let mut reasons = Vec::new();
     if Arch::from_model_type(&arch).is_none() {
@@ -131,10 +144,11 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
     if header.string("tokenizer.ggml.model").is_some_and(|m| m != "gpt2") {
         reasons.push("SentencePiece GGUF tokenizers are not supported (load the Hugging Face folder)".into());
     }
-    if let Some(t) = header.tensor_types.iter().find(|t| !super::gguf::READABLE_TYPES.contains(*t)) {
+    if let Some(t) = header.tensor_types.iter().find(|t| !super::gguf::is_readable_type(**t)) {
         reasons.push(format!(
-            "{} tensors are not read yet (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q2_K, Q4_K, Q6_K are); use an MLX conversion",
-            super::gguf::ggml_type_name(*t)
+            "{} tensors are not read yet ({} are); use an MLX conversion",
+            super::gguf::ggml_type_name(*t),
+            super::gguf_tensors::readable_names().join(", ")
         ));
     }
     summary.architecture = (!arch.is_empty()).then_some(arch);

@@ -4,6 +4,7 @@
 mod gguf;
 mod gguf_header;
 mod gguf_kquants;
+mod gguf_tensors;
 mod hf_dir;
 mod inspect;
 
