@@ -102,3 +102,33 @@ fn types_not_read_are_refused_by_name() {
     let reason = inspect(&file).unloadable_reason.unwrap_or_default();
     assert!(reason.contains("type 23"), "{reason}");
 }
+
+/// Mixture-of-experts GGUFs as llama.cpp writes them (`qwen3moe`, `qwen2moe`: stacked
+/// `ffn_*_exps` experts in Q8_0, router, shared expert) give the logits of the same weights
+/// read from a Hugging Face folder (dequantized), expanded and packed.
+#[test]
+fn moe_gguf_files_equal_their_folders() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny");
+    fastmlx::model::synthetic::write_tiny_model(&tiny, fastmlx::model::Arch::Llama, 0, None).unwrap();
+    let out = std::process::Command::new(common::root().join(".cache/venv/bin/python"))
+        .arg(common::root().join("scripts/reference/make_moe_gguf.py"))
+        .args([&tiny, &dir.path().to_path_buf()])
+        .output()
+        .expect("the reference venv runs the file writer");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ids: Vec<u32> = (0..21).map(|i| 3 + i * 11 % 250).collect();
+    for arch in ["qwen3moe", "qwen2moe"] {
+        let file = dir.path().join(format!("{arch}.gguf"));
+        let want = logits(&load(&dir.path().join(arch), WeightFormat::Dense), &ids);
+        for weights in [WeightFormat::Dense, WeightFormat::Packed] {
+            let model = load(&file, weights);
+            let moe = model.transformer.config.moe.clone().expect("experts");
+            assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (8, 4, 64), "{arch}");
+            let (worst, _) = compare(&logits(&model, &ids), &want);
+            assert!(worst < 1e-4, "{arch} {weights:?}: {worst:e} from the folder's logits");
+        }
+        assert_eq!(inspect(&file).unloadable_reason, None, "{arch}");
+    }
+}

@@ -1,6 +1,6 @@
-//! A single GGUF file: hyper-parameters, tokenizer and chat template from its metadata, tensors
-//! (read by `gguf_tensors.rs`) renamed to the Hugging Face layout, and llama.cpp's Q/K row
-//! permutation undone so the shared rotary code applies.
+//! A single GGUF file: hyper-parameters (experts included) tokenizer and chat template from its
+//! metadata, tensors (read by `gguf_tensors.rs`) renamed to the Hugging Face layout, and
+//! llama.cpp's Q/K row permutation undone so the shared rotary code applies.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,10 +57,12 @@ pub fn load(
     let meta = Metadata { header: &header, path };
 
     let arch_name = meta.string("general.architecture")?.unwrap_or_default();
-    let arch = Arch::from_model_type(&arch_name)
+    let experts = meta.number(&format!("{arch_name}.expert_count"))?.unwrap_or(0.0) > 0.0;
+    let arch = gguf_arch(&arch_name, experts)
         .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
     let tok = tokenizer_metadata(&meta)?;
-    let hf = hf_config(&meta, &arch_name, tok.tokens.len())?;
+    let mut hf = hf_config(&meta, &arch_name, tok.tokens.len())?;
+    hf.extra = expert_config(&meta, &arch_name, arch)?;
     let config =
         arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
 
@@ -83,8 +85,17 @@ pub fn load(
     }
     let fused_up = config.fused_projections;
     weights.rename_all(|name| hf_tensor_name(name, fused_up));
-    if arch == Arch::Llama {
+    // llama.cpp's converter permutes the q/k rows of its "llama" architecture (Mixtral's too).
+    if arch_name == "llama" {
         unpermute_qk(&mut weights, &config)?;
+    }
+    // Qwen2-MoE's shared-expert gate is a vector in GGUF, a 1-row matrix in the layout read.
+    for l in 0..config.num_layers {
+        let name = format!("model.layers.{l}.mlp.shared_expert_gate.weight");
+        if let Some(gate) = weights.remove(&name) {
+            let gate = if gate.ndim() == 1 { gate.reshape(&[1, -1])? } else { gate };
+            weights.insert(name, gate);
+        }
     }
     config.tie_word_embeddings = !weights.contains("lm_head.weight");
     let transformer = Transformer::build(config, &mut weights)?;
@@ -107,6 +118,35 @@ pub fn load(
         .transpose()
         .map_err(|e| tokenizer_err(e.to_string()))?;
     Ok((transformer, tokenizer, template))
+}
+
+/// The architecture of a GGUF's `general.architecture` (llama.cpp's names; Mixtral is "llama"
+/// with experts).
+pub fn gguf_arch(name: &str, experts: bool) -> Option<Arch> {
+    match name {
+        "llama" if experts => Some(Arch::Mixtral),
+        "qwen3moe" => Some(Arch::Qwen3Moe),
+        "qwen2moe" => Some(Arch::Qwen2Moe),
+        other => Arch::from_model_type(other),
+    }
+}
+
+/// The mixture-of-experts fields of `config.json` from llama.cpp's `<arch>.expert_*` keys.
+fn expert_config(meta: &Metadata, arch_name: &str, arch: Arch) -> Result<arch::HfExtras> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let count = |k: &str| -> Result<Option<usize>> { Ok(meta.number(&key(k))?.map(|n| n as usize)) };
+    let experts = count("expert_count")?;
+    Ok(arch::HfExtras {
+        num_experts: experts,
+        num_local_experts: experts,
+        num_experts_per_tok: count("expert_used_count")?,
+        moe_intermediate_size: count("expert_feed_forward_length")?,
+        shared_expert_intermediate_size: count("expert_shared_feed_forward_length")?,
+        // llama.cpp renormalises Qwen3-MoE's top-k weights (as every Qwen3-MoE config asks),
+        // and not Qwen2-MoE's.
+        norm_topk_prob: Some(arch == Arch::Qwen3Moe),
+        ..Default::default()
+    })
 }
 
 /// A file with tensors of a type not read fails here, naming the type and a tensor.
@@ -272,7 +312,23 @@ fn hf_tensor_name(name: &str, fused_up: bool) -> Option<String> {
                 "ffn_up" if fused_up => "mlp.gate_up_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
-                _ => return Some(name.to_string()),
+                // Experts: the router, every expert's matrices stacked, a shared expert.
+                "ffn_gate_inp" => "mlp.gate",
+                "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+                "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+                "ffn_down_exps" => "mlp.switch_mlp.down_proj",
+                "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
+                "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+                "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+                "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+                // Older Mixtral files: one tensor per expert (`ffn_gate.3`), stacked at load.
+                _ => match part.rsplit_once('.').filter(|(_, e)| e.parse::<usize>().is_ok()) {
+                    Some((proj @ ("ffn_gate" | "ffn_up" | "ffn_down"), expert)) => {
+                        let proj = &proj["ffn_".len()..];
+                        return Some(format!("model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.{suffix}"));
+                    }
+                    _ => return Some(name.to_string()),
+                },
             };
             format!("model.layers.{layer}.{hf}")
         }

@@ -138,7 +138,8 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
         .sum::<Option<u64>>();
     summary.quantization = header.int("general.file_type").map(|t| file_type_name(t as u32).to_string());
     let mut reasons = Vec::new();
-    if Arch::from_model_type(&arch).is_none() {
+    let experts = header.int(&format!("{arch}.expert_count")).is_some_and(|n| n > 0);
+    if super::gguf::gguf_arch(&arch, experts).is_none() {
         reasons.push(format!("architecture {arch:?} is not supported"));
     }
     if header.string("tokenizer.ggml.model").is_some_and(|m| m != "gpt2") {
