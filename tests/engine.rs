@@ -51,8 +51,12 @@ fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
 }
 
 fn tiny_model(arch: Arch) -> tempfile::TempDir {
+    tiny_variant(arch, &synthetic::TinyOptions::default())
+}
+
+fn tiny_variant(arch: Arch, options: &synthetic::TinyOptions) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    synthetic::write_tiny_model(dir.path(), arch, 21, None).unwrap();
+    synthetic::write_tiny_model_with(dir.path(), arch, 21, options).unwrap();
     dir
 }
 
@@ -104,8 +108,8 @@ fn assert_batch_equals_single(engine: &EngineHandle, requests: &[Request]) {
 #[test]
 fn batch_equals_single_for_every_architecture() {
     let _mlx = common::mlx_lock();
-    for arch in Arch::ALL {
-        let dir = tiny_model(arch);
+    for (arch, options) in synthetic::engine_variants() {
+        let dir = tiny_variant(arch, &options);
         let engine = start(dir.path(), EngineConfig { prefill_chunk: 16, ..Default::default() });
         assert_batch_equals_single(&engine, &mixed_requests(10));
         let m = wait_idle(&engine);
@@ -442,8 +446,8 @@ fn context_cap_limits_prompt_and_output() {
 #[test]
 fn batched_prefill_equals_one_at_a_time_for_every_architecture() {
     let _mlx = common::mlx_lock();
-    for arch in Arch::ALL {
-        let dir = tiny_model(arch);
+    for (arch, options) in synthetic::engine_variants() {
+        let dir = tiny_variant(arch, &options);
         let engine = start(dir.path(), EngineConfig { prefill_chunk: 40, prefix_cache_bytes: 0, ..Default::default() });
         let lengths = [3usize, 150, 17, 64, 1, 90, 33, 120, 9, 200];
         let requests: Vec<Request> = lengths

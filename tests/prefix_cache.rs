@@ -134,9 +134,9 @@ fn agent_session(dir: &Path, vocab: usize, system_len: usize, chunk: usize) {
 #[test]
 fn hits_answer_like_a_cold_prefill_for_every_architecture() {
     let _mlx = common::mlx_lock();
-    for arch in Arch::ALL {
+    for (arch, options) in synthetic::engine_variants() {
         let dir = tempfile::tempdir().unwrap();
-        synthetic::write_tiny_model(dir.path(), arch, 21, None).unwrap();
+        synthetic::write_tiny_model_with(dir.path(), arch, 21, &options).unwrap();
         // 150 tokens: two whole blocks and a partial one; chunks of 48 cross block edges (and
         // Mistral's 12-token window is far shorter than the prompts).
         agent_session(dir.path(), synthetic::VOCAB, 150, 48);
@@ -229,16 +229,22 @@ fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize,
 #[test]
 fn concurrent_agents_hold_their_system_prompt_once() {
     let _mlx = common::mlx_lock();
-    for arch in Arch::ALL {
+    for (arch, options) in synthetic::engine_variants() {
         let dir = tempfile::tempdir().unwrap();
-        synthetic::write_tiny_model(dir.path(), arch, 9, None).unwrap();
+        synthetic::write_tiny_model_with(dir.path(), arch, 9, &options).unwrap();
         // Room for a system prompt long enough that holding it once shows (sliding-window
         // layers' windows stay far shorter).
         let config = dir.path().join("config.json");
         let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
         json["max_position_embeddings"] = 2048.into();
         std::fs::write(&config, json.to_string()).unwrap();
-        concurrent_agents(dir.path(), synthetic::VOCAB, 1000, 8, &format!("{arch:?}"));
+        concurrent_agents(
+            dir.path(),
+            synthetic::VOCAB,
+            1000,
+            8,
+            &format!("{arch:?}{}", if options.moe { " (experts)" } else { "" }),
+        );
     }
 }
 

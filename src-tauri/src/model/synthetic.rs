@@ -64,6 +64,15 @@ pub struct TinyOptions {
     pub moe: bool,
 }
 
+/// Every architecture as the engine tests run it: each one's default tiny model, and the
+/// variants whose layers differ in a way the caches see (Gemma 4's experts, with keys as values
+/// and fewer KV heads in its global layers).
+pub fn engine_variants() -> Vec<(Arch, TinyOptions)> {
+    let mut out: Vec<(Arch, TinyOptions)> = Arch::ALL.iter().map(|&a| (a, TinyOptions::default())).collect();
+    out.push((Arch::Gemma4, TinyOptions { moe: true, ..TinyOptions::default() }));
+    out
+}
+
 /// The three special tokens after the 256 byte tokens.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
