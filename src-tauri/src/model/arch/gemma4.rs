@@ -35,13 +35,14 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
     };
-    let global_head_dim = x.global_head_dim.filter(|&d| d > 0).unwrap_or(config.head_dim);
+    // Absent fields take the reference's defaults (mlx-lm's, shaped like E2B).
+    let global_head_dim = x.global_head_dim.filter(|&d| d > 0).unwrap_or(512);
     let (local_rope, global_rope) = rope_by_kind(hf.extra.rope_parameters.as_ref(), &config, global_head_dim)?;
-    let shared = x.num_kv_shared_layers.unwrap_or(0).min(layers);
+    let shared = x.num_kv_shared_layers.unwrap_or(20).min(layers);
     let first_kv_shared = layers - shared;
-    let per_layer_input = match x.hidden_size_per_layer_input.unwrap_or(0) {
+    let per_layer_input = match x.hidden_size_per_layer_input.unwrap_or(256) {
         0 => None,
-        size => Some(PerLayerInput { size, vocab_size: x.vocab_size_per_layer_input.unwrap_or(config.vocab_size) }),
+        size => Some(PerLayerInput { size, vocab_size: x.vocab_size_per_layer_input.unwrap_or(262_144) }),
     };
     config.rope = local_rope.clone();
     config.gemma4 = Some(Gemma4Style {
@@ -53,7 +54,11 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
         first_kv_shared,
         per_layer_input,
         double_wide_mlp: x.use_double_wide_mlp.unwrap_or(true),
-        final_logit_softcap: x.final_logit_softcapping.or(Some(30.0)).filter(|&c| c > 0.0),
+        // Absent: the reference's 30; an explicit null: none.
+        final_logit_softcap: match x.final_logit_softcapping {
+            None => Some(30.0),
+            Some(cap) => cap.filter(|&c| c > 0.0),
+        },
     });
     if x.enable_moe_block.unwrap_or(false) {
         config.moe = Some(super::checked(MoeConfig {

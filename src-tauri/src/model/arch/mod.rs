@@ -90,12 +90,19 @@ pub struct HfExtras {
     pub hidden_size_per_layer_input: Option<usize>,
     pub vocab_size_per_layer_input: Option<usize>,
     pub use_double_wide_mlp: Option<bool>,
-    pub final_logit_softcapping: Option<f32>,
+    /// `None` when absent, `Some(None)` when null.
+    #[serde(default, deserialize_with = "present")]
+    pub final_logit_softcapping: Option<Option<f32>>,
     /// ...and its experts beside the dense MLP.
     pub enable_moe_block: Option<bool>,
     pub top_k_experts: Option<usize>,
     /// What some transformers versions save `moe_intermediate_size` as (Gemma 4).
     pub expert_intermediate_size: Option<usize>,
+}
+
+/// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f32>>, D::Error> {
+    Ok(Some(Option::deserialize(d)?))
 }
 
 fn default_eps() -> f32 {

@@ -85,7 +85,7 @@ fn read_with(path: &Path, keep_arrays: bool) -> std::io::Result<GgufHeader> {
     for _ in 0..entries {
         let key = string(&mut r)?;
         let kind = u32_(&mut r)?;
-        metadata.insert(key, value(&mut r, kind, keep_arrays)?);
+        metadata.insert(key, value(&mut r, kind, keep_arrays, 0)?);
     }
     let (mut tensor_elements, mut tensor_types, mut tensor_names) = (Vec::new(), Vec::new(), Vec::new());
     let (mut tensor_dims, mut offsets) = (Vec::new(), Vec::new());
@@ -142,7 +142,11 @@ fn string(r: &mut impl Read) -> std::io::Result<String> {
 
 /// GGUF value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array,
 /// 10 u64, 11 i64, 12 f64.
-fn value(r: &mut impl Read, kind: u32, keep_arrays: bool) -> std::io::Result<MetaValue> {
+/// Arrays nest at most this deep (GGUF's own use nests none; a hostile file must not exhaust
+/// the stack).
+const MAX_NESTING: u32 = 4;
+
+fn value(r: &mut impl Read, kind: u32, keep_arrays: bool, depth: u32) -> std::io::Result<MetaValue> {
     Ok(match kind {
         0 => MetaValue::Int(u8::from_le_bytes(bytes(r)?).into()),
         1 => MetaValue::Int(i8::from_le_bytes(bytes(r)?).into()),
@@ -154,16 +158,19 @@ fn value(r: &mut impl Read, kind: u32, keep_arrays: bool) -> std::io::Result<Met
         7 => MetaValue::Bool(bytes::<1>(r)?[0] != 0),
         8 => MetaValue::Str(string(r)?),
         9 => {
+            if depth >= MAX_NESTING {
+                return Err(invalid("GGUF arrays nested too deep"));
+            }
             let item = u32_(r)?;
             let len = u64_(r)?;
             if len > 1 << 24 {
                 return Err(invalid("implausible GGUF array length"));
             }
             if keep_arrays {
-                MetaValue::List((0..len).map(|_| value(r, item, false)).collect::<std::io::Result<_>>()?)
+                MetaValue::List((0..len).map(|_| value(r, item, false, depth + 1)).collect::<std::io::Result<_>>()?)
             } else {
                 for _ in 0..len {
-                    value(r, item, false)?;
+                    value(r, item, false, depth + 1)?;
                 }
                 MetaValue::Array(len)
             }

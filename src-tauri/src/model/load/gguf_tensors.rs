@@ -132,9 +132,19 @@ pub fn read(path: &Path, header: &GgufHeader, expand: bool) -> Result<HashMap<St
         let Some(t) = TYPES.iter().find(|t| t.id == id) else {
             return Err(bad(format!("{name}: ggml type {id} is not read")));
         };
-        // GGUF lists dimensions fastest first; MLX's shape is the reverse.
-        let shape: Vec<i32> = header.tensor_dims[i].iter().rev().map(|&d| d as i32).collect();
-        let elements = header.tensor_elements[i] as usize;
+        // GGUF lists dimensions fastest first; MLX's shape is the reverse. A hostile header's
+        // sizes must not overflow anything below (MLX's shapes are i32).
+        let shape: Vec<i32> = header.tensor_dims[i]
+            .iter()
+            .rev()
+            .map(|&d| i32::try_from(d).ok().filter(|&d| d > 0))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad(format!("{name}: dimensions {:?} are out of range", header.tensor_dims[i])))?;
+        let elements = shape
+            .iter()
+            .try_fold(1i32, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| bad(format!("{name}: {:?} holds more values than MLX can", header.tensor_dims[i])))?
+            as usize;
         let cols = *shape.last().unwrap_or(&1) as usize;
         let per_block = match t.reading {
             Reading::F32 => 0,
@@ -148,6 +158,7 @@ pub fn read(path: &Path, header: &GgufHeader, expand: bool) -> Result<HashMap<St
                 t.name
             )));
         }
+        // At most 2^31 values: no product below overflows a 64-bit usize.
         let len = match t.reading {
             Reading::F32 => elements * 4,
             Reading::F16 | Reading::BF16 => elements * 2,

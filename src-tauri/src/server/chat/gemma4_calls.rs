@@ -15,22 +15,35 @@ const QUOTE: &str = "<|\"|>";
 /// The special tokens whose text the parser must see.
 pub const MARKERS: [&str; 3] = [OPEN, CLOSE, QUOTE];
 
-/// A call's body (what is between the markers), or `None` if it does not read as one.
-pub fn parse_call(body: &str) -> Option<ToolCall> {
-    let rest = body.trim().strip_prefix("call:")?;
-    let brace = rest.find('{')?;
-    let name = rest[..brace].trim();
-    if name.is_empty() {
-        return None;
+/// What is between the markers: one call, or (as models sometimes write) several in a row;
+/// `None` if it does not read as calls.
+pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
+    let mut reader = Reader { rest: body, depth: 0 };
+    let mut calls = Vec::new();
+    while reader.eat("call:") {
+        let brace = reader.rest.find('{')?;
+        let name = reader.rest[..brace].trim();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return None;
+        }
+        let name = name.to_string();
+        reader.rest = &reader.rest[brace..];
+        let arguments = reader.value()?;
+        if !arguments.is_object() {
+            return None;
+        }
+        calls.push(ToolCall { name, arguments: arguments.to_string() });
     }
-    let mut reader = Reader { rest: &rest[brace..] };
-    let arguments = reader.value()?;
-    (arguments.is_object() && reader.rest.trim().is_empty())
-        .then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
+    (!calls.is_empty() && reader.rest.trim().is_empty()).then_some(calls)
 }
+
+/// Values nest at most this deep (as serde_json's limit for the JSON formats): a model's
+/// output must not exhaust the stack.
+const MAX_DEPTH: usize = 128;
 
 struct Reader<'a> {
     rest: &'a str,
+    depth: usize,
 }
 
 impl Reader<'_> {
@@ -50,6 +63,13 @@ impl Reader<'_> {
     }
 
     fn value(&mut self) -> Option<Value> {
+        self.depth += 1;
+        let value = if self.depth > MAX_DEPTH { None } else { self.value_within() };
+        self.depth -= 1;
+        value
+    }
+
+    fn value_within(&mut self) -> Option<Value> {
         self.skip_space();
         if self.eat(QUOTE) {
             let end = self.rest.find(QUOTE)?;
@@ -133,6 +153,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn parse_call(body: &str) -> Option<ToolCall> {
+        parse_calls(body).filter(|c| c.len() == 1).map(|mut c| c.remove(0))
+    }
+
     fn args(body: &str) -> Value {
         serde_json::from_str(&parse_call(body).unwrap().arguments).unwrap()
     }
@@ -156,6 +180,20 @@ mod tests {
         );
         assert_eq!(args("call:noop{}"), json!({}));
         assert_eq!(args(" call:f{ <|\"|>odd key<|\"|> : 1 } "), json!({"odd key": 1}));
+    }
+
+    #[test]
+    fn several_calls_in_one_block() {
+        let calls = parse_calls("call:a{x:1}call:b{}").unwrap();
+        assert_eq!(calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let deep = format!("call:f{{a:{}1{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(parse_calls(&deep), None);
+        let fine = format!("call:f{{a:{}1{}}}", "[".repeat(100), "]".repeat(100));
+        assert!(parse_calls(&fine).is_some());
     }
 
     #[test]

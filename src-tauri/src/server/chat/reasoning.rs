@@ -7,13 +7,20 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tags {
     open: &'static str,
+    /// A newline right after `open` is the format's, not the thought's.
+    newline_after_open: bool,
     close: &'static str,
     /// Special tokens among the tags, whose text the engine must keep.
     special: &'static [&'static str],
 }
 
-const THINK: Tags = Tags { open: "<think>", close: "</think>", special: &[] };
-const GEMMA4: Tags = Tags { open: "<|channel>thought\n", close: "<channel|>", special: &["<|channel>", "<channel|>"] };
+const THINK: Tags = Tags { open: "<think>", newline_after_open: false, close: "</think>", special: &[] };
+const GEMMA4: Tags = Tags {
+    open: "<|channel>thought",
+    newline_after_open: true,
+    close: "<channel|>",
+    special: &["<|channel>", "<channel|>"],
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part {
@@ -25,6 +32,8 @@ pub enum Part {
 enum State {
     /// Nothing but whitespace yet: `<think>` may still open.
     Start,
+    /// Right after the opening tag, where the format may put a newline.
+    Opened,
     Thinking,
     /// Right after `</think>`: the blank lines before the answer are dropped.
     AfterThinking,
@@ -68,12 +77,21 @@ impl ReasoningSplitter {
                     let trimmed = self.pending.trim_start();
                     if let Some(thought) = trimmed.strip_prefix(self.tags.open) {
                         self.pending = thought.to_string();
-                        self.state = State::Thinking;
+                        self.state = if self.tags.newline_after_open { State::Opened } else { State::Thinking };
                     } else if trimmed.is_empty() || self.tags.open.starts_with(trimmed) {
                         return out;
                     } else {
                         self.state = State::Answering;
                     }
+                }
+                State::Opened => {
+                    if self.pending.is_empty() {
+                        return out;
+                    }
+                    if self.pending.starts_with('\n') {
+                        self.pending.remove(0);
+                    }
+                    self.state = State::Thinking;
                 }
                 State::Thinking => {
                     let close = self.tags.close;
@@ -110,7 +128,7 @@ impl ReasoningSplitter {
         let rest = std::mem::take(&mut self.pending);
         let mut out = Vec::new();
         match self.state {
-            State::Thinking => push_part(&mut out, Part::Reasoning(rest)),
+            State::Opened | State::Thinking => push_part(&mut out, Part::Reasoning(rest)),
             State::AfterThinking => {}
             State::Start | State::Answering => push_part(&mut out, Part::Answer(rest)),
         }
@@ -187,6 +205,12 @@ mod tests {
             ["<|chan", "nel>thought\nAdd", " them.<chan", "nel|>", "4."].iter().flat_map(|p| s.push(p)).collect();
         parts.extend(s.finish());
         assert_eq!(parts, [Part::Reasoning("Add".into()), Part::Reasoning(" them.".into()), Part::Answer("4.".into())]);
+        // The newline after the opener is optional.
+        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n").unwrap();
+        let mut parts: Vec<Part> =
+            ["<|channel>thought", "Sum.<channel|>", "4."].iter().flat_map(|p| s.push(p)).collect();
+        parts.extend(s.finish());
+        assert_eq!(parts, [Part::Reasoning("Sum.".into()), Part::Answer("4.".into())]);
         // With thinking off the prompt closes an empty thought: the answer is all answer.
         let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n<|channel>thought\n<channel|>").unwrap();
         assert_eq!(s.state, State::Start);

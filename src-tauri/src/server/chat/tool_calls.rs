@@ -141,7 +141,7 @@ impl ToolCallParser {
             ToolFormat::QwenXml if self.in_call && rest.contains("</function>") => {
                 parse_xml_call(&rest, &self.schemas).map(|c| vec![c])
             }
-            ToolFormat::Gemma4 if self.in_call => gemma4_calls::parse_call(&rest).map(|c| vec![c]),
+            ToolFormat::Gemma4 if self.in_call => gemma4_calls::parse_calls(&rest),
             ToolFormat::Mistral if self.in_call => parse_mistral(&rest),
             ToolFormat::LlamaJson if self.in_call => parse_llama(rest.trim_start().trim_start_matches(PYTHON_TAG)),
             _ => None,
@@ -172,15 +172,15 @@ impl ToolCallParser {
                 let Some(end) = self.pending.find(close) else { return out };
                 let body: String = self.pending.drain(..end + close.len()).collect();
                 let body = &body[..end];
-                let call = match self.format {
-                    ToolFormat::QwenXml => parse_xml_call(body, &self.schemas),
-                    ToolFormat::Gemma4 => gemma4_calls::parse_call(body),
-                    _ => parse_call(body),
+                let calls = match self.format {
+                    ToolFormat::QwenXml => parse_xml_call(body, &self.schemas).map(|c| vec![c]),
+                    ToolFormat::Gemma4 => gemma4_calls::parse_calls(body),
+                    _ => parse_call(body).map(|c| vec![c]),
                 };
-                out.push(match call {
-                    Some(call) => Piece::Call(call),
-                    None => Piece::Text(format!("{open}{body}{close}")),
-                });
+                match calls {
+                    Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
+                    None => out.push(Piece::Text(format!("{open}{body}{close}"))),
+                }
                 self.in_call = false;
                 continue;
             }
