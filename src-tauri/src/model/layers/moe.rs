@@ -113,7 +113,7 @@ pub struct MoeBlock {
 impl MoeBlock {
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (experts, weights) = route(&self.router.forward(x)?, self.top_k, self.routing)?;
+        let (experts, weights) = route(&self.router.forward(x)?, self.top_k, self.routing, true)?;
         let y = weighted_sum(&self.experts.forward(x, &experts)?, &weights)?;
         match &self.shared {
             None => Ok(y),
@@ -135,11 +135,13 @@ impl MoeBlock {
     }
 }
 
-/// The `k` experts each token goes to and their weights, from the router's logits `[B, L, E]`.
-fn route(logits: &Array, k: i32, routing: Routing) -> Result<(Array, Array)> {
+/// The `k` experts each token goes to and their weights, from the router's logits `[B, L, E]`;
+/// `precise`: the softmax accumulates in f32 for half-precision logits (as the reference asks,
+/// per family).
+fn route(logits: &Array, k: i32, routing: Routing, precise: bool) -> Result<(Array, Array)> {
     Ok(match routing {
         Routing::SoftmaxThenTopK { normalize } => {
-            let probs = softmax_axis(logits, -1, true)?;
+            let probs = softmax_axis(logits, -1, precise)?;
             let n = probs.dim(-1);
             let experts = argpartition_axis(&probs, n - k, -1)?.index((.., .., (n - k)..));
             let weights = take_along_axis(&probs, &experts, -1)?;
@@ -155,7 +157,7 @@ fn route(logits: &Array, k: i32, routing: Routing) -> Result<(Array, Array)> {
             } else {
                 argpartition_axis(negative(logits)?, k - 1, -1)?.index((.., .., ..k))
             };
-            let weights = softmax_axis(take_along_axis(logits, &experts, -1)?, -1, true)?;
+            let weights = softmax_axis(take_along_axis(logits, &experts, -1)?, -1, precise)?;
             (experts, weights)
         }
     })
@@ -194,7 +196,8 @@ impl ParallelExperts {
         let dense = self.post_mlp_norm.forward(&self.mlp.forward(&pre_mlp_norm.forward(h)?)?)?;
         let r = &self.router;
         let logits = r.proj.forward(&mlx_rs::fast::rms_norm(h, Some(&r.scale), r.eps)?)?;
-        let (experts, weights) = route(&logits, r.top_k, Routing::TopKThenSoftmax { largest_last: true })?;
+        // Gemma 4's reference takes this softmax in the logits' own precision.
+        let (experts, weights) = route(&logits, r.top_k, Routing::TopKThenSoftmax { largest_last: true }, false)?;
         let weights = multiply(&weights, r.per_expert_scale.take_axis(&experts, 0)?)?;
         let y = self.experts.forward(&self.pre_experts_norm.forward(h)?, &experts)?;
         let routed = self.post_experts_norm.forward(&sum_axis(multiply(&y, weights.expand_dims(-1)?)?, -2, false)?)?;

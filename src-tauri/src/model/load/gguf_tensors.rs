@@ -270,3 +270,43 @@ fn q8_0(blocks: &[u8]) -> Packed {
     }
     Packed { words: kq::pack_codes(&codes, 8), scales, biases }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header whose one tensor has `dims` (GGUF order) of `ggml` type, over a file of `bytes`.
+    fn read_one(dims: Vec<u64>, ggml: u32, bytes: usize) -> Result<HashMap<String, Array>> {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), vec![0u8; bytes]).unwrap();
+        let header = GgufHeader {
+            metadata: HashMap::new(),
+            tensor_elements: vec![dims.iter().fold(1u64, |a, &d| a.saturating_mul(d))],
+            tensor_types: vec![ggml],
+            tensor_names: vec!["blk.0.attn_q.weight".into()],
+            tensor_dims: vec![dims],
+            tensor_offsets: vec![0],
+        };
+        read(file.path(), &header, false)
+    }
+
+    #[test]
+    fn hostile_sizes_are_errors_not_panics() {
+        let err = |r: Result<HashMap<String, Array>>| match r {
+            Ok(_) => panic!("read a hostile tensor"),
+            Err(e) => e.to_string(),
+        };
+        // Too large for MLX's shapes, alone or multiplied out.
+        assert!(err(read_one(vec![1 << 40, 2], 0, 64)).contains("out of range"));
+        assert!(err(read_one(vec![1 << 20, 1 << 20], 0, 64)).contains("more values than MLX can"));
+        assert!(err(read_one(vec![0, 4], 0, 64)).contains("out of range"));
+        // Sizes that fit, data that does not: the file is truncated.
+        assert!(err(read_one(vec![256, 4], 12, 100)).contains("run past the end"));
+        // Rows that are not whole blocks.
+        assert!(err(read_one(vec![100, 4], 12, 10_000)).contains("not whole 256-weight blocks"));
+        // And a tensor that fits reads.
+        let ok = read_one(vec![32, 2], 8, 68).unwrap();
+        assert_eq!(ok["blk.0.attn_q.weight"].shape(), &[2, 8]);
+        assert_eq!(ok["blk.0.attn_q.scales"].shape(), &[2, 1]);
+    }
+}
