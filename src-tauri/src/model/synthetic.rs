@@ -264,6 +264,25 @@ fn module_prefix(_arch: Arch, options: &TinyOptions) -> &'static str {
 /// A named tensor as written: name, shape, values.
 pub type Tensor = (String, Vec<i32>, Vec<f32>);
 
+/// Random tensors in draw order (the order fixes every tiny model's weights): values uniform in
+/// `center ± scale`.
+pub(crate) struct Draws {
+    rng: Rng,
+    pub out: Vec<Tensor>,
+}
+
+impl Draws {
+    pub fn new(seed: u64) -> Draws {
+        Draws { rng: Rng::seeded(seed), out: Vec::new() }
+    }
+
+    pub fn tensor(&mut self, name: String, shape: Vec<i32>, scale: f32, center: f32) {
+        let n: i32 = shape.iter().product();
+        let data = (0..n).map(|_| center + scale * (2.0 * self.rng.next_f64() as f32 - 1.0)).collect();
+        self.out.push((name, shape, data));
+    }
+}
+
 /// The tensors of a tiny model of `arch`, named as in Hugging Face checkpoints.
 pub fn random_weights(arch: Arch, seed: u64) -> Vec<Tensor> {
     random_weights_with(arch, seed, &TinyOptions::default())
@@ -273,13 +292,8 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
     if arch == Arch::Gemma4 {
         return synthetic_gemma4::random_weights(seed, options);
     }
-    let mut rng = Rng::seeded(seed);
-    let mut out = Vec::new();
-    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
-        let n: i32 = shape.iter().product();
-        let data = (0..n).map(|_| center + scale * (2.0 * rng.next_f64() as f32 - 1.0)).collect();
-        out.push((name, shape, data));
-    };
+    let mut draws = Draws::new(seed);
+    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
     let head_dim = if arch == Arch::Qwen3 { 48 } else { HEAD_DIM } as i32;
     let (h, i, q, kv) = (HIDDEN as i32, INTERMEDIATE as i32, HEADS as i32 * head_dim, KV_HEADS as i32 * head_dim);
     let proj = |fan_in: i32| 1.7 / (fan_in as f32).sqrt();
@@ -365,7 +379,7 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
     if !tied(arch) {
         tensor("lm_head.weight".into(), vec![VOCAB as i32, h], proj(h) * 4.0, 0.0);
     }
-    out
+    draws.out
 }
 
 /// gpt-oss as OpenAI releases it: each layer's expert gate and up rows interleaved into one

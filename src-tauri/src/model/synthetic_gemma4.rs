@@ -9,8 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::synthetic::{Tensor, TinyOptions, HIDDEN, MISTRAL_WINDOW, VOCAB};
-use crate::sampling::Rng;
+use super::synthetic::{Draws, Tensor, TinyOptions, HIDDEN, MISTRAL_WINDOW, VOCAB};
 
 const INTERMEDIATE: usize = 256;
 const HEADS: usize = 4;
@@ -79,13 +78,8 @@ pub fn router_modules(options: &TinyOptions) -> Vec<String> {
 }
 
 pub fn random_weights(seed: u64, options: &TinyOptions) -> Vec<Tensor> {
-    let mut rng = Rng::seeded(seed);
-    let mut out = Vec::new();
-    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| {
-        let n: i32 = shape.iter().product();
-        let data = (0..n).map(|_| center + scale * (2.0 * rng.next_f64() as f32 - 1.0)).collect();
-        out.push((name, shape, data));
-    };
+    let mut draws = Draws::new(seed);
+    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
     let n = layers(options);
     let shared_from = if options.moe { n } else { 2 };
     let h = HIDDEN as i32;
@@ -146,5 +140,5 @@ pub fn random_weights(seed: u64, options: &TinyOptions) -> Vec<Tensor> {
     }
     tensor("model.norm.weight".into(), vec![h], 0.1, 1.0);
     tensor("lm_head.weight".into(), vec![VOCAB as i32, h], proj(h) * 4.0, 0.0);
-    out
+    draws.out
 }
