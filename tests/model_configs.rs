@@ -5,7 +5,7 @@
 
 use fastmlx::model::arch::{self, HfConfig};
 use fastmlx::model::config::{Activation, Arch, Routing};
-use fastmlx::model::ModelConfig;
+use fastmlx::model::{KvFootprint, ModelConfig};
 
 fn config(file: &str) -> ModelConfig {
     let path = format!("{}/tests/data/configs/{file}", env!("CARGO_MANIFEST_DIR"));
@@ -162,6 +162,13 @@ fn gemma3_configs_plain_and_wrapped() {
     assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (62, 32, 16, 128));
     assert_eq!(c.attention_scale, Some(168f32.powf(-0.5)));
     assert_close(c.parameter_count(), 27.0e9, "Gemma 3 27B (text)");
+    // Its 52 local layers keep their 1024-token window (and at most 512 columns more), its 10
+    // global ones everything: a 32k-token bf16 sequence takes 3.3 GB, not 16.6 GB.
+    let per_layer = 2 * 16 * 128 * 2;
+    let kv = c.kv_footprint(2);
+    assert_eq!((kv.full_per_token, kv.windowed_per_token, kv.windowed_tokens), (10 * per_layer, 52 * per_layer, 1536));
+    assert_eq!(kv.bytes(32_768), 10 * per_layer * 32_768 + 52 * per_layer * 1536);
+    assert_eq!(kv.bytes(1000), 62 * per_layer * 1000, "shorter than the window: every layer holds it all");
 }
 
 #[test]
@@ -186,6 +193,12 @@ fn gpt_oss_configs() {
         assert_eq!(c.activation, Activation::SwigluClamped { alpha: 1.702, limit: 7.0 });
         assert_eq!(c.sliding_window, Some(128));
         assert!((0..layers).all(|l| c.layer_window(l).is_some() == (l % 2 == 0)), "{file}: alternating layers");
+        // Half the layers keep a 128-token window: 64 tokens at least, 512 columns more at most.
+        let half = layers / 2 * (2 * 8 * 64 * 2);
+        assert_eq!(
+            c.kv_footprint(2),
+            KvFootprint { full_per_token: half, windowed_per_token: half, windowed_tokens: 640 }
+        );
         assert!(matches!(
             c.rope.scaling,
             Some(fastmlx::model::config::RopeScaling::Yarn { factor, original_max_position_embeddings: 4096, .. })

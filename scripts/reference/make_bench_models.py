@@ -1,11 +1,12 @@
-"""Two small random-weight models for the mixture-of-experts benchmark, built with mlx-lm's own
-classes: a Qwen3-MoE (8 layers, 32 experts of 256, 4 per token) and a dense Qwen3 of the same
-active size (an MLP of 4 x 256 = 1024), same attention, same seed for what they share. Float32,
-saved as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
+"""Small random-weight models for the benchmarks, built with mlx-lm's own classes: a Qwen3-MoE
+(8 layers, 32 experts of 256, 4 per token) and a dense Qwen3 of the same active size (an MLP of
+4 x 256 = 1024), same attention, same seed for what they share (scripts/bench_moe.sh); a Gemma 3
+of 12 layers, 10 of them local with a 512-token window (scripts/bench_window.sh). Float32, saved
+as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
 
-    .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR
+    .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR [NAME...]
 
-Writes OUT_DIR/qwen3-moe-bench and OUT_DIR/qwen3-dense-bench.
+Writes OUT_DIR/NAME for each name (default: the two Qwen3 models).
 """
 
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.models import qwen3, qwen3_moe
+from mlx_lm.models import gemma3_text, qwen3, qwen3_moe
 from mlx_lm.utils import save_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,11 @@ MODELS = {
                                         num_experts_per_tok=4, moe_intermediate_size=256, decoder_sparse_step=1,
                                         mlp_only_layers=[], norm_topk_prob=True)),
     "qwen3-dense-bench": (qwen3, dict(model_type="qwen3", intermediate_size=1024)),
+    "gemma3-window-bench": (gemma3_text, dict(model_type="gemma3_text", num_hidden_layers=12, intermediate_size=1024,
+                                              query_pre_attn_scalar=64, rope_local_base_freq=10000.0,
+                                              sliding_window=512, sliding_window_pattern=6)),
 }
+DEFAULT = ["qwen3-moe-bench", "qwen3-dense-bench"]
 
 
 def build(module, config, out):
@@ -50,7 +55,8 @@ def build(module, config, out):
 
 def main():
     root = Path(sys.argv[1])
-    for name, (module, extra) in MODELS.items():
+    for name in sys.argv[2:] or DEFAULT:
+        module, extra = MODELS[name]
         build(module, {**COMMON, **extra}, root / name)
         print("wrote", root / name)
 

@@ -78,23 +78,46 @@ MODELS = [
 ]
 
 
-def greedy(model_dir: Path) -> list[int]:
+# Sequences far longer than the windows of the families with local layers, so FastMLX's windowed
+# caches drop old keys (twice) during the prompt and the answer, as mlx-lm's rotating caches do.
+LONG_PROMPT = [(i * 37 + 11) % 256 for i in range(300)]
+LONG_NEW = 300
+LONG_MODELS = [
+    ("mistral", "mistral", None, []),
+    ("gemma3_text", "gemma3_text", None, []),
+    ("gpt_oss", "gpt_oss", None, []),
+    ("gemma4_text", "gemma4_text", None, []),
+]
+
+
+def greedy(model_dir: Path, prompt=PROMPT, n_new=N_NEW) -> list[int]:
     model, _ = load_model(model_dir)
-    steps = generate_step(mx.array(PROMPT), model, max_tokens=N_NEW, sampler=lambda x: mx.argmax(x, axis=-1))
+    steps = generate_step(mx.array(prompt), model, max_tokens=n_new, sampler=lambda x: mx.argmax(x, axis=-1))
     return [int(token) for token, _ in steps]
+
+
+def make(name, arch, bits, flags, tmp) -> Path:
+    out = Path(tmp) / name
+    cmd = [str(BINARY), "make-test-model", "--arch", arch, "--seed", str(SEED), str(out)] + flags
+    if bits:
+        cmd += ["--bits", str(bits)]
+    subprocess.run(cmd, check=True)
+    return out
 
 
 def main():
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, arch, bits, flags in MODELS:
-            out = Path(tmp) / name
-            cmd = [str(BINARY), "make-test-model", "--arch", arch, "--seed", str(SEED), str(out)] + flags
-            if bits:
-                cmd += ["--bits", str(bits)]
-            subprocess.run(cmd, check=True)
+            out = make(name, arch, bits, flags, tmp)
             cases.append({"name": name, "arch": arch, "bits": bits, "flags": flags, "output_ids": greedy(out)})
             print(name, cases[-1]["output_ids"])
+        long_cases = []
+        for name, arch, bits, flags in LONG_MODELS:
+            out = make("long-" + name, arch, bits, flags, tmp)
+            ids = greedy(out, LONG_PROMPT, LONG_NEW)
+            long_cases.append({"name": name, "arch": arch, "bits": bits, "flags": flags, "output_ids": ids})
+            print("long", name, ids[:16], "...")
     OUT.write_text(json.dumps({
         "description": "mlx-lm greedy decoding on `fastmlx make-test-model` tiny models (float32, CPU)",
         "regenerate": ".cache/venv/bin/python scripts/reference/tiny_models.py",
@@ -102,6 +125,8 @@ def main():
         "seed": SEED,
         "prompt_ids": PROMPT,
         "cases": cases,
+        "long_prompt_ids": LONG_PROMPT,
+        "long_cases": long_cases,
     }, indent=1) + "\n")
 
 

@@ -67,7 +67,10 @@ pub struct ModelInfo {
     pub chat_template: Option<Arc<crate::tokenizer::ChatTemplate>>,
     pub context_length: usize,
     pub vocab_size: usize,
+    /// Key/value bytes per token in all layers...
     pub kv_bytes_per_token: usize,
+    /// ...and what a sequence really takes (windowed layers hold a bounded number of tokens).
+    pub kv_footprint: crate::model::KvFootprint,
     pub kv_budget_bytes: usize,
     /// Bytes the weights take in memory.
     pub weights_bytes: usize,

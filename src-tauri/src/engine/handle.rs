@@ -144,7 +144,7 @@ impl EngineHandle {
         }
         r.params.validate().map_err(|e| SubmitError::Invalid(e.to_string()))?;
         let tokens = (r.prompt_ids.len() + r.max_tokens).min(info.context_length);
-        let needed = tokens * info.kv_bytes_per_token;
+        let needed = info.kv_footprint.bytes(tokens);
         if needed > info.kv_budget_bytes {
             return Err(SubmitError::TooLarge { needed, budget: info.kv_budget_bytes });
         }

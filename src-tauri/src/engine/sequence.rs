@@ -54,7 +54,7 @@ impl Sequence {
         request: Request,
         events: UnboundedSender<Event>,
         context_length: usize,
-        kv_bytes_per_token: usize,
+        kv: crate::model::KvFootprint,
     ) -> Sequence {
         let max_tokens = request.max_tokens.min(context_length - request.prompt_ids.len());
         let spec = ContinuationSpec {
@@ -70,7 +70,7 @@ impl Sequence {
         Sequence {
             id,
             continuation: Continuation::new(&request.prompt_ids, spec),
-            reserved_bytes: (request.prompt_ids.len() + max_tokens) * kv_bytes_per_token,
+            reserved_bytes: kv.bytes(request.prompt_ids.len() + max_tokens),
             reserved: false,
             prefill: None,
             prefilled: 0,

@@ -13,6 +13,9 @@
 //! as a [`SharedKv`] segment: a row that uses it keeps only what follows it in its own columns,
 //! and attention looks at the segment, then at the row's own columns. Without it every row of
 //! the dense buffers would be as wide as the shared prompt.
+//!
+//! In a layer with an attention window, all rows drop the columns no later token can see
+//! together (see `kv_cache`), each row counting the tokens it dropped (`dropped`).
 
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
@@ -20,7 +23,7 @@ use mlx_rs::Array;
 
 use crate::model::cache::{LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kv_cache::{spare_capacity, Buffers, KvCache};
+use crate::model::kv_cache::{spare_capacity, window_drop, Buffers, KvCache};
 use crate::model::layers::AttentionMask;
 
 /// The keys and values of a prompt start shared by rows, `[1, H, P, D]` each, held once.
@@ -57,6 +60,9 @@ pub struct BatchKvCache {
     /// The shared start, and per row whether its sequence begins with it.
     shared: Option<SharedKv>,
     after_shared: Vec<bool>,
+    /// Per row: its tokens before its first column that are not in the shared segment
+    /// (dropped by a windowed layer).
+    dropped: Vec<i32>,
 }
 
 /// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, each
@@ -66,6 +72,7 @@ struct Part {
     contents: Option<(Array, Array)>,
     padding: Vec<i32>,
     after_shared: Vec<bool>,
+    dropped: Vec<i32>,
     width: i32,
 }
 
@@ -80,7 +87,7 @@ impl BatchKvCache {
 
     /// Tokens cached for each row (the shared segment's included).
     pub fn lengths(&self) -> Vec<i32> {
-        (0..self.rows()).map(|r| self.idx - self.left_padding[r] + self.shared_len(r)).collect()
+        (0..self.rows()).map(|r| self.idx - self.left_padding[r] + self.shared_len(r) + self.dropped[r]).collect()
     }
 
     /// Tokens held: every row's own, and the shared segment's once.
@@ -142,14 +149,23 @@ impl BatchKvCache {
     }
 
     /// Row `row`'s keys and values in order, `[1, H, n, D]` each: the shared segment (when the
-    /// row follows it), then its own columns. No copy.
+    /// row follows it and has dropped none of its own tokens), then its own columns; they
+    /// begin at position [`Self::row_start`]. No copy.
     pub fn row_segments(&self, row: usize) -> Result<Vec<(Array, Array)>> {
         let mut out = Vec::with_capacity(2);
-        if let Some(shared) = self.shared.as_ref().filter(|_| self.after_shared[row]) {
+        if let Some(shared) = self.shared.as_ref().filter(|_| self.after_shared[row] && self.dropped[row] == 0) {
             out.push((shared.keys.clone(), shared.values.clone()));
         }
         out.extend(self.own_contents(row)?);
         Ok(out)
+    }
+
+    /// The position of the first token [`Self::row_segments`] gives of row `row`.
+    pub fn row_start(&self, row: usize) -> i32 {
+        match self.dropped[row] {
+            0 => 0,
+            dropped => self.shared_len(row) + dropped,
+        }
     }
 
     /// Row `row`'s keys and values, `[1, H, length, D]` each (`None` while it holds nothing);
@@ -168,7 +184,7 @@ impl BatchKvCache {
     /// shared segment.
     pub fn only_row(&self) -> Option<KvCache> {
         (self.rows() == 1 && self.left_padding[0] == 0 && !self.after_shared[0])
-            .then(|| KvCache::from_buffers(self.buffers.clone(), self.idx))
+            .then(|| KvCache::from_buffers(self.buffers.clone(), self.idx).starting_at(self.dropped[0]))
     }
 
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
@@ -197,6 +213,7 @@ impl BatchKvCache {
                     left_padding: vec![0],
                     shared: self.shared.take(),
                     after_shared: vec![*after],
+                    dropped: vec![row.start()],
                 };
                 Ok(())
             }
@@ -208,6 +225,7 @@ impl BatchKvCache {
                             contents: row.contents()?,
                             padding: vec![0],
                             after_shared: vec![*after],
+                            dropped: vec![row.start()],
                             width: row.offset(),
                         })
                     })
@@ -236,7 +254,13 @@ impl BatchKvCache {
             .map(|&r| {
                 let contents = other.own_contents(r)?;
                 let width = other.idx - other.left_padding[r];
-                Ok(Part { contents, padding: vec![0], after_shared: vec![other.after_shared[r]], width: width.max(0) })
+                Ok(Part {
+                    contents,
+                    padding: vec![0],
+                    after_shared: vec![other.after_shared[r]],
+                    dropped: vec![other.dropped[r]],
+                    width: width.max(0),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         self.extend(parts)
@@ -253,8 +277,11 @@ impl BatchKvCache {
             if next.after_shared[r] || lengths[r] < shared.len() {
                 return Err(crate::model::ModelError::Mlx("a row cannot take the shared segment".into()));
             }
+            // Its own columns from position `dropped` on: those before the segment's end go.
+            let dropped = next.dropped[r];
             next.after_shared[r] = true;
-            next.left_padding[r] += shared.len();
+            next.left_padding[r] += (shared.len() - dropped).max(0);
+            next.dropped[r] = (dropped - shared.len()).max(0);
         }
         next.extend(Vec::new())?;
         *self = next;
@@ -276,6 +303,7 @@ impl BatchKvCache {
             contents,
             padding: self.left_padding.iter().map(|p| p - trim).collect(),
             after_shared: self.after_shared.clone(),
+            dropped: self.dropped.clone(),
             width: self.idx - trim,
         };
         let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
@@ -301,6 +329,7 @@ impl BatchKvCache {
         }
         self.left_padding = parts.iter().flat_map(|p| p.padding.iter().map(move |pad| pad + idx - p.width)).collect();
         self.after_shared = parts.iter().flat_map(|p| p.after_shared.iter().copied()).collect();
+        self.dropped = parts.iter().flat_map(|p| p.dropped.iter().copied()).collect();
         self.buffers = buffers;
         self.idx = idx;
         Ok(())
@@ -334,6 +363,7 @@ impl BatchKvCache {
         self.idx -= trim;
         self.left_padding = padding.into_iter().map(|p| p - trim).collect();
         self.after_shared = keep.iter().map(|&r| self.after_shared[r]).collect();
+        self.dropped = keep.iter().map(|&r| self.dropped[r]).collect();
         if !self.after_shared.contains(&true) {
             self.shared = None;
         }
@@ -417,5 +447,21 @@ impl LayerCache for BatchKvCache {
         let out = self.buffers.write(self.idx, keys, values)?;
         self.idx += keys.dim(2);
         Ok(out)
+    }
+
+    /// Drops the leading columns of every row at once (a row's padding first, then its
+    /// oldest tokens).
+    fn drop_outside(&mut self, window: usize) -> Result<()> {
+        let drop = window_drop(self.idx, window);
+        if drop == 0 || self.buffers.keys.is_none() {
+            return Ok(());
+        }
+        self.buffers.drop_front(drop, self.idx)?;
+        for (pad, dropped) in self.left_padding.iter_mut().zip(&mut self.dropped) {
+            *dropped += (drop - *pad).max(0);
+            *pad = (*pad - drop).max(0);
+        }
+        self.idx -= drop;
+        Ok(())
     }
 }

@@ -34,6 +34,9 @@ pub trait LayerCache {
     /// Appends `[B, H, L, D]` keys/values and returns everything cached so far (after the
     /// shared segment, when there is one).
     fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// In a layer with attention window `window`, before new tokens: lets go of the keys and
+    /// values no later token can see (all rows together), or keeps them a while longer.
+    fn drop_outside(&mut self, window: usize) -> Result<()>;
     /// The prompt start some rows share, held once, that they attend to before their own keys.
     fn shared(&self) -> Option<&SharedKv> {
         None

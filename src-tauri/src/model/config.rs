@@ -350,6 +350,21 @@ impl ModelConfig {
         (0..self.kv_cache_layers()).map(|i| self.layer_attention(i)).map(|a| 2 * a.kv_heads * a.head_dim).sum()
     }
 
+    /// What one sequence's key/value caches take with `dtype_bytes`-byte elements: windowed
+    /// layers hold a bounded number of tokens.
+    pub fn kv_footprint(&self, dtype_bytes: usize) -> crate::model::KvFootprint {
+        let per_layer = |i: usize| {
+            let a = self.layer_attention(i);
+            2 * a.kv_heads * a.head_dim * dtype_bytes
+        };
+        let layers = 0..self.kv_cache_layers();
+        crate::model::KvFootprint {
+            full_per_token: layers.clone().filter(|&i| self.layer_window(i).is_none()).map(per_layer).sum(),
+            windowed_per_token: layers.filter(|&i| self.layer_window(i).is_some()).map(per_layer).sum(),
+            windowed_tokens: self.sliding_window.map_or(0, crate::model::kv_cache::window_columns),
+        }
+    }
+
     /// A rough parameter count (embeddings + layers, every expert), for listings and memory
     /// estimates.
     pub fn parameter_count(&self) -> u64 {

@@ -18,6 +18,6 @@ pub use batch_cache::BatchKvCache;
 pub use cache::{LayerCache, Positions};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvFootprint};
 pub use load::{inspect, load_model, load_model_with, LoadOptions, LoadedModel, ModelSummary, WeightFormat};
 pub use transformer::Transformer;

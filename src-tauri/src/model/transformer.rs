@@ -11,7 +11,7 @@ use crate::model::cache::LayerCache;
 use crate::model::cache::Positions;
 use crate::model::config::{ModelConfig, QueryScale, RopeConfig};
 use crate::model::error::Result;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvFootprint};
 use crate::model::layers::{
     Attention, Embedding, KeysValues, Linear, Mlp, MlpProjections, MoeBlock, ParallelExperts, PerLayerGate,
     PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, Sinks, SwitchGlu,
@@ -240,8 +240,25 @@ impl Transformer {
 
     /// Key/value cache bytes per token of one sequence (all layers).
     pub fn kv_bytes_per_token(&self) -> usize {
-        let dtype_bytes = if self.dtype == Dtype::Float32 { 4 } else { 2 };
-        self.config.kv_elements_per_token() * dtype_bytes
+        self.config.kv_elements_per_token() * self.dtype_bytes()
+    }
+
+    /// What a sequence's key/value caches take (windowed layers hold a bounded number).
+    pub fn kv_footprint(&self) -> KvFootprint {
+        self.config.kv_footprint(self.dtype_bytes())
+    }
+
+    /// The window of each cache's layer (`None`: it sees the whole sequence).
+    pub fn cache_windows(&self) -> Vec<Option<usize>> {
+        (0..self.config.kv_cache_layers()).map(|i| self.config.layer_window(i)).collect()
+    }
+
+    fn dtype_bytes(&self) -> usize {
+        if self.dtype == Dtype::Float32 {
+            4
+        } else {
+            2
+        }
     }
 
     /// One cache per layer that keeps one (Gemma 4's KV-shared layers use an earlier layer's).
@@ -258,10 +275,22 @@ impl Transformer {
         }
         let per_layer = self.per_layer_inputs.as_ref().map(|p| p.forward(ids, &h)).transpose()?;
         let len = ids.dim(1);
+        // Windowed layers let go of what no new token can see; all of them hold the same
+        // columns, as do all full layers, so each kind's first cache gives the kind's mask.
+        let window = |slot: usize| self.config.layer_window(slot);
+        for (slot, layer_cache) in cache.iter_mut().enumerate() {
+            if let Some(w) = window(slot) {
+                layer_cache.drop_outside(w)?;
+            }
+        }
         let first = cache.first().ok_or_else(|| crate::model::ModelError::Mlx("no cache".into()))?;
+        let first_of = |local: bool| cache.iter().enumerate().find(|(s, _)| window(*s).is_some() == local);
         let positions = first.positions()?;
-        let full_mask = first.mask(len, None)?;
-        let window_mask = self.config.sliding_window.map(|w| first.mask(len, Some(w))).transpose()?;
+        let full_mask = first_of(false).map_or(first, |(_, c)| c).mask(len, None)?;
+        let window_mask = match (self.config.sliding_window, first_of(true)) {
+            (Some(w), Some((_, c))) => Some(c.mask(len, Some(w))?),
+            _ => None,
+        };
         let query_scale = self.config.query_scale.map(|s| position_scale(s, &positions, len, h.dtype())).transpose()?;
         // Keys and values of this step by cache, for layers that reuse another's (Gemma 4).
         let reusing = self.config.kv_cache_layers() < self.layers.len();

@@ -11,7 +11,9 @@
 //! - A block holds one `[1, H, n, D]` copy of the keys and values of each layer: a copy, not a
 //!   view, so a cached block never keeps a request's (much larger) buffers alive. A restore
 //!   copies them once into the request's own cache (the dense batch buffers need them
-//!   contiguous), sized for the whole prompt.
+//!   contiguous), sized for the whole prompt; a windowed layer gets only its window.
+//! - A block is stored with every layer or not at all: windowed layers drop old keys as a
+//!   sequence grows, so the engine stores each block as soon as a step completes it.
 //! - The identity covers everything that changes the numbers: the weight files (size and
 //!   modification time), the configuration, the compute dtype and the weights' in-memory form.
 //!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
@@ -33,7 +35,7 @@ pub use key::BlockKey;
 pub use store::Divergence;
 use store::{BlockStore, Payload};
 
-use crate::model::kv_cache::{spare_capacity, Buffers};
+use crate::model::kv_cache::{spare_capacity, window_keep, Buffers};
 use crate::model::{BatchKvCache, KvCache, LoadedModel};
 
 /// Tokens per block: small enough that little is lost where prompts diverge, large enough that a
@@ -106,6 +108,8 @@ pub struct PrefixCache {
     /// The blocks that are views of the batch's shared segment (`segment`).
     segment_blocks: Vec<BlockKey>,
     hot: Option<Hot>,
+    /// Per layer cache: its attention window (`None`: it sees the whole sequence).
+    windows: Vec<Option<usize>>,
     /// Most bytes held (the scheduler lowers what it may use when requests need the room).
     budget: usize,
     disk: Option<DiskTier>,
@@ -115,13 +119,21 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
-    /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given.
-    pub fn new(identity: BlockKey, budget: usize, disk: Option<(&Path, u64)>, model: &str) -> PrefixCache {
+    /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given, for
+    /// a model whose layer caches have attention windows `windows`.
+    pub fn new(
+        identity: BlockKey,
+        budget: usize,
+        disk: Option<(&Path, u64)>,
+        model: &str,
+        windows: Vec<Option<usize>>,
+    ) -> PrefixCache {
         let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
         PrefixCache {
             store: BlockStore::new(identity, BLOCK_TOKENS),
             segment_blocks: Vec::new(),
             hot: None,
+            windows,
             budget,
             disk,
             hits: 0,
@@ -165,8 +177,7 @@ impl PrefixCache {
     pub fn keep_hot(&mut self, tokens: &[u32], caches: Vec<KvCache>) {
         let hot = Hot { tokens: tokens.to_vec(), caches };
         let room = self.budget.saturating_sub(self.store.bytes());
-        self.hot =
-            (hot.bytes() <= room && hot.caches.iter().all(|c| c.offset() as usize == tokens.len())).then_some(hot);
+        self.hot = (hot.bytes() <= room && hot.caches.iter().all(|c| c.len() as usize == tokens.len())).then_some(hot);
     }
 
     /// How many leading tokens of `tokens` the kept buffers hold (0 when none are kept).
@@ -287,12 +298,20 @@ impl PrefixCache {
         }
         let mut buffers = buffers.into_iter();
         let caches = (0..layers)
-            .map(|_| {
+            .map(|layer| {
                 let (keys, values) = (buffers.next(), buffers.next());
-                KvCache::from_buffers(Buffers { keys, values }, column as i32)
+                let mut cache = KvCache::from_buffers(Buffers { keys, values }, column as i32);
+                if let Some(w) = self.window(layer) {
+                    cache.keep_window(w)?;
+                }
+                Ok(cache)
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Some(Restored { tokens: column, caches, divergence }))
+    }
+
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
     }
 
     /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers
@@ -309,8 +328,18 @@ impl PrefixCache {
             .hot
             .as_ref()
             .map_or(0, |h| h.tokens.iter().zip(&prompt[..limit.min(prompt.len())]).take_while(|(a, b)| a == b).count());
+        let windows = &self.windows;
+        let resumes = |hot: &Hot, at: usize| {
+            hot.caches.len() == layers
+                && hot
+                    .caches
+                    .iter()
+                    .enumerate()
+                    .all(|(l, c)| c.resumes_at(at as i32, windows.get(l).copied().flatten()))
+        };
+        let usable = self.hot.as_ref().is_some_and(|hot| shared >= tokens.max(1) && resumes(hot, shared));
         match self.hot.take() {
-            Some(mut hot) if shared >= tokens.max(1) && hot.caches.len() == layers => {
+            Some(mut hot) if usable => {
                 // The conversation's own buffers, cut back to what the prompt shares: no copy.
                 let tokens = shared;
                 hot.caches.iter_mut().for_each(|c| c.truncate(tokens as i32));
@@ -319,7 +348,7 @@ impl PrefixCache {
             hot => self.hot = hot,
         }
         if tokens > 0 {
-            caches = gather(&found.blocks, 0, layers, prompt.len())?;
+            caches = gather(&found.blocks, layers, prompt.len(), &self.windows)?;
         }
         Ok(Restored { tokens, caches, divergence })
     }
@@ -389,7 +418,8 @@ impl PrefixCache {
         let rest = &prompt[skip..limit];
         self.pull_from_disk_after(parent, rest);
         let found = self.store.find_from(parent, rest);
-        let caches = if found.tokens > 0 { gather(&found.blocks, 0, layers, prompt.len() - skip)? } else { empty() };
+        let caches =
+            if found.tokens > 0 { gather(&found.blocks, layers, prompt.len() - skip, &self.windows)? } else { empty() };
         let divergence = found.divergence.map(|d| Divergence {
             position: d.position + skip,
             cached_through: d.cached_through + skip,
@@ -408,30 +438,40 @@ impl PrefixCache {
         }
     }
 
-    /// Stores the blocks of `tokens`, the sequence of batch row `row`.
+    /// Stores the blocks of `tokens`, the sequence of batch row `row` (those a windowed layer
+    /// no longer holds are stored only if they already were).
     pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize) -> Result<()> {
         let segments: Vec<Vec<(Array, Array)>> = batch.iter().map(|c| c.row_segments(row)).collect::<Result<_>>()?;
         if segments.iter().any(Vec::is_empty) {
             return Ok(());
         }
-        self.store_from(tokens, &segments)
+        let starts: Vec<usize> = batch.iter().map(|c| c.row_start(row).max(0) as usize).collect();
+        self.store_from(tokens, &segments, &starts)
     }
 
-    /// `segments`: per layer, `[1, H, n, D]` keys and values that follow one another, covering
-    /// at least `tokens`.
-    fn store_from(&mut self, tokens: &[u32], segments: &[Vec<(Array, Array)>]) -> Result<()> {
-        let held = segments.first().map_or(0, |s| s.iter().map(|(k, _)| k.dim(2) as usize).sum());
+    /// `segments`: per layer, `[1, H, n, D]` keys and values that follow one another from
+    /// position `starts[layer]` on, up to at least `tokens`' end.
+    fn store_from(&mut self, tokens: &[u32], segments: &[Vec<(Array, Array)>], starts: &[usize]) -> Result<()> {
+        let held = segments
+            .iter()
+            .zip(starts)
+            .map(|(s, start)| start + s.iter().map(|(k, _)| k.dim(2) as usize).sum::<usize>())
+            .min()
+            .unwrap_or(0);
         let tokens = &tokens[..tokens.len().min(held)];
         let mut fresh: Vec<Array> = Vec::new();
         let added = self.store.insert(tokens, |start, end| {
+            if starts.iter().any(|&s| s > start) {
+                return Ok(None);
+            }
             let mut layers = Vec::with_capacity(segments.len());
-            for layer in segments {
-                let (k, v) = span(layer, start as i32, end as i32)?;
+            for (layer, &from) in segments.iter().zip(starts) {
+                let (k, v) = span(layer, (start - from) as i32, (end - from) as i32)?;
                 fresh.push(k.clone());
                 fresh.push(v.clone());
                 layers.push((k, v));
             }
-            Ok::<_, crate::model::ModelError>(LayerBlocks(layers, false))
+            Ok::<_, crate::model::ModelError>(Some(LayerBlocks(layers, false)))
         })?;
         // Materialised now, so that the blocks stop referring to the request's buffers.
         if !added.is_empty() {
@@ -470,13 +510,30 @@ fn span(segments: &[(Array, Array)], start: i32, end: i32) -> Result<(Array, Arr
     Ok((one(keys)?, one(values)?))
 }
 
-/// Positions `skip..` of found blocks, in new caches for `layers` layers: one copy, with room
-/// for `room_for` positions (the rest of a prompt) so that its prefill writes in place.
-fn gather(blocks: &[(&LayerBlocks, usize)], skip: usize, layers: usize, room_for: usize) -> Result<Vec<KvCache>> {
+/// Found blocks in new caches for `layers` layers: one copy, with room for `room_for`
+/// positions (the rest of a prompt) so that its prefill writes in place; a layer with a window
+/// (`windows`) gets only the tokens it keeps.
+fn gather(
+    blocks: &[(&LayerBlocks, usize)],
+    layers: usize,
+    room_for: usize,
+    windows: &[Option<usize>],
+) -> Result<Vec<KvCache>> {
+    let total: usize = blocks.iter().map(|(_, n)| n).sum();
     let mut caches = Vec::with_capacity(layers);
     for layer in 0..layers {
-        let (keys, values) = pieces(blocks, skip, layer)?;
-        caches.push(KvCache::from_pieces(&keys, &values, room_for.saturating_sub(skip) as i32)?);
+        let cache = match windows.get(layer).copied().flatten() {
+            Some(w) => {
+                let skip = total.saturating_sub(window_keep(w) as usize);
+                let (keys, values) = pieces(blocks, skip, layer)?;
+                KvCache::from_pieces(&keys, &values, 0)?.starting_at(skip as i32)
+            }
+            None => {
+                let (keys, values) = pieces(blocks, 0, layer)?;
+                KvCache::from_pieces(&keys, &values, room_for as i32)?
+            }
+        };
+        caches.push(cache);
     }
     let arrays: Vec<Array> =
         caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();

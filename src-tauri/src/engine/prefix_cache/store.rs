@@ -182,22 +182,21 @@ impl<P: Payload> BlockStore<P> {
     }
 
     /// Stores the blocks of `tokens` not cached yet; `make(start, end)` builds the payload of
-    /// positions `start..end` (an error stops the storing, keeping what was stored). Returns the
-    /// keys of the blocks newly stored.
+    /// positions `start..end` (`None`, when they are no longer at hand, or an error stops the
+    /// storing, keeping what was stored). Returns the keys of the blocks newly stored.
     pub fn insert<E>(
         &mut self,
         tokens: &[u32],
-        mut make: impl FnMut(usize, usize) -> Result<P, E>,
+        mut make: impl FnMut(usize, usize) -> Result<Option<P>, E>,
     ) -> Result<Vec<BlockKey>, E> {
         let mut parent = self.root;
         let mut added = Vec::new();
         let mut path = Vec::new();
         for (i, chunk) in tokens.chunks(self.block).enumerate() {
             let key = chain(&parent, chunk);
-            path.push(key);
             if !self.entries.contains_key(&key) {
                 let start = i * self.block;
-                let payload = make(start, start + chunk.len())?;
+                let Some(payload) = make(start, start + chunk.len())? else { break };
                 // A partial sibling this block extends is no longer needed.
                 let covered: Vec<BlockKey> = self
                     .children
@@ -221,6 +220,7 @@ impl<P: Payload> BlockStore<P> {
                 self.children.entry(parent).or_default().push(key);
                 added.push(key);
             }
+            path.push(key);
             parent = key;
         }
         for key in path.iter().rev() {
@@ -282,7 +282,7 @@ mod tests {
 
     /// Stores `tokens`; returns how many tokens were new.
     fn put(s: &mut BlockStore<Span>, tokens: &[u32]) -> usize {
-        let added = s.insert(tokens, |a, b| Ok::<_, ()>(Span(a, b))).unwrap();
+        let added = s.insert(tokens, |a, b| Ok::<_, ()>(Some(Span(a, b)))).unwrap();
         added.iter().map(|k| s.get(k).unwrap().1.len()).sum()
     }
 

@@ -20,7 +20,7 @@ use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
-use super::prefix_cache::{model_identity, Divergence, PrefixCache};
+use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
@@ -87,6 +87,7 @@ impl Scheduler {
                 .map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings)),
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),
+            kv_footprint: t.kv_footprint(),
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
             weights_bytes: model.weights_bytes,
         };
@@ -104,6 +105,7 @@ impl Scheduler {
                 prefix_budget,
                 disk,
                 &model.path.display().to_string(),
+                t.cache_windows(),
             )
         });
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
@@ -179,7 +181,7 @@ impl Scheduler {
         match command {
             Command::Submit { id, request, events } => {
                 self.metrics.requests_total += 1;
-                let seq = Sequence::new(id, *request, events, self.info.context_length, self.info.kv_bytes_per_token);
+                let seq = Sequence::new(id, *request, events, self.info.context_length, self.info.kv_footprint);
                 // In arrival order; admission picks by priority (`lanes`).
                 self.waiting.push_back(seq);
                 true
@@ -259,6 +261,7 @@ impl Scheduler {
             }
         }
         self.metrics.generated_tokens_total += rows as u64;
+        self.store_completed_blocks();
         if keep.len() < rows {
             self.retain_rows(&keep);
         }
@@ -304,6 +307,23 @@ impl Scheduler {
                 self.release(&seq);
             }
             self.cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
+        }
+    }
+
+    /// The blocks this step completed go to the prefix cache now: a windowed layer will have
+    /// dropped their keys by the time the sequence leaves.
+    fn store_completed_blocks(&mut self) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
+        for (row, seq) in self.running.iter().enumerate() {
+            let Some(len) = lengths.get(row).map(|&l| l.max(0) as usize) else { continue };
+            let whole = len > 0 && len % BLOCK_TOKENS == 0 && len <= seq.tokens().len();
+            if !whole || seq.finished == Some(FinishReason::Error) {
+                continue;
+            }
+            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &self.cache, row) {
+                tracing::warn!("prefix cache: cannot store a generated block: {e}");
+            }
         }
     }
 
@@ -382,7 +402,7 @@ impl Scheduler {
         m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
-        m.kv_tokens = self.cache.first().map_or(0, BatchKvCache::held_tokens);
+        m.kv_tokens = self.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);
         m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum::<usize>() + shared_bytes;
         m.kv_shared_bytes = shared_bytes;
         m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);

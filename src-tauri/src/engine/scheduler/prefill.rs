@@ -33,7 +33,7 @@ fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelErr
                 return Ok(only);
             }
             match layer.row_contents(row)? {
-                Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0),
+                Some((k, v)) => Ok(KvCache::from_pieces(&[k], &[v], 0)?.starting_at(layer.row_start(row))),
                 None => Ok(KvCache::new()),
             }
         })

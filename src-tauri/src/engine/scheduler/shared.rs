@@ -109,7 +109,8 @@ impl Scheduler {
                 !s.warm && !after(&self.cache, r) && lengths[r] as usize >= n && starts(s.tokens())
             })
             .collect();
-        let saved = n * self.info.kv_bytes_per_token;
+        // Windowed layers hold their window either way: only the full layers are spared.
+        let saved = n * self.info.kv_footprint.full_per_token;
         for (batch, rows, seqs) in
             [(&mut self.group_cache, group, &mut self.group), (&mut self.cache, running, &mut self.running)]
         {
@@ -144,7 +145,7 @@ impl Scheduler {
 
     /// A request that takes the segment reserves only what follows it.
     pub(super) fn reserve_after_shared(&mut self, seq: &mut Sequence, tokens: usize) {
-        let saved = (tokens * self.info.kv_bytes_per_token).min(seq.reserved_bytes);
+        let saved = (tokens * self.info.kv_footprint.full_per_token).min(seq.reserved_bytes);
         seq.reserved_bytes -= saved;
         self.reserved_bytes -= saved;
         seq.shared_prefix = tokens;
@@ -152,7 +153,7 @@ impl Scheduler {
 
     /// A request set aside with a copy of its whole sequence reserves all of it again.
     pub(super) fn reserve_whole(&mut self, seq: &mut Sequence) {
-        let added = seq.shared_prefix * self.info.kv_bytes_per_token;
+        let added = seq.shared_prefix * self.info.kv_footprint.full_per_token;
         seq.reserved_bytes += added;
         self.reserved_bytes += added;
         seq.shared_prefix = 0;

@@ -51,7 +51,7 @@ impl Scheduler {
         let (events, receiver) = unbounded_channel();
         // One token is sampled at the end of a prefill; it is not used.
         let request = Request::new(tokens, 1);
-        let mut seq = Sequence::new(0, request, events, self.info.context_length, self.info.kv_bytes_per_token);
+        let mut seq = Sequence::new(0, request, events, self.info.context_length, self.info.kv_footprint);
         seq.warm = true;
         self.warm_events = Some(receiver);
         let admitted = self.admit(seq);
