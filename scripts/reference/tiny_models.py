@@ -75,6 +75,9 @@ MODELS = [
     ("gemma4-wrapped-q4", "gemma4_text", 4, ["--wrapped"]),
     ("gemma4_text-moe", "gemma4_text", None, ["--moe"]),
     ("gemma4_text-moe-q4", "gemma4_text", 4, ["--moe"]),
+    ("qwen3_next", "qwen3_next", None, []),
+    ("qwen3_5", "qwen3_5", None, []),
+    ("qwen3_5_moe", "qwen3_5", None, ["--moe"]),
 ]
 
 

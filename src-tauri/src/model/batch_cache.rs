@@ -63,6 +63,9 @@ pub struct BatchKvCache {
     /// Per row: its tokens before its first column that are not in the shared segment
     /// (dropped by a windowed layer).
     dropped: Vec<i32>,
+    /// A recurrent layer's state, `[rows, ..]` each (it keeps no keys: `idx` and the padding
+    /// only count tokens, as in the other layers).
+    states: Vec<Array>,
 }
 
 /// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, each
@@ -73,6 +76,8 @@ struct Part {
     padding: Vec<i32>,
     after_shared: Vec<bool>,
     dropped: Vec<i32>,
+    /// The rows' recurrent states (`None`: fresh rows, zeros).
+    states: Option<Vec<Array>>,
     width: i32,
 }
 
@@ -110,9 +115,16 @@ impl BatchKvCache {
         self.idx
     }
 
-    /// Bytes of the rows' own buffers (the shared segment is counted by whoever holds it).
+    /// Bytes of the rows' own buffers and states (the shared segment is counted by whoever
+    /// holds it).
     pub fn nbytes(&self) -> usize {
-        self.buffers.nbytes()
+        self.buffers.nbytes() + self.states.iter().map(Array::nbytes).sum::<usize>()
+    }
+
+    /// Row `row`'s recurrent state, `[1, ..]` each (none in a layer that keeps keys).
+    pub fn row_states(&self, row: usize) -> Result<Vec<Array>> {
+        let r = row as i32;
+        self.states.iter().map(|s| Ok(s.try_index(r..r + 1)?)).collect()
     }
 
     /// The shared segment, when a row uses it.
@@ -184,7 +196,20 @@ impl BatchKvCache {
     /// shared segment.
     pub fn only_row(&self) -> Option<KvCache> {
         (self.rows() == 1 && self.left_padding[0] == 0 && !self.after_shared[0])
-            .then(|| KvCache::from_buffers(self.buffers.clone(), self.idx).starting_at(self.dropped[0]))
+            .then(|| self.row_cache(KvCache::from_buffers(self.buffers.clone(), self.idx), 0))
+            .transpose()
+            .ok()
+            .flatten()
+    }
+
+    /// `cache` (row `row`'s keys and values) with the row's start and recurrent state.
+    pub fn row_cache(&self, cache: KvCache, row: usize) -> Result<KvCache> {
+        let states = self.row_states(row)?;
+        let cache = cache.starting_at(self.row_start(row));
+        if states.is_empty() {
+            return Ok(cache);
+        }
+        Ok(KvCache::recurrent(states, self.lengths()[row]))
     }
 
     /// Adds a sequence (its prefilled single-row cache, possibly empty) as the last row.
@@ -214,6 +239,7 @@ impl BatchKvCache {
                     shared: self.shared.take(),
                     after_shared: vec![*after],
                     dropped: vec![row.start()],
+                    states: row.states().to_vec(),
                 };
                 Ok(())
             }
@@ -226,6 +252,7 @@ impl BatchKvCache {
                             padding: vec![0],
                             after_shared: vec![*after],
                             dropped: vec![row.start()],
+                            states: Some(row.states().to_vec()).filter(|s| !s.is_empty()),
                             width: row.offset(),
                         })
                     })
@@ -259,6 +286,7 @@ impl BatchKvCache {
                     padding: vec![0],
                     after_shared: vec![other.after_shared[r]],
                     dropped: vec![other.dropped[r]],
+                    states: Some(other.row_states(r)?).filter(|s| !s.is_empty()),
                     width: width.max(0),
                 })
             })
@@ -304,6 +332,7 @@ impl BatchKvCache {
             padding: self.left_padding.iter().map(|p| p - trim).collect(),
             after_shared: self.after_shared.clone(),
             dropped: self.dropped.clone(),
+            states: Some(std::mem::take(&mut self.states)).filter(|s| !s.is_empty()),
             width: self.idx - trim,
         };
         let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
@@ -330,6 +359,7 @@ impl BatchKvCache {
         self.left_padding = parts.iter().flat_map(|p| p.padding.iter().map(move |pad| pad + idx - p.width)).collect();
         self.after_shared = parts.iter().flat_map(|p| p.after_shared.iter().copied()).collect();
         self.dropped = parts.iter().flat_map(|p| p.dropped.iter().copied()).collect();
+        self.states = merge_states(&parts)?;
         self.buffers = buffers;
         self.idx = idx;
         Ok(())
@@ -364,6 +394,10 @@ impl BatchKvCache {
         self.left_padding = padding.into_iter().map(|p| p - trim).collect();
         self.after_shared = keep.iter().map(|&r| self.after_shared[r]).collect();
         self.dropped = keep.iter().map(|&r| self.dropped[r]).collect();
+        if !all_in_order && !self.states.is_empty() {
+            let index = Array::from_slice(&keep.iter().map(|&r| r as i32).collect::<Vec<_>>(), &[keep.len() as i32]);
+            self.states = self.states.iter().map(|s| s.take_axis(&index, 0)).collect::<std::result::Result<_, _>>()?;
+        }
         if !self.after_shared.contains(&true) {
             self.shared = None;
         }
@@ -449,6 +483,18 @@ impl LayerCache for BatchKvCache {
         Ok(out)
     }
 
+    fn states(&self) -> &[Array] {
+        &self.states
+    }
+
+    fn set_states(&mut self, states: Vec<Array>) {
+        self.states = states;
+    }
+
+    fn advance(&mut self, n: i32) {
+        self.idx += n;
+    }
+
     /// Drops the leading columns of every row at once (a row's padding first, then its
     /// oldest tokens).
     fn drop_outside(&mut self, window: usize) -> Result<()> {
@@ -464,4 +510,26 @@ impl LayerCache for BatchKvCache {
         self.idx -= drop;
         Ok(())
     }
+}
+
+/// The rows' recurrent states in part order, one `[rows, ..]` array per state; rows that have
+/// none yet get zeros (a fresh sequence's state). Empty when no part has one.
+fn merge_states(parts: &[Part]) -> Result<Vec<Array>> {
+    let Some(like) = parts.iter().find_map(|p| p.states.as_ref()) else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(like.len());
+    for (i, template) in like.iter().enumerate() {
+        let mut pieces = Vec::with_capacity(parts.len());
+        for part in parts.iter().filter(|p| !p.padding.is_empty()) {
+            pieces.push(match &part.states {
+                Some(states) => states[i].clone(),
+                None => {
+                    let mut shape = template.shape().to_vec();
+                    shape[0] = part.padding.len() as i32;
+                    zeros_dtype(&shape, template.dtype())?
+                }
+            });
+        }
+        out.push(if pieces.len() == 1 { pieces.pop().expect("one") } else { concatenate(&pieces, 0)? });
+    }
+    Ok(out)
 }

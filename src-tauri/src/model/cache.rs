@@ -37,6 +37,11 @@ pub trait LayerCache {
     /// In a layer with attention window `window`, before new tokens: lets go of the keys and
     /// values no later token can see (all rows together), or keeps them a while longer.
     fn drop_outside(&mut self, window: usize) -> Result<()>;
+    /// A recurrent layer's state: its arrays, `[B, ..]` each (none before its first tokens).
+    fn states(&self) -> &[Array];
+    fn set_states(&mut self, states: Vec<Array>);
+    /// A recurrent layer took `n` more tokens: it keeps no keys, only the count moves.
+    fn advance(&mut self, n: i32);
     /// The prompt start some rows share, held once, that they attend to before their own keys.
     fn shared(&self) -> Option<&SharedKv> {
         None

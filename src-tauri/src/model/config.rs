@@ -18,10 +18,13 @@ pub enum Arch {
     GptOss,
     Ministral3,
     Gemma4,
+    /// Linear-attention hybrids: Gated DeltaNet layers with gated full attention every few.
+    Qwen3Next,
+    Qwen35,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 12] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -34,7 +37,14 @@ impl Arch {
         Arch::GptOss,
         Arch::Ministral3,
         Arch::Gemma4,
+        Arch::Qwen3Next,
+        Arch::Qwen35,
     ];
+
+    /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen3Next | Arch::Qwen35)
+    }
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
         Some(match model_type {
@@ -50,6 +60,9 @@ impl Arch {
             "gpt_oss" => Arch::GptOss,
             "ministral3" => Arch::Ministral3,
             "gemma4_text" => Arch::Gemma4,
+            "qwen3_next" => Arch::Qwen3Next,
+            // The text model of Qwen3.5/3.6, dense or with experts (`text_config`).
+            "qwen3_5" | "qwen3_5_text" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35,
             _ => return None,
         })
     }
@@ -68,6 +81,8 @@ impl Arch {
             Arch::GptOss => "gpt_oss",
             Arch::Ministral3 => "ministral3",
             Arch::Gemma4 => "gemma4_text",
+            Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen35 => "qwen3_5",
         }
     }
 }
@@ -297,9 +312,54 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     pub query_scale: Option<QueryScale>,
     pub gemma4: Option<Gemma4Style>,
+    pub hybrid: Option<HybridStyle>,
 }
 
+/// Linear-attention hybrids (Qwen3-Next, Qwen3.5): most layers are Gated DeltaNet layers, whose
+/// state per sequence is fixed-size; the others are full attention with a sigmoid output gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HybridStyle {
+    /// Per layer: whether it is a Gated DeltaNet layer.
+    pub linear_layers: Vec<bool>,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// The causal convolution's width (it keeps `conv_kernel - 1` inputs).
+    pub conv_kernel: usize,
+    /// Qwen3-Next: q, k, v, z in one projection grouped per key head, b and a in another;
+    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    pub grouped_projections: bool,
+}
+
+impl HybridStyle {
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Bytes of one sequence's state in one layer: the convolution's inputs (compute dtype)
+    /// and the recurrence's matrices (f32).
+    pub fn state_bytes(&self, dtype_bytes: usize) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels() * dtype_bytes
+            + self.value_heads * self.value_dim * self.key_dim * 4
+    }
+
+    /// The layer's parameters.
+    fn parameters(&self, hidden: u64) -> u64 {
+        let nv = self.value_heads as u64;
+        let dv = self.value_dim as u64;
+        let conv = self.conv_channels() as u64;
+        let projections = hidden * (conv + nv * dv + 2 * nv);
+        projections + conv * self.conv_kernel as u64 + 2 * nv + dv + nv * dv * hidden
+    }
+}
 impl ModelConfig {
+    /// Whether layer `i` keeps a recurrent state instead of keys and values.
+    pub fn is_recurrent(&self, i: usize) -> bool {
+        self.hybrid.as_ref().is_some_and(|h| h.linear_layers.get(i).copied().unwrap_or(false))
+    }
+
     /// The attention window of layer `i`, if it has one.
     pub fn layer_window(&self, i: usize) -> Option<usize> {
         let sliding = self.sliding_layers.get(i).copied().unwrap_or(self.sliding_layers.is_empty());
@@ -347,7 +407,11 @@ impl ModelConfig {
 
     /// Key and value elements one token adds to the caches (all layers that keep one).
     pub fn kv_elements_per_token(&self) -> usize {
-        (0..self.kv_cache_layers()).map(|i| self.layer_attention(i)).map(|a| 2 * a.kv_heads * a.head_dim).sum()
+        (0..self.kv_cache_layers())
+            .filter(|&i| !self.is_recurrent(i))
+            .map(|i| self.layer_attention(i))
+            .map(|a| 2 * a.kv_heads * a.head_dim)
+            .sum()
     }
 
     /// What one sequence's key/value caches take with `dtype_bytes`-byte elements: windowed
@@ -357,11 +421,13 @@ impl ModelConfig {
             let a = self.layer_attention(i);
             2 * a.kv_heads * a.head_dim * dtype_bytes
         };
-        let layers = 0..self.kv_cache_layers();
+        let layers = || (0..self.kv_cache_layers()).filter(|&i| !self.is_recurrent(i));
+        let recurrent = (0..self.num_layers).filter(|&i| self.is_recurrent(i)).count();
         crate::model::KvFootprint {
-            full_per_token: layers.clone().filter(|&i| self.layer_window(i).is_none()).map(per_layer).sum(),
-            windowed_per_token: layers.filter(|&i| self.layer_window(i).is_some()).map(per_layer).sum(),
+            full_per_token: layers().filter(|&i| self.layer_window(i).is_none()).map(per_layer).sum(),
+            windowed_per_token: layers().filter(|&i| self.layer_window(i).is_some()).map(per_layer).sum(),
             windowed_tokens: self.sliding_window.map_or(0, crate::model::kv_cache::window_columns),
+            state_bytes: self.hybrid.as_ref().map_or(0, |h| recurrent * h.state_bytes(dtype_bytes)),
         }
     }
 
@@ -396,6 +462,12 @@ impl ModelConfig {
     fn attention_parameters(&self, l: usize) -> u64 {
         let a = self.layer_attention(l);
         let h = self.hidden_size as u64;
+        match &self.hybrid {
+            Some(hybrid) if self.is_recurrent(l) => return hybrid.parameters(h),
+            _ => {}
+        }
+        // The hybrids' attention projects a gate beside every query.
+        let gate = if self.hybrid.is_some() { h * (self.num_heads * a.head_dim) as u64 } else { 0 };
         let q = (self.num_heads * a.head_dim) as u64;
         let kv = (a.kv_heads * a.head_dim) as u64;
         let own_kv = match (a.kv_source, a.keys_as_values) {
@@ -410,7 +482,7 @@ impl ModelConfig {
         } else {
             2 * a.head_dim as u64
         };
-        2 * h * q + own_kv + norms
+        2 * h * q + own_kv + norms + gate
     }
 
     /// Layer `l`'s norms and Gemma 4's per-layer input gate and scalar.

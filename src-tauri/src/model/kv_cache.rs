@@ -55,15 +55,18 @@ pub fn window_columns(window: usize) -> usize {
 pub struct KvFootprint {
     /// Bytes per token in the layers that keep every token...
     pub full_per_token: usize,
-    /// ...and in windowed layers, which hold at most `windowed_tokens` columns.
+    /// ...and in windowed layers, which hold at most `windowed_tokens` columns...
     pub windowed_per_token: usize,
     pub windowed_tokens: usize,
+    /// ...and the recurrent layers' state, whatever the length (linear-attention hybrids).
+    pub state_bytes: usize,
 }
 
 impl KvFootprint {
     /// Bytes for a sequence of `tokens` tokens.
     pub fn bytes(&self, tokens: usize) -> usize {
-        self.full_per_token * tokens + self.windowed_per_token * tokens.min(self.windowed_tokens)
+        let state = if tokens > 0 { self.state_bytes } else { 0 };
+        self.full_per_token * tokens + self.windowed_per_token * tokens.min(self.windowed_tokens) + state
     }
 }
 
@@ -136,6 +139,8 @@ pub struct KvCache {
     /// Tokens before the first column (dropped by a windowed layer): `start + offset` is the
     /// RoPE position of the next token.
     start: i32,
+    /// A recurrent layer's state (it keeps no keys: `offset` counts its tokens).
+    states: Vec<Array>,
 }
 
 impl KvCache {
@@ -155,12 +160,21 @@ impl KvCache {
             Ok(concatenate(&a.iter().cloned().chain([pad]).collect::<Vec<_>>(), 2)?)
         };
         let buffers = Buffers { keys: Some(tail(keys)?), values: Some(tail(values)?) };
-        Ok(KvCache { buffers, offset: len, start: 0 })
+        Ok(KvCache { buffers, offset: len, start: 0, states: Vec::new() })
     }
 
     /// A cache over `buffers` whose first `offset` columns are written.
     pub(crate) fn from_buffers(buffers: Buffers, offset: i32) -> KvCache {
-        KvCache { buffers, offset, start: 0 }
+        KvCache { buffers, offset, start: 0, states: Vec::new() }
+    }
+
+    /// A recurrent layer's cache: `len` tokens summed up in `states`.
+    pub fn recurrent(states: Vec<Array>, len: i32) -> KvCache {
+        KvCache { offset: len, states, ..KvCache::default() }
+    }
+
+    pub fn states(&self) -> &[Array] {
+        &self.states
     }
 
     /// The same cache, its first column at position `start` (the tokens before it dropped).
@@ -193,8 +207,12 @@ impl KvCache {
     }
 
     /// Whether the sequence can go on from its first `len` tokens: they are all held, or (in
-    /// a layer with attention window `window`) the last `window` of them are.
+    /// a layer with attention window `window`) the last `window` of them are. A recurrent
+    /// state sums up all its tokens: it goes on only from where it is.
     pub fn resumes_at(&self, len: i32, window: Option<usize>) -> bool {
+        if !self.states.is_empty() {
+            return len == self.len();
+        }
         let needed_from = window.map_or(0, |w| len.saturating_sub(w.min(i32::MAX as usize) as i32).max(0));
         len <= self.len() && self.start <= needed_from
     }
@@ -242,7 +260,7 @@ impl KvCache {
     }
 
     pub fn nbytes(&self) -> usize {
-        self.buffers.nbytes()
+        self.buffers.nbytes() + self.states.iter().map(Array::nbytes).sum::<usize>()
     }
 }
 
@@ -267,6 +285,18 @@ impl LayerCache for KvCache {
 
     fn drop_outside(&mut self, window: usize) -> Result<()> {
         KvCache::drop_outside(self, window)
+    }
+
+    fn states(&self) -> &[Array] {
+        &self.states
+    }
+
+    fn set_states(&mut self, states: Vec<Array>) {
+        self.states = states;
+    }
+
+    fn advance(&mut self, n: i32) {
+        self.offset += n;
     }
 }
 

@@ -11,6 +11,7 @@ pub mod load;
 pub mod scripted;
 pub mod synthetic;
 mod synthetic_gemma4;
+mod synthetic_hybrid;
 pub mod transformer;
 pub mod weights;
 

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::model::config::{Arch, QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
 use crate::model::layers::quant_ops;
-use crate::model::synthetic_gemma4;
+use crate::model::{synthetic_gemma4, synthetic_hybrid};
 use crate::sampling::Rng;
 
 /// Sizes of the tiny models: small enough for milliseconds per token on a CPU, large enough
@@ -187,6 +187,7 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
         }
         Arch::Gemma4 => synthetic_gemma4::config(&mut c, options),
+        Arch::Qwen3Next | Arch::Qwen35 => synthetic_hybrid::config(&mut c, arch, options),
     }
     if arch == Arch::GptOss && options.per_expert {
         // OpenAI's release: experts in mxfp4 blocks, everything else unquantized.
@@ -211,10 +212,11 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
         c["quantization"] = spec;
         c["quantization_config"] = c["quantization"].clone();
     }
-    if options.wrapped {
+    if wrapped(arch, options) {
         let outer = match arch {
             Arch::Gemma3 => "gemma3",
             Arch::Gemma4 => "gemma4",
+            Arch::Qwen35 => synthetic_hybrid::outer_type(options),
             _ => "mistral3",
         };
         let mut text = c.clone();
@@ -230,6 +232,11 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
         return top;
     }
     c
+}
+
+/// Whether the text model sits inside a multimodal wrapper (Qwen3.5's always does).
+fn wrapped(arch: Arch, options: &TinyOptions) -> bool {
+    options.wrapped || arch == Arch::Qwen35
 }
 
 /// Real Gemma 3 ties its head to the embeddings too, but a tiny tied model whose embeddings are
@@ -253,8 +260,8 @@ fn moe_block(arch: Arch) -> &'static str {
 }
 
 /// Where the text model's tensors live in the written checkpoint.
-fn module_prefix(_arch: Arch, options: &TinyOptions) -> &'static str {
-    if options.wrapped {
+fn module_prefix(arch: Arch, options: &TinyOptions) -> &'static str {
+    if wrapped(arch, options) {
         "language_model."
     } else {
         ""
@@ -291,6 +298,9 @@ pub fn random_weights(arch: Arch, seed: u64) -> Vec<Tensor> {
 pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<Tensor> {
     if arch == Arch::Gemma4 {
         return synthetic_gemma4::random_weights(seed, options);
+    }
+    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35) {
+        return synthetic_hybrid::random_weights(arch, seed, options);
     }
     let mut draws = Draws::new(seed);
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
@@ -489,7 +499,7 @@ pub fn write_tiny_model_with(dir: &Path, arch: Arch, seed: u64, options: &TinyOp
     write_json("generation_config.json", &json!({"eos_token_id": [258, 256]}))?;
 
     let mut tensors = random_weights_with(arch, seed, options);
-    if options.wrapped {
+    if wrapped(arch, options) {
         for (name, _, _) in &mut tensors {
             *name = format!("language_model.{name}");
         }

@@ -13,8 +13,9 @@ use crate::model::config::{ModelConfig, QueryScale, RopeConfig};
 use crate::model::error::Result;
 use crate::model::kv_cache::{KvCache, KvFootprint};
 use crate::model::layers::{
-    Attention, Embedding, KeysValues, Linear, Mlp, MlpProjections, MoeBlock, ParallelExperts, PerLayerGate,
-    PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, Sinks, SwitchGlu,
+    Attention, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, Mlp, MlpProjections, MoeBlock,
+    ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, Sinks,
+    SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -51,9 +52,24 @@ pub struct SandwichNorms {
     post_feedforward: RmsNorm,
 }
 
+/// How a layer mixes tokens: attention over its cached keys, or a recurrence over its state.
+pub enum Mixer {
+    Attention(Box<Attention>),
+    GatedDelta(Box<GatedDeltaNet>),
+}
+
+impl Mixer {
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Mixer::Attention(a) => a.arrays(),
+            Mixer::GatedDelta(g) => g.arrays(),
+        }
+    }
+}
+
 pub struct DecoderLayer {
     input_norm: RmsNorm,
-    attention: Attention,
+    mixer: Mixer,
     /// Before the feed-forward (Llama), or on the attention output (Gemma, with `sandwich`).
     post_attention_norm: RmsNorm,
     sandwich: Option<SandwichNorms>,
@@ -73,16 +89,22 @@ struct LayerInputs<'a> {
 }
 
 impl DecoderLayer {
-    /// The layer's output and the keys and values its attention used.
+    /// The layer's output and the keys and values its attention used (none for a recurrence).
     fn forward<C: LayerCache>(
         &self,
         h: &Array,
         inputs: LayerInputs,
         cache: &mut C,
         kv: KeysValues,
-    ) -> Result<(Array, (Array, Array))> {
+    ) -> Result<(Array, Option<(Array, Array)>)> {
         let x = self.input_norm.forward(h)?;
-        let (r, kv) = self.attention.forward(&x, inputs.mask, inputs.positions, inputs.query_scale, cache, kv)?;
+        let (r, kv) = match &self.mixer {
+            Mixer::Attention(attention) => {
+                let (r, kv) = attention.forward(&x, inputs.mask, inputs.positions, inputs.query_scale, cache, kv)?;
+                (r, Some(kv))
+            }
+            Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
+        };
         let out = match &self.sandwich {
             None => {
                 let h1 = add(h, &r)?;
@@ -170,9 +192,14 @@ impl Transformer {
                 Some(_) => Some(weights.take_float(&format!("{p}.layer_scalar"), &[1])?),
                 None => None,
             };
+            let mixer = if c.is_recurrent(i) {
+                Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?))
+            } else {
+                Mixer::Attention(Box::new(attention(c, i, weights, &norm)?))
+            };
             layers.push(DecoderLayer {
                 input_norm: norm(weights, &format!("{p}.input_layernorm"), hidden)?,
-                attention: attention(c, i, weights, &norm)?,
+                mixer,
                 post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
                 sandwich,
                 feed_forward: feed_forward(c, i, weights, &norm)?,
@@ -219,7 +246,7 @@ impl Transformer {
             if let Some(s) = &layer.sandwich {
                 out.extend([&s.pre_feedforward.weight, &s.post_feedforward.weight]);
             }
-            out.extend(layer.attention.arrays());
+            out.extend(layer.mixer.arrays());
             out.extend(layer.feed_forward.arrays());
             out.extend(layer.per_layer_gate.iter().flat_map(PerLayerGate::arrays));
             out.extend(&layer.output_scale);
@@ -322,7 +349,7 @@ impl Transformer {
             };
             h = out;
             if reusing {
-                produced[slot] = Some(kv);
+                produced[slot] = kv;
             }
         }
         self.norm.forward(&h)
@@ -377,8 +404,10 @@ fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader
     } else if shape.keys_as_values {
         QkvProjection::KeysAsValues { q: linear(weights, "q_proj", q_dim)?, k: linear(weights, "k_proj", kv_dim)? }
     } else {
+        // The hybrids' queries come with a gate per head.
+        let q_rows = if c.hybrid.is_some() { 2 * q_dim } else { q_dim };
         QkvProjection::Separate {
-            q: linear(weights, "q_proj", q_dim)?,
+            q: linear(weights, "q_proj", q_rows)?,
             k: linear(weights, "k_proj", kv_dim)?,
             v: linear(weights, "v_proj", kv_dim)?,
         }
@@ -405,6 +434,44 @@ fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader
         } else {
             None
         },
+        output_gate: c.hybrid.is_some(),
+    })
+}
+
+/// Layer `i`'s Gated DeltaNet (a hybrid's linear-attention layer).
+fn gated_delta(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<GatedDeltaNet> {
+    let h = c.hybrid.as_ref().ok_or_else(|| crate::model::ModelError::Mlx("not a hybrid model".into()))?;
+    let p = format!("model.layers.{i}.linear_attn");
+    let hidden = c.hidden_size as i32;
+    let (nk, nv, dk, dv) = (h.key_heads as i32, h.value_heads as i32, h.key_dim as i32, h.value_dim as i32);
+    let channels = h.conv_channels() as i32;
+    let linear =
+        |weights: &mut Weights, name: &str, rows: i32| weights.linear(&format!("{p}.{name}"), rows, hidden, false);
+    let projections = if h.grouped_projections {
+        DeltaProjections::Grouped {
+            qkvz: linear(weights, "in_proj_qkvz", channels + nv * dv)?,
+            ba: linear(weights, "in_proj_ba", 2 * nv)?,
+        }
+    } else {
+        DeltaProjections::Separate {
+            qkv: linear(weights, "in_proj_qkv", channels)?,
+            z: linear(weights, "in_proj_z", nv * dv)?,
+            b: linear(weights, "in_proj_b", nv)?,
+            a: linear(weights, "in_proj_a", nv)?,
+        }
+    };
+    Ok(GatedDeltaNet {
+        projections,
+        conv: weights.take_float(&format!("{p}.conv1d.weight"), &[channels, h.conv_kernel as i32, 1])?,
+        dt_bias: weights.take_float(&format!("{p}.dt_bias"), &[nv])?,
+        a_log: weights.take_float(&format!("{p}.A_log"), &[nv])?.as_dtype(Dtype::Float32)?,
+        norm: weights.norm(&format!("{p}.norm"), dv, c.rms_norm_eps)?,
+        out: weights.linear(&format!("{p}.out_proj"), hidden, nv * dv, false)?,
+        key_heads: nk,
+        value_heads: nv,
+        key_dim: dk,
+        value_dim: dv,
+        kernel: h.conv_kernel as i32,
     })
 }
 

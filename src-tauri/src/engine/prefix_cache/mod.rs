@@ -42,18 +42,39 @@ use crate::model::{BatchKvCache, KvCache, LoadedModel};
 /// 30k-token prompt is a few hundred lookups.
 pub const BLOCK_TOKENS: usize = 64;
 
+/// A model with recurrent layers keeps their state every this many tokens of a sequence (and
+/// where a prompt or a sequence ends): a snapshot of Qwen3-Next-80B's is ~75 MB, so a
+/// 30k-token prompt keeps seven, not one per block.
+pub const SNAPSHOT_TOKENS: usize = 4096;
+
 type Result<T> = std::result::Result<T, crate::model::ModelError>;
 
-/// A block's keys and values in every layer. `in_segment`: views of the segment the batch
-/// shares (`segment`), whose bytes the engine reserves: 0 here while it lives.
-struct LayerBlocks(Vec<(Array, Array)>, bool);
+/// A block's keys and values in every layer.
+struct LayerBlocks {
+    /// Per layer cache: the block's keys and values, `[1, H, n, D]`; a recurrent layer's
+    /// state at the block's end (convolution inputs, matrices) when `snapshot`, else nothing
+    /// (an empty placeholder).
+    layers: Vec<(Array, Array)>,
+    /// Views of the segment the batch shares (`segment`), whose bytes the engine reserves: 0
+    /// here while it lives.
+    in_segment: bool,
+    snapshot: bool,
+}
 
 impl Payload for LayerBlocks {
     fn bytes(&self) -> usize {
-        if self.1 {
+        if self.in_segment {
             return 0;
         }
-        self.0.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        self.layers.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+    }
+
+    fn covered_by_longer(&self) -> bool {
+        !self.snapshot
+    }
+
+    fn resumable_at_end(&self) -> bool {
+        self.snapshot
     }
 }
 
@@ -108,8 +129,11 @@ pub struct PrefixCache {
     /// The blocks that are views of the batch's shared segment (`segment`).
     segment_blocks: Vec<BlockKey>,
     hot: Option<Hot>,
-    /// Per layer cache: its attention window (`None`: it sees the whole sequence).
+    /// Per layer cache: its attention window (`None`: it sees the whole sequence)...
     windows: Vec<Option<usize>>,
+    /// ...and whether it keeps a recurrent state (linear-attention hybrids), which a lookup
+    /// can resume only at a block end where a snapshot of it was stored.
+    recurrent: Vec<bool>,
     /// Most bytes held (the scheduler lowers what it may use when requests need the room).
     budget: usize,
     disk: Option<DiskTier>,
@@ -120,20 +144,26 @@ pub struct PrefixCache {
 
 impl PrefixCache {
     /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given, for
-    /// a model whose layer caches have attention windows `windows`.
+    /// a model whose layer caches have attention windows `windows` and keep recurrent states
+    /// where `recurrent` says. (The disk tier holds keys and values only: a model with
+    /// recurrent layers has none yet.)
     pub fn new(
         identity: BlockKey,
         budget: usize,
         disk: Option<(&Path, u64)>,
         model: &str,
         windows: Vec<Option<usize>>,
+        recurrent: Vec<bool>,
     ) -> PrefixCache {
-        let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
+        let disk = disk
+            .filter(|_| !recurrent.contains(&true))
+            .and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
         PrefixCache {
             store: BlockStore::new(identity, BLOCK_TOKENS),
             segment_blocks: Vec::new(),
             hot: None,
             windows,
+            recurrent,
             budget,
             disk,
             hits: 0,
@@ -314,6 +344,10 @@ impl PrefixCache {
         self.windows.get(layer).copied().flatten()
     }
 
+    fn is_recurrent(&self, layer: usize) -> bool {
+        self.recurrent.get(layer).copied().unwrap_or(false)
+    }
+
     /// The cached start of `prompt`, at most `limit` tokens, in new caches for `layers` layers
     /// (not counted in the hit figures: a request's lookup is, by `count`).
     pub fn restore(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Restored> {
@@ -321,7 +355,12 @@ impl PrefixCache {
             return Ok(restored);
         }
         self.pull_from_disk(prompt, limit);
-        let found = self.store.find(prompt, limit);
+        // A model with recurrent layers resumes only where their state was kept.
+        let found = if self.recurrent.contains(&true) {
+            self.store.find_resumable(prompt, limit)
+        } else {
+            self.store.find(prompt, limit)
+        };
         let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
         let (tokens, divergence) = (found.tokens, found.divergence);
         let shared = self
@@ -348,7 +387,7 @@ impl PrefixCache {
             hot => self.hot = hot,
         }
         if tokens > 0 {
-            caches = gather(&found.blocks, layers, prompt.len(), &self.windows)?;
+            caches = gather(&found.blocks, layers, prompt.len(), &self.windows, &self.recurrent)?;
         }
         Ok(Restored { tokens, caches, divergence })
     }
@@ -362,7 +401,11 @@ impl PrefixCache {
         self.pull_from_disk(prompt, len);
         let found = self.store.find(prompt, len);
         let whole = found.blocks.iter().all(|(_, n)| *n == BLOCK_TOKENS);
-        if found.tokens < len || !whole || found.blocks.first().is_some_and(|(b, _)| b.0.len() != layers) {
+        if found.tokens < len
+            || !whole
+            || found.blocks.first().is_some_and(|(b, _)| b.layers.len() != layers)
+            || self.recurrent.contains(&true)
+        {
             return Ok(None);
         }
         // Exactly `len` columns, contiguous: attention reads it as `[H, len, D]` every step.
@@ -381,7 +424,7 @@ impl PrefixCache {
                     Ok((k.try_index((.., .., columns.clone(), ..))?, v.try_index((.., .., columns.clone(), ..))?))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            self.store.replace_payload(key, LayerBlocks(views, true));
+            self.store.replace_payload(key, LayerBlocks { layers: views, in_segment: true, snapshot: false });
         }
         self.segment_blocks = keys;
         Ok(Some(out))
@@ -392,13 +435,14 @@ impl PrefixCache {
     pub fn release_segment(&mut self) -> Result<()> {
         for key in std::mem::take(&mut self.segment_blocks) {
             let Some((_, _, payload)) = self.store.get(&key) else { continue };
+            let snapshot = payload.snapshot;
             let layers = payload
-                .0
+                .layers
                 .iter()
                 .map(|(k, v)| Ok((k.contiguous()?, v.contiguous()?)))
                 .collect::<Result<Vec<(Array, Array)>>>()?;
             mlx_rs::transforms::eval(layers.iter().flat_map(|(k, v)| [k, v]))?;
-            self.store.replace_payload(&key, LayerBlocks(layers, false));
+            self.store.replace_payload(&key, LayerBlocks { layers, in_segment: false, snapshot });
         }
         self.store.shrink_to(self.budget);
         Ok(())
@@ -418,8 +462,11 @@ impl PrefixCache {
         let rest = &prompt[skip..limit];
         self.pull_from_disk_after(parent, rest);
         let found = self.store.find_from(parent, rest);
-        let caches =
-            if found.tokens > 0 { gather(&found.blocks, layers, prompt.len() - skip, &self.windows)? } else { empty() };
+        let caches = if found.tokens > 0 {
+            gather(&found.blocks, layers, prompt.len() - skip, &self.windows, &self.recurrent)?
+        } else {
+            empty()
+        };
         let divergence = found.divergence.map(|d| Divergence {
             position: d.position + skip,
             cached_through: d.cached_through + skip,
@@ -439,40 +486,72 @@ impl PrefixCache {
     }
 
     /// Stores the blocks of `tokens`, the sequence of batch row `row` (those a windowed layer
-    /// no longer holds are stored only if they already were).
-    pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize) -> Result<()> {
-        let segments: Vec<Vec<(Array, Array)>> = batch.iter().map(|c| c.row_segments(row)).collect::<Result<_>>()?;
-        if segments.iter().any(Vec::is_empty) {
-            return Ok(());
+    /// no longer holds are stored only if they already were). With `snapshot`, the block that
+    /// ends where the row is keeps its recurrent layers' state (models with recurrent layers:
+    /// their other blocks keep none, and a lookup resumes only where one was kept).
+    pub fn store_row(&mut self, tokens: &[u32], batch: &[BatchKvCache], row: usize, snapshot: bool) -> Result<()> {
+        let mut sources = Vec::with_capacity(batch.len());
+        for (l, layer) in batch.iter().enumerate() {
+            if self.is_recurrent(l) {
+                sources.push(Source::State(layer.row_states(row)?));
+                continue;
+            }
+            let segments = layer.row_segments(row)?;
+            if segments.is_empty() {
+                return Ok(());
+            }
+            sources.push(Source::Kv(segments, layer.row_start(row).max(0) as usize));
         }
-        let starts: Vec<usize> = batch.iter().map(|c| c.row_start(row).max(0) as usize).collect();
-        self.store_from(tokens, &segments, &starts)
+        let len = batch.first().and_then(|c| c.lengths().get(row).copied()).unwrap_or(0).max(0) as usize;
+        self.store_from(tokens, &sources, len, snapshot)
     }
 
-    /// `segments`: per layer, `[1, H, n, D]` keys and values that follow one another from
-    /// position `starts[layer]` on, up to at least `tokens`' end.
-    fn store_from(&mut self, tokens: &[u32], segments: &[Vec<(Array, Array)>], starts: &[usize]) -> Result<()> {
-        let held = segments
+    /// `sources`: per layer, `[1, H, n, D]` keys and values that follow one another from a
+    /// position on, up to at least `tokens`' end, or a recurrent state after `len` tokens.
+    fn store_from(&mut self, tokens: &[u32], sources: &[Source], len: usize, snapshot: bool) -> Result<()> {
+        let held = sources
             .iter()
-            .zip(starts)
-            .map(|(s, start)| start + s.iter().map(|(k, _)| k.dim(2) as usize).sum::<usize>())
+            .filter_map(|s| match s {
+                Source::Kv(segments, start) => {
+                    Some(start + segments.iter().map(|(k, _)| k.dim(2) as usize).sum::<usize>())
+                }
+                Source::State(_) => None,
+            })
             .min()
-            .unwrap_or(0);
+            .unwrap_or(len);
         let tokens = &tokens[..tokens.len().min(held)];
+        let recurrent = sources.iter().any(|s| matches!(s, Source::State(_)));
+        let snapshot_at = (recurrent && snapshot && tokens.len() == len && len > 0).then_some(len);
         let mut fresh: Vec<Array> = Vec::new();
-        let added = self.store.insert(tokens, |start, end| {
-            if starts.iter().any(|&s| s > start) {
-                return Ok(None);
+        let make = |start: usize, end: usize, fresh: &mut Vec<Array>| -> Result<Option<LayerBlocks>> {
+            let snap = snapshot_at == Some(end);
+            let mut layers = Vec::with_capacity(sources.len());
+            for source in sources {
+                let pair = match source {
+                    Source::Kv(_, from) if *from > start => return Ok(None),
+                    Source::Kv(segments, from) => span(segments, (start - from) as i32, (end - from) as i32)?,
+                    Source::State(states) if snap && states.len() == 2 => {
+                        (states[0].contiguous()?, states[1].contiguous()?)
+                    }
+                    Source::State(_) if snap => return Ok(None),
+                    Source::State(_) => (placeholder(), placeholder()),
+                };
+                fresh.extend([pair.0.clone(), pair.1.clone()]);
+                layers.push(pair);
             }
-            let mut layers = Vec::with_capacity(segments.len());
-            for (layer, &from) in segments.iter().zip(starts) {
-                let (k, v) = span(layer, (start - from) as i32, (end - from) as i32)?;
-                fresh.push(k.clone());
-                fresh.push(v.clone());
-                layers.push((k, v));
+            Ok(Some(LayerBlocks { layers, in_segment: false, snapshot: snap }))
+        };
+        let added = self.store.insert(tokens, |start, end| make(start, end, &mut fresh))?;
+        // A block stored earlier without the snapshot this one ends with takes it now.
+        if let Some(end) = snapshot_at {
+            let key = tokens.chunks(BLOCK_TOKENS).fold(self.store.root(), |parent, chunk| chain(&parent, chunk));
+            let start = (end - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+            if self.store.get(&key).is_some_and(|(_, _, p)| !p.snapshot) {
+                if let Some(payload) = make(start, end, &mut fresh)? {
+                    self.store.replace_payload(&key, payload);
+                }
             }
-            Ok::<_, crate::model::ModelError>(Some(LayerBlocks(layers, false)))
-        })?;
+        }
         // Materialised now, so that the blocks stop referring to the request's buffers.
         if !added.is_empty() {
             mlx_rs::transforms::eval(&fresh)?;
@@ -481,8 +560,11 @@ impl PrefixCache {
         if let Some(disk) = self.disk.as_mut() {
             for key in &added {
                 let Some((parent, tokens, payload)) = self.store.get(key) else { continue };
-                let layers: Option<Vec<(Tensor, Tensor)>> =
-                    payload.0.iter().map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?))).collect();
+                let layers: Option<Vec<(Tensor, Tensor)>> = payload
+                    .layers
+                    .iter()
+                    .map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?)))
+                    .collect();
                 if let Some(layers) = layers {
                     disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers });
                 }
@@ -491,6 +573,18 @@ impl PrefixCache {
         self.store.shrink_to(self.budget);
         Ok(())
     }
+}
+
+/// What a row gives a block, per layer: keys and values (its segments, from a position on), or
+/// a recurrent layer's state where the row is.
+enum Source {
+    Kv(Vec<(Array, Array)>, usize),
+    State(Vec<Array>),
+}
+
+/// What a recurrent layer's entry holds in a block without a snapshot.
+fn placeholder() -> Array {
+    Array::from_slice(&[0f32], &[1])
 }
 
 /// Columns `start..end` of segments that follow one another, as one contiguous copy.
@@ -512,16 +606,24 @@ fn span(segments: &[(Array, Array)], start: i32, end: i32) -> Result<(Array, Arr
 
 /// Found blocks in new caches for `layers` layers: one copy, with room for `room_for`
 /// positions (the rest of a prompt) so that its prefill writes in place; a layer with a window
-/// (`windows`) gets only the tokens it keeps.
+/// (`windows`) gets only the tokens it keeps, a recurrent one (`recurrent`) the last block's
+/// snapshot of its state.
 fn gather(
     blocks: &[(&LayerBlocks, usize)],
     layers: usize,
     room_for: usize,
     windows: &[Option<usize>],
+    recurrent: &[bool],
 ) -> Result<Vec<KvCache>> {
     let total: usize = blocks.iter().map(|(_, n)| n).sum();
     let mut caches = Vec::with_capacity(layers);
     for layer in 0..layers {
+        if recurrent.get(layer).copied().unwrap_or(false) {
+            let (conv, state) = blocks.last().map(|(b, _)| b.layers[layer].clone()).unzip();
+            let states = conv.into_iter().chain(state).collect();
+            caches.push(KvCache::recurrent(states, total as i32));
+            continue;
+        }
         let cache = match windows.get(layer).copied().flatten() {
             Some(w) => {
                 let skip = total.saturating_sub(window_keep(w) as usize);
@@ -545,7 +647,7 @@ fn gather(
 fn pieces(blocks: &[(&LayerBlocks, usize)], skip: usize, layer: usize) -> Result<(Vec<Array>, Vec<Array>)> {
     let (mut keys, mut values, mut at) = (Vec::new(), Vec::new(), 0);
     for (block, n) in blocks {
-        let (k, v) = &block.0[layer];
+        let (k, v) = &block.layers[layer];
         let (from, to) = (skip.saturating_sub(at) as i32, *n as i32);
         at += n;
         if from >= to {
@@ -564,7 +666,7 @@ fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
     // The arrays copy the bytes when evaluated; do it now, while the bytes are alive.
     let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
     mlx_rs::transforms::eval(all).ok()?;
-    Some(LayerBlocks(layers, false))
+    Some(LayerBlocks { layers, in_segment: false, snapshot: false })
 }
 
 /// What makes a model's numbers what they are: its weight and config files as they are on

@@ -16,6 +16,16 @@ use super::key::{chain, BlockKey};
 /// What a block holds.
 pub trait Payload {
     fn bytes(&self) -> usize;
+    /// Whether a longer block that starts with the same tokens makes this one redundant (its
+    /// positions are all in the longer one); not when it holds what only its end has.
+    fn covered_by_longer(&self) -> bool {
+        true
+    }
+    /// Whether a lookup may stop at this block's end, and only there (a recurrent state's
+    /// snapshot), for [`BlockStore::find_resumable`].
+    fn resumable_at_end(&self) -> bool {
+        false
+    }
 }
 
 struct Entry<P> {
@@ -146,6 +156,38 @@ impl<P: Payload> BlockStore<P> {
         Found { blocks, keys, tokens: path.iter().map(|(_, n)| n).sum(), divergence }
     }
 
+    /// The longest start of `tokens[..limit]` that ends where a block [`Payload::resumable_at_end`]
+    /// ends (whole blocks along the way, then that block whole), marked used.
+    pub fn find_resumable(&mut self, tokens: &[u32], limit: usize) -> Found<'_, P> {
+        let tokens = &tokens[..limit.min(tokens.len())];
+        let (mut parent, mut at) = (self.root, 0);
+        let (mut path, mut best): (Vec<BlockKey>, Vec<BlockKey>) = (Vec::new(), Vec::new());
+        loop {
+            let rest = &tokens[at..];
+            let stops = self.children.get(&parent).into_iter().flatten().filter_map(|child| {
+                let e = self.entries.get(child)?;
+                (e.payload.resumable_at_end() && rest.starts_with(&e.tokens)).then_some((*child, e.tokens.len()))
+            });
+            if let Some((child, _)) = stops.max_by_key(|(_, len)| *len) {
+                best = path.iter().copied().chain([child]).collect();
+            }
+            let Some(chunk) = rest.get(..self.block) else { break };
+            let key = chain(&parent, chunk);
+            if !self.entries.contains_key(&key) {
+                break;
+            }
+            path.push(key);
+            (parent, at) = (key, at + self.block);
+        }
+        for key in best.iter().rev() {
+            self.touch(key);
+        }
+        let blocks: Vec<(&P, usize)> =
+            best.iter().map(|key| (&self.entries[key].payload, self.entries[key].tokens.len())).collect();
+        let tokens = blocks.iter().map(|(_, n)| n).sum();
+        Found { blocks, keys: best, tokens, divergence: None }
+    }
+
     pub fn root(&self) -> BlockKey {
         self.root
     }
@@ -204,9 +246,11 @@ impl<P: Payload> BlockStore<P> {
                     .into_iter()
                     .flatten()
                     .filter(|k| {
-                        self.entries
-                            .get(*k)
-                            .is_some_and(|e| e.tokens.len() < chunk.len() && chunk.starts_with(&e.tokens))
+                        self.entries.get(*k).is_some_and(|e| {
+                            e.tokens.len() < chunk.len()
+                                && chunk.starts_with(&e.tokens)
+                                && e.payload.covered_by_longer()
+                        })
                     })
                     .copied()
                     .collect();
@@ -352,5 +396,41 @@ mod tests {
         // Something else altogether.
         assert!(!resumes(&cached, &(200..230).collect::<Vec<u32>>()));
         assert!(!resumes(&cached[..5], &edited), "too little cached text to tell");
+    }
+
+    /// A fake recurrent payload: whether its block keeps a snapshot at its end.
+    struct Snap(bool);
+    impl Payload for Snap {
+        fn bytes(&self) -> usize {
+            10
+        }
+        fn covered_by_longer(&self) -> bool {
+            !self.0
+        }
+        fn resumable_at_end(&self) -> bool {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_recurrent_lookup_stops_only_at_snapshots_and_keeps_partial_ones() {
+        let mut s: BlockStore<Snap> = BlockStore::new([0; 32], 4);
+        let snap_at = |end: usize| move |_: usize, e: usize| Ok::<_, ()>(Some(Snap(e == end)));
+        // A sequence of 6 (snapshot at its end, in a partial block), then a longer one through
+        // the same tokens with a snapshot at 12 only.
+        s.insert(&[1, 2, 3, 4, 5, 6], snap_at(6)).unwrap();
+        s.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9], snap_at(12)).unwrap();
+        assert_eq!(s.block_count(), 4, "the partial block with its snapshot stays beside the whole one");
+        let found = |s: &mut BlockStore<Snap>, t: &[u32], limit: usize| s.find_resumable(t, limit).tokens;
+        assert_eq!(found(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 0], 12), 12);
+        assert_eq!(found(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9], 11), 6, "not mid-block");
+        assert_eq!(found(&mut s, &[1, 2, 3, 4, 5, 6, 0], 7), 6);
+        assert_eq!(found(&mut s, &[1, 2, 3, 4, 5, 0], 6), 0, "no state before 6");
+        assert_eq!(found(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8, 1], 9), 6, "the whole block at 8 keeps no state");
+        // Plain payloads: a longer block still replaces the partial one it covers.
+        let mut plain = store();
+        put(&mut plain, &[1, 2, 3, 4, 5, 6]);
+        put(&mut plain, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(plain.block_count(), 2);
     }
 }

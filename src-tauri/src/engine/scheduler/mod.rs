@@ -20,7 +20,7 @@ use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
-use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS};
+use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS, SNAPSHOT_TOKENS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
@@ -106,6 +106,7 @@ impl Scheduler {
                 disk,
                 &model.path.display().to_string(),
                 t.cache_windows(),
+                (0..t.config.kv_cache_layers()).map(|i| t.config.is_recurrent(i)).collect(),
             )
         });
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
@@ -321,7 +322,8 @@ impl Scheduler {
             if !whole || seq.finished == Some(FinishReason::Error) {
                 continue;
             }
-            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &self.cache, row) {
+            let snapshot = len % SNAPSHOT_TOKENS == 0;
+            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &self.cache, row, snapshot) {
                 tracing::warn!("prefix cache: cannot store a generated block: {e}");
             }
         }
@@ -339,7 +341,7 @@ impl Scheduler {
             let Some(&len) = lengths.get(row) else { continue };
             let tokens = seq.tokens();
             let len = (len.max(0) as usize).min(tokens.len());
-            if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row) {
+            if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row, true) {
                 tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
             }
             if let Some(next_turn) = warm::next_turn_start(seq) {

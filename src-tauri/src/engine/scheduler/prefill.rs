@@ -15,7 +15,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{explain_miss, Scheduler};
 use crate::engine::lanes;
-use crate::engine::prefix_cache::BLOCK_TOKENS;
+use crate::engine::prefix_cache::{BLOCK_TOKENS, SNAPSHOT_TOKENS};
 use crate::engine::request::FinishReason;
 use crate::engine::sequence::Sequence;
 use crate::model::{BatchKvCache, KvCache, ModelError};
@@ -32,10 +32,11 @@ fn take_row(batch: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>, ModelErr
             if let Some(only) = layer.only_row() {
                 return Ok(only);
             }
-            match layer.row_contents(row)? {
-                Some((k, v)) => Ok(KvCache::from_pieces(&[k], &[v], 0)?.starting_at(layer.row_start(row))),
-                None => Ok(KvCache::new()),
-            }
+            let own = match layer.row_contents(row)? {
+                Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0)?,
+                None => KvCache::new(),
+            };
+            layer.row_cache(own, row)
         })
         .collect()
 }
@@ -88,8 +89,16 @@ impl Scheduler {
             }
             let rows = self.group.len();
             let shortest = self.group.iter().map(Self::remaining).min().expect("non-empty");
-            // Every row adds the same number of tokens (the rows stay aligned on the right).
+            // Every row adds the same number of tokens (the rows stay aligned on the right);
+            // a model with recurrent layers stops where a row reaches a snapshot point.
             let n = (left / rows).max(1).min(shortest);
+            let n = match self.model.transformer.config.hybrid {
+                Some(_) => {
+                    let to_snapshot = self.group.iter().map(|s| SNAPSHOT_TOKENS - s.prefilled % SNAPSHOT_TOKENS);
+                    n.min(to_snapshot.min().unwrap_or(n))
+                }
+                None => n,
+            };
             let ids: Vec<u32> = self
                 .group
                 .iter()
@@ -160,7 +169,10 @@ impl Scheduler {
         for (row, seq) in self.group.iter().enumerate() {
             let whole = seq.prefilled / BLOCK_TOKENS * BLOCK_TOKENS;
             if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
-                if let Err(e) = prefix.store_row(&seq.request.prompt_ids[..whole], &self.group_cache, row) {
+                // A recurrent layer's state is kept every SNAPSHOT_TOKENS (chunks end there).
+                let snapshot = seq.prefilled == whole && whole % SNAPSHOT_TOKENS == 0;
+                let tokens = &seq.request.prompt_ids[..whole];
+                if let Err(e) = prefix.store_row(tokens, &self.group_cache, row, snapshot) {
                     tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
                 }
             }
@@ -357,7 +369,8 @@ impl Scheduler {
         if let Some(prefix) = self.prefix.as_mut() {
             for &row in &done {
                 let seq = &self.group[row];
-                if let Err(e) = prefix.store_row(&seq.request.prompt_ids[..seq.prefilled], &self.group_cache, row) {
+                let prompt = &seq.request.prompt_ids[..seq.prefilled];
+                if let Err(e) = prefix.store_row(prompt, &self.group_cache, row, true) {
                     tracing::warn!("prefix cache: cannot store a prompt: {e}");
                 }
             }

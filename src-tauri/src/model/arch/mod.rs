@@ -12,7 +12,9 @@ mod phi3;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod wrapped;
 
 use serde::Deserialize;
@@ -29,6 +31,8 @@ pub struct HfConfig {
     pub model_type: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// Checked where a dense MLP needs it (Qwen3.5's expert models state none).
+    #[serde(default)]
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -98,6 +102,14 @@ pub struct HfExtras {
     pub top_k_experts: Option<usize>,
     /// What some transformers versions save `moe_intermediate_size` as (Gemma 4).
     pub expert_intermediate_size: Option<usize>,
+    /// Linear-attention hybrids (Qwen3-Next, Qwen3.5): the Gated DeltaNet layers' shape...
+    pub linear_num_key_heads: Option<usize>,
+    pub linear_num_value_heads: Option<usize>,
+    pub linear_key_head_dim: Option<usize>,
+    pub linear_value_head_dim: Option<usize>,
+    pub linear_conv_kernel_dim: Option<usize>,
+    /// ...and every n-th layer is full attention.
+    pub full_attention_interval: Option<usize>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
@@ -131,6 +143,8 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::GptOss => gpt_oss::adapt(config, hf),
         Arch::Ministral3 => ministral3::adapt(config, hf),
         Arch::Gemma4 => gemma4::adapt(config, hf),
+        Arch::Qwen3Next => qwen3_next::adapt(config, hf),
+        Arch::Qwen35 => qwen3_5::adapt(config, hf),
     }
 }
 
@@ -148,6 +162,10 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
             "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
             hf.num_attention_heads
         ));
+    }
+    let experts_everywhere = arch == Arch::Qwen35 && hf.extra.num_experts.unwrap_or(0) > 0;
+    if hf.intermediate_size == 0 && !experts_everywhere {
+        return Err("intermediate_size is missing or zero".into());
     }
     let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads);
     let rotary = (head_dim as f32 * hf.partial_rotary_factor.unwrap_or(1.0)) as usize;
@@ -184,6 +202,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         moe: None,
         query_scale: None,
         gemma4: None,
+        hybrid: None,
     })
 }
 
@@ -260,6 +279,7 @@ pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weigh
     match config.arch {
         Arch::GptOss => gpt_oss::split_fused_experts(weights, config.num_layers),
         Arch::Gemma4 => gemma4::sanitize(weights, config),
+        Arch::Qwen3Next | Arch::Qwen35 => qwen3_next::sanitize(weights, config),
         _ => Ok(()),
     }
 }

@@ -78,6 +78,10 @@ fn unwrapped(raw: &Value) -> Value {
 /// The name a checkpoint tensor has in the shared transformer's layout, or `None` for a
 /// tensor nothing reads (precomputed rotary tables, vision weights).
 pub fn canonical_tensor_name(name: &str) -> Option<String> {
+    // Multi-token-prediction heads (Qwen3-Next, Qwen3.5) are not used for decoding.
+    if name.starts_with("mtp.") || name.contains(".mtp.") {
+        return None;
+    }
     if name.contains("rotary_emb.inv_freq")
         || [
             "vision_tower",
@@ -87,6 +91,7 @@ pub fn canonical_tensor_name(name: &str) -> Option<String> {
             "embed_audio",
             "embed_vision",
             "vision_embedder",
+            "model.visual.",
         ]
         .iter()
         .any(|p| name.contains(p))

@@ -77,6 +77,9 @@ pub struct Attention {
     /// The attention logits' scale (`head_dim^-0.5` unless the config says otherwise).
     pub scale: f32,
     pub sinks: Option<Sinks>,
+    /// The query projection also gives, per head, a gate on that head's output (sigmoid;
+    /// Qwen3-Next, Qwen3.5): `[query | gate]` per head.
+    pub output_gate: bool,
 }
 
 impl Attention {
@@ -131,6 +134,13 @@ impl Attention {
                 (q, Some((k, v)))
             }
         };
+        let (q, gate) = if self.output_gate {
+            let both = q.reshape(&[b, l, self.num_heads, 2 * self.head_dim])?;
+            let parts = split_at_indices(&both, &[self.head_dim], -1)?;
+            (parts[0].clone(), Some(parts[1].reshape(&[b, l, self.num_heads * self.head_dim])?))
+        } else {
+            (q, None)
+        };
         let q = normed(heads(q, self.num_heads)?, &self.q_norm)?;
         let q = self.rope.forward(&q, positions)?;
         // Ministral 3: queries scaled with their position (after the rotation, as the reference).
@@ -174,6 +184,10 @@ impl Attention {
             AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, sinks)?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let out = match gate {
+            Some(gate) => out.multiply(mlx_rs::ops::sigmoid(&gate)?)?,
+            None => out,
+        };
         Ok((self.o.forward(&out)?, (k, v)))
     }
 }

@@ -2,6 +2,7 @@
 
 mod attention;
 mod embedding;
+mod gated_delta;
 mod host_softmax;
 mod linear;
 mod mlp;
@@ -14,6 +15,7 @@ mod shared_attention;
 
 pub use attention::{Attention, AttentionMask, KeysValues, QkvProjection, Sinks};
 pub use embedding::Embedding;
+pub use gated_delta::{DeltaProjections, GatedDeltaNet};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpProjections};
 pub use moe::{MoeBlock, ParallelExperts, ScaledRouter, SharedExpert, SwitchGlu, SwitchLinear, SwitchMatrix};

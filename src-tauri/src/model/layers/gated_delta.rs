@@ -1,0 +1,174 @@
+//! Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose memory, per value head, is a
+//! `[Dv, Dk]` matrix updated token by token by the gated delta rule, after a short causal
+//! convolution over the projected q/k/v. Its state per sequence is fixed-size: the
+//! convolution's last `kernel - 1` inputs and the matrices (f32). mlx-lm's `gated_delta.py`
+//! ops path is the reference; on Metal mlx-lm runs a custom kernel of the same recurrence.
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::ops::{
+    broadcast_to, concatenate, conv1d, exp, expand_dims, logaddexp, multiply, negative, sigmoid, split_at_indices,
+    stack, subtract, sum_axis, zeros_dtype,
+};
+use mlx_rs::{Array, Dtype};
+
+use crate::model::cache::LayerCache;
+use crate::model::error::Result;
+use crate::model::layers::{Linear, RmsNorm};
+
+pub enum DeltaProjections {
+    /// Qwen3-Next: `[q | k | v | z]` grouped per key head in one projection, `[b | a]` in another.
+    Grouped { qkvz: Linear, ba: Linear },
+    /// Qwen3.5: `[q | k | v]` (the convolution's channel order), z, b and a apart.
+    Separate { qkv: Linear, z: Linear, b: Linear, a: Linear },
+}
+
+pub struct GatedDeltaNet {
+    pub projections: DeltaProjections,
+    /// Depthwise convolution weights `[channels, kernel, 1]` (MLX's layout), no bias.
+    pub conv: Array,
+    pub dt_bias: Array,
+    /// The decay's log rate, per value head, kept in f32.
+    pub a_log: Array,
+    /// The RMS norm per value head before the output gate.
+    pub norm: RmsNorm,
+    pub out: Linear,
+    pub key_heads: i32,
+    pub value_heads: i32,
+    pub key_dim: i32,
+    pub value_dim: i32,
+    pub kernel: i32,
+}
+
+/// What the projections give, in the reference's shapes: the convolution's input
+/// `[B, S, channels]`, z `[B, S, Hv, Dv]`, b and a `[B, S, Hv]`.
+struct Projected {
+    qkv: Array,
+    z: Array,
+    b: Array,
+    a: Array,
+}
+
+impl GatedDeltaNet {
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut out: Vec<&Array> = match &self.projections {
+            DeltaProjections::Grouped { qkvz, ba } => [qkvz, ba].into_iter().flat_map(Linear::arrays).collect(),
+            DeltaProjections::Separate { qkv, z, b, a } => {
+                [qkv, z, b, a].into_iter().flat_map(Linear::arrays).collect()
+            }
+        };
+        out.extend([&self.conv, &self.dt_bias, &self.a_log, &self.norm.weight]);
+        out.extend(self.out.arrays());
+        out
+    }
+
+    fn channels(&self) -> i32 {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    fn project(&self, x: &Array) -> Result<Projected> {
+        let (b, s) = (x.dim(0), x.dim(1));
+        let (nk, nv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        Ok(match &self.projections {
+            DeltaProjections::Grouped { qkvz, ba } => {
+                // Per key head: its query, its key, then its nv/nk value heads' v and z.
+                let group = nv / nk;
+                let mixed = qkvz.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let parts = split_at_indices(&mixed, &[dk, 2 * dk, 2 * dk + group * dv], -1)?;
+                let flat = |t: &Array| t.reshape(&[b, s, -1]);
+                let qkv = concatenate(&[flat(&parts[0])?, flat(&parts[1])?, flat(&parts[2])?], -1)?;
+                let gates = ba.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let gates = split_at_indices(&gates, &[group], -1)?;
+                Projected {
+                    qkv,
+                    z: parts[3].reshape(&[b, s, nv, dv])?,
+                    b: gates[0].reshape(&[b, s, nv])?,
+                    a: gates[1].reshape(&[b, s, nv])?,
+                }
+            }
+            DeltaProjections::Separate { qkv, z, b: bp, a } => Projected {
+                qkv: qkv.forward(x)?,
+                z: z.forward(x)?.reshape(&[b, s, nv, dv])?,
+                b: bp.forward(x)?,
+                a: a.forward(x)?,
+            },
+        })
+    }
+
+    /// `x`: `[B, S, hidden]` -> `[B, S, hidden]`, the rows' states in `cache` carried forward
+    /// (a row without one starts from zeros, a fresh sequence).
+    pub fn forward(&self, x: &Array, cache: &mut impl LayerCache) -> Result<Array> {
+        let (b, s) = (x.dim(0), x.dim(1));
+        let (nk, nv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        let p = self.project(x)?;
+        let channels = self.channels();
+        let states = cache.states().to_vec();
+        let conv_state = match states.first() {
+            Some(state) => state.clone(),
+            None => zeros_dtype(&[b, self.kernel - 1, channels], x.dtype())?,
+        };
+        let conv_input = concatenate(&[conv_state, p.qkv], 1)?;
+        let total = conv_input.dim(1);
+        let next_conv = conv_input.try_index((.., total - (self.kernel - 1).., ..))?.contiguous()?;
+        let conv_out = conv1d(&conv_input, &self.conv, 1, 0, 1, channels)?;
+        let conv_out = multiply(&conv_out, sigmoid(&conv_out)?)?;
+        let parts = split_at_indices(&conv_out, &[nk * dk, 2 * nk * dk], -1)?;
+        let q = parts[0].reshape(&[b, s, nk, dk])?;
+        let k = parts[1].reshape(&[b, s, nk, dk])?;
+        let v = parts[2].reshape(&[b, s, nv, dv])?;
+        // Unit-length q and k (eps on the sum of squares), the readout scale folded into q.
+        let inv = (dk as f32).powf(-0.5);
+        let eps = 1e-6 * inv * inv;
+        let q = multiply(mlx_rs::fast::rms_norm(&q, None, eps)?, Array::from_f32(inv * inv))?;
+        let k = multiply(mlx_rs::fast::rms_norm(&k, None, eps)?, Array::from_f32(inv))?;
+        let beta = sigmoid(&p.b)?;
+        // The decay in (0, 1]: exp(-exp(A_log) * softplus(a + dt_bias)), in f32.
+        let softplus = logaddexp(p.a.add(&self.dt_bias)?, Array::from_f32(0.0))?;
+        let g = exp(negative(multiply(exp(&self.a_log)?, &softplus)?)?)?;
+        let state = match states.get(1) {
+            Some(state) => state.clone(),
+            None => zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
+        };
+        let (y, state) = recurrence(&repeat_heads(&q, nv)?, &repeat_heads(&k, nv)?, &v, &g, &beta, state)?;
+        cache.set_states(vec![next_conv, state]);
+        cache.advance(s);
+        // RMS norm per head, then the SiLU of z as a gate (in f32, as the reference).
+        let normed = self.norm.forward(&y)?;
+        let z = p.z.as_dtype(Dtype::Float32)?;
+        let gated = multiply(multiply(&z, sigmoid(&z)?)?, normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())?;
+        self.out.forward(&gated.reshape(&[b, s, nv * dv])?)
+    }
+}
+
+/// `[B, S, Hk, D]` -> `[B, S, Hv, D]`: each key head serves the `Hv / Hk` value heads that
+/// follow one another.
+fn repeat_heads(t: &Array, value_heads: i32) -> Result<Array> {
+    let (b, s, hk, d) = (t.dim(0), t.dim(1), t.dim(2), t.dim(3));
+    if hk == value_heads {
+        return Ok(t.clone());
+    }
+    let wide = broadcast_to(expand_dims(t, 3)?, &[b, s, hk, value_heads / hk, d])?;
+    Ok(wide.reshape(&[b, s, value_heads, d])?)
+}
+
+/// The gated delta rule over `S` tokens: per step the state decays by `g`, takes the key's
+/// correction towards its value (`beta`), and is read by the query. q, k `[B, S, Hv, Dk]`,
+/// v `[B, S, Hv, Dv]`, g and beta `[B, S, Hv]`, state `[B, Hv, Dv, Dk]` (f32). Returns the
+/// outputs `[B, S, Hv, Dv]` (q's dtype) and the new state.
+fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: Array) -> Result<(Array, Array)> {
+    let steps = q.dim(1);
+    let mut state = state;
+    let mut ys = Vec::with_capacity(steps as usize);
+    for t in 0..steps {
+        let at = |a: &Array| a.try_index((.., t));
+        let (qt, kt, vt) = (at(q)?, at(k)?, at(v)?);
+        let decay = expand_dims(expand_dims(at(g)?, -1)?, -1)?;
+        state = multiply(&state, &decay)?;
+        let k_row = expand_dims(&kt, -2)?;
+        let remembered = sum_axis(multiply(&state, &k_row)?, -1, false)?;
+        let delta = multiply(subtract(&vt, &remembered)?, expand_dims(at(beta)?, -1)?)?;
+        state = state.add(multiply(&k_row, expand_dims(&delta, -1)?)?)?;
+        let y = sum_axis(multiply(&state, expand_dims(&qt, -2)?)?, -1, false)?;
+        ys.push(y.as_dtype(q.dtype())?);
+    }
+    Ok((stack(&ys, 1)?, state))
+}

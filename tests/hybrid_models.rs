@@ -1,0 +1,164 @@
+//! Linear-attention hybrids (Qwen3-Next, Qwen3.5 dense and with experts) in the engine: their
+//! Gated DeltaNet layers carry a per-row state from chunk to chunk and step to step, so the
+//! engine answers as mlx-lm does alone, in chunks and in a batch; the prefix cache resumes them
+//! only where a snapshot of every state was kept (the end of a prompt, of a sequence, every
+//! SNAPSHOT_TOKENS), and a hit answers as a cold prefill; a cancelled prefill frees its state.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use fastmlx::engine::prefix_cache::SNAPSHOT_TOKENS;
+use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream};
+use fastmlx::model::{load_model, synthetic, Arch};
+
+struct Outcome {
+    tokens: Vec<u32>,
+    finish: Finish,
+}
+
+fn collect(mut stream: RequestStream) -> Outcome {
+    let mut tokens = Vec::new();
+    loop {
+        match stream.blocking_recv().expect("a finish event") {
+            Event::Delta { token, .. } => tokens.push(token),
+            Event::Finish(finish) => return Outcome { tokens, finish },
+        }
+    }
+}
+
+fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
+    let path = dir.to_path_buf();
+    let config = EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() };
+    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
+}
+
+fn request(prompt: &[u32], max_tokens: usize) -> Request {
+    Request { ignore_eos: true, ..Request::new(prompt.to_vec(), max_tokens) }
+}
+
+fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
+    let outcome = collect(engine.submit(request(prompt, max_tokens)).unwrap());
+    assert_eq!(outcome.finish.reason, FinishReason::Length, "{:?}", outcome.finish);
+    outcome
+}
+
+fn tokens(seed: usize, len: usize) -> Vec<u32> {
+    (0..len).map(|j| ((seed * 131 + j * 17 + j * j) % (synthetic::VOCAB - 10) + 5) as u32).collect()
+}
+
+/// The hybrids as the reference file names them: (case, architecture, `--moe`).
+const HYBRIDS: [(&str, Arch, bool); 3] =
+    [("qwen3_next", Arch::Qwen3Next, false), ("qwen3_5", Arch::Qwen35, false), ("qwen3_5_moe", Arch::Qwen35, true)];
+
+fn tiny(arch: Arch, moe: bool, seed: u64, context: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let options = synthetic::TinyOptions { moe, ..Default::default() };
+    synthetic::write_tiny_model_with(dir.path(), arch, seed, &options).unwrap();
+    let config = dir.path().join("config.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let text = if json.get("text_config").is_some() { &mut json["text_config"] } else { &mut json };
+    text["max_position_embeddings"] = context.into();
+    std::fs::write(&config, json.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn the_engine_answers_like_mlx_lm_in_chunks_and_in_a_batch() {
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/tiny_models.json");
+    let prompt = common::ids(&reference["prompt_ids"]);
+    let seed = reference["seed"].as_u64().unwrap();
+    for (name, arch, moe) in HYBRIDS {
+        let case = reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).expect("a reference");
+        let expected = common::ids(&case["output_ids"]);
+        let dir = tiny(arch, moe, seed, 2048);
+        // Chunks of 5: the convolution's inputs and the recurrence cross chunk edges.
+        let engine = start(dir.path(), 0, 5);
+        assert_eq!(run(&engine, &prompt, expected.len()).tokens, expected, "{name}: the engine differs from mlx-lm");
+        // Rows of different lengths joining at different steps, leaving at different steps.
+        let requests: Vec<(Vec<u32>, usize)> =
+            (0..6).map(|i| (tokens(i, [90, 7, 150, 33, 1, 64][i]), 10 + i * 7)).collect();
+        let singles: Vec<Vec<u32>> = requests.iter().map(|(p, n)| run(&engine, p, *n).tokens).collect();
+        let mut streams = Vec::new();
+        for (i, (p, n)) in requests.iter().enumerate() {
+            streams.push(engine.submit(request(p, *n)).unwrap());
+            if i % 2 == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for (i, (stream, expected)) in streams.into_iter().zip(&singles).enumerate() {
+            assert_eq!(&collect(stream).tokens, expected, "{name}: request {i} differs inside the batch");
+        }
+        let m = common::wait_idle_within(&engine, Duration::from_secs(30));
+        assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0), "{name}: every state is freed");
+        engine.shutdown();
+    }
+}
+
+#[test]
+fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
+    let _mlx = common::mlx_lock();
+    for (name, arch, moe) in HYBRIDS {
+        let dir = tiny(arch, moe, 11, 8192);
+        let warm = start(dir.path(), 1 << 30, 48);
+        let cold = start(dir.path(), 0, 48);
+        let check = |p: &[u32], n: usize, what: &str| {
+            let w = run(&warm, p, n);
+            assert_eq!(w.tokens, run(&cold, p, n).tokens, "{name}: {what} changed the answer");
+            (w.finish.usage.cached_tokens, w.tokens)
+        };
+        let turn1 = tokens(1, 150);
+        let (cached, a1) = check(&turn1, 12, "a cold prompt");
+        assert_eq!(cached, 0, "{name}");
+        // The next turn, straight after: the conversation's kept state.
+        let turn2 = [turn1.clone(), a1.clone(), tokens(2, 9)].concat();
+        let (cached, a2) = check(&turn2, 10, "the next turn");
+        assert_eq!(cached, turn1.len() + a1.len() - 1, "{name}: through the answer");
+        // Another conversation in between (the kept state goes), then the third turn: from the
+        // blocks and the snapshot the second turn's sequence left.
+        let _ = run(&warm, &tokens(3, 20), 3);
+        let turn3 = [turn2.clone(), a2.clone(), tokens(4, 6)].concat();
+        let (cached, _) = check(&turn3, 8, "a hit from blocks");
+        assert_eq!(cached, turn2.len() + a2.len() - 1, "{name}: resumed at the second turn's snapshot");
+        // The same prompt again: the last snapshot before its last token is where turn 2 ended.
+        let (cached, _) = check(&turn3, 8, "a repeated prompt");
+        assert_eq!(cached, turn2.len() + a2.len() - 1, "{name}: not mid-block, where no state was kept");
+        // A prompt longer than SNAPSHOT_TOKENS, and another one sharing its start: the state
+        // kept at SNAPSHOT_TOKENS serves the second.
+        let long = tokens(5, SNAPSHOT_TOKENS + 150);
+        let _ = check(&long, 2, "a long prompt");
+        let other = [long[..SNAPSHOT_TOKENS + 70].to_vec(), tokens(6, 12)].concat();
+        let (cached, _) = check(&other, 4, "a hit at a prefill snapshot");
+        assert_eq!(cached, SNAPSHOT_TOKENS, "{name}");
+        let m = common::wait_idle_within(&warm, Duration::from_secs(30));
+        assert!(m.prefix_cache_hits >= 4 && m.prefix_cache_bytes > 0, "{name}: {m:?}");
+        assert!(!m.prefix_cache_disk_enabled, "{name}: no disk tier for recurrent states yet");
+        warm.shutdown();
+        cold.shutdown();
+    }
+}
+
+#[test]
+fn a_prefill_cancelled_midway_frees_its_state() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny(Arch::Qwen3Next, false, 12, 4096);
+    let engine = start(dir.path(), 1 << 30, 16);
+    let prompt = tokens(8, 600);
+    let stream = engine.submit(request(&prompt, 4)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while engine.metrics().borrow().prompt_tokens_total < 64 {
+        assert!(std::time::Instant::now() < deadline, "the prefill never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(stream);
+    let m = common::wait_idle_within(&engine, Duration::from_secs(30));
+    assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0), "the cancelled row's state is gone");
+    assert!(m.prompt_tokens_total < 600, "cancelled before the end: {m:?}");
+    // What it stored is usable: the same prompt answers as a cold engine does.
+    let cold = start(dir.path(), 0, 16);
+    assert_eq!(run(&engine, &prompt, 4).tokens, run(&cold, &prompt, 4).tokens);
+    engine.shutdown();
+    cold.shutdown();
+}
