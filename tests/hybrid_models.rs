@@ -162,3 +162,79 @@ fn a_prefill_cancelled_midway_frees_its_state() {
     engine.shutdown();
     cold.shutdown();
 }
+
+/// Checkpoints as Hugging Face publishes them load as their MLX conversions: convolutions
+/// `[C, 1, K]`, norms stored as `w` for `x * (1 + w)`, Qwen3.5's fused experts under
+/// `model.language_model.`, Qwen3-Next's experts one by one.
+#[test]
+fn hugging_face_layouts_load_as_their_mlx_conversions() {
+    use mlx_rs::ops::indexing::TryIndexOp;
+    use mlx_rs::Array;
+    use std::collections::HashMap;
+    let _mlx = common::mlx_lock();
+    for (name, arch, moe) in [("qwen3_5_moe", Arch::Qwen35, true), ("qwen3_next", Arch::Qwen3Next, false)] {
+        let mlx_dir = tiny(arch, moe, 13, 2048);
+        let raw_dir = tiny(arch, moe, 13, 2048);
+        let file = raw_dir.path().join("model.safetensors");
+        let tensors = Array::load_safetensors(&file).unwrap();
+        mlx_rs::transforms::eval(tensors.values()).unwrap();
+        let mut raw: HashMap<String, Array> = HashMap::new();
+        let one = Array::from_f32(1.0);
+        for (key, value) in tensors {
+            let plain = key.strip_prefix("language_model.").unwrap_or(&key).to_string();
+            let renamed = match plain.strip_prefix("model.") {
+                Some(rest) if arch == Arch::Qwen35 => format!("model.language_model.{rest}"),
+                _ => plain.clone(),
+            };
+            let shifted_norm =
+                ["input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight"]
+                    .iter()
+                    .any(|n| plain.ends_with(n))
+                    || plain == "model.norm.weight";
+            if plain.ends_with("conv1d.weight") {
+                raw.insert(renamed, value.swap_axes(1, 2).unwrap());
+            } else if shifted_norm {
+                raw.insert(renamed, value.subtract(&one).unwrap());
+            } else if plain.contains(".switch_mlp.") && arch == Arch::Qwen3Next {
+                // One tensor per expert.
+                let (block, proj) = renamed.split_once(".switch_mlp.").unwrap();
+                for e in 0..value.dim(0) {
+                    raw.insert(format!("{block}.experts.{e}.{proj}"), value.try_index(e).unwrap());
+                }
+            } else if plain.contains(".switch_mlp.") {
+                let (block, proj) = renamed.split_once(".switch_mlp.").unwrap();
+                match proj {
+                    "down_proj.weight" => {
+                        raw.insert(format!("{block}.experts.down_proj"), value);
+                    }
+                    "gate_proj.weight" | "up_proj.weight" => {
+                        raw.insert(format!("{block}.experts.{proj}"), value);
+                    }
+                    _ => panic!("{proj}"),
+                }
+            } else {
+                raw.insert(renamed, value);
+            }
+        }
+        // Qwen3.5: gate and up fused, gate rows first.
+        let fused: Vec<String> = raw.keys().filter(|k| k.ends_with(".experts.gate_proj.weight")).cloned().collect();
+        for gate_name in fused {
+            let block = gate_name.trim_end_matches(".gate_proj.weight").to_string();
+            let gate = raw.remove(&gate_name).unwrap();
+            let up = raw.remove(&format!("{block}.up_proj.weight")).unwrap();
+            raw.insert(format!("{block}.gate_up_proj"), mlx_rs::ops::concatenate(&[gate, up], -2).unwrap());
+        }
+        Array::save_safetensors(raw, None, &file).unwrap();
+        let ids = [5u32, 17, 99, 200, 3, 44, 12];
+        let logits = |dir: &Path| {
+            let model = load_model(dir, &fastmlx::mlx::Backend::init()).unwrap();
+            let t = &model.transformer;
+            let out = t.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut t.new_cache()).unwrap();
+            out.eval().unwrap();
+            out.as_slice::<f32>().to_vec()
+        };
+        let (a, b) = (logits(mlx_dir.path()), logits(raw_dir.path()));
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: the Hugging Face layout's logits differ by {worst}");
+    }
+}

@@ -1,7 +1,8 @@
 """Small random-weight models for the benchmarks, built with mlx-lm's own classes: a Qwen3-MoE
 (8 layers, 32 experts of 256, 4 per token) and a dense Qwen3 of the same active size (an MLP of
 4 x 256 = 1024), same attention, same seed for what they share (scripts/bench_moe.sh); a Gemma 3
-of 12 layers, 10 of them local with a 512-token window (scripts/bench_window.sh). Float32, saved
+of 12 layers, 10 of them local with a 512-token window (scripts/bench_window.sh); a Qwen3.5-style
+hybrid of 8 layers, 6 Gated DeltaNet and 2 gated attention (scripts/bench_hybrid.sh). Float32, saved
 as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
 
     .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR [NAME...]
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.models import gemma3_text, qwen3, qwen3_moe
+from mlx_lm.models import gemma3_text, qwen3, qwen3_5, qwen3_moe
 from mlx_lm.utils import save_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,11 @@ MODELS = {
     "gemma3-window-bench": (gemma3_text, dict(model_type="gemma3_text", num_hidden_layers=12, intermediate_size=1024,
                                               query_pre_attn_scalar=64, rope_local_base_freq=10000.0,
                                               sliding_window=512, sliding_window_pattern=6)),
+    "qwen3_5-hybrid-bench": (qwen3_5, dict(model_type="qwen3_5", intermediate_size=1024, full_attention_interval=4,
+                                            linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                                            linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=0,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 100000.0,
+                                                             "partial_rotary_factor": 0.25})),
 }
 DEFAULT = ["qwen3-moe-bench", "qwen3-dense-bench"]
 

@@ -332,7 +332,7 @@ impl BatchKvCache {
             padding: self.left_padding.iter().map(|p| p - trim).collect(),
             after_shared: self.after_shared.clone(),
             dropped: self.dropped.clone(),
-            states: Some(std::mem::take(&mut self.states)).filter(|s| !s.is_empty()),
+            states: Some(self.states.clone()).filter(|s| !s.is_empty()),
             width: self.idx - trim,
         };
         let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
@@ -356,10 +356,12 @@ impl BatchKvCache {
             }
             buffers = Buffers { keys: Some(k), values: Some(v) };
         }
+        // Everything that can fail is done: the batch changes all at once or not at all.
+        let states = merge_states(&parts)?;
         self.left_padding = parts.iter().flat_map(|p| p.padding.iter().map(move |pad| pad + idx - p.width)).collect();
         self.after_shared = parts.iter().flat_map(|p| p.after_shared.iter().copied()).collect();
         self.dropped = parts.iter().flat_map(|p| p.dropped.iter().copied()).collect();
-        self.states = merge_states(&parts)?;
+        self.states = states;
         self.buffers = buffers;
         self.idx = idx;
         Ok(())

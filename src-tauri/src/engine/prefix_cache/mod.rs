@@ -553,7 +553,7 @@ impl PrefixCache {
             }
         }
         // Materialised now, so that the blocks stop referring to the request's buffers.
-        if !added.is_empty() {
+        if !fresh.is_empty() {
             mlx_rs::transforms::eval(&fresh)?;
         }
         // Written through to disk (by the disk tier's thread), so a restart finds them.

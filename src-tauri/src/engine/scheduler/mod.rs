@@ -25,7 +25,7 @@ use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
 use crate::mlx::default_kv_budget;
-use crate::model::{BatchKvCache, LoadedModel};
+use crate::model::{BatchKvCache, LayerCache, LoadedModel};
 
 /// How often an idle engine republishes its metrics.
 const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_millis(500);
@@ -274,7 +274,9 @@ impl Scheduler {
         let ids = Array::from_slice(inputs, &[inputs.len() as i32, 1]);
         let logits = self.model.transformer.forward(&ids, &mut self.cache).map_err(|e| e.to_string())?;
         let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
-        logits.eval().map_err(|e| e.to_string())?;
+        // Recurrent states too: left lazy they would hold the step's inputs.
+        let states = self.cache.iter().flat_map(|c| c.states().iter());
+        mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
         Ok(logits.as_slice::<f32>().to_vec())
     }
 

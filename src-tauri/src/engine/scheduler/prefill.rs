@@ -18,7 +18,7 @@ use crate::engine::lanes;
 use crate::engine::prefix_cache::{BLOCK_TOKENS, SNAPSHOT_TOKENS};
 use crate::engine::request::FinishReason;
 use crate::engine::sequence::Sequence;
-use crate::model::{BatchKvCache, KvCache, ModelError};
+use crate::model::{BatchKvCache, KvCache, LayerCache, ModelError};
 
 /// Prompts prefilled together at most: 16, as many as arrive together when a team points its
 /// agents at one server (c=16 short chats: TTFT p95 4.7 s with 16 against 5.3 s with 8, and more output).
@@ -150,14 +150,16 @@ impl Scheduler {
         let hidden = self.model.transformer.forward_hidden(ids, &mut self.group_cache)?;
         let ending: Vec<i32> =
             (0..self.group.len()).filter(|&r| Self::remaining(&self.group[r]) == n).map(|r| r as i32).collect();
+        // Recurrent states too: left lazy they would hold the chunk's whole inputs.
+        let states = || self.group_cache.iter().flat_map(|c| c.states().iter());
         if ending.is_empty() {
-            hidden.eval()?;
+            mlx_rs::transforms::eval(std::iter::once(&hidden).chain(states()))?;
             return Ok(Vec::new());
         }
         let rows = Array::from_slice(&ending, &[ending.len() as i32]);
         let last = hidden.take_axis(&rows, 0)?.try_index((.., n as i32 - 1, ..))?;
         let logits = self.model.transformer.logits(&last)?.as_dtype(Dtype::Float32)?;
-        mlx_rs::transforms::eval([&hidden, &logits])?;
+        mlx_rs::transforms::eval([&hidden, &logits].into_iter().chain(states()))?;
         let vocab = logits.dim(-1) as usize;
         Ok(logits.as_slice::<f32>().chunks(vocab).map(<[f32]>::to_vec).collect())
     }
@@ -191,8 +193,11 @@ impl Scheduler {
     /// with it, `admitted`) still prefilling it: it waits until those blocks are in the prefix
     /// cache, then reuses them instead of computing (and holding) the same keys and values
     /// twice (agents sharing a system prompt).
+    /// (Not for a model with recurrent layers: their state is kept every SNAPSHOT_TOKENS only,
+    /// so the member's blocks would rarely let the request resume.)
     fn follows_a_member(&self, seq: &Sequence, admitted: &[(Sequence, Vec<KvCache>)]) -> bool {
         self.prefix.is_some()
+            && self.model.transformer.config.hybrid.is_none()
             && self.group.iter().chain(admitted.iter().map(|(s, _)| s)).any(|member| {
                 let shared =
                     member.request.prompt_ids.iter().zip(&seq.request.prompt_ids).take_while(|(a, b)| a == b).count();

@@ -11,6 +11,15 @@ use crate::model::weights::Weights;
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     config.qk_norm = true;
     config.hybrid = Some(hybrid(&config, hf, true)?);
+    // Configs re-saved by newer transformers keep the rotary settings in `rope_parameters`.
+    let rope = hf.extra.rope_parameters.as_ref();
+    let number = |key: &str| rope.and_then(|r| r.get(key)).and_then(serde_json::Value::as_f64);
+    if let Some(theta) = number("rope_theta") {
+        config.rope.theta = theta as f32;
+    }
+    if let Some(partial) = number("partial_rotary_factor").filter(|p| *p > 0.0 && *p <= 1.0) {
+        config.rope.dims = (config.head_dim as f64 * partial) as usize;
+    }
     let x = &hf.extra;
     if x.num_experts.unwrap_or(0) > 0 {
         let step = x.decoder_sparse_step.unwrap_or(1).max(1);
@@ -70,6 +79,7 @@ pub fn sanitize(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
         }
         None => false,
     };
+    split_fused_experts(weights, config)?;
     if !raw {
         return Ok(());
     }
@@ -96,6 +106,25 @@ pub fn sanitize(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
     if let Some(w) = weights.remove("model.norm.weight") {
         let shifted = mlx_rs::ops::add(&w, &one)?.as_dtype(w.dtype())?;
         weights.insert("model.norm.weight".into(), shifted);
+    }
+    Ok(())
+}
+
+/// Qwen3.5/3.6-MoE as Hugging Face publishes it: each layer's experts fused in
+/// `mlp.experts.gate_up_proj` (`[E, 2I, H]`, gate rows first) and `mlp.experts.down_proj`.
+fn split_fused_experts(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
+    for l in 0..config.num_layers {
+        let p = format!("model.layers.{l}.mlp");
+        if let Some(fused) = weights.remove(&format!("{p}.experts.gate_up_proj")) {
+            let mut halves = mlx_rs::ops::split_equal(&fused, 2, -2)?;
+            let up = halves.pop().expect("split into 2");
+            let gate = halves.pop().expect("split into 2");
+            weights.insert(format!("{p}.switch_mlp.gate_proj.weight"), gate);
+            weights.insert(format!("{p}.switch_mlp.up_proj.weight"), up);
+        }
+        if let Some(down) = weights.remove(&format!("{p}.experts.down_proj")) {
+            weights.insert(format!("{p}.switch_mlp.down_proj.weight"), down);
+        }
     }
     Ok(())
 }

@@ -118,11 +118,14 @@ impl GatedDeltaNet {
         // Unit-length q and k (eps on the sum of squares), the readout scale folded into q.
         let inv = (dk as f32).powf(-0.5);
         let eps = 1e-6 * inv * inv;
-        let q = multiply(mlx_rs::fast::rms_norm(&q, None, eps)?, Array::from_f32(inv * inv))?;
-        let k = multiply(mlx_rs::fast::rms_norm(&k, None, eps)?, Array::from_f32(inv))?;
+        // Scalars in the activations' dtype, as the reference's Python floats (an f32 array
+        // would promote a bf16 model's activations to f32).
+        let scalar = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
+        let q = multiply(mlx_rs::fast::rms_norm(&q, None, eps)?, scalar(inv * inv)?)?;
+        let k = multiply(mlx_rs::fast::rms_norm(&k, None, eps)?, scalar(inv)?)?;
         let beta = sigmoid(&p.b)?;
-        // The decay in (0, 1]: exp(-exp(A_log) * softplus(a + dt_bias)), in f32.
-        let softplus = logaddexp(p.a.add(&self.dt_bias)?, Array::from_f32(0.0))?;
+        // The decay in (0, 1]: exp(-exp(A_log) * softplus(a + dt_bias)), f32 from A_log on.
+        let softplus = logaddexp(p.a.add(&self.dt_bias)?, scalar(0.0)?)?;
         let g = exp(negative(multiply(exp(&self.a_log)?, &softplus)?)?)?;
         let state = match states.get(1) {
             Some(state) => state.clone(),
@@ -171,4 +174,50 @@ fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: A
         ys.push(y.as_dtype(q.dtype())?);
     }
     Ok((stack(&ys, 1)?, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::KvCache;
+
+    fn random(shape: &[i32], dtype: Dtype, seed: u64) -> Array {
+        let key = mlx_rs::random::key(seed).unwrap();
+        mlx_rs::random::normal::<f32>(shape, None, Some(0.2), &key).unwrap().as_dtype(dtype).unwrap()
+    }
+
+    /// A bf16 model stays in bf16 through the layer (the recurrence's state alone is f32), as
+    /// mlx-lm keeps it: no f32 constant may promote the activations.
+    #[test]
+    fn half_precision_activations_stay_half_precision() {
+        let dtype = Dtype::Bfloat16;
+        let (hidden, nk, nv, dk, dv, kernel) = (16, 1, 2, 8, 4, 3);
+        let channels = 2 * nk * dk + nv * dv;
+        let dense =
+            |rows: i32, cols: i32, seed: u64| Linear::Dense { weight: random(&[rows, cols], dtype, seed), bias: None };
+        let layer = GatedDeltaNet {
+            projections: DeltaProjections::Separate {
+                qkv: dense(channels, hidden, 1),
+                z: dense(nv * dv, hidden, 2),
+                b: dense(nv, hidden, 3),
+                a: dense(nv, hidden, 4),
+            },
+            conv: random(&[channels, kernel, 1], dtype, 5),
+            dt_bias: random(&[nv], dtype, 6),
+            a_log: random(&[nv], Dtype::Float32, 7),
+            norm: RmsNorm { weight: random(&[dv], dtype, 8), eps: 1e-6 },
+            out: dense(hidden, nv * dv, 9),
+            key_heads: nk,
+            value_heads: nv,
+            key_dim: dk,
+            value_dim: dv,
+            kernel,
+        };
+        let mut cache = KvCache::new();
+        let out = layer.forward(&random(&[1, 5, hidden], dtype, 10), &mut cache).unwrap();
+        assert_eq!(out.dtype(), dtype);
+        let states = cache.states();
+        assert_eq!((states[0].dtype(), states[1].dtype()), (dtype, Dtype::Float32));
+        assert_eq!(cache.len(), 5);
+    }
 }
