@@ -1,5 +1,5 @@
-//! Linear-attention hybrids (Qwen3-Next, Qwen3.5 dense and with experts) in the engine: their
-//! Gated DeltaNet layers carry a per-row state from chunk to chunk and step to step, so the
+//! Hybrids (Qwen3-Next, Qwen3.5 dense and with experts, LFM2) in the engine: their Gated
+//! DeltaNet and short-convolution layers carry a per-row state from chunk to chunk and step to step, so the
 //! engine answers as mlx-lm does alone, in chunks and in a batch; the prefix cache resumes them
 //! only where a snapshot of every state was kept (the end of a prompt, of a sequence, every
 //! SNAPSHOT_TOKENS), and a hit answers as a cold prefill; a cancelled prefill frees its state.
@@ -49,8 +49,12 @@ fn tokens(seed: usize, len: usize) -> Vec<u32> {
 }
 
 /// The hybrids as the reference file names them: (case, architecture, `--moe`).
-const HYBRIDS: [(&str, Arch, bool); 3] =
-    [("qwen3_next", Arch::Qwen3Next, false), ("qwen3_5", Arch::Qwen35, false), ("qwen3_5_moe", Arch::Qwen35, true)];
+const HYBRIDS: [(&str, Arch, bool); 4] = [
+    ("qwen3_next", Arch::Qwen3Next, false),
+    ("qwen3_5", Arch::Qwen35, false),
+    ("qwen3_5_moe", Arch::Qwen35, true),
+    ("lfm2", Arch::Lfm2, false),
+];
 
 fn tiny(arch: Arch, moe: bool, seed: u64, context: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -164,15 +168,17 @@ fn a_prefill_cancelled_midway_frees_its_state() {
 }
 
 /// Checkpoints as Hugging Face publishes them load as their MLX conversions: convolutions
-/// `[C, 1, K]`, norms stored as `w` for `x * (1 + w)`, Qwen3.5's fused experts under
-/// `model.language_model.`, Qwen3-Next's experts one by one.
+/// `[C, 1, K]`, the Qwen families' norms stored as `w` for `x * (1 + w)`, Qwen3.5's fused experts
+/// under `model.language_model.`, Qwen3-Next's experts one by one (LFM2: its convolutions only).
 #[test]
 fn hugging_face_layouts_load_as_their_mlx_conversions() {
     use mlx_rs::ops::indexing::TryIndexOp;
     use mlx_rs::Array;
     use std::collections::HashMap;
     let _mlx = common::mlx_lock();
-    for (name, arch, moe) in [("qwen3_5_moe", Arch::Qwen35, true), ("qwen3_next", Arch::Qwen3Next, false)] {
+    let layouts =
+        [("qwen3_5_moe", Arch::Qwen35, true), ("qwen3_next", Arch::Qwen3Next, false), ("lfm2", Arch::Lfm2, false)];
+    for (name, arch, moe) in layouts {
         let mlx_dir = tiny(arch, moe, 13, 2048);
         let raw_dir = tiny(arch, moe, 13, 2048);
         let file = raw_dir.path().join("model.safetensors");
@@ -191,7 +197,7 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
                     .iter()
                     .any(|n| plain.ends_with(n))
                     || plain == "model.norm.weight";
-            if plain.ends_with("conv1d.weight") {
+            if plain.ends_with("conv1d.weight") || plain.ends_with("conv.conv.weight") {
                 raw.insert(renamed, value.swap_axes(1, 2).unwrap());
             } else if shifted_norm {
                 raw.insert(renamed, value.subtract(&one).unwrap());

@@ -341,12 +341,6 @@ fn the_inspector_lists_every_family_as_loadable() {
         std::fs::write(model.path().join("tokenizer.json"), "{}").unwrap();
         std::fs::write(model.path().join("model.safetensors"), "").unwrap();
         let summary = fastmlx::model::inspect(model.path());
-        if file.starts_with("lfm2") {
-            // Not supported yet: listed with the reason.
-            let reason = summary.unloadable_reason.unwrap_or_default();
-            assert!(reason.contains("lfm2"), "{file}: {reason}");
-            continue;
-        }
         assert_eq!(summary.unloadable_reason, None, "{file}");
         assert_eq!(summary.parameters, Some(config(&file).parameter_count()), "{file}");
         if file.starts_with("gpt-oss") {
@@ -428,4 +422,29 @@ fn linear_attention_hybrid_configs() {
     let hand = hybrid_count((248_320, 2048, 40, 4), (16, 2, 256), (16, 32, 128, 128, 4), Err((256, 512, 512)));
     assert_eq!(c.parameter_count(), hand);
     assert_within(c.parameter_count(), 35.95e9, 0.04, "Qwen3.6-35B-A3B (text)");
+}
+
+#[test]
+fn lfm2_reads_its_own_field_names() {
+    let c = config("lfm2-1.2b.json");
+    assert_eq!(c.arch, Arch::Lfm2);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (16, 32, 8, 64));
+    // block_ff_dim 12288, auto-adjusted: two thirds, times 1.0, a multiple of 256.
+    assert_eq!(c.intermediate_size, 8192);
+    assert_eq!((c.rms_norm_eps, c.rope.theta, c.rope.dims), (1e-5, 1e6, 64));
+    assert!(c.tie_word_embeddings && c.qk_norm);
+    let attention: Vec<usize> = (0..16).filter(|&l| !c.is_recurrent(l)).collect();
+    assert_eq!(attention, [2, 5, 8, 10, 12, 14], "full_attn_idxs");
+    let h = c.hybrid.as_ref().unwrap();
+    assert_eq!((h.conv_kernel, h.conv_channels(), h.gated_attention()), (3, 2048, false));
+    // By hand: tied embeddings, 10 convolution blocks (in 3H x H, depthwise H x 3, out H x H),
+    // 6 attention layers with q/k norms, 16 MLPs of 8192, two norms a layer and the final one.
+    let (h, v) = (2048u64, 65_536u64);
+    let conv = 3 * h * h + 3 * h + h * h;
+    let attention = 2 * h * h + 2 * 512 * h + 2 * 64;
+    let hand = v * h + 10 * conv + 6 * attention + 16 * (3 * h * 8192 + 2 * h) + h;
+    assert_eq!(c.parameter_count(), hand);
+    assert_eq!(hand, 1_170_340_608, "the model card's count, exactly");
+    // State: the last 2 inputs of 2048 channels in each of 10 layers.
+    assert_eq!(c.kv_footprint(2).state_bytes, 10 * 2 * 2048 * 2);
 }

@@ -78,6 +78,7 @@ MODELS = [
     ("qwen3_next", "qwen3_next", None, []),
     ("qwen3_5", "qwen3_5", None, []),
     ("qwen3_5_moe", "qwen3_5", None, ["--moe"]),
+    ("lfm2", "lfm2", None, []),
 ]
 
 

@@ -21,10 +21,12 @@ pub enum Arch {
     /// Linear-attention hybrids: Gated DeltaNet layers with gated full attention every few.
     Qwen3Next,
     Qwen35,
+    /// LFM2: short-convolution blocks with attention layers among them.
+    Lfm2,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 14] = [
+    pub const ALL: [Arch; 15] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -39,11 +41,12 @@ impl Arch {
         Arch::Gemma4,
         Arch::Qwen3Next,
         Arch::Qwen35,
+        Arch::Lfm2,
     ];
 
     /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen3Next | Arch::Qwen35)
+        matches!(self, Arch::Qwen3Next | Arch::Qwen35 | Arch::Lfm2)
     }
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
@@ -63,6 +66,7 @@ impl Arch {
             "qwen3_next" => Arch::Qwen3Next,
             // The text model of Qwen3.5/3.6, dense or with experts (`text_config`).
             "qwen3_5" | "qwen3_5_text" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35,
+            "lfm2" => Arch::Lfm2,
             _ => return None,
         })
     }
@@ -83,6 +87,7 @@ impl Arch {
             Arch::Gemma4 => "gemma4_text",
             Arch::Qwen3Next => "qwen3_next",
             Arch::Qwen35 => "qwen3_5",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -315,12 +320,14 @@ pub struct ModelConfig {
     pub hybrid: Option<HybridStyle>,
 }
 
-/// Linear-attention hybrids (Qwen3-Next, Qwen3.5): most layers are Gated DeltaNet layers, whose
-/// state per sequence is fixed-size; the others are full attention with a sigmoid output gate.
+/// Hybrids: most layers keep a fixed-size state per sequence (Qwen3-Next's and Qwen3.5's Gated
+/// DeltaNet layers, LFM2's short convolutions); the others are full attention (with a sigmoid
+/// output gate in the Qwen families).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HybridStyle {
-    /// Per layer: whether it is a Gated DeltaNet layer.
+    /// Per layer: whether it keeps a state (else it is attention).
     pub linear_layers: Vec<bool>,
+    pub kind: RecurrentKind,
     pub key_heads: usize,
     pub value_heads: usize,
     pub key_dim: usize,
@@ -332,10 +339,29 @@ pub struct HybridStyle {
     pub grouped_projections: bool,
 }
 
+/// What a hybrid's stateful layers are. (The Gated DeltaNet's shape is `HybridStyle`'s.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecurrentKind {
+    GatedDelta,
+    /// LFM2: gates and a depthwise convolution over `channels` (the hidden size).
+    ShortConv {
+        channels: usize,
+        bias: bool,
+    },
+}
+
 impl HybridStyle {
-    /// Channels of the convolution: q, k and v.
+    /// Channels of the convolution: q, k and v (Gated DeltaNet), or the hidden size.
     pub fn conv_channels(&self) -> usize {
-        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+        match self.kind {
+            RecurrentKind::GatedDelta => 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim,
+            RecurrentKind::ShortConv { channels, .. } => channels,
+        }
+    }
+
+    /// Whether the attention layers gate their output (the Qwen families).
+    pub fn gated_attention(&self) -> bool {
+        self.kind == RecurrentKind::GatedDelta
     }
 
     /// Bytes of one sequence's state in one layer: the convolution's inputs (compute dtype)
@@ -347,6 +373,11 @@ impl HybridStyle {
 
     /// The layer's parameters.
     fn parameters(&self, hidden: u64) -> u64 {
+        if let RecurrentKind::ShortConv { channels, bias } = self.kind {
+            let c = channels as u64;
+            let biases = if bias { 3 * c + c + c } else { 0 };
+            return 3 * c * hidden + c * self.conv_kernel as u64 + c * c + biases;
+        }
         let nv = self.value_heads as u64;
         let dv = self.value_dim as u64;
         let conv = self.conv_channels() as u64;
@@ -467,7 +498,8 @@ impl ModelConfig {
             _ => {}
         }
         // The hybrids' attention projects a gate beside every query.
-        let gate = if self.hybrid.is_some() { h * (self.num_heads * a.head_dim) as u64 } else { 0 };
+        let gated = self.hybrid.as_ref().is_some_and(HybridStyle::gated_attention);
+        let gate = if gated { h * (self.num_heads * a.head_dim) as u64 } else { 0 };
         let q = (self.num_heads * a.head_dim) as u64;
         let kv = (a.kv_heads * a.head_dim) as u64;
         let own_kv = match (a.kv_source, a.keys_as_values) {

@@ -187,7 +187,7 @@ pub fn config_json_with(arch: Arch, options: &TinyOptions) -> Value {
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
         }
         Arch::Gemma4 => synthetic_gemma4::config(&mut c, options),
-        Arch::Qwen3Next | Arch::Qwen35 => synthetic_hybrid::config(&mut c, arch, options),
+        Arch::Qwen3Next | Arch::Qwen35 | Arch::Lfm2 => synthetic_hybrid::config(&mut c, arch, options),
     }
     if arch == Arch::GptOss && options.per_expert {
         // OpenAI's release: experts in mxfp4 blocks, everything else unquantized.
@@ -243,7 +243,7 @@ fn wrapped(arch: Arch, options: &TinyOptions) -> bool {
 /// scaled by sqrt(hidden) only echoes its input; an own head (which the reference also
 /// accepts) makes its outputs compare something.
 fn tied(arch: Arch) -> bool {
-    matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe)
+    matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Lfm2)
 }
 
 fn arch_has_experts(arch: Arch) -> bool {
@@ -299,7 +299,7 @@ pub fn random_weights_with(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<
     if arch == Arch::Gemma4 {
         return synthetic_gemma4::random_weights(seed, options);
     }
-    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35) {
+    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Lfm2) {
         return synthetic_hybrid::random_weights(arch, seed, options);
     }
     let mut draws = Draws::new(seed);

@@ -4,7 +4,9 @@
 //! a quarter of each attention head. Qwen3-Next has experts (a gated shared expert beside them)
 //! in three layers and a dense MLP in the third; Qwen3.5 is dense unless `moe`, then experts in
 //! every layer. Written as MLX saves them (convolutions `[C, K, 1]`, experts stacked, norms as
-//! they are used), Qwen3.5 inside its multimodal wrapper.
+//! they are used), Qwen3.5 inside its multimodal wrapper. LFM2: four layers (short convolution
+//! with biases, attention, short convolution, attention), its own field and tensor names, tied
+//! embeddings, an MLP width derived from `block_ff_dim` as the family does.
 
 use serde_json::{json, Value};
 
@@ -38,8 +40,70 @@ fn routed(arch: Arch, options: &TinyOptions, l: usize) -> bool {
     }
 }
 
+/// LFM2's fields: `block_ff_dim` 384 gives an MLP of 256 (two thirds, rounded to 64).
+fn lfm2_config(c: &mut Value) {
+    let fields = c.as_object_mut().expect("an object");
+    fields.remove("intermediate_size");
+    fields.remove("rms_norm_eps");
+    c["num_hidden_layers"] = json!(LAYERS);
+    c["num_attention_heads"] = json!(HEADS);
+    c["num_key_value_heads"] = json!(KV_HEADS);
+    c["norm_eps"] = json!(1e-5);
+    c["conv_bias"] = json!(true);
+    c["conv_L_cache"] = json!(3);
+    c["block_dim"] = json!(HIDDEN);
+    c["block_ff_dim"] = json!(384);
+    c["block_multiple_of"] = json!(64);
+    c["block_ffn_dim_multiplier"] = json!(1.0);
+    c["block_auto_adjust_ff_dim"] = json!(true);
+    c["full_attn_idxs"] = json!([1, 3]);
+    c["rope_theta"] = json!(1_000_000.0);
+}
+
+/// LFM2's MLP width from the config above.
+const LFM2_FF: usize = 256;
+const LFM2_KERNEL: usize = 3;
+
+fn lfm2_weights(seed: u64) -> Vec<Tensor> {
+    let mut draws = Draws::new(seed);
+    let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
+    let h = HIDDEN as i32;
+    let proj = |fan_in: i32| 1.7 / (fan_in as f32).sqrt();
+    tensor("model.embed_tokens.weight".into(), vec![VOCAB as i32, h], 1.0, 0.0);
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        tensor(format!("{p}.operator_norm.weight"), vec![h], 0.1, 1.0);
+        tensor(format!("{p}.ffn_norm.weight"), vec![h], 0.1, 1.0);
+        if is_linear(l) {
+            tensor(format!("{p}.conv.in_proj.weight"), vec![3 * h, h], proj(h), 0.0);
+            tensor(format!("{p}.conv.in_proj.bias"), vec![3 * h], 0.1, 0.0);
+            tensor(format!("{p}.conv.conv.weight"), vec![h, LFM2_KERNEL as i32, 1], 0.5, 0.0);
+            tensor(format!("{p}.conv.conv.bias"), vec![h], 0.1, 0.0);
+            tensor(format!("{p}.conv.out_proj.weight"), vec![h, h], 4.0 * proj(h), 0.0);
+            tensor(format!("{p}.conv.out_proj.bias"), vec![h], 0.1, 0.0);
+        } else {
+            let (q, kv) = ((HEADS * HEAD_DIM) as i32, (KV_HEADS * HEAD_DIM) as i32);
+            tensor(format!("{p}.self_attn.q_proj.weight"), vec![q, h], proj(h), 0.0);
+            tensor(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], proj(h), 0.0);
+            tensor(format!("{p}.self_attn.v_proj.weight"), vec![kv, h], proj(h), 0.0);
+            tensor(format!("{p}.self_attn.out_proj.weight"), vec![h, q], 4.0 * proj(q), 0.0);
+            tensor(format!("{p}.self_attn.q_layernorm.weight"), vec![HEAD_DIM as i32], 0.1, 1.0);
+            tensor(format!("{p}.self_attn.k_layernorm.weight"), vec![HEAD_DIM as i32], 0.1, 1.0);
+        }
+        let f = LFM2_FF as i32;
+        tensor(format!("{p}.feed_forward.w1.weight"), vec![f, h], proj(h), 0.0);
+        tensor(format!("{p}.feed_forward.w3.weight"), vec![f, h], proj(h), 0.0);
+        tensor(format!("{p}.feed_forward.w2.weight"), vec![h, f], 4.0 * proj(f), 0.0);
+    }
+    tensor("model.embedding_norm.weight".into(), vec![h], 0.1, 1.0);
+    draws.out
+}
+
 /// Adds the family's fields to the shared part of the tiny config.
 pub fn config(c: &mut Value, arch: Arch, options: &TinyOptions) {
+    if arch == Arch::Lfm2 {
+        return lfm2_config(c);
+    }
     c["num_hidden_layers"] = json!(LAYERS);
     c["intermediate_size"] = json!(INTERMEDIATE);
     c["num_attention_heads"] = json!(HEADS);
@@ -88,6 +152,9 @@ pub fn outer_type(options: &TinyOptions) -> &'static str {
 }
 
 pub fn random_weights(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<Tensor> {
+    if arch == Arch::Lfm2 {
+        return lfm2_weights(seed);
+    }
     let mut draws = Draws::new(seed);
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
     let h = HIDDEN as i32;

@@ -14,8 +14,8 @@ use crate::model::error::Result;
 use crate::model::kv_cache::{KvCache, KvFootprint};
 use crate::model::layers::{
     Attention, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, Mlp, MlpProjections, MoeBlock,
-    ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, Sinks,
-    SwitchGlu,
+    ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv,
+    Sinks, SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -56,6 +56,7 @@ pub struct SandwichNorms {
 pub enum Mixer {
     Attention(Box<Attention>),
     GatedDelta(Box<GatedDeltaNet>),
+    ShortConv(Box<ShortConv>),
 }
 
 impl Mixer {
@@ -63,6 +64,7 @@ impl Mixer {
         match self {
             Mixer::Attention(a) => a.arrays(),
             Mixer::GatedDelta(g) => g.arrays(),
+            Mixer::ShortConv(s) => s.arrays(),
         }
     }
 }
@@ -104,6 +106,7 @@ impl DecoderLayer {
                 (r, Some(kv))
             }
             Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
+            Mixer::ShortConv(conv) => (conv.forward(&x, cache)?, None),
         };
         let out = match &self.sandwich {
             None => {
@@ -192,7 +195,10 @@ impl Transformer {
                 Some(_) => Some(weights.take_float(&format!("{p}.layer_scalar"), &[1])?),
                 None => None,
             };
-            let mixer = if c.is_recurrent(i) {
+            let short = c.hybrid.as_ref().is_some_and(|h| !h.gated_attention());
+            let mixer = if c.is_recurrent(i) && short {
+                Mixer::ShortConv(Box::new(short_conv(c, i, weights)?))
+            } else if c.is_recurrent(i) {
                 Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?))
             } else {
                 Mixer::Attention(Box::new(attention(c, i, weights, &norm)?))
@@ -405,7 +411,7 @@ fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader
         QkvProjection::KeysAsValues { q: linear(weights, "q_proj", q_dim)?, k: linear(weights, "k_proj", kv_dim)? }
     } else {
         // The hybrids' queries come with a gate per head.
-        let q_rows = if c.hybrid.is_some() { 2 * q_dim } else { q_dim };
+        let q_rows = if gated_attention(c) { 2 * q_dim } else { q_dim };
         QkvProjection::Separate {
             q: linear(weights, "q_proj", q_rows)?,
             k: linear(weights, "k_proj", kv_dim)?,
@@ -434,7 +440,29 @@ fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader
         } else {
             None
         },
-        output_gate: c.hybrid.is_some(),
+        output_gate: gated_attention(c),
+    })
+}
+
+/// Whether the attention layers gate their output (Qwen3-Next's and Qwen3.5's).
+fn gated_attention(c: &ModelConfig) -> bool {
+    c.hybrid.as_ref().is_some_and(crate::model::config::HybridStyle::gated_attention)
+}
+
+/// Layer `i`'s short convolution (LFM2's stateful layers).
+fn short_conv(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<ShortConv> {
+    let h = c.hybrid.as_ref().ok_or_else(|| crate::model::ModelError::Mlx("not a hybrid model".into()))?;
+    let crate::model::config::RecurrentKind::ShortConv { channels, bias } = h.kind else {
+        return Err(crate::model::ModelError::Mlx("not a short-convolution model".into()));
+    };
+    let p = format!("model.layers.{i}.conv");
+    let (hidden, channels) = (c.hidden_size as i32, channels as i32);
+    Ok(ShortConv {
+        in_proj: weights.linear(&format!("{p}.in_proj"), 3 * channels, hidden, bias)?,
+        conv: weights.take_float(&format!("{p}.conv.weight"), &[channels, h.conv_kernel as i32, 1])?,
+        conv_bias: if bias { Some(weights.take_float(&format!("{p}.conv.bias"), &[channels])?) } else { None },
+        out: weights.linear(&format!("{p}.out_proj"), hidden, channels, bias)?,
+        kernel: h.conv_kernel as i32,
     })
 }
 

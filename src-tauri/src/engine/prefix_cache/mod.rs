@@ -530,8 +530,10 @@ impl PrefixCache {
                 let pair = match source {
                     Source::Kv(_, from) if *from > start => return Ok(None),
                     Source::Kv(segments, from) => span(segments, (start - from) as i32, (end - from) as i32)?,
-                    Source::State(states) if snap && states.len() == 2 => {
-                        (states[0].contiguous()?, states[1].contiguous()?)
+                    // One or two state arrays (short convolutions keep one).
+                    Source::State(states) if snap && matches!(states.len(), 1 | 2) => {
+                        let second = states.get(1).map_or(Ok(placeholder()), Array::contiguous)?;
+                        (states[0].contiguous()?, second)
                     }
                     Source::State(_) if snap => return Ok(None),
                     Source::State(_) => (placeholder(), placeholder()),
@@ -582,7 +584,8 @@ enum Source {
     State(Vec<Array>),
 }
 
-/// What a recurrent layer's entry holds in a block without a snapshot.
+/// What a recurrent layer's entry holds in a block without a snapshot (and a short convolution's
+/// missing second state).
 fn placeholder() -> Array {
     Array::from_slice(&[0f32], &[1])
 }
@@ -620,7 +623,8 @@ fn gather(
     for layer in 0..layers {
         if recurrent.get(layer).copied().unwrap_or(false) {
             let (conv, state) = blocks.last().map(|(b, _)| b.layers[layer].clone()).unzip();
-            let states = conv.into_iter().chain(state).collect();
+            // A placeholder (one dimension) stands for a layer's missing second state.
+            let states = conv.into_iter().chain(state.filter(|s| s.ndim() > 1)).collect();
             caches.push(KvCache::recurrent(states, total as i32));
             continue;
         }

@@ -4,6 +4,7 @@
 mod gemma3;
 mod gemma4;
 mod gpt_oss;
+mod lfm2;
 mod llama;
 mod ministral3;
 mod mistral;
@@ -110,6 +111,10 @@ pub struct HfExtras {
     pub linear_conv_kernel_dim: Option<usize>,
     /// ...and every n-th layer is full attention.
     pub full_attention_interval: Option<usize>,
+    /// LFM2's short convolutions: their width (the state keeps one input less) and biases.
+    #[serde(rename = "conv_L_cache")]
+    pub conv_l_cache: Option<usize>,
+    pub conv_bias: Option<bool>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
@@ -145,6 +150,7 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Gemma4 => gemma4::adapt(config, hf),
         Arch::Qwen3Next => qwen3_next::adapt(config, hf),
         Arch::Qwen35 => qwen3_5::adapt(config, hf),
+        Arch::Lfm2 => lfm2::adapt(config, hf),
     }
 }
 
@@ -280,6 +286,7 @@ pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weigh
         Arch::GptOss => gpt_oss::split_fused_experts(weights, config.num_layers),
         Arch::Gemma4 => gemma4::sanitize(weights, config),
         Arch::Qwen3Next | Arch::Qwen35 => qwen3_next::sanitize(weights, config),
+        Arch::Lfm2 => lfm2::sanitize(weights, config),
         _ => Ok(()),
     }
 }

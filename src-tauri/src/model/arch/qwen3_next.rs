@@ -4,7 +4,7 @@
 //! gated shared expert (as Qwen2-MoE's). mlx-lm's `qwen3_next.py` is the reference.
 
 use super::{required, HfConfig};
-use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, Routing};
+use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, RecurrentKind, Routing};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
@@ -44,6 +44,7 @@ pub(super) fn hybrid(config: &ModelConfig, hf: &HfConfig, grouped: bool) -> Resu
     let interval = x.full_attention_interval.unwrap_or(4).max(1);
     let style = HybridStyle {
         linear_layers: (0..config.num_layers).map(|l| (l + 1) % interval != 0).collect(),
+        kind: RecurrentKind::GatedDelta,
         key_heads: required(x.linear_num_key_heads, "linear_num_key_heads")?,
         value_heads: required(x.linear_num_value_heads, "linear_num_value_heads")?,
         key_dim: required(x.linear_key_head_dim, "linear_key_head_dim")?,

@@ -11,6 +11,9 @@ use serde_json::Value;
 pub fn text_config(raw: &Value) -> Value {
     let mut text = unwrapped(raw);
     if let Some(fields) = text.as_object_mut() {
+        if fields.get("model_type").and_then(Value::as_str) == Some("lfm2") {
+            lfm2_fields(fields);
+        }
         if fields.get("model_type").and_then(Value::as_str) == Some("gemma4_text") {
             // The reference's defaults (mlx-lm's gemma4_text ModelArgs).
             for (key, value) in [
@@ -35,6 +38,41 @@ pub fn text_config(raw: &Value) -> Value {
         }
     }
     text
+}
+
+/// LFM2's names for the common fields, as the reference reads them: its norms' `norm_eps`, an
+/// MLP width derived from `block_ff_dim` (two thirds of it, times the multiplier, rounded up to
+/// `block_multiple_of`, when `block_auto_adjust_ff_dim`), the attention layers' indices as
+/// layer types, and embeddings always tied.
+fn lfm2_fields(fields: &mut serde_json::Map<String, Value>) {
+    let number = |fields: &serde_json::Map<String, Value>, key: &str| fields.get(key).and_then(Value::as_f64);
+    if let Some(eps) = number(fields, "norm_eps") {
+        fields.insert("rms_norm_eps".into(), Value::from(eps));
+    }
+    if let Some(width) = number(fields, "block_ff_dim").or_else(|| number(fields, "intermediate_size")) {
+        let mut width = width as u64;
+        if fields.get("block_auto_adjust_ff_dim").and_then(Value::as_bool).unwrap_or(false) {
+            width = 2 * width / 3;
+            if let Some(multiplier) = number(fields, "block_ffn_dim_multiplier") {
+                width = (multiplier * width as f64) as u64;
+            }
+            let multiple = number(fields, "block_multiple_of").unwrap_or(1.0).max(1.0) as u64;
+            width = width.div_ceil(multiple) * multiple;
+        }
+        fields.insert("intermediate_size".into(), Value::from(width));
+    }
+    let layers = number(fields, "num_hidden_layers").unwrap_or(0.0) as usize;
+    if let Some(full) = fields.get("full_attn_idxs").and_then(Value::as_array).cloned() {
+        let full: Vec<usize> = full.iter().filter_map(Value::as_u64).map(|i| i as usize).collect();
+        let types: Vec<Value> =
+            (0..layers).map(|l| Value::from(if full.contains(&l) { "full_attention" } else { "conv" })).collect();
+        fields.insert("layer_types".into(), Value::Array(types));
+    }
+    fields.insert("tie_word_embeddings".into(), Value::from(true));
+    if let Some(theta) = fields.get("rope_parameters").and_then(|r| r.get("rope_theta")).cloned() {
+        fields.insert("rope_theta".into(), theta);
+    }
+    fields.entry("rope_theta").or_insert(Value::from(1_000_000.0));
 }
 
 fn unwrapped(raw: &Value) -> Value {
@@ -103,7 +141,23 @@ pub fn canonical_tensor_name(name: &str) -> Option<String> {
     } else {
         name.strip_prefix("language_model.").unwrap_or(name).to_string()
     };
-    Some(gpt_oss_names(mixtral_names(name)))
+    Some(lfm2_names(gpt_oss_names(mixtral_names(name))))
+}
+
+/// LFM2's names -> the shared layout's (its short convolutions keep theirs: `conv.*`).
+fn lfm2_names(name: String) -> String {
+    const RENAMES: [(&str, &str); 9] = [
+        (".operator_norm.", ".input_layernorm."),
+        (".ffn_norm.", ".post_attention_layernorm."),
+        (".self_attn.out_proj.", ".self_attn.o_proj."),
+        (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+        (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+        (".feed_forward.w1.", ".mlp.gate_proj."),
+        (".feed_forward.w3.", ".mlp.up_proj."),
+        (".feed_forward.w2.", ".mlp.down_proj."),
+        ("model.embedding_norm.", "model.norm."),
+    ];
+    RENAMES.iter().fold(name, |n, (from, to)| if n.contains(from) { n.replace(from, to) } else { n })
 }
 
 /// gpt-oss as MLX saves it: `mlp.router` and stacked `mlp.experts.{gate,up,down}_proj` (no

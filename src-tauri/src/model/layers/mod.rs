@@ -12,6 +12,7 @@ mod per_layer_input;
 pub mod quant_ops;
 mod rope;
 mod shared_attention;
+mod short_conv;
 
 pub use attention::{Attention, AttentionMask, KeysValues, QkvProjection, Sinks};
 pub use embedding::Embedding;
@@ -22,3 +23,4 @@ pub use moe::{MoeBlock, ParallelExperts, ScaledRouter, SharedExpert, SwitchGlu, 
 pub use norm::RmsNorm;
 pub use per_layer_input::{PerLayerGate, PerLayerInputs};
 pub use rope::Rope;
+pub use short_conv::ShortConv;
