@@ -9,24 +9,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::{collect, Outcome};
 use fastmlx::engine::prefix_cache::SNAPSHOT_TOKENS;
-use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream};
+use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
 use fastmlx::model::{load_model, synthetic, Arch};
-
-struct Outcome {
-    tokens: Vec<u32>,
-    finish: Finish,
-}
-
-fn collect(mut stream: RequestStream) -> Outcome {
-    let mut tokens = Vec::new();
-    loop {
-        match stream.blocking_recv().expect("a finish event") {
-            Event::Delta { token, .. } => tokens.push(token),
-            Event::Finish(finish) => return Outcome { tokens, finish },
-        }
-    }
-}
 
 fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
     let path = dir.to_path_buf();

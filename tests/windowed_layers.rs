@@ -9,7 +9,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream};
+use common::{collect, Outcome};
+use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
 use fastmlx::model::kv_cache::window_columns;
 use fastmlx::model::{load_model, synthetic, Arch, KvCache, LoadedModel};
 use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
@@ -93,21 +94,6 @@ fn long_sequences_match_mlx_lm_and_windowed_caches_stay_bounded() {
                 ),
                 None => assert_eq!((c.start(), c.offset() as usize), (0, held), "{}: full layer {layer}", case.name),
             }
-        }
-    }
-}
-
-struct Outcome {
-    tokens: Vec<u32>,
-    finish: Finish,
-}
-
-fn collect(mut stream: RequestStream) -> Outcome {
-    let mut tokens = Vec::new();
-    loop {
-        match stream.blocking_recv().expect("a finish event") {
-            Event::Delta { token, .. } => tokens.push(token),
-            Event::Finish(finish) => return Outcome { tokens, finish },
         }
     }
 }

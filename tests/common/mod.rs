@@ -116,3 +116,21 @@ pub fn wait_idle_within(
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// A request's streamed tokens and how it finished.
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    pub finish: fastmlx::engine::Finish,
+}
+
+/// Reads a request's stream to its end.
+pub fn collect(mut stream: fastmlx::engine::RequestStream) -> Outcome {
+    use fastmlx::engine::Event;
+    let mut tokens = Vec::new();
+    loop {
+        match stream.blocking_recv().expect("a finish event") {
+            Event::Delta { token, .. } => tokens.push(token),
+            Event::Finish(finish) => return Outcome { tokens, finish },
+        }
+    }
+}
