@@ -13,7 +13,9 @@
 //!   copies them once into the request's own cache (the dense batch buffers need them
 //!   contiguous), sized for the whole prompt; a windowed layer gets only its window.
 //! - A block is stored with every layer or not at all: windowed layers drop old keys as a
-//!   sequence grows, so the engine stores each block as soon as a step completes it.
+//!   sequence grows, so the engine stores each block as soon as a step completes it. A recurrent
+//!   layer's entry is a snapshot of its state at the block's end, or a placeholder (hybrids
+//!   resume only at a snapshot: `find_resumable`).
 //! - The identity covers everything that changes the numbers: the weight files (size and
 //!   modification time), the configuration, the compute dtype and the weights' in-memory form.
 //!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
