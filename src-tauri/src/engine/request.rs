@@ -32,6 +32,10 @@ pub struct Request {
     /// Where each chat message's text starts in the rendered prompt (characters), so that a
     /// prefix-cache miss can be told by message (empty for raw prompts).
     pub message_starts: Vec<usize>,
+    /// A prompt position (tokens) where a model with recurrent layers keeps its state on the
+    /// way, besides every `SNAPSHOT_TOKENS`: the end of the system prompt, where another
+    /// conversation with the same instructions and tools diverges. Ignored by other models.
+    pub snapshot_at: Option<usize>,
     /// What the chat template puts between an answer and the next message (ChatML:
     /// `<|im_end|>`, `\n`, `<|im_start|>`, `user`). Once the answer is done and the engine has
     /// nothing else to do, it prefills them after the answer, so the conversation's next turn
@@ -53,6 +57,7 @@ impl Request {
             grammar: None,
             special_text_tokens: Vec::new(),
             message_starts: Vec::new(),
+            snapshot_at: None,
             turn_boundary: Vec::new(),
         }
     }

@@ -10,6 +10,9 @@
 //! - The folder is kept within a byte budget, least recently used files first out.
 //! - A write that fails (disk full, folder not writable) turns the tier off with one log line;
 //!   serving goes on from RAM.
+//! - A model with recurrent layers (linear-attention hybrids) stores their state in the blocks
+//!   that keep a snapshot, and a placeholder in the others; a block that gains a snapshot after
+//!   it was written is written again.
 
 use std::collections::HashMap;
 use std::fs;
@@ -70,8 +73,10 @@ pub fn list_folders(root: &Path) -> Vec<DiskFolder> {
 pub struct BlockFile {
     pub parent: BlockKey,
     pub tokens: Vec<u32>,
-    /// Per layer: keys and values.
+    /// Per layer: keys and values, or a recurrent layer's state (or placeholder).
     pub layers: Vec<(Tensor, Tensor)>,
+    /// Whether the recurrent layers' entries are their state at the block's end.
+    pub snapshot: bool,
 }
 
 /// A tensor's bytes: its own, or a range of a file read whole (shared by the block's tensors,
@@ -160,6 +165,7 @@ struct Entry {
     tokens: Vec<u32>,
     bytes: u64,
     used: u64,
+    snapshot: bool,
 }
 
 /// Counters shared with the writer thread.
@@ -185,6 +191,8 @@ pub struct DiskTier {
     dir: PathBuf,
     identity: BlockKey,
     budget: u64,
+    /// Per layer: whether it keeps a recurrent state rather than keys and values.
+    recurrent: Vec<bool>,
     entries: HashMap<BlockKey, Entry>,
     children: HashMap<BlockKey, Vec<BlockKey>>,
     bytes: u64,
@@ -208,9 +216,10 @@ impl Drop for DiskTier {
 }
 
 impl DiskTier {
-    /// The tier in `root/<identity>`, holding at most `budget` bytes; `None` (with a log line)
-    /// when the folder cannot be made.
-    pub fn open(root: &Path, identity: BlockKey, budget: u64, model: &str) -> Option<DiskTier> {
+    /// The tier in `root/<identity>`, holding at most `budget` bytes, for a model whose layers
+    /// keep a recurrent state where `recurrent` says; `None` (with a log line) when the folder
+    /// cannot be made.
+    pub fn open(root: &Path, identity: BlockKey, budget: u64, model: &str, recurrent: Vec<bool>) -> Option<DiskTier> {
         let dir = root.join(&hex(&identity)[..32]);
         // `model.json` names the model, for `fastmlx cache ls`.
         let made = fs::create_dir_all(&dir)
@@ -251,6 +260,7 @@ impl DiskTier {
             dir,
             identity,
             budget,
+            recurrent,
             entries: HashMap::new(),
             children: HashMap::new(),
             bytes: 0,
@@ -299,10 +309,10 @@ impl DiskTier {
             let bytes = meta.as_ref().map_or(0, fs::Metadata::len);
             // A file cut short (a crash, a full disk) is caught here by its size.
             let header = read_header(&path).ok().filter(|(h, header_len)| expected_size(h, *header_len) == Some(bytes));
-            match header.and_then(|(h, _)| self.check_header(&key, &h)) {
-                Some((parent, tokens)) => {
+            match header.and_then(|(h, _)| Some((self.check_header(&key, &h)?, is_snapshot(&h)))) {
+                Some(((parent, tokens), snapshot)) => {
                     let when = meta.and_then(|m| m.modified().ok()).unwrap_or(std::time::UNIX_EPOCH);
-                    found.push((when, key, Entry { parent, tokens, bytes, used: 0 }));
+                    found.push((when, key, Entry { parent, tokens, bytes, used: 0, snapshot }));
                 }
                 None => {
                     self.removed_bad += 1;
@@ -374,18 +384,20 @@ impl DiskTier {
         (chain(&parent, &tokens) == *key).then_some((parent, tokens))
     }
 
-    /// Queues a block for writing (skipped when the queue is full or the tier is off).
+    /// Queues a block for writing (skipped when the queue is full or the tier is off, or when
+    /// the file is there already, unless this block brings the snapshot that file lacks).
     pub fn write(&mut self, key: BlockKey, block: BlockFile) {
-        if self.entries.contains_key(&key) || self.shared.off.load(Ordering::Relaxed) {
+        let written = self.entries.get(&key).is_some_and(|e| e.snapshot || !block.snapshot);
+        if written || self.shared.off.load(Ordering::Relaxed) {
             return;
         }
         let Some(writer) = &self.writer else { return };
         let bytes = block.layers.iter().map(|(k, v)| (k.bytes().len() + v.bytes().len()) as u64).sum::<u64>() + 4096;
-        let (parent, tokens) = (block.parent, block.tokens.clone());
+        let (parent, tokens, snapshot) = (block.parent, block.tokens.clone(), block.snapshot);
         match writer.try_send((key, block)) {
             Ok(()) => {
                 self.clock += 1;
-                self.add(key, Entry { parent, tokens, bytes, used: self.clock });
+                self.add(key, Entry { parent, tokens, bytes, used: self.clock, snapshot });
                 self.shrink();
             }
             Err(TrySendError::Full(_)) => {
@@ -397,6 +409,11 @@ impl DiskTier {
 
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.entries.contains_key(key)
+    }
+
+    /// Whether block `key`'s file keeps the recurrent layers' state.
+    pub fn has_snapshot(&self, key: &BlockKey) -> bool {
+        self.entries.get(key).is_some_and(|e| e.snapshot)
     }
 
     /// The children of `parent` on disk, with their tokens.
@@ -452,7 +469,9 @@ impl DiskTier {
             return None;
         }
         let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
-        let tensor = |name: &str| -> Option<Tensor> {
+        let snapshot = is_snapshot(header);
+        (layers == self.recurrent.len()).then_some(())?;
+        let tensor = |name: &str, recurrent: bool| -> Option<Tensor> {
             let t = header.get(name)?.as_object()?;
             let dtype = dtype_of(t.get("dtype")?.as_str()?)?;
             let shape: Vec<i32> = t
@@ -467,22 +486,40 @@ impl DiskTier {
             if end < start || end > data.len() || end - start != count * Tensor::element_size(dtype)? {
                 return None;
             }
-            // Keys and values of this block's tokens: [1, H, tokens, D].
-            if shape.len() != 4 || shape[2] as usize != tokens.len() {
+            // Keys and values of this block's tokens: [1, H, tokens, D]; a recurrent layer's
+            // state (`[1, ...]`, at most 4 dimensions) when the block keeps a snapshot, else a
+            // one-element placeholder.
+            let fits = if !recurrent {
+                shape.len() == 4 && shape[2] as usize == tokens.len()
+            } else if snapshot {
+                (1..=4).contains(&shape.len()) && shape[0] == 1
+            } else {
+                shape == [1]
+            };
+            if !fits {
                 return None;
             }
             let (data, range) = (file.clone(), start_of_data + start..start_of_data + end);
             Some(Tensor { dtype, shape, data, range })
         };
         let layers = (0..layers)
-            .map(|l| Some((tensor(&format!("k.{l}"))?, tensor(&format!("v.{l}"))?)))
+            .map(|l| {
+                let recurrent = self.recurrent[l];
+                let (k, v) = (tensor(&format!("k.{l}"), recurrent)?, tensor(&format!("v.{l}"), recurrent)?);
+                // A snapshot's first state is the state itself, never a placeholder.
+                (!(recurrent && snapshot) || k.shape.len() > 1).then_some((k, v))
+            })
             .collect::<Option<Vec<_>>>()?;
-        Some(BlockFile { parent, tokens, layers })
+        Some(BlockFile { parent, tokens, layers, snapshot })
     }
 
     /// Per layer, the dtype, heads and head size of block `key`'s keys, then of its values;
-    /// `None` when its file cannot be read or is not this model's block.
+    /// `None` when its file cannot be read or is not this model's block, and for a model with
+    /// recurrent layers (whose blocks are read whole, by [`Self::read`]).
     pub fn layer_shapes(&self, key: &BlockKey) -> Option<Vec<(Dtype, i32, i32)>> {
+        if self.recurrent.contains(&true) {
+            return None;
+        }
         let (header, _) = read_header(&self.path(key)).ok()?;
         let (_, tokens) = self.check_header(key, &header)?;
         let layers: usize = header.get("__metadata__")?.get("layers")?.as_str()?.parse().ok()?;
@@ -572,6 +609,11 @@ impl DiskTier {
             self.remove(&key);
         }
     }
+}
+
+/// Whether a block file's header says it keeps the recurrent layers' state.
+fn is_snapshot(header: &Map<String, Value>) -> bool {
+    header.get("__metadata__").and_then(|m| m.get("snapshot")).and_then(Value::as_str) == Some("1")
 }
 
 /// The size a safetensors file with this header must have.
@@ -707,6 +749,7 @@ fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile
             "parent": hex(&block.parent),
             "tokens": tokens.join(","),
             "layers": block.layers.len().to_string(),
+            "snapshot": if block.snapshot { "1" } else { "0" },
             "xxh3": xxhash_rust::xxh3::xxh3_64(&data).to_string(),
         }),
     );

@@ -147,8 +147,7 @@ pub struct PrefixCache {
 impl PrefixCache {
     /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given, for
     /// a model whose layer caches have attention windows `windows` and keep recurrent states
-    /// where `recurrent` says. (The disk tier holds keys and values only: a model with
-    /// recurrent layers has none yet.)
+    /// where `recurrent` says.
     pub fn new(
         identity: BlockKey,
         budget: usize,
@@ -157,9 +156,7 @@ impl PrefixCache {
         windows: Vec<Option<usize>>,
         recurrent: Vec<bool>,
     ) -> PrefixCache {
-        let disk = disk
-            .filter(|_| !recurrent.contains(&true))
-            .and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model));
+        let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model, recurrent.clone()));
         PrefixCache {
             store: BlockStore::new(identity, BLOCK_TOKENS),
             segment_blocks: Vec::new(),
@@ -239,7 +236,14 @@ impl PrefixCache {
         let mut matched = 0;
         for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
             let key = chain(&parent, chunk);
-            if !self.store.contains(&key) {
+            // A block in RAM without the snapshot its file keeps (stored again by a prefill
+            // after RAM let the snapshot go) takes the file's.
+            let snapshot_on_disk = disk.has_snapshot(&key) && self.store.get(&key).is_some_and(|(_, _, p)| !p.snapshot);
+            if snapshot_on_disk {
+                if let Some(payload) = disk.read(&key).as_ref().and_then(payload_of) {
+                    self.store.replace_payload(&key, payload);
+                }
+            } else if !self.store.contains(&key) {
                 let Some(block) = disk.contains(&key).then(|| disk.read(&key)).flatten() else { break };
                 let Some(payload) = payload_of(&block) else { break };
                 self.store.insert_block(parent, block.tokens, payload);
@@ -264,7 +268,11 @@ impl PrefixCache {
     /// the page cache, instead of into the RAM tier and copied again from there (page faults
     /// on fresh memory make each copy of a long prompt's keys and values cost ~0.1 s here).
     /// `None` when the RAM tier or the kept buffers hold its first block, or nothing is on disk.
+    /// (A model with recurrent layers resumes at a snapshot: its blocks go through the RAM tier.)
     fn restore_from_disk(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Option<Restored>> {
+        if self.recurrent.contains(&true) {
+            return Ok(None);
+        }
         let tokens = &prompt[..limit.min(prompt.len())];
         let root = self.store.root();
         let Some(first) = tokens.chunks_exact(BLOCK_TOKENS).next().map(|chunk| chain(&root, chunk)) else {
@@ -545,7 +553,7 @@ impl PrefixCache {
             }
             Ok(Some(LayerBlocks { layers, in_segment: false, snapshot: snap }))
         };
-        let added = self.store.insert(tokens, |start, end| make(start, end, &mut fresh))?;
+        let mut added = self.store.insert(tokens, |start, end| make(start, end, &mut fresh))?;
         // A block stored earlier without the snapshot this one ends with takes it now.
         if let Some(end) = snapshot_at {
             let key = tokens.chunks(BLOCK_TOKENS).fold(self.store.root(), |parent, chunk| chain(&parent, chunk));
@@ -553,6 +561,7 @@ impl PrefixCache {
             if self.store.get(&key).is_some_and(|(_, _, p)| !p.snapshot) {
                 if let Some(payload) = make(start, end, &mut fresh)? {
                     self.store.replace_payload(&key, payload);
+                    added.push(key);
                 }
             }
         }
@@ -570,7 +579,8 @@ impl PrefixCache {
                     .map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?)))
                     .collect();
                 if let Some(layers) = layers {
-                    disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers });
+                    let snapshot = payload.snapshot;
+                    disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers, snapshot });
                 }
             }
         }
@@ -672,7 +682,7 @@ fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
     // The arrays copy the bytes when evaluated; do it now, while the bytes are alive.
     let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
     mlx_rs::transforms::eval(all).ok()?;
-    Some(LayerBlocks { layers, in_segment: false, snapshot: false })
+    Some(LayerBlocks { layers, in_segment: false, snapshot: block.snapshot })
 }
 
 /// What makes a model's numbers what they are: its weight and config files as they are on

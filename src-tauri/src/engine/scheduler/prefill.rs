@@ -94,7 +94,13 @@ impl Scheduler {
             let n = (left / rows).max(1).min(shortest);
             let n = match self.model.transformer.config.hybrid {
                 Some(_) => {
-                    let to_snapshot = self.group.iter().map(|s| SNAPSHOT_TOKENS - s.prefilled % SNAPSHOT_TOKENS);
+                    let to_snapshot = self.group.iter().map(|s| {
+                        let every = SNAPSHOT_TOKENS - s.prefilled % SNAPSHOT_TOKENS;
+                        s.request
+                            .snapshot_at
+                            .filter(|&at| at > s.prefilled)
+                            .map_or(every, |at| every.min(at - s.prefilled))
+                    });
                     n.min(to_snapshot.min().unwrap_or(n))
                 }
                 None => n,
@@ -165,10 +171,18 @@ impl Scheduler {
     }
 
     /// The whole blocks a forward of `n` tokens completed go to the prefix cache at once, for
-    /// requests that share them.
+    /// requests that share them; a model with recurrent layers keeps their state where a row
+    /// reached its `snapshot_at`.
     fn store_whole_blocks(&mut self, n: usize) {
         let Some(prefix) = self.prefix.as_mut() else { return };
+        let recurrent = self.model.transformer.config.hybrid.is_some();
         for (row, seq) in self.group.iter().enumerate() {
+            if recurrent && seq.request.snapshot_at == Some(seq.prefilled) {
+                let tokens = &seq.request.prompt_ids[..seq.prefilled];
+                if let Err(e) = prefix.store_row(tokens, &self.group_cache, row, true) {
+                    tracing::warn!("prefix cache: cannot keep a state at the system prompt's end: {e}");
+                }
+            }
             let whole = seq.prefilled / BLOCK_TOKENS * BLOCK_TOKENS;
             if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
                 // A recurrent layer's state is kept every SNAPSHOT_TOKENS (chunks end there).
