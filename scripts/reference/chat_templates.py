@@ -71,6 +71,13 @@ TEMPLATES = {
     "qwen3-coder.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "gemma3.jinja": {"bos_token": "<bos>", "eos_token": "<end_of_turn>", "tools": False},
     "gemma4.jinja": {"bos_token": "<bos>", "eos_token": "<turn|>", "tools": True},
+    # The linear-attention hybrids: Qwen3.5 / 3.6 (XML tool calls, thinking on by default),
+    # Qwen3-Next (Hermes JSON calls), LFM2 (Python-list calls, tools as a JSON list).
+    "qwen3.5.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "qwen3.6.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "qwen3-next-instruct.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "qwen3-next-thinking.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "lfm2.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -204,6 +211,28 @@ def cases_for(name, meta):
         yield "typed_argument_values", typed, [WEATHER_TOOL], True, extra
 
 
+    if name in ("qwen3.5.jinja", "qwen3.6.jinja", "qwen3-next-thinking.jinja"):
+        yield "enable_thinking_false", USER_ONLY, None, True, {"enable_thinking": False}
+        yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
+        history_with_think = [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "2+2 = 4.", "reasoning_content": "Simple arithmetic."},
+            {"role": "user", "content": "And 3+3?"},
+        ]
+        yield "history_reasoning_dropped", history_with_think, None, True, extra
+        two = copy.deepcopy(tool_conversation(""))
+        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
+        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
+        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+    if name == "lfm2.jinja":
+        # LFM2's assistant turns carry their calls in the content, as the model wrote them.
+        written = [
+            {"role": "user", "content": "What's the weather in Paris?"},
+            {"role": "assistant", "content": '<|tool_call_start|>[get_weather(location="Paris, France")]<|tool_call_end|>'},
+            {"role": "tool", "content": TOOL_RESULT},
+        ]
+        yield "calls_in_content", written, [WEATHER_TOOL], True, extra
     if name == "gemma4.jinja":
         yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
         history_with_thought = [
@@ -259,7 +288,8 @@ def render_all():
                 entry["expected"] = tok.apply_chat_template(
                     copy.deepcopy(messages), tools=copy.deepcopy(tools), add_generation_prompt=agp,
                     tokenize=False, **extra)
-            except jinja2.exceptions.UndefinedError as e:
+            except (jinja2.exceptions.UndefinedError, TypeError) as e:
+                # TypeError: an undefined value reached tojson (json.dumps cannot write it).
                 entry["expected_error_kind"] = "undefined"
                 entry["expected_error_contains"] = ""
                 entry["jinja2_error"] = f"{type(e).__name__}: {e}"

@@ -1,6 +1,7 @@
 """Tool calls in the formats of the 2026 model families, through the official client packages:
-gpt-oss's Harmony (a commentary message to `functions.get_weather`) and Qwen3-Coder's XML
-(`<function=..><parameter=..>`, values typed from the tool's schema). The models are scripted
+gpt-oss's Harmony (a commentary message to `functions.get_weather`), Qwen3-Coder's XML
+(`<function=..><parameter=..>`, values typed from the tool's schema; Qwen3.5 / 3.6 write it after
+a thought, thinking being on by default), Gemma 4's and LFM2's Python list of calls. The models are scripted
 (`fastmlx make-test-model --scripted`): tiny computed models that write one tool call in the
 family's format, with the family's published chat template and special tokens, so what is
 tested is what the server makes of that output in each API."""
@@ -22,7 +23,10 @@ WEATHER = {"type": "function", "function": {
 ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city",
                      "input_schema": WEATHER["function"]["parameters"]}
 # What each scripted model calls get_weather with.
-EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3}}
+EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3},
+            "qwen3.5": {"city": "Paris", "days": 3}, "pythonic": {"city": "Paris", "days": 3}}
+# The thought a scripted model writes before its call (Qwen3.5's, whose prompt opens <think>).
+THOUGHT = {"qwen3.5": "Calling_get_weather."}
 # Text a scripted model writes before its call (Gemma 4's; the others call straight away).
 REMARK = {"gemma4": "Checking."}
 
@@ -35,8 +39,9 @@ def scripted_server(tmp_path_factory, fmt, template):
 
 
 @pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja"),
-                                        ("gemma4", "gemma4.jinja")],
-                ids=["harmony", "qwen-xml", "gemma4"])
+                                        ("gemma4", "gemma4.jinja"), ("qwen3.5", "qwen3.5.jinja"),
+                                        ("pythonic", "lfm2.jinja")],
+                ids=["harmony", "qwen-xml", "gemma4", "qwen3.5", "pythonic"])
 def scripted(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template):
@@ -52,6 +57,7 @@ def test_openai_chat_tool_call(scripted):
     assert choice.finish_reason == "tool_calls" and (choice.message.content or "") == REMARK.get(fmt, "")
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED[fmt]
+    assert (choice.message.model_extra or {}).get("reasoning_content") == THOUGHT.get(fmt)
     # Streamed: the SDK assembles the call from its deltas.
     stream = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER], stream=True)
     deltas = [c.choices[0].delta for c in stream if c.choices and c.choices[0].delta.tool_calls]

@@ -150,7 +150,8 @@ pub struct MakeTestModelArgs {
     /// The family's mixture-of-experts variant (gemma4_text).
     #[arg(long)]
     moe: bool,
-    /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, gemma4), with
+    /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, qwen3.5,
+    /// pythonic, gemma4), with
     /// --chat-template the family's template (tests of what clients receive).
     #[arg(long, requires = "chat_template")]
     scripted: Option<String>,
@@ -165,8 +166,10 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
         let script = match format.as_str() {
             "harmony" => scripted::harmony_tool_call(&source),
             "qwen-xml" => scripted::qwen_xml_tool_call(&source),
+            "qwen3.5" => scripted::qwen3_5_tool_call(&source),
+            "pythonic" => scripted::pythonic_tool_call(&source),
             "gemma4" => scripted::gemma4_tool_call(&source),
-            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml, gemma4)"),
+            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4)"),
         };
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());

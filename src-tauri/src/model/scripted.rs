@@ -80,6 +80,47 @@ pub fn qwen_xml_tool_call(chat_template: &str) -> Script<'_> {
     }
 }
 
+/// Qwen3.5's and 3.6's tool calls (their published chat template, thinking on by default: the
+/// prompt ends inside an open `<think>`): a thought, then Qwen3-Coder's XML call. (`</think>`
+/// is an added token that is not special, as in Qwen's tokenizers: its text is always shown.)
+pub fn qwen3_5_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        trigger: "\n",
+        answer: &[
+            "Calling_get_weather.",
+            "</think>",
+            "<tool_call>",
+            "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
+            "</tool_call>",
+        ],
+        eos: &["<|im_end|>"],
+    }
+}
+
+/// LFM2's Python-list tool calls (its published chat template): a call to `get_weather` with a
+/// string and an integer argument.
+pub fn pythonic_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &[
+            "<|startoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|tool_list_start|>",
+            "<|tool_list_end|>",
+            "<|tool_call_start|>",
+            "<|tool_call_end|>",
+            "<|tool_response_start|>",
+            "<|tool_response_end|>",
+        ],
+        trigger: "\n",
+        answer: &["<|tool_call_start|>", r#"[get_weather(city="Paris",days=3)]"#, "<|tool_call_end|>"],
+        eos: &["<|im_end|>"],
+    }
+}
+
 /// Gemma 4's tool calls (its published chat template, thinking off: the prompt ends with an
 /// empty thought): a short remark, then a call to `get_weather` with an integer argument (a
 /// string argument would need its quote token twice, which a script cannot hold).

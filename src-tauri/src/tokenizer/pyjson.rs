@@ -36,7 +36,14 @@ fn newline(out: &mut String, options: &PyJsonOptions, depth: usize) {
 
 fn write_value(out: &mut String, value: &Value, options: &PyJsonOptions, depth: usize) -> Result<(), minijinja::Error> {
     match value.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        // json.dumps cannot write jinja2's Undefined: transformers' renders fail there too.
+        ValueKind::Undefined => {
+            return Err(minijinja::Error::new(
+                minijinja::ErrorKind::UndefinedError,
+                "tojson: the value is undefined (Object of type Undefined is not JSON serializable)",
+            ))
+        }
+        ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::String => {
             out.push_str(&serde_json::to_string(value.as_str().unwrap_or_default()).unwrap_or_default())

@@ -12,6 +12,7 @@ pub mod harmony;
 pub mod outcome;
 pub mod params;
 pub mod prompt;
+mod pythonic_calls;
 pub mod raw;
 mod reasoning;
 pub mod structured;

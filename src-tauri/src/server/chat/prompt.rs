@@ -110,6 +110,8 @@ pub struct RenderedChat {
     pub shape: AnswerShape<'static>,
     /// Where each message's text begins in `text` (characters), found in order.
     pub message_starts: Vec<usize>,
+    /// For a model with recurrent layers: where the system prompt ends (tokens).
+    pub snapshot_at: Option<usize>,
 }
 
 /// The character offset in `text` where each message's content is found, in order (a message
@@ -128,6 +130,24 @@ fn message_starts(text: &str, messages: &[Value]) -> Vec<usize> {
         .collect()
 }
 
+/// Where the system messages end in the prompt's tokens (the first other message's content
+/// starts there), when the tokens split there: a model with recurrent layers keeps its state at
+/// that point, so that another conversation with the same system prompt (an agent's instructions
+/// and tools) resumes from it instead of from the last multiple of `SNAPSHOT_TOKENS`.
+fn system_prompt_end(text: &str, messages: &[Value], prompt_ids: &[u32], tokenizer: &Tokenizer) -> Option<usize> {
+    let first_other = messages.iter().position(|m| m["role"] != "system").filter(|&i| i > 0)?;
+    fn content(m: &Value) -> Option<&str> {
+        m.get("content").and_then(Value::as_str).filter(|c| !c.is_empty())
+    }
+    let mut from = 0;
+    for system in messages[..first_other].iter().filter_map(content) {
+        from += text[from..].find(system)? + system.len();
+    }
+    let at = from + text[from..].find(content(&messages[first_other])?)?;
+    let ids = tokenizer.encode(&text[..at], false, true).ok()?;
+    (!ids.is_empty() && ids.len() + 1 < prompt_ids.len() && prompt_ids.starts_with(&ids)).then_some(ids.len())
+}
+
 /// Validates the messages and tools, renders the chat template and tokenizes (loading the
 /// model if it is not loaded).
 pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>) -> Result<RenderedChat, ApiError> {
@@ -137,7 +157,9 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     let template = info.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt")
     })?;
-    let mut messages = if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages) };
+    let format = tool_calls::ToolFormat::of_template(template.source());
+    let mut messages =
+        if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages, format) };
     if template.source().contains("length != 9") {
         nine_character_call_ids(&mut messages);
     }
@@ -166,12 +188,14 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
     let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
     let message_starts = message_starts(&text, &messages);
-    Ok(RenderedChat { served, info, text, prompt_ids, shape, message_starts })
+    let recurrent = info.kv_footprint.state_bytes > 0;
+    let snapshot_at = recurrent.then(|| system_prompt_end(&text, &messages, &prompt_ids, &info.tokenizer)).flatten();
+    Ok(RenderedChat { served, info, text, prompt_ids, shape, message_starts, snapshot_at })
 }
 
 /// Validates, renders the chat template, tokenizes and submits.
 pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
-    let RenderedChat { served, info, text, prompt_ids, shape, message_starts } =
+    let RenderedChat { served, info, text, prompt_ids, shape, message_starts, snapshot_at } =
         render(state, request, common.model.as_deref()).await?;
     let template = info.chat_template.as_ref().expect("rendered with a template");
     let prompt_tokens = prompt_ids.len();
@@ -203,6 +227,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     };
     engine_request.grammar = shape.grammar.clone();
     engine_request.message_starts = message_starts;
+    engine_request.snapshot_at = snapshot_at;
     engine_request.turn_boundary = turn_boundary(template, &info.tokenizer, template_kwargs(request)?);
     let stream = served.engine.submit(engine_request)?;
     Ok(StartedChat {
@@ -357,10 +382,11 @@ fn nine_character_call_ids(messages: &mut [Value]) {
     }
 }
 
-/// For templates that know nothing of tool calls: an assistant turn's calls become its text (the
-/// JSON list `tool_choice: "required"` has the model write), so that the model sees what it
-/// called before the `tool` turns that answer it.
-fn inline_tool_calls(messages: Vec<Value>) -> Vec<Value> {
+/// For templates that know nothing of tool calls: an assistant turn's calls become its text (in
+/// the model's own format where it has one, as LFM2's; else the JSON list `tool_choice:
+/// "required"` has the model write), so that the model sees what it called before the `tool`
+/// turns that answer it.
+fn inline_tool_calls(messages: Vec<Value>, format: Option<tool_calls::ToolFormat>) -> Vec<Value> {
     messages
         .into_iter()
         .map(|mut m| {
@@ -370,8 +396,12 @@ fn inline_tool_calls(messages: Vec<Value>) -> Vec<Value> {
                 .map(|c| json!({"name": c.pointer("/function/name").cloned().unwrap_or(Value::Null), "arguments": c.pointer("/function/arguments").cloned().unwrap_or(json!({}))}))
                 .collect();
             let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-            let calls_text = Value::Array(listed).to_string();
-            m["content"] = Value::String(if text.is_empty() { calls_text } else { format!("{text}\n{calls_text}") });
+            let own_format = format == Some(tool_calls::ToolFormat::Pythonic);
+            let calls_text =
+                if own_format { super::pythonic_calls::write_calls(&calls) } else { Value::Array(listed).to_string() };
+            let separator = if own_format { "" } else { "\n" };
+            m["content"] =
+                Value::String(if text.is_empty() { calls_text } else { format!("{text}{separator}{calls_text}") });
             m.as_object_mut().map(|o| o.remove("tool_calls"));
             m
         })
@@ -398,6 +428,30 @@ fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_system_prompt_ends_where_the_first_other_message_starts() {
+        let inner: tokenizers::Tokenizer =
+            crate::model::synthetic::tokenizer_json().to_string().parse().expect("the tiny tokenizer");
+        let tokenizer = Tokenizer::new(inner, None, Some("<|im_end|>".into()), &[], None);
+        let messages = [
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "system", "content": "Tools: none."}),
+            json!({"role": "user", "content": "Be brief."}),
+            json!({"role": "assistant", "content": "Ok."}),
+        ];
+        let text = "<|im_start|>system\nBe brief.\nTools: none.<|im_end|>\n<|im_start|>user\nBe brief.<|im_end|>\n\
+                    <|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>assistant\n";
+        let ids = tokenizer.encode(text, false, true).unwrap();
+        let end = system_prompt_end(text, &messages, &ids, &tokenizer).expect("a boundary");
+        let head = "<|im_start|>system\nBe brief.\nTools: none.<|im_end|>\n<|im_start|>user\n";
+        assert_eq!(end, tokenizer.encode(head, false, true).unwrap().len());
+        // No system message, or nothing after it: no boundary.
+        assert_eq!(system_prompt_end(text, &messages[2..], &ids, &tokenizer), None);
+        assert_eq!(system_prompt_end(text, &messages[..2], &ids, &tokenizer), None);
+        // Tokens that do not split there (a different prompt): none either.
+        assert_eq!(system_prompt_end(text, &messages, &ids[1..], &tokenizer), None);
+    }
 
     #[test]
     fn call_ids_fit_mistral_and_still_pair() {

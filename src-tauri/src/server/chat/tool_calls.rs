@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::gemma4_calls;
+use super::{gemma4_calls, pythonic_calls};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
@@ -33,6 +33,8 @@ pub enum ToolFormat {
     /// also splits the reasoning; this parser passes such text through).
     Harmony,
     Gemma4,
+    /// LFM2: a Python list of calls between `<|tool_call_start|>` and `<|tool_call_end|>`.
+    Pythonic,
 }
 
 /// Each function's parameter schemas (`properties`), by function name: what typed XML values.
@@ -45,6 +47,8 @@ impl ToolFormat {
             Some(ToolFormat::Harmony)
         } else if source.contains(gemma4_calls::OPEN) && source.contains(gemma4_calls::CLOSE) {
             Some(ToolFormat::Gemma4)
+        } else if source.contains("<|tool_list_start|>") || source.contains(pythonic_calls::OPEN) {
+            Some(ToolFormat::Pythonic)
         } else if source.contains("<function=") && source.contains("<parameter=") {
             Some(ToolFormat::QwenXml)
         } else if source.contains("<tool_call>") {
@@ -66,6 +70,7 @@ impl ToolFormat {
             ToolFormat::LlamaJson => &[PYTHON_TAG],
             ToolFormat::Harmony => &super::harmony::MARKERS,
             ToolFormat::Gemma4 => &gemma4_calls::MARKERS,
+            ToolFormat::Pythonic => &pythonic_calls::MARKERS,
         }
     }
 
@@ -73,6 +78,7 @@ impl ToolFormat {
     fn call_delimiters(self) -> (&'static str, &'static str) {
         match self {
             ToolFormat::Gemma4 => (gemma4_calls::OPEN, gemma4_calls::CLOSE),
+            ToolFormat::Pythonic => (pythonic_calls::OPEN, pythonic_calls::CLOSE),
             _ => (OPEN, CLOSE),
         }
     }
@@ -122,7 +128,7 @@ impl ToolCallParser {
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
         match self.format {
-            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4 => self.push_hermes(),
+            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4 | ToolFormat::Pythonic => self.push_hermes(),
             ToolFormat::Mistral => self.push_mistral(),
             ToolFormat::LlamaJson => self.push_llama(),
             ToolFormat::Harmony => vec![Piece::Text(std::mem::take(&mut self.pending))],
@@ -142,6 +148,8 @@ impl ToolCallParser {
                 parse_xml_call(&rest, &self.schemas).map(|c| vec![c])
             }
             ToolFormat::Gemma4 if self.in_call => gemma4_calls::parse_calls(&rest),
+            // Cut short (no end marker), a complete list still reads as the calls it holds.
+            ToolFormat::Pythonic if self.in_call => pythonic_calls::parse_calls(&rest),
             ToolFormat::Mistral if self.in_call => parse_mistral(&rest),
             ToolFormat::LlamaJson if self.in_call => parse_llama(rest.trim_start().trim_start_matches(PYTHON_TAG)),
             _ => None,
@@ -149,7 +157,10 @@ impl ToolCallParser {
         match calls {
             Some(calls) => calls.into_iter().map(Piece::Call).collect(),
             None if self.in_call
-                && matches!(self.format, ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4) =>
+                && matches!(
+                    self.format,
+                    ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Gemma4 | ToolFormat::Pythonic
+                ) =>
             {
                 vec![Piece::Text(format!("{}{rest}", self.format.call_delimiters().0))]
             }
@@ -175,6 +186,7 @@ impl ToolCallParser {
                 let calls = match self.format {
                     ToolFormat::QwenXml => parse_xml_call(body, &self.schemas).map(|c| vec![c]),
                     ToolFormat::Gemma4 => gemma4_calls::parse_calls(body),
+                    ToolFormat::Pythonic => pythonic_calls::parse_calls(body),
                     _ => parse_call(body).map(|c| vec![c]),
                 };
                 match calls {
@@ -520,6 +532,30 @@ mod tests {
         assert_eq!(of("mistral-v0.3.jinja"), Some(ToolFormat::Mistral));
         assert_eq!(of("smollm2.jinja"), None);
         assert_eq!(of("gemma4.jinja"), Some(ToolFormat::Gemma4));
+        assert_eq!(of("lfm2.jinja"), Some(ToolFormat::Pythonic));
+        for qwen3_5 in ["qwen3.5.jinja", "qwen3.6.jinja", "qwen3-coder.jinja"] {
+            assert_eq!(of(qwen3_5), Some(ToolFormat::QwenXml), "{qwen3_5}");
+        }
+        for next in ["qwen3-next-instruct.jinja", "qwen3-next-thinking.jinja"] {
+            assert_eq!(of(next), Some(ToolFormat::Hermes), "{next}");
+        }
+    }
+
+    #[test]
+    fn pythonic_calls_split_across_tokens() {
+        let pieces =
+            ["Checking.", "<|tool_call_start|>", "[get_weather(location=\"Par", "is\", days=2)]", "<|tool_call_end|>"];
+        assert_eq!(
+            run(ToolFormat::Pythonic, &pieces),
+            [Piece::Text("Checking.".into()), call("get_weather", r#"{"location":"Paris","days":2}"#)]
+        );
+        // Generation stopped at the end marker (a stop token): the list still reads.
+        assert_eq!(run(ToolFormat::Pythonic, &["<|tool_call_start|>[f(a=1)]"]), [call("f", r#"{"a":1}"#)]);
+        // Not calls: the text, markers and all.
+        assert_eq!(
+            run(ToolFormat::Pythonic, &["<|tool_call_start|>[f(a=]<|tool_call_end|>"]),
+            [Piece::Text("<|tool_call_start|>[f(a=]<|tool_call_end|>".into())]
+        );
     }
 
     #[test]
