@@ -6,6 +6,7 @@
 
 mod in_place;
 mod memory;
+pub mod metal_kernel;
 
 pub use in_place::{exclusive_bytes, exclusive_f32};
 pub use memory::{

@@ -2,7 +2,8 @@
 //! `[Dv, Dk]` matrix updated token by token by the gated delta rule, after a short causal
 //! convolution over the projected q/k/v. Its state per sequence is fixed-size: the
 //! convolution's last `kernel - 1` inputs and the matrices (f32). mlx-lm's `gated_delta.py`
-//! ops path is the reference; on Metal mlx-lm runs a custom kernel of the same recurrence.
+//! ops path is the reference and the path on every device but Metal, where the recurrence runs
+//! as one custom kernel (`gated_delta_metal`), as mlx-lm's does.
 
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{
@@ -131,7 +132,12 @@ impl GatedDeltaNet {
             Some(state) => state.clone(),
             None => zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (y, state) = recurrence(&repeat_heads(&q, nv)?, &repeat_heads(&k, nv)?, &v, &g, &beta, state)?;
+        // One Metal kernel on Apple GPUs (checked against this ops form on first use).
+        let (y, state) = if super::gated_delta_metal::usable(dk) {
+            super::gated_delta_metal::recurrence(&q, &k, &v, &g, &beta, &state)?
+        } else {
+            recurrence(&repeat_heads(&q, nv)?, &repeat_heads(&k, nv)?, &v, &g, &beta, state)?
+        };
         cache.set_states(vec![next_conv, state]);
         cache.advance(s);
         // RMS norm per head, then the SiLU of z as a gate (in f32, as the reference).
@@ -144,7 +150,7 @@ impl GatedDeltaNet {
 
 /// `[B, S, Hk, D]` -> `[B, S, Hv, D]`: each key head serves the `Hv / Hk` value heads that
 /// follow one another.
-fn repeat_heads(t: &Array, value_heads: i32) -> Result<Array> {
+pub(super) fn repeat_heads(t: &Array, value_heads: i32) -> Result<Array> {
     let (b, s, hk, d) = (t.dim(0), t.dim(1), t.dim(2), t.dim(3));
     if hk == value_heads {
         return Ok(t.clone());
@@ -157,7 +163,14 @@ fn repeat_heads(t: &Array, value_heads: i32) -> Result<Array> {
 /// correction towards its value (`beta`), and is read by the query. q, k `[B, S, Hv, Dk]`,
 /// v `[B, S, Hv, Dv]`, g and beta `[B, S, Hv]`, state `[B, Hv, Dv, Dk]` (f32). Returns the
 /// outputs `[B, S, Hv, Dv]` (q's dtype) and the new state.
-fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: Array) -> Result<(Array, Array)> {
+pub(super) fn recurrence(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Array,
+) -> Result<(Array, Array)> {
     let steps = q.dim(1);
     let mut state = state;
     let mut ys = Vec::with_capacity(steps as usize);

@@ -3,6 +3,7 @@
 mod attention;
 mod embedding;
 mod gated_delta;
+mod gated_delta_metal;
 mod host_softmax;
 mod linear;
 mod mlp;
