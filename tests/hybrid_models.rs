@@ -64,7 +64,7 @@ fn the_engine_answers_like_mlx_lm_in_chunks_and_in_a_batch() {
     let reference = common::read_json("tests/data/reference/tiny_models.json");
     let prompt = common::ids(&reference["prompt_ids"]);
     let seed = reference["seed"].as_u64().unwrap();
-    for (name, arch, moe) in HYBRIDS {
+    for &(name, arch, moe) in HYBRIDS.iter().chain(&[("lfm2_moe", Arch::Lfm2, true)]) {
         let case = reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).expect("a reference");
         let expected = common::ids(&case["output_ids"]);
         let dir = tiny(arch, moe, seed, 2048);
@@ -211,8 +211,14 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
     use mlx_rs::Array;
     use std::collections::HashMap;
     let _mlx = common::mlx_lock();
-    let layouts =
-        [("qwen3_5_moe", Arch::Qwen35, true), ("qwen3_next", Arch::Qwen3Next, false), ("lfm2", Arch::Lfm2, false)];
+    let layouts = [
+        ("qwen3_5_moe", Arch::Qwen35, true),
+        ("qwen3_next", Arch::Qwen3Next, false),
+        ("lfm2", Arch::Lfm2, false),
+        ("lfm2_moe", Arch::Lfm2, true),
+    ];
+    // LFM2's names for the projections, as Hugging Face publishes LFM2-MoE.
+    let lfm2_name = |n: &str| n.replace("gate_proj.", "w1.").replace("up_proj.", "w3.").replace("down_proj.", "w2.");
     for (name, arch, moe) in layouts {
         let mlx_dir = tiny(arch, moe, 13, 2048);
         let raw_dir = tiny(arch, moe, 13, 2048);
@@ -232,7 +238,15 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
                     .iter()
                     .any(|n| plain.ends_with(n))
                     || plain == "model.norm.weight";
-            if plain.ends_with("conv1d.weight") || plain.ends_with("conv.conv.weight") {
+            if arch == Arch::Lfm2 && plain.contains(".switch_mlp.") {
+                // One tensor per expert, `w1`/`w3`/`w2`.
+                let (block, proj) = renamed.split_once(".switch_mlp.").unwrap();
+                for e in 0..value.dim(0) {
+                    raw.insert(format!("{block}.experts.{e}.{}", lfm2_name(proj)), value.try_index(e).unwrap());
+                }
+            } else if arch == Arch::Lfm2 && plain.contains(".feed_forward.") {
+                raw.insert(lfm2_name(&renamed), value);
+            } else if plain.ends_with("conv1d.weight") || plain.ends_with("conv.conv.weight") {
                 raw.insert(renamed, value.swap_axes(1, 2).unwrap());
             } else if shifted_norm {
                 raw.insert(renamed, value.subtract(&one).unwrap());

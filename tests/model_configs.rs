@@ -425,6 +425,32 @@ fn linear_attention_hybrid_configs() {
 }
 
 #[test]
+fn lfm2_moe_has_dense_layers_then_experts_chosen_with_a_bias() {
+    let c = config("lfm2-8b-a1b.json");
+    assert_eq!(c.arch, Arch::Lfm2);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size), (24, 32, 8, 64, 7168));
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (32, 4, 1792));
+    assert_eq!(moe.routing, Routing::SigmoidThenTopK { normalize: true, expert_bias: true, scale: 1.0 });
+    assert!(!moe.is_sparse(0) && !moe.is_sparse(1) && (2..24).all(|l| moe.is_sparse(l)));
+    let attention: Vec<usize> = (0..24).filter(|&l| !c.is_recurrent(l)).collect();
+    assert_eq!(attention, [2, 6, 10, 14, 18, 21]);
+    // By hand: tied embeddings, 18 convolution blocks, 6 attention layers with q/k norms, two
+    // dense MLPs of 7168, 22 layers of 32 experts of 1792 with a router and its bias, norms.
+    let (h, v) = (2048u64, 65_536u64);
+    let conv = 3 * h * h + 3 * h + h * h;
+    let attention = 2 * h * h + 2 * 512 * h + 2 * 64;
+    let experts = 32 * 3 * h * 1792 + 32 * h + 32;
+    let hand = v * h + 18 * conv + 6 * attention + 2 * 3 * h * 7168 + 22 * experts + 24 * 2 * h + h;
+    assert_eq!(c.parameter_count(), hand);
+    // The model card: 8.3B parameters, "1.5B active" (1.56B here with the embeddings, 4 of the
+    // 32 experts in each layer: the card rounds, or leaves out part of them).
+    assert!((8_250_000_000..8_350_000_000).contains(&hand), "{hand}");
+    let active = hand - 22 * 28 * 3 * h * 1792;
+    assert!((1_400_000_000..1_600_000_000).contains(&active), "{active}");
+}
+
+#[test]
 fn lfm2_reads_its_own_field_names() {
     let c = config("lfm2-1.2b.json");
     assert_eq!(c.arch, Arch::Lfm2);

@@ -79,6 +79,7 @@ MODELS = [
     ("qwen3_5", "qwen3_5", None, []),
     ("qwen3_5_moe", "qwen3_5", None, ["--moe"]),
     ("lfm2", "lfm2", None, []),
+    ("lfm2_moe", "lfm2", None, ["--moe"]),
 ]
 
 

@@ -66,7 +66,8 @@ impl Arch {
             "qwen3_next" => Arch::Qwen3Next,
             // The text model of Qwen3.5/3.6, dense or with experts (`text_config`).
             "qwen3_5" | "qwen3_5_text" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35,
-            "lfm2" => Arch::Lfm2,
+            // LFM2 and LFM2-MoE (its first layers dense, experts after them).
+            "lfm2" | "lfm2_moe" => Arch::Lfm2,
             _ => return None,
         })
     }
@@ -187,7 +188,7 @@ pub enum Activation {
 }
 
 /// How a router turns its logits into the experts a token uses and their weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Routing {
     /// Softmax over all experts, then the top k (Qwen MoE); `normalize`: rescale the k weights
     /// to sum to one (`norm_topk_prob`).
@@ -195,6 +196,10 @@ pub enum Routing {
     /// The top k logits, then a softmax over them (Mixtral; gpt-oss with `largest_last`, which
     /// only changes the order the reference sums the k experts in).
     TopKThenSoftmax { largest_last: bool },
+    /// Each expert's sigmoid score; the top k chosen by score plus a learned per-expert bias
+    /// when `expert_bias` (the bias picks, the unbiased scores weigh), optionally rescaled to sum
+    /// to one, times `scale` (LFM2-MoE).
+    SigmoidThenTopK { normalize: bool, expert_bias: bool, scale: f32 },
 }
 
 /// Mixture-of-experts feed-forward layers: each token goes through `top_k` of `num_experts`
@@ -534,7 +539,8 @@ impl ModelConfig {
             Some(moe) if moe.is_sparse(l) => {
                 let experts = if active { moe.top_k } else { moe.num_experts } as u64;
                 let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + h);
-                let router = h * moe.num_experts as u64;
+                let bias = matches!(moe.routing, Routing::SigmoidThenTopK { expert_bias: true, .. });
+                let router = h * moe.num_experts as u64 + if bias { moe.num_experts as u64 } else { 0 };
                 // Gemma 4 runs its dense MLP beside the experts, with three more norms and a
                 // router that scales its input and each expert.
                 let beside = if self.gemma4.is_some() { dense + 3 * h + h + moe.num_experts as u64 } else { 0 };

@@ -6,7 +6,8 @@
 //! every layer. Written as MLX saves them (convolutions `[C, K, 1]`, experts stacked, norms as
 //! they are used), Qwen3.5 inside its multimodal wrapper. LFM2: four layers (short convolution
 //! with biases, attention, short convolution, attention), its own field and tensor names, tied
-//! embeddings, an MLP width derived from `block_ff_dim` as the family does.
+//! embeddings, an MLP width derived from `block_ff_dim` as the family does; with `moe`, LFM2-MoE:
+//! a dense first layer, then experts chosen by sigmoid scores plus a bias (`lfm2_moe`).
 
 use serde_json::{json, Value};
 
@@ -40,11 +41,12 @@ fn routed(arch: Arch, options: &TinyOptions, l: usize) -> bool {
     }
 }
 
-/// LFM2's fields: `block_ff_dim` 384 gives an MLP of 256 (two thirds, rounded to 64).
-fn lfm2_config(c: &mut Value) {
+/// LFM2's fields: `block_ff_dim` 384 gives an MLP of 256 (two thirds, rounded to 64). LFM2-MoE
+/// states its dense width (256) and its experts'.
+fn lfm2_config(c: &mut Value, options: &TinyOptions) {
     let fields = c.as_object_mut().expect("an object");
-    fields.remove("intermediate_size");
     fields.remove("rms_norm_eps");
+    fields.remove("intermediate_size");
     c["num_hidden_layers"] = json!(LAYERS);
     c["num_attention_heads"] = json!(HEADS);
     c["num_key_value_heads"] = json!(KV_HEADS);
@@ -58,13 +60,26 @@ fn lfm2_config(c: &mut Value) {
     c["block_auto_adjust_ff_dim"] = json!(true);
     c["full_attn_idxs"] = json!([1, 3]);
     c["rope_theta"] = json!(1_000_000.0);
+    if options.moe {
+        c["model_type"] = json!("lfm2_moe");
+        c["intermediate_size"] = json!(LFM2_FF);
+        c["moe_intermediate_size"] = json!(EXPERT_INTERMEDIATE);
+        c["num_experts"] = json!(EXPERTS);
+        c["num_experts_per_tok"] = json!(TOP_K);
+        c["norm_topk_prob"] = json!(true);
+        c["use_expert_bias"] = json!(true);
+        c["num_dense_layers"] = json!(1);
+        c["routed_scaling_factor"] = json!(1.5);
+        // Read by LFM2 alone: LFM2-MoE's dense layers are `intermediate_size` wide.
+        c["block_ff_dim"] = json!(768);
+    }
 }
 
 /// LFM2's MLP width from the config above.
 const LFM2_FF: usize = 256;
 const LFM2_KERNEL: usize = 3;
 
-fn lfm2_weights(seed: u64) -> Vec<Tensor> {
+fn lfm2_weights(seed: u64, options: &TinyOptions) -> Vec<Tensor> {
     let mut draws = Draws::new(seed);
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);
     let h = HIDDEN as i32;
@@ -91,9 +106,24 @@ fn lfm2_weights(seed: u64) -> Vec<Tensor> {
             tensor(format!("{p}.self_attn.k_layernorm.weight"), vec![HEAD_DIM as i32], 0.1, 1.0);
         }
         let f = LFM2_FF as i32;
-        tensor(format!("{p}.feed_forward.w1.weight"), vec![f, h], proj(h), 0.0);
-        tensor(format!("{p}.feed_forward.w3.weight"), vec![f, h], proj(h), 0.0);
-        tensor(format!("{p}.feed_forward.w2.weight"), vec![h, f], 4.0 * proj(f), 0.0);
+        if options.moe && l >= 1 {
+            // As mlx-lm saves LFM2-MoE: the router, its f32 bias, the experts stacked.
+            let (e, m) = (EXPERTS as i32, EXPERT_INTERMEDIATE as i32);
+            tensor(format!("{p}.feed_forward.gate.weight"), vec![e, h], 6.0 * proj(h), 0.0);
+            tensor(format!("{p}.feed_forward.expert_bias"), vec![e], 0.5, 0.0);
+            let x = format!("{p}.feed_forward.switch_mlp");
+            tensor(format!("{x}.gate_proj.weight"), vec![e, m, h], proj(h), 0.0);
+            tensor(format!("{x}.up_proj.weight"), vec![e, m, h], proj(h), 0.0);
+            tensor(format!("{x}.down_proj.weight"), vec![e, h, m], 4.0 * proj(m), 0.0);
+        } else if options.moe {
+            tensor(format!("{p}.feed_forward.gate_proj.weight"), vec![f, h], proj(h), 0.0);
+            tensor(format!("{p}.feed_forward.up_proj.weight"), vec![f, h], proj(h), 0.0);
+            tensor(format!("{p}.feed_forward.down_proj.weight"), vec![h, f], 4.0 * proj(f), 0.0);
+        } else {
+            tensor(format!("{p}.feed_forward.w1.weight"), vec![f, h], proj(h), 0.0);
+            tensor(format!("{p}.feed_forward.w3.weight"), vec![f, h], proj(h), 0.0);
+            tensor(format!("{p}.feed_forward.w2.weight"), vec![h, f], 4.0 * proj(f), 0.0);
+        }
     }
     tensor("model.embedding_norm.weight".into(), vec![h], 0.1, 1.0);
     draws.out
@@ -102,7 +132,7 @@ fn lfm2_weights(seed: u64) -> Vec<Tensor> {
 /// Adds the family's fields to the shared part of the tiny config.
 pub fn config(c: &mut Value, arch: Arch, options: &TinyOptions) {
     if arch == Arch::Lfm2 {
-        return lfm2_config(c);
+        return lfm2_config(c, options);
     }
     c["num_hidden_layers"] = json!(LAYERS);
     c["intermediate_size"] = json!(INTERMEDIATE);
@@ -153,7 +183,7 @@ pub fn outer_type(options: &TinyOptions) -> &'static str {
 
 pub fn random_weights(arch: Arch, seed: u64, options: &TinyOptions) -> Vec<Tensor> {
     if arch == Arch::Lfm2 {
-        return lfm2_weights(seed);
+        return lfm2_weights(seed, options);
     }
     let mut draws = Draws::new(seed);
     let mut tensor = |name: String, shape: Vec<i32>, scale: f32, center: f32| draws.tensor(name, shape, scale, center);

@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
 use crate::model::cache::Positions;
-use crate::model::config::{ModelConfig, QueryScale, RopeConfig};
+use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
 use crate::model::error::Result;
 use crate::model::kv_cache::{KvCache, KvFootprint};
 use crate::model::layers::{
@@ -492,7 +492,7 @@ fn gated_delta(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Gated
         projections,
         conv: weights.take_float(&format!("{p}.conv1d.weight"), &[channels, h.conv_kernel as i32, 1])?,
         dt_bias: weights.take_float(&format!("{p}.dt_bias"), &[nv])?,
-        a_log: weights.take_float(&format!("{p}.A_log"), &[nv])?.as_dtype(Dtype::Float32)?,
+        a_log: weights.take_f32(&format!("{p}.A_log"), &[nv])?,
         norm: weights.norm(&format!("{p}.norm"), dv, c.rms_norm_eps)?,
         out: weights.linear(&format!("{p}.out_proj"), hidden, nv * dv, false)?,
         key_heads: nk,
@@ -574,6 +574,12 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoa
         top_k: moe.top_k as i32,
         routing: moe.routing,
         shared,
+        expert_bias: match moe.routing {
+            Routing::SigmoidThenTopK { expert_bias: true, .. } => {
+                Some(weights.take_f32(&format!("{p}.expert_bias"), &[n])?)
+            }
+            _ => None,
+        },
     })))
 }
 

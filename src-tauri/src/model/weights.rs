@@ -68,6 +68,15 @@ impl Weights {
         self.to_compute(name, array)
     }
 
+    /// A floating-point tensor of exactly `shape` in f32, from the precision it is stored in:
+    /// what the references keep out of the compute dtype (decay rates, routing biases).
+    pub fn take_f32(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self.take(name)?;
+        self.check_shape(name, &array, shape)?;
+        self.to_compute(name, array.clone())?;
+        Ok(array.as_dtype(Dtype::Float32)?)
+    }
+
     fn check_shape(&self, name: &str, array: &Array, expected: &[i32]) -> Result<()> {
         if array.shape() != expected {
             return Err(ModelError::Shape {

@@ -1,9 +1,11 @@
 //! LFM2 (LiquidAI LFM2 350M-2.6B): short-convolution blocks, with grouped-query attention layers
 //! (per-head q/k norms, full rotary) at `full_attn_idxs`; a SwiGLU MLP in every layer, tied
-//! embeddings. Its own field names are mapped in `wrapped.rs`. mlx-lm's `lfm2.py` is the reference.
+//! embeddings. LFM2-MoE (`lfm2_moe`, LFM2-8B-A1B) is the same with experts after its first
+//! `num_dense_layers` layers, chosen by sigmoid scores (plus a learned bias). Its own field
+//! names are mapped in `wrapped.rs`. mlx-lm's `lfm2.py` and `lfm2_moe.py` are the reference.
 
 use super::{required, HfConfig};
-use crate::model::config::{HybridStyle, ModelConfig, RecurrentKind};
+use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, RecurrentKind, Routing};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
@@ -28,6 +30,23 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         conv_kernel: kernel,
         grouped_projections: false,
     });
+    let x = &hf.extra;
+    if x.num_experts.is_some_and(|n| n > 0) {
+        let dense = required(x.num_dense_layers, "num_dense_layers")?;
+        config.moe = Some(super::checked(MoeConfig {
+            num_experts: required(x.num_experts, "num_experts")?,
+            top_k: required(x.num_experts_per_tok, "num_experts_per_tok")?,
+            intermediate_size: required(x.moe_intermediate_size, "moe_intermediate_size")?,
+            routing: Routing::SigmoidThenTopK {
+                normalize: x.norm_topk_prob.ok_or("norm_topk_prob is missing")?,
+                expert_bias: x.use_expert_bias.ok_or("use_expert_bias is missing")?,
+                scale: x.routed_scaling_factor.unwrap_or(1.0),
+            },
+            shared_expert_size: None,
+            sparse_layers: (0..config.num_layers).map(|l| l >= dense).collect(),
+            biases: false,
+        })?);
+    }
     Ok(config)
 }
 

@@ -115,6 +115,11 @@ pub struct HfExtras {
     #[serde(rename = "conv_L_cache")]
     pub conv_l_cache: Option<usize>,
     pub conv_bias: Option<bool>,
+    /// LFM2-MoE: dense MLPs in the first layers, a bias on the scores that choose experts, a
+    /// factor on the chosen experts' weights.
+    pub num_dense_layers: Option<usize>,
+    pub use_expert_bias: Option<bool>,
+    pub routed_scaling_factor: Option<f32>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).

@@ -11,7 +11,7 @@ use serde_json::Value;
 pub fn text_config(raw: &Value) -> Value {
     let mut text = unwrapped(raw);
     if let Some(fields) = text.as_object_mut() {
-        if fields.get("model_type").and_then(Value::as_str) == Some("lfm2") {
+        if matches!(fields.get("model_type").and_then(Value::as_str), Some("lfm2" | "lfm2_moe")) {
             lfm2_fields(fields);
         }
         if fields.get("model_type").and_then(Value::as_str) == Some("gemma4_text") {
@@ -49,9 +49,12 @@ fn lfm2_fields(fields: &mut serde_json::Map<String, Value>) {
     if let Some(eps) = number(fields, "norm_eps") {
         fields.insert("rms_norm_eps".into(), Value::from(eps));
     }
-    if let Some(width) = number(fields, "block_ff_dim").or_else(|| number(fields, "intermediate_size")) {
+    // LFM2-MoE's dense layers are `intermediate_size` wide, whatever its `block_*` fields say.
+    let moe = fields.get("model_type").and_then(Value::as_str) == Some("lfm2_moe");
+    let width = if moe { None } else { number(fields, "block_ff_dim") };
+    if let Some(width) = width.or_else(|| number(fields, "intermediate_size")) {
         let mut width = width as u64;
-        if fields.get("block_auto_adjust_ff_dim").and_then(Value::as_bool).unwrap_or(false) {
+        if !moe && fields.get("block_auto_adjust_ff_dim").and_then(Value::as_bool).unwrap_or(false) {
             width = 2 * width / 3;
             if let Some(multiplier) = number(fields, "block_ffn_dim_multiplier") {
                 width = (multiplier * width as f64) as u64;
@@ -144,20 +147,25 @@ pub fn canonical_tensor_name(name: &str) -> Option<String> {
     Some(lfm2_names(gpt_oss_names(mixtral_names(name))))
 }
 
-/// LFM2's names -> the shared layout's (its short convolutions keep theirs: `conv.*`).
+/// LFM2's names -> the shared layout's (its short convolutions keep theirs: `conv.*`): its
+/// `feed_forward` is the `mlp` (LFM2-MoE's router `gate`, `expert_bias`, `switch_mlp` or
+/// `experts.{e}` included), whose `w1`/`w3`/`w2` are the gate/up/down projections.
 fn lfm2_names(name: String) -> String {
-    const RENAMES: [(&str, &str); 9] = [
+    const RENAMES: [(&str, &str); 6] = [
         (".operator_norm.", ".input_layernorm."),
         (".ffn_norm.", ".post_attention_layernorm."),
         (".self_attn.out_proj.", ".self_attn.o_proj."),
         (".self_attn.q_layernorm.", ".self_attn.q_norm."),
         (".self_attn.k_layernorm.", ".self_attn.k_norm."),
-        (".feed_forward.w1.", ".mlp.gate_proj."),
-        (".feed_forward.w3.", ".mlp.up_proj."),
-        (".feed_forward.w2.", ".mlp.down_proj."),
         ("model.embedding_norm.", "model.norm."),
     ];
-    RENAMES.iter().fold(name, |n, (from, to)| if n.contains(from) { n.replace(from, to) } else { n })
+    let name = RENAMES.iter().fold(name, |n, (from, to)| if n.contains(from) { n.replace(from, to) } else { n });
+    if !name.contains(".feed_forward.") {
+        return name;
+    }
+    const PROJECTIONS: [(&str, &str); 3] = [(".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")];
+    let name = name.replace(".feed_forward.", ".mlp.");
+    PROJECTIONS.iter().fold(name, |n, (from, to)| n.replace(from, to))
 }
 
 /// gpt-oss as MLX saves it: `mlp.router` and stacked `mlp.experts.{gate,up,down}_proj` (no

@@ -108,12 +108,15 @@ pub struct MoeBlock {
     pub top_k: i32,
     pub routing: Routing,
     pub shared: Option<SharedExpert>,
+    /// The per-expert bias on the scores that choose experts (`[experts]`, f32; LFM2-MoE).
+    pub expert_bias: Option<Array>,
 }
 
 impl MoeBlock {
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (experts, weights) = route(&self.router.forward(x)?, self.top_k, self.routing, true)?;
+        let logits = self.router.forward(x)?;
+        let (experts, weights) = route(&logits, self.top_k, self.routing, true, self.expert_bias.as_ref())?;
         let y = weighted_sum(&self.experts.forward(x, &experts)?, &weights)?;
         match &self.shared {
             None => Ok(y),
@@ -127,6 +130,7 @@ impl MoeBlock {
     pub fn arrays(&self) -> Vec<&Array> {
         let mut out = self.router.arrays();
         out.extend(self.experts.arrays());
+        out.extend(&self.expert_bias);
         if let Some(shared) = &self.shared {
             out.extend(shared.mlp.arrays());
             out.extend(shared.gate.arrays());
@@ -137,8 +141,8 @@ impl MoeBlock {
 
 /// The `k` experts each token goes to and their weights, from the router's logits `[B, L, E]`;
 /// `precise`: the softmax accumulates in f32 for half-precision logits (as the reference asks,
-/// per family).
-fn route(logits: &Array, k: i32, routing: Routing, precise: bool) -> Result<(Array, Array)> {
+/// per family); `bias`: what [`Routing::SigmoidThenTopK`] adds to the scores that choose.
+fn route(logits: &Array, k: i32, routing: Routing, precise: bool, bias: Option<&Array>) -> Result<(Array, Array)> {
     Ok(match routing {
         Routing::SoftmaxThenTopK { normalize } => {
             let probs = softmax_axis(logits, -1, precise)?;
@@ -159,6 +163,23 @@ fn route(logits: &Array, k: i32, routing: Routing, precise: bool) -> Result<(Arr
             };
             let weights = softmax_axis(take_along_axis(logits, &experts, -1)?, -1, precise)?;
             (experts, weights)
+        }
+        Routing::SigmoidThenTopK { normalize, scale, .. } => {
+            let scores = sigmoid(logits)?;
+            let n = scores.dim(-1);
+            let choosing = match bias {
+                Some(bias) => add(scores.as_dtype(mlx_rs::Dtype::Float32)?, bias)?,
+                None => scores.clone(),
+            };
+            let experts = argpartition_axis(&choosing, n - k, -1)?.index((.., .., (n - k)..));
+            let mut weights = take_along_axis(&scores, &experts, -1)?;
+            // Scalars in the scores' dtype, as the reference's Python floats.
+            let dtype = weights.dtype();
+            let scalar = |v: f32| Array::from_f32(v).as_dtype(dtype);
+            if normalize {
+                weights = divide(&weights, add(sum_axis(&weights, -1, true)?, scalar(1e-6)?)?)?;
+            }
+            (experts, multiply(&weights, scalar(scale)?)?)
         }
     })
 }
@@ -197,7 +218,8 @@ impl ParallelExperts {
         let r = &self.router;
         let logits = r.proj.forward(&mlx_rs::fast::rms_norm(h, Some(&r.scale), r.eps)?)?;
         // Gemma 4's reference takes this softmax in the logits' own precision.
-        let (experts, weights) = route(&logits, r.top_k, Routing::TopKThenSoftmax { largest_last: true }, false)?;
+        let routing = Routing::TopKThenSoftmax { largest_last: true };
+        let (experts, weights) = route(&logits, r.top_k, routing, false, None)?;
         let weights = multiply(&weights, r.per_expert_scale.take_axis(&experts, 0)?)?;
         let y = self.experts.forward(&self.pre_experts_norm.forward(h)?, &experts)?;
         let routed = self.post_experts_norm.forward(&sum_axis(multiply(&y, weights.expand_dims(-1)?)?, -2, false)?)?;
