@@ -122,7 +122,7 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
         // blocks and the snapshot the second turn's sequence left.
         let _ = run(&warm, &tokens(3, 20), 3);
         let turn3 = [turn2.clone(), a2.clone(), tokens(4, 6)].concat();
-        let (cached, _) = check(&turn3, 8, "a hit from blocks");
+        let (cached, a3) = check(&turn3, 8, "a hit from blocks");
         assert_eq!(cached, turn2.len() + a2.len() - 1, "{name}: resumed at the second turn's snapshot");
         // The same prompt again: the last snapshot before its last token is where turn 2 ended.
         let (cached, _) = check(&turn3, 8, "a repeated prompt");
@@ -144,6 +144,14 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
         warm.shutdown();
         // After a restart, from disk: the snapshots the files keep.
         let restarted = start_with(dir.path(), warm_config());
+        // First (nothing read back yet): a prompt that goes on along the third turn's whole
+        // blocks (its answer's first tokens) past where that prompt ended, then elsewhere. It
+        // resumes at the state kept where the third turn's prompt ended, a partial block the walk
+        // along whole blocks goes past.
+        let branch = [turn3.clone(), a3[..5].to_vec(), tokens(8, 20)].concat();
+        assert!(branch.len() / 64 > turn3.len() / 64, "the branch goes on past a whole block");
+        let (cached, _) = check_on(&restarted, &branch, 4, "a hit at a passed snapshot from disk");
+        assert_eq!(cached, turn3.len(), "{name}: the third turn's prompt-end snapshot, from disk");
         let (cached, _) = check_on(&restarted, &turn3, 8, "a hit from disk");
         assert_eq!(cached, turn2.len() + a2.len() - 1, "{name}: the second turn's snapshot, from disk");
         if long_too {

@@ -229,12 +229,31 @@ impl PrefixCache {
         self.pull_from_disk_after(self.store.root(), &prompt[..limit.min(prompt.len())]);
     }
 
-    /// [`Self::pull_from_disk`] for `tokens` that follow block `parent`.
+    /// [`Self::pull_from_disk`] for `tokens` that follow block `parent`. A model with recurrent
+    /// layers also takes, at every block along the way, the partial blocks with a snapshot that
+    /// `tokens` go through (where an earlier prompt or sequence ended): a lookup resumes only
+    /// at such a block, even where the prompt goes on along a longer sequence's whole blocks.
     fn pull_from_disk_after(&mut self, parent: BlockKey, tokens: &[u32]) {
+        let recurrent = self.recurrent.contains(&true);
         let Some(disk) = self.disk.as_mut() else { return };
         let mut parent = parent;
         let mut matched = 0;
         for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            if recurrent {
+                for (key, block_tokens) in disk.children(&parent) {
+                    let passed = block_tokens.len() < BLOCK_TOKENS && tokens[matched..].starts_with(&block_tokens);
+                    let wanted =
+                        passed && disk.has_snapshot(&key) && !self.store.get(&key).is_some_and(|b| b.2.snapshot);
+                    let Some(payload) = wanted.then(|| disk.read(&key)).flatten().as_ref().and_then(payload_of) else {
+                        continue;
+                    };
+                    if self.store.contains(&key) {
+                        self.store.replace_payload(&key, payload);
+                    } else {
+                        self.store.insert_block(parent, block_tokens, payload);
+                    }
+                }
+            }
             let key = chain(&parent, chunk);
             // A block in RAM without the snapshot its file keeps (stored again by a prefill
             // after RAM let the snapshot go) takes the file's.
