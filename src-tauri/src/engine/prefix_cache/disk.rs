@@ -482,8 +482,10 @@ impl DiskTier {
                 .collect::<Option<_>>()?;
             let offsets = t.get("data_offsets")?.as_array()?;
             let (start, end) = (offsets.first()?.as_u64()? as usize, offsets.get(1)?.as_u64()? as usize);
-            let count: usize = shape.iter().map(|&d| usize::try_from(d).ok()).product::<Option<usize>>()?;
-            if end < start || end > data.len() || end - start != count * Tensor::element_size(dtype)? {
+            // Checked: a crafted header's dimensions must not overflow.
+            let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
+            let bytes = count.checked_mul(Tensor::element_size(dtype)?)?;
+            if end < start || end > data.len() || end - start != bytes {
                 return None;
             }
             // Keys and values of this block's tokens: [1, H, tokens, D]; a recurrent layer's
@@ -693,8 +695,8 @@ impl TensorEntry {
             .collect::<Option<_>>()?;
         let offsets = t.get("data_offsets")?.as_array()?;
         let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
-        let count: u64 = shape.iter().map(|&d| u64::try_from(d).ok()).product::<Option<u64>>()?;
-        let sized = end >= start && end - start == count * Tensor::element_size(dtype)? as u64;
+        let count = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
+        let sized = end >= start && Some(end - start) == count.checked_mul(Tensor::element_size(dtype)? as u64);
         (sized && shape.len() == 4 && shape[0] == 1 && shape[2] as usize == tokens).then_some(TensorEntry {
             dtype,
             shape,

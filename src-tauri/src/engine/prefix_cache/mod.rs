@@ -273,9 +273,16 @@ impl PrefixCache {
         let rest = &tokens[matched..];
         for (key, block_tokens) in disk.children(&parent) {
             let shares = block_tokens.first().is_some_and(|t| rest.first() == Some(t));
-            if shares && !self.store.contains(&key) {
+            // In RAM already, unless without the snapshot its file keeps (hybrids).
+            let lacks_snapshot =
+                recurrent && disk.has_snapshot(&key) && self.store.get(&key).is_some_and(|b| !b.2.snapshot);
+            if shares && (!self.store.contains(&key) || lacks_snapshot) {
                 if let Some(payload) = disk.read(&key).as_ref().and_then(payload_of) {
-                    self.store.insert_block(parent, block_tokens, payload);
+                    if self.store.contains(&key) {
+                        self.store.replace_payload(&key, payload);
+                    } else {
+                        self.store.insert_block(parent, block_tokens, payload);
+                    }
                 }
             }
         }
@@ -427,6 +434,10 @@ impl PrefixCache {
     /// `release_segment`.
     pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(Array, Array)>>> {
         self.release_segment()?;
+        // Hybrids share no segment (their state is per row): nothing to read from disk for one.
+        if self.recurrent.contains(&true) {
+            return Ok(None);
+        }
         self.pull_from_disk(prompt, len);
         let found = self.store.find(prompt, len);
         let whole = found.blocks.iter().all(|(_, n)| *n == BLOCK_TOKENS);

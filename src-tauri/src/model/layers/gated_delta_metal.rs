@@ -159,12 +159,18 @@ fn agrees_with_the_ops_form() -> Result<bool> {
 mod tests {
     use super::*;
 
-    /// Off Metal (this CPU build) the kernel is never chosen, and asking for it anyway is an
-    /// error, not a crash: the ops form runs.
+    /// On Metal the kernel is chosen for head sizes the lanes divide, and agrees with the ops
+    /// form. Off Metal (a CPU build) it is never chosen, and asking for it anyway is an error,
+    /// not a crash: the ops form runs.
     #[test]
-    fn without_metal_the_ops_form_runs() {
+    fn the_kernel_runs_on_metal_only_and_answers_as_the_ops_form() {
         crate::mlx::Backend::init();
-        assert!(!usable(128) && !usable(16));
+        assert!(!usable(16), "head sizes the 32 lanes do not divide");
+        if metal_available() {
+            assert!(usable(128) && agrees_with_the_ops_form().unwrap());
+            return;
+        }
+        assert!(!usable(128));
         let x = Array::from_slice(&[0f32; 64], &[1, 1, 1, 64]);
         let (v, gate) = (Array::from_slice(&[0f32; 4], &[1, 1, 1, 4]), Array::from_slice(&[0.5f32], &[1, 1, 1]));
         let state = Array::from_slice(&[0f32; 256], &[1, 1, 4, 64]);

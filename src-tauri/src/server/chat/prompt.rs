@@ -130,20 +130,29 @@ fn message_starts(text: &str, messages: &[Value]) -> Vec<usize> {
         .collect()
 }
 
-/// Where the system messages end in the prompt's tokens (the first other message's content
+/// Where the system part of the prompt ends in its tokens (the first other message's content
 /// starts there), when the tokens split there: a model with recurrent layers keeps its state at
 /// that point, so that another conversation with the same system prompt (an agent's instructions
-/// and tools) resumes from it instead of from the last multiple of `SNAPSHOT_TOKENS`.
-fn system_prompt_end(text: &str, messages: &[Value], prompt_ids: &[u32], tokenizer: &Tokenizer) -> Option<usize> {
-    let first_other = messages.iter().position(|m| m["role"] != "system").filter(|&i| i > 0)?;
-    fn content(m: &Value) -> Option<&str> {
-        m.get("content").and_then(Value::as_str).filter(|c| !c.is_empty())
+/// and tools) resumes from it instead of from the last multiple of `SNAPSHOT_TOKENS`. Found by
+/// rendering `render` once more with that content replaced by a marker: whatever the template
+/// writes after the system messages (a tool list, the next role's header) comes before it.
+fn system_prompt_end(
+    template: &ChatTemplate,
+    render: &RenderRequest,
+    text: &str,
+    prompt_ids: &[u32],
+    tokenizer: &Tokenizer,
+) -> Option<usize> {
+    const MARKER: &str = "\u{E000}\u{E001}";
+    let first_other = render.messages.iter().position(|m| m["role"] != "system").filter(|&i| i > 0)?;
+    let mut marked = render.messages.to_vec();
+    marked[first_other]["content"] = Value::String(MARKER.into());
+    let probe = template.render(&RenderRequest { messages: &marked, extra: render.extra.clone(), ..*render }).ok()?;
+    let at = probe.find(MARKER)?;
+    // The same text up to there: nothing before it depends on that message's content.
+    if text.get(..at)? != &probe[..at] {
+        return None;
     }
-    let mut from = 0;
-    for system in messages[..first_other].iter().filter_map(content) {
-        from += text[from..].find(system)? + system.len();
-    }
-    let at = from + text[from..].find(content(&messages[first_other])?)?;
     let ids = tokenizer.encode(&text[..at], false, true).ok()?;
     (!ids.is_empty() && ids.len() + 1 < prompt_ids.len() && prompt_ids.starts_with(&ids)).then_some(ids.len())
 }
@@ -189,7 +198,8 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
     let message_starts = message_starts(&text, &messages);
     let recurrent = info.kv_footprint.state_bytes > 0;
-    let snapshot_at = recurrent.then(|| system_prompt_end(&text, &messages, &prompt_ids, &info.tokenizer)).flatten();
+    let snapshot_at =
+        recurrent.then(|| system_prompt_end(template, &render, &text, &prompt_ids, &info.tokenizer)).flatten();
     Ok(RenderedChat { served, info, text, prompt_ids, shape, message_starts, snapshot_at })
 }
 
@@ -434,23 +444,35 @@ mod tests {
         let inner: tokenizers::Tokenizer =
             crate::model::synthetic::tokenizer_json().to_string().parse().expect("the tiny tokenizer");
         let tokenizer = Tokenizer::new(inner, None, Some("<|im_end|>".into()), &[], None);
+        // A template that writes a tool line after the system messages, which the user's text
+        // ("weather") also appears in.
+        let template = ChatTemplate::new(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+             {% if m.role == 'system' and (loop.last or messages[loop.index].role != 'system') %}Tools: get the weather\n{% endif %}\
+             {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+            None,
+            None,
+        )
+        .unwrap();
         let messages = [
             json!({"role": "system", "content": "Be brief."}),
             json!({"role": "system", "content": "Tools: none."}),
-            json!({"role": "user", "content": "Be brief."}),
+            json!({"role": "user", "content": "weather"}),
             json!({"role": "assistant", "content": "Ok."}),
         ];
-        let text = "<|im_start|>system\nBe brief.\nTools: none.<|im_end|>\n<|im_start|>user\nBe brief.<|im_end|>\n\
-                    <|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>assistant\n";
-        let ids = tokenizer.encode(text, false, true).unwrap();
-        let end = system_prompt_end(text, &messages, &ids, &tokenizer).expect("a boundary");
-        let head = "<|im_start|>system\nBe brief.\nTools: none.<|im_end|>\n<|im_start|>user\n";
+        let render = |messages| RenderRequest { messages, add_generation_prompt: true, ..Default::default() };
+        let text = template.render(&render(&messages)).unwrap();
+        let ids = tokenizer.encode(&text, false, true).unwrap();
+        let end = system_prompt_end(&template, &render(&messages), &text, &ids, &tokenizer).expect("a boundary");
+        let head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>system\nTools: none.<|im_end|>\n\
+                    Tools: get the weather\n<|im_start|>user\n";
+        assert!(text.starts_with(head), "{text}");
         assert_eq!(end, tokenizer.encode(head, false, true).unwrap().len());
         // No system message, or nothing after it: no boundary.
-        assert_eq!(system_prompt_end(text, &messages[2..], &ids, &tokenizer), None);
-        assert_eq!(system_prompt_end(text, &messages[..2], &ids, &tokenizer), None);
+        assert_eq!(system_prompt_end(&template, &render(&messages[2..]), &text, &ids, &tokenizer), None);
+        assert_eq!(system_prompt_end(&template, &render(&messages[..2]), &text, &ids, &tokenizer), None);
         // Tokens that do not split there (a different prompt): none either.
-        assert_eq!(system_prompt_end(text, &messages, &ids[1..], &tokenizer), None);
+        assert_eq!(system_prompt_end(&template, &render(&messages), &text, &ids[1..], &tokenizer), None);
     }
 
     #[test]

@@ -201,41 +201,79 @@ impl Reader<'_> {
     }
 
     /// A Python string literal in single or double quotes (not triple-quoted), its escapes
-    /// read; adjacent literals concatenate, as in Python.
+    /// read as Python reads them (`\x41`, `\u00e9`, `\U0001F600`, octal `\101`, `\a\b\f\v`;
+    /// a surrogate pair makes one character, a lone surrogate U+FFFD); adjacent literals
+    /// concatenate, as in Python.
     fn string(&mut self) -> Option<String> {
         let mut out = String::new();
         loop {
             self.rest = self.rest.trim_start();
             let quote = self.rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
-            let mut chars = self.rest[1..].char_indices();
+            let mut chars = self.rest[1..].char_indices().peekable();
+            // A high surrogate waiting for its low half.
+            let mut high: Option<u32> = None;
             let end = loop {
                 let (i, c) = chars.next()?;
-                match c {
+                let code = match c {
                     '\\' => {
                         let (_, escaped) = chars.next()?;
+                        let mut hex = |n: usize| -> Option<u32> {
+                            let digits: String = (0..n).map(|_| chars.next().map(|(_, c)| c)).collect::<Option<_>>()?;
+                            u32::from_str_radix(&digits, 16).ok()
+                        };
                         match escaped {
-                            'n' => out.push('\n'),
-                            't' => out.push('\t'),
-                            'r' => out.push('\r'),
-                            '0' => out.push('\0'),
-                            'u' => {
-                                let hex: String = (0..4).filter_map(|_| chars.next().map(|(_, c)| c)).collect();
-                                out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                            }
-                            '\n' => {}
-                            other => {
-                                // Python keeps the backslash of an unknown escape.
-                                if !matches!(other, '\\' | '\'' | '"') {
-                                    out.push('\\');
+                            'n' => Some(0x0A),
+                            't' => Some(0x09),
+                            'r' => Some(0x0D),
+                            'a' => Some(0x07),
+                            'b' => Some(0x08),
+                            'f' => Some(0x0C),
+                            'v' => Some(0x0B),
+                            'x' => Some(hex(2)?),
+                            'u' => Some(hex(4)?),
+                            'U' => Some(hex(8)?),
+                            '0'..='7' => {
+                                let mut value = escaped.to_digit(8)?;
+                                for _ in 0..2 {
+                                    match chars.peek().and_then(|(_, c)| c.to_digit(8)) {
+                                        Some(d) => {
+                                            value = value * 8 + d;
+                                            chars.next();
+                                        }
+                                        None => break,
+                                    }
                                 }
-                                out.push(other);
+                                Some(value)
+                            }
+                            '\n' => None,
+                            '\\' | '\'' | '"' => Some(escaped as u32),
+                            // Python keeps the backslash of an unknown escape.
+                            other => {
+                                out.push('\\');
+                                Some(other as u32)
                             }
                         }
                     }
                     c if c == quote => break i,
-                    c => out.push(c),
+                    c => Some(c as u32),
+                };
+                let Some(code) = code else { continue };
+                match (high.take(), code) {
+                    (Some(h), 0xDC00..=0xDFFF) => {
+                        out.push(char::from_u32(0x10000 + ((h - 0xD800) << 10) + (code - 0xDC00))?);
+                        continue;
+                    }
+                    (Some(_), _) => out.push(char::REPLACEMENT_CHARACTER),
+                    (None, _) => {}
+                }
+                match code {
+                    0xD800..=0xDBFF => high = Some(code),
+                    _ => out.push(char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER)),
                 }
             };
+            if high.is_some() {
+                out.push(char::REPLACEMENT_CHARACTER);
+            }
             self.rest = &self.rest[1 + end + 1..];
             if !self.rest.trim_start().starts_with(['"', '\'']) {
                 return Some(out);
@@ -294,6 +332,12 @@ mod tests {
         let calls = parse_calls(r#"[tools.search(q='it\'s "x"\n', ok=true, n=null, u="\u00e9")]"#).unwrap();
         assert_eq!(calls[0].name, "tools.search");
         assert_eq!(args(&calls[0]), serde_json::json!({"q": "it's \"x\"\n", "ok": true, "n": null, "u": "é"}));
+        // Python's other escapes: hex, long unicode, octal, control letters, surrogates.
+        let calls = parse_calls(r#"[f(a="\x41\101\7\U0001F600\a\v", b="\ud83d\ude00", c="\ud83d!", d="\q")]"#).unwrap();
+        assert_eq!(
+            args(&calls[0]),
+            serde_json::json!({"a": "AA\u{7}😀\u{7}\u{b}", "b": "😀", "c": "\u{fffd}!", "d": "\\q"})
+        );
         let lone = parse_calls(r#" f(a=1) "#).unwrap();
         assert_eq!((lone[0].name.as_str(), args(&lone[0])), ("f", serde_json::json!({"a": 1})));
     }
