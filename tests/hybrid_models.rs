@@ -97,12 +97,7 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
     for (name, arch, moe) in HYBRIDS {
         let dir = tiny(arch, moe, 11, 8192);
         let disk = tempfile::tempdir().unwrap();
-        let warm_config = || EngineConfig {
-            prefill_chunk: 48,
-            prefix_cache_bytes: 1 << 30,
-            prefix_cache_disk: Some((disk.path().to_path_buf(), 1 << 30)),
-            ..Default::default()
-        };
+        let warm_config = || common::disk_config(disk.path());
         let warm = start_with(dir.path(), warm_config());
         let cold = start(dir.path(), 0, 48);
         let check_on = |engine: &EngineHandle, p: &[u32], n: usize, what: &str| {

@@ -381,15 +381,6 @@ fn start_with(dir: &Path, config: EngineConfig, options: fastmlx::model::LoadOpt
     .unwrap()
 }
 
-fn disk_config(cache: &Path) -> EngineConfig {
-    EngineConfig {
-        prefill_chunk: 48,
-        prefix_cache_bytes: 1 << 30,
-        prefix_cache_disk: Some((cache.to_path_buf(), 1 << 30)),
-        ..Default::default()
-    }
-}
-
 /// The `.safetensors` files of the disk tier (one folder per model identity).
 fn cache_files(cache: &Path) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> =
@@ -420,7 +411,7 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     let cold = start(dir.path(), 0, 48);
     let system = tokens(5, 200, synthetic::VOCAB);
     let turn1 = [system.clone(), tokens(6, 9, synthetic::VOCAB)].concat();
-    let first = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let first = start_with(dir.path(), common::disk_config(cache.path()), Default::default());
     let a1 = run(&first, &turn1, 10);
     first.shutdown(); // the app quits: what was queued is written
     let files = cache_files(cache.path());
@@ -428,7 +419,7 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
 
     // After the restart, the next turn starts from the disk copy of the last one.
     let turn2 = [turn1.clone(), a1.tokens.clone(), tokens(7, 5, synthetic::VOCAB)].concat();
-    let second = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let second = start_with(dir.path(), common::disk_config(cache.path()), Default::default());
     let a2 = run(&second, &turn2, 8);
     assert_eq!(a2.finish.usage.cached_tokens, turn1.len() + a1.tokens.len() - 1, "a hit through the answer, from disk");
     assert_eq!(a2.tokens, run(&cold, &turn2, 8).tokens, "the same answer as a cold prefill");
@@ -458,7 +449,7 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     let garbage = flipped_file.parent().unwrap().join(format!("{}.safetensors", "ab".repeat(32)));
     std::fs::write(&garbage, b"not a safetensors file").unwrap();
 
-    let third = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let third = start_with(dir.path(), common::disk_config(cache.path()), Default::default());
     // At start, the truncated, foreign and broken files are gone.
     for path in [&others[0], &others[1], &garbage] {
         assert!(!path.exists(), "{} was not removed", path.display());
@@ -485,7 +476,7 @@ fn a_restart_reads_the_cache_back_from_disk_and_ignores_bad_files() {
     let middle = bytes.len() - 100;
     bytes[middle] ^= 0x55;
     std::fs::write(&second_file, &bytes).unwrap();
-    let fourth = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let fourth = start_with(dir.path(), common::disk_config(cache.path()), Default::default());
     let a4 = run(&fourth, &turn2, 8);
     assert_eq!(a4.finish.usage.cached_tokens, 64, "the first block only");
     assert_eq!(a4.tokens, a3.tokens, "the same answer");
@@ -503,17 +494,17 @@ fn another_weight_format_or_context_does_not_reuse_the_entries() {
     let prompt = tokens(2, 150, synthetic::VOCAB);
     let dense = fastmlx::model::LoadOptions { weights: fastmlx::model::WeightFormat::Dense };
     let packed = fastmlx::model::LoadOptions { weights: fastmlx::model::WeightFormat::Packed };
-    let a = start_with(dir.path(), disk_config(cache.path()), dense);
+    let a = start_with(dir.path(), common::disk_config(cache.path()), dense);
     run(&a, &prompt, 4);
     a.shutdown();
-    let same = start_with(dir.path(), disk_config(cache.path()), dense);
+    let same = start_with(dir.path(), common::disk_config(cache.path()), dense);
     assert!(run(&same, &prompt, 4).finish.usage.cached_tokens > 0, "the same model loaded the same way reuses them");
     same.shutdown();
-    let other_format = start_with(dir.path(), disk_config(cache.path()), packed);
+    let other_format = start_with(dir.path(), common::disk_config(cache.path()), packed);
     assert_eq!(run(&other_format, &prompt, 4).finish.usage.cached_tokens, 0, "packed weights are not the dense ones");
     other_format.shutdown();
     let other_context =
-        start_with(dir.path(), EngineConfig { max_context: Some(400), ..disk_config(cache.path()) }, dense);
+        start_with(dir.path(), EngineConfig { max_context: Some(400), ..common::disk_config(cache.path()) }, dense);
     assert_eq!(run(&other_context, &prompt, 4).finish.usage.cached_tokens, 0, "another context setting");
     other_context.shutdown();
 }
@@ -524,7 +515,7 @@ fn an_unwritable_disk_turns_the_tier_off_and_serving_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     synthetic::write_tiny_model(dir.path(), Arch::Phi3, 4, None).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let engine = start_with(dir.path(), disk_config(cache.path()), Default::default());
+    let engine = start_with(dir.path(), common::disk_config(cache.path()), Default::default());
     // The folder disappears under the running server (a removed volume, a full disk).
     std::fs::remove_dir_all(cache.path()).unwrap();
     std::fs::write(cache.path(), b"now a file").unwrap();
@@ -633,7 +624,7 @@ fn cache_ls_and_clear_on_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     synthetic::write_tiny_model(dir.path(), Arch::Llama, 6, None).unwrap();
     let cache_root = tempfile::tempdir().unwrap();
-    let engine = start_with(dir.path(), disk_config(&cache_root.path().join("prefix")), Default::default());
+    let engine = start_with(dir.path(), common::disk_config(&cache_root.path().join("prefix")), Default::default());
     run(&engine, &tokens(4, 150, synthetic::VOCAB), 3);
     engine.shutdown();
     let fastmlx = |args: &[&str]| {

@@ -156,12 +156,7 @@ fn prefix_cache_hits_resume_windowed_layers_like_a_cold_prefill() {
     for case in &cases {
         let dir = tiny(case.arch, seed);
         let disk = tempfile::tempdir().unwrap();
-        let warm_config = || EngineConfig {
-            prefill_chunk: 48,
-            prefix_cache_bytes: 1 << 30,
-            prefix_cache_disk: Some((disk.path().to_path_buf(), 1 << 30)),
-            ..Default::default()
-        };
+        let warm_config = || common::disk_config(disk.path());
         let cold = start(dir.path(), EngineConfig { prefill_chunk: 48, prefix_cache_bytes: 0, ..Default::default() });
         let warm = start(dir.path(), warm_config());
         let check = |engine: &EngineHandle, p: &[u32], n: usize, what: &str| {

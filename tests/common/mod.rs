@@ -3,6 +3,17 @@
 
 pub mod api;
 
+/// An engine with a prefix cache of 1 GiB in RAM and 1 GiB on disk in `cache`, prefilling in
+/// chunks of 48 tokens (so chunks cross the 64-token blocks' edges).
+pub fn disk_config(cache: &std::path::Path) -> fastmlx::engine::EngineConfig {
+    fastmlx::engine::EngineConfig {
+        prefill_chunk: 48,
+        prefix_cache_bytes: 1 << 30,
+        prefix_cache_disk: Some((cache.to_path_buf(), 1 << 30)),
+        ..Default::default()
+    }
+}
+
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
