@@ -375,7 +375,7 @@ fn soak() {
                             Err(e) => panic!("thread {t}: {e}"),
                         }
                     };
-                    if rng.next_u64() % 5 == 0 {
+                    if rng.next_u64().is_multiple_of(5) {
                         // Cancel after a few events (or before any).
                         for _ in 0..(rng.next_u64() % 4) {
                             stream.blocking_recv();
@@ -389,7 +389,7 @@ fn soak() {
                         assert_eq!(outcome.finish.usage.completion_tokens, outcome.tokens.len());
                         finished += 1;
                     }
-                    if rng.next_u64() % 4 == 0 {
+                    if rng.next_u64().is_multiple_of(4) {
                         std::thread::sleep(Duration::from_millis(rng.next_u64() % 5));
                     }
                 }

@@ -1,456 +1,237 @@
-//! JSON Schema compiled into a small grammar of nodes that the byte matcher walks.
+//! What the output must match: JSON valid against a schema, or a Lark grammar (the tool-call
+//! formats). Checked when the request arrives (a bad schema is the client's error); compiled
+//! against a model's vocabulary when the answer starts ([`super::TokenConstraint`]).
 //!
-//! Supported: `type` (one or a list, `nullable`), `properties`/`required` (generated in the
-//! schema's order, optional ones may be left out, no others), free-form objects with
-//! `additionalProperties`, `items`/`prefixItems`/`minItems`/`maxItems`, `enum`, `const`,
-//! `anyOf`/`oneOf`, one-element `allOf`, local `$ref`s (recursive ones too), string
-//! `minLength`/`maxLength`, integer bounds. Keywords that restrict values in ways the matcher
-//! cannot enforce (`pattern`, `multipleOf`, bounds on non-integer numbers, ...) are refused,
-//! because the output must validate against the schema. Annotations (`title`, `description`,
-//! `default`, `format`, `examples`) are ignored.
+//! Schemas get OpenAI's strict-mode reading before llguidance compiles them: an object with
+//! `properties` and no `additionalProperties` takes no other keys; properties come in the
+//! schema's order; `nullable: true` (OpenAPI) allows `null`; a `format` llguidance cannot
+//! enforce is an annotation (as JSON Schema says) and is dropped, the others are enforced.
 
-use std::collections::HashMap;
-
-use serde_json::{Map, Value};
-
-pub type NodeId = usize;
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Node {
-    /// One of these (a union; `enum` is a union of literals).
-    Union(Vec<NodeId>),
-    /// Exactly these bytes (`const`, `true`, `false`, `null`).
-    Literal(Vec<u8>),
-    /// A string with a length (in characters) between these.
-    String {
-        min_len: u32,
-        max_len: Option<u32>,
-    },
-    Number(NumberRule),
-    Object(ObjectRule),
-    Array(ArrayRule),
-    /// A `$ref`, resolved once the target is compiled (refs may be recursive).
-    Ref(NodeId),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NumberRule {
-    pub integer: bool,
-    /// Inclusive bounds (integers only).
-    pub min: Option<i64>,
-    pub max: Option<i64>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Property {
-    /// The key as JSON text, quotes included.
-    pub key: Vec<u8>,
-    pub value: NodeId,
-    pub required: bool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ObjectRule {
-    /// Generated in this order; only these keys when non-empty.
-    pub properties: Vec<Property>,
-    /// With no `properties`: any keys, each value of this node (`None`: only `{}`).
-    pub additional: Option<NodeId>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ArrayRule {
-    /// Items at these positions first (`prefixItems`).
-    pub prefix: Vec<NodeId>,
-    /// Items after the prefix (`None`: no more).
-    pub items: Option<NodeId>,
-    pub min: u32,
-    pub max: Option<u32>,
-}
-
-impl ArrayRule {
-    pub fn item(&self, index: usize) -> Option<NodeId> {
-        self.prefix.get(index).copied().or(self.items)
-    }
-}
+use llguidance::api::{GrammarInit, ParserLimits, TopLevelGrammar};
+use llguidance::earley::ValidationResult;
+use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub struct SchemaError(pub String);
 
-/// A compiled grammar: every node, and the one the whole output must match.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Grammar {
-    nodes: Vec<Node>,
-    root: NodeId,
+    spec: TopLevelGrammar,
+    /// JSON is generated: bound its numbers and whitespace ([`super::json_layout`]).
+    bounds_layout: bool,
 }
 
-/// Nodes every grammar has, at these ids.
-pub(crate) const ANY: NodeId = 0;
-const ANY_OBJECT: NodeId = 1;
-const ANY_ARRAY: NodeId = 2;
-pub(crate) const ANY_STRING: NodeId = 3;
-const ANY_NUMBER: NodeId = 4;
-const TRUE: NodeId = 5;
-const FALSE: NodeId = 6;
-const NULL: NodeId = 7;
-const BOOLEAN: NodeId = 8;
+/// Whitespace between JSON tokens: one run of at most 24 spaces and tabs with at most one line
+/// break in it. Room for pretty-printing, none for a weak model's endless newlines.
+const WHITESPACE: &str = r"[\x20\x09]{1,24}|[\x20\x09]{0,8}\x0D?\x0A[\x20\x09]{0,24}";
 
-const MAX_NODES: usize = 20_000;
-const MAX_NESTING: usize = 64;
+/// The `format`s llguidance turns into a regular expression.
+const ENFORCED_FORMATS: &[&str] =
+    &["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"];
 
-/// Keywords that restrict values in ways the matcher does not enforce.
-const UNSUPPORTED: &[&str] = &[
-    "pattern",
-    "patternProperties",
-    "multipleOf",
-    "minProperties",
-    "maxProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "dependentRequired",
-    "dependentSchemas",
-    "dependencies",
-    "propertyNames",
-    "contains",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-];
+/// `format: email` as generated: the common shape of an address (dot-separated words, a domain
+/// with a top-level name), which every validator accepts (pydantic's `EmailStr` wants the
+/// top-level name that RFC 5321 leaves optional), and of bounded length.
+const EMAIL: &str = concat!(
+    r"^[A-Za-z0-9_%+-]{1,32}(\.[A-Za-z0-9_%+-]{1,32}){0,3}",
+    r"@[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?){0,3}\.[A-Za-z]{2,12}$"
+);
 
 impl Grammar {
     /// Any JSON object (`response_format: {"type": "json_object"}`).
     pub fn any_object() -> Grammar {
-        Grammar { nodes: builtin_nodes(), root: ANY_OBJECT }
+        Grammar::from_schema(&json!({"type": "object"})).expect("the schema of any object compiles")
     }
 
     pub fn from_schema(schema: &Value) -> Result<Grammar, SchemaError> {
-        let mut compiler = Compiler { root_schema: schema, nodes: builtin_nodes(), refs: HashMap::new() };
-        let root = compiler.compile(schema, 0)?;
-        let grammar = Grammar { nodes: compiler.nodes, root };
-        grammar.check_no_empty_loops()?;
-        Ok(grammar)
-    }
-
-    /// Refuses a schema that can refer back to itself without reading a byte (`$ref`s looping
-    /// through `anyOf`/`oneOf`/`allOf`): the matcher would follow such a loop forever.
-    fn check_no_empty_loops(&self) -> Result<(), SchemaError> {
-        // 0: not seen, 1: on the current path, 2: done.
-        let mut state = vec![0u8; self.nodes.len()];
-        for start in 0..self.nodes.len() {
-            if state[start] != 0 {
-                continue;
-            }
-            let mut stack: Vec<(NodeId, usize)> = vec![(start, 0)];
-            state[start] = 1;
-            while let Some((id, next)) = stack.pop() {
-                let targets: &[NodeId] = match &self.nodes[id] {
-                    Node::Union(alternatives) => alternatives,
-                    Node::Ref(target) => std::slice::from_ref(target),
-                    _ => &[],
-                };
-                match targets.get(next) {
-                    Some(&target) => {
-                        stack.push((id, next + 1));
-                        match state[target] {
-                            1 => return Err(SchemaError("the schema refers to itself without any value in between (a $ref loop through anyOf, oneOf or allOf)".into())),
-                            0 => {
-                                state[target] = 1;
-                                stack.push((target, 0));
-                            }
-                            _ => {}
-                        }
-                    }
-                    None => state[id] = 2,
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub fn root(&self) -> NodeId {
-        self.root
-    }
-
-    /// The node at `id`, with references followed.
-    pub fn node(&self, mut id: NodeId) -> &Node {
-        loop {
-            match &self.nodes[id] {
-                Node::Ref(target) => id = *target,
-                node => return node,
-            }
-        }
-    }
-}
-
-fn builtin_nodes() -> Vec<Node> {
-    let mut nodes = vec![Node::Union(vec![ANY_OBJECT, ANY_ARRAY, ANY_STRING, ANY_NUMBER, TRUE, FALSE, NULL])];
-    nodes.push(Node::Object(ObjectRule { properties: Vec::new(), additional: Some(ANY) }));
-    nodes.push(Node::Array(ArrayRule { prefix: Vec::new(), items: Some(ANY), min: 0, max: None }));
-    nodes.push(Node::String { min_len: 0, max_len: None });
-    nodes.push(Node::Number(NumberRule { integer: false, min: None, max: None }));
-    nodes.push(Node::Literal(b"true".to_vec()));
-    nodes.push(Node::Literal(b"false".to_vec()));
-    nodes.push(Node::Literal(b"null".to_vec()));
-    nodes.push(Node::Union(vec![TRUE, FALSE]));
-    nodes
-}
-
-struct Compiler<'a> {
-    root_schema: &'a Value,
-    nodes: Vec<Node>,
-    refs: HashMap<String, NodeId>,
-}
-
-impl Compiler<'_> {
-    fn add(&mut self, node: Node) -> Result<NodeId, SchemaError> {
-        if self.nodes.len() >= MAX_NODES {
-            return Err(SchemaError("the schema is too large".into()));
-        }
-        self.nodes.push(node);
-        Ok(self.nodes.len() - 1)
-    }
-
-    fn compile(&mut self, schema: &Value, depth: usize) -> Result<NodeId, SchemaError> {
-        if depth > MAX_NESTING {
-            return Err(SchemaError(format!("the schema nests deeper than {MAX_NESTING} levels")));
-        }
-        let map = match schema {
-            Value::Bool(true) => return Ok(ANY),
+        match schema {
             Value::Bool(false) => return Err(SchemaError("the schema `false` matches nothing".into())),
-            Value::Object(map) => map,
-            _ => return Err(SchemaError("a schema must be an object or a boolean".into())),
+            Value::Bool(true) | Value::Object(_) => {}
+            _ => return Err(SchemaError("a JSON Schema must be an object".into())),
+        }
+        Grammar::checked(TopLevelGrammar::from_json_schema(Grammar::strict_schema(schema)?), true)
+    }
+
+    /// The schema as this module reads it (see the module's doc), with the whitespace bounds;
+    /// for `%json` in a Lark grammar.
+    pub fn strict_schema(schema: &Value) -> Result<Value, SchemaError> {
+        let mut schema = match schema {
+            Value::Bool(true) => json!({}),
+            other => other.clone(),
         };
-        if let Some(keyword) = UNSUPPORTED.iter().find(|k| map.contains_key(**k)) {
-            return Err(SchemaError(format!("the JSON Schema keyword {keyword:?} is not supported")));
+        if let Some(path) = ref_loop(&schema) {
+            return Err(SchemaError(format!(
+                "the schema refers to itself at {path} without any value in between (a $ref loop through anyOf, oneOf or allOf)"
+            )));
         }
-        if let Some(reference) = map.get("$ref") {
-            let reference = reference.as_str().ok_or_else(|| SchemaError("$ref must be a string".into()))?;
-            return self.reference(reference, depth);
+        strict(&mut schema, true)?;
+        if let Value::Object(s) = &mut schema {
+            // `\u00e9` as well as `é`: models trained on ASCII-escaped JSON write both.
+            let options = json!({"whitespace_pattern": WHITESPACE, "json_allow_general_unicode_escapes": true});
+            s.insert("x-guidance".into(), options);
         }
-        if let Some(value) = map.get("const") {
-            return self.add(Node::Literal(literal(value)));
-        }
-        if let Some(values) = map.get("enum") {
-            let values = values
-                .as_array()
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| SchemaError("enum must be a non-empty array".into()))?;
-            let alternatives = values.iter().map(|v| self.add(Node::Literal(literal(v)))).collect::<Result<_, _>>()?;
-            return self.add(Node::Union(alternatives));
-        }
-        for keyword in ["anyOf", "oneOf"] {
-            if let Some(options) = map.get(keyword) {
-                let options = options
-                    .as_array()
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| SchemaError(format!("{keyword} must be a non-empty array")))?;
-                let alternatives = options.iter().map(|s| self.compile(s, depth + 1)).collect::<Result<_, _>>()?;
-                return self.add(Node::Union(alternatives));
-            }
-        }
-        if let Some(all) = map.get("allOf") {
-            return match all.as_array().map(Vec::as_slice) {
-                Some([one]) => self.compile(one, depth + 1),
-                _ => Err(SchemaError("allOf is supported with one schema only".into())),
-            };
-        }
-        let types: Vec<&str> = match map.get("type") {
-            None => vec![implied_type(map)],
-            Some(Value::String(t)) => vec![t.as_str()],
-            Some(Value::Array(list)) if !list.is_empty() => list
-                .iter()
-                .map(|t| t.as_str().ok_or_else(|| SchemaError("type must be a string or a list of strings".into())))
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(SchemaError("type must be a string or a non-empty list of strings".into())),
-        };
-        let mut alternatives = types.into_iter().map(|t| self.typed(t, map, depth)).collect::<Result<Vec<_>, _>>()?;
-        if map.get("nullable") == Some(&Value::Bool(true)) {
-            alternatives.push(NULL);
-        }
-        match alternatives.as_slice() {
-            [one] => Ok(*one),
-            _ => self.add(Node::Union(alternatives)),
+        Ok(schema)
+    }
+
+    /// A Lark grammar (llguidance's dialect: `%json {…}` for a schema inside, `<[id]>` for a
+    /// special token). `bounds_layout`: the JSON inside it is the point of it (its layout is bounded).
+    pub fn from_lark(source: String, bounds_layout: bool) -> Result<Grammar, SchemaError> {
+        Grammar::checked(TopLevelGrammar::from_lark(source), bounds_layout)
+    }
+
+    fn checked(spec: TopLevelGrammar, bounds_layout: bool) -> Result<Grammar, SchemaError> {
+        match GrammarInit::Serialized(spec.clone()).validate(None, ParserLimits::default()) {
+            ValidationResult::Error(e) => Err(SchemaError(e)),
+            ValidationResult::Valid | ValidationResult::Warnings(_) => Ok(Grammar { spec, bounds_layout }),
         }
     }
 
-    fn typed(&mut self, kind: &str, map: &Map<String, Value>, depth: usize) -> Result<NodeId, SchemaError> {
-        match kind {
-            "any" => Ok(ANY),
-            "null" => Ok(NULL),
-            "boolean" => Ok(BOOLEAN),
-            "string" => {
-                let min_len = count(map, "minLength")?.unwrap_or(0);
-                let max_len = count(map, "maxLength")?;
-                if max_len.is_some_and(|max| max < min_len) {
-                    return Err(SchemaError("maxLength is smaller than minLength".into()));
+    pub(super) fn spec(&self) -> TopLevelGrammar {
+        self.spec.clone()
+    }
+
+    pub(super) fn bounds_layout(&self) -> bool {
+        self.bounds_layout
+    }
+}
+
+/// Rewrites a schema (and every schema inside it) to the strict reading in the module's doc.
+/// `closes_objects` is false inside `allOf`, whose parts each describe only some of the keys.
+fn strict(schema: &mut Value, closes_objects: bool) -> Result<(), SchemaError> {
+    let Value::Object(s) = schema else { return Ok(()) };
+    if s.get("nullable") == Some(&Value::Bool(true)) {
+        s.remove("nullable");
+        allow_null(s);
+    }
+    if let Some(format) = s.get("format").and_then(Value::as_str) {
+        if format == "email" && !s.contains_key("pattern") {
+            s.remove("format");
+            s.insert("pattern".into(), json!(EMAIL));
+        } else if !ENFORCED_FORMATS.contains(&format) {
+            s.remove("format");
+        }
+    }
+    if s.get("uniqueItems") == Some(&Value::Bool(false))
+        || s.get("maxItems").and_then(Value::as_u64).is_some_and(|max| max <= 1)
+    {
+        // Nothing to enforce: no two items to compare.
+        s.remove("uniqueItems");
+    }
+    if let (true, Some(Value::Object(properties))) = (closes_objects, s.get("properties")) {
+        if !s.contains_key("additionalProperties") {
+            let required = s.get("required").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            if let Some(missing) = required.iter().filter_map(Value::as_str).find(|k| !properties.contains_key(*k)) {
+                return Err(SchemaError(format!(
+                    "{missing:?} is required but not among the properties (and no others are allowed)"
+                )));
+            }
+            s.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    }
+    for (key, value) in s.iter_mut() {
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(map) = value {
+                    map.values_mut().try_for_each(|v| strict(v, true))?;
                 }
-                if min_len == 0 && max_len.is_none() {
-                    return Ok(ANY_STRING);
+            }
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Value::Array(list) = value {
+                    list.iter_mut().try_for_each(|v| strict(v, true))?;
                 }
-                self.add(Node::String { min_len, max_len })
             }
-            "integer" => {
-                let rule = integer_bounds(map)?;
-                self.add(Node::Number(rule))
-            }
-            "number" => {
-                if let Some(k) = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
-                    .iter()
-                    .find(|k| map.contains_key(**k))
-                {
-                    return Err(SchemaError(format!("{k} is supported on integers only")));
+            "allOf" => {
+                if let Value::Array(list) = value {
+                    list.iter_mut().try_for_each(|v| strict(v, false))?;
                 }
-                Ok(ANY_NUMBER)
             }
-            "object" => self.object(map, depth),
-            "array" => self.array(map, depth),
-            other => Err(SchemaError(format!("unknown type {other:?}"))),
+            "items" => match value {
+                Value::Array(list) => list.iter_mut().try_for_each(|v| strict(v, true))?,
+                v => strict(v, true)?,
+            },
+            "additionalProperties"
+            | "additionalItems"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedProperties"
+            | "unevaluatedItems" => strict(value, true)?,
+            _ => {}
         }
     }
+    Ok(())
+}
 
-    fn object(&mut self, map: &Map<String, Value>, depth: usize) -> Result<NodeId, SchemaError> {
-        let required: Vec<&str> = match map.get("required") {
-            None => Vec::new(),
-            Some(Value::Array(names)) => names
-                .iter()
-                .map(|n| n.as_str().ok_or_else(|| SchemaError("required must be a list of strings".into())))
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(SchemaError("required must be a list of strings".into())),
-        };
-        let properties = match map.get("properties") {
-            None => Map::new(),
-            Some(Value::Object(p)) => p.clone(),
-            Some(_) => return Err(SchemaError("properties must be an object".into())),
-        };
-        if let Some(missing) = required.iter().find(|r| !properties.contains_key(**r)) {
-            return Err(SchemaError(format!("required property {missing:?} is not described in properties")));
-        }
-        let mut rule = ObjectRule { properties: Vec::new(), additional: None };
-        for (name, schema) in &properties {
-            let value = self.compile(schema, depth + 1)?;
-            let key = serde_json::to_vec(name).expect("a string serializes");
-            rule.properties.push(Property { key, value, required: required.contains(&name.as_str()) });
-        }
-        if rule.properties.is_empty() {
-            rule.additional = match map.get("additionalProperties") {
-                None | Some(Value::Bool(true)) => Some(ANY),
-                Some(Value::Bool(false)) => None,
-                Some(schema) => Some(self.compile(schema, depth + 1)?),
-            };
-        }
-        self.add(Node::Object(rule))
-    }
-
-    fn array(&mut self, map: &Map<String, Value>, depth: usize) -> Result<NodeId, SchemaError> {
-        let mut rule = ArrayRule {
-            prefix: Vec::new(),
-            items: Some(ANY),
-            min: count(map, "minItems")?.unwrap_or(0),
-            max: count(map, "maxItems")?,
-        };
-        if map.get("uniqueItems") == Some(&Value::Bool(true)) {
-            return Err(SchemaError("uniqueItems is not supported".into()));
-        }
-        if let Some(Value::Array(prefix)) = map.get("prefixItems") {
-            rule.prefix = prefix.iter().map(|s| self.compile(s, depth + 1)).collect::<Result<_, _>>()?;
-        }
-        match map.get("items") {
-            None => {}
-            Some(Value::Bool(false)) => rule.items = None,
-            // Draft 4-7 tuples.
-            Some(Value::Array(tuple)) => {
-                rule.prefix = tuple.iter().map(|s| self.compile(s, depth + 1)).collect::<Result<_, _>>()?;
-                rule.items = match map.get("additionalItems") {
-                    Some(Value::Bool(false)) => None,
-                    None | Some(Value::Bool(true)) => Some(ANY),
-                    Some(schema) => Some(self.compile(schema, depth + 1)?),
-                };
+/// A path through which the schema reaches itself again without reading a value (`$ref`s
+/// looping through `anyOf`/`oneOf`/`allOf`), which no grammar can generate.
+fn ref_loop(root: &Value) -> Option<String> {
+    // Schemas are named by JSON pointer; 1: on the current path, 2: done.
+    let mut state: std::collections::HashMap<String, u8> = std::collections::HashMap::new();
+    let mut stack: Vec<(String, Vec<String>)> = vec![(String::new(), Vec::new())];
+    state.insert(String::new(), 1);
+    stack[0].1 = next_without_reading(root, "");
+    while let Some((pointer, mut next)) = stack.pop() {
+        match next.pop() {
+            None => {
+                state.insert(pointer, 2);
             }
-            Some(schema) => rule.items = Some(self.compile(schema, depth + 1)?),
+            Some(target) => {
+                stack.push((pointer, next));
+                match state.get(&target) {
+                    Some(1) => return Some(format!("#{target}")),
+                    Some(_) => {}
+                    None => {
+                        state.insert(target.clone(), 1);
+                        let onward =
+                            root.pointer(&target).map(|s| next_without_reading(s, &target)).unwrap_or_default();
+                        stack.push((target, onward));
+                    }
+                }
+            }
         }
-        if rule.max.is_some_and(|max| max < rule.min) {
-            return Err(SchemaError("maxItems is smaller than minItems".into()));
-        }
-        if rule.items.is_none() && (rule.prefix.len() as u32) < rule.min {
-            return Err(SchemaError("minItems asks for more items than the schema allows".into()));
-        }
-        self.add(Node::Array(rule))
     }
-
-    /// `#`, `#/$defs/name`, `#/definitions/name` or any local JSON pointer.
-    fn reference(&mut self, reference: &str, depth: usize) -> Result<NodeId, SchemaError> {
-        if let Some(&id) = self.refs.get(reference) {
-            return Ok(id);
-        }
-        let pointer = reference
-            .strip_prefix('#')
-            .ok_or_else(|| SchemaError(format!("only local $refs (\"#/...\") are supported, not {reference:?}")))?;
-        let target = self
-            .root_schema
-            .pointer(pointer)
-            .ok_or_else(|| SchemaError(format!("$ref {reference:?} points nowhere")))?;
-        // Reserve the id first so that a recursive reference finds it.
-        let id = self.add(Node::Ref(ANY))?;
-        self.refs.insert(reference.to_string(), id);
-        let compiled = self.compile(target, depth + 1)?;
-        if compiled == id {
-            return Err(SchemaError(format!("$ref {reference:?} refers only to itself")));
-        }
-        self.nodes[id] = Node::Ref(compiled);
-        Ok(id)
-    }
+    None
 }
 
-/// The type a schema without `type` describes.
-fn implied_type(map: &Map<String, Value>) -> &'static str {
-    if map.contains_key("properties") || map.contains_key("additionalProperties") || map.contains_key("required") {
-        "object"
-    } else if map.contains_key("items") || map.contains_key("prefixItems") {
-        "array"
-    } else {
-        "any"
+/// The schemas `schema` (at `pointer`) stands for before any value is read.
+fn next_without_reading(schema: &Value, pointer: &str) -> Vec<String> {
+    let mut next = Vec::new();
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')) {
+        next.push(target.to_string());
     }
-}
-
-/// A value as the exact JSON text the output must contain.
-fn literal(value: &Value) -> Vec<u8> {
-    serde_json::to_vec(value).expect("JSON values serialize")
-}
-
-fn count(map: &Map<String, Value>, key: &str) -> Result<Option<u32>, SchemaError> {
-    match map.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|n| Some(n.min(u64::from(u32::MAX)) as u32))
-            .ok_or_else(|| SchemaError(format!("{key} must be a non-negative integer"))),
-    }
-}
-
-fn integer_bounds(map: &Map<String, Value>) -> Result<NumberRule, SchemaError> {
-    let number = |key: &str| -> Result<Option<f64>, SchemaError> {
-        match map.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| SchemaError(format!("{key} must be a number"))),
-        }
-    };
-    let clamp = |x: f64| x.clamp(i64::MIN as f64, i64::MAX as f64) as i64;
-    let mut min = number("minimum")?.map(|x| clamp(x.ceil()));
-    let mut max = number("maximum")?.map(|x| clamp(x.floor()));
-    // Draft 6+: exclusive bounds are numbers (draft 4's booleans are refused as wrong types).
-    if let Some(x) = number("exclusiveMinimum")? {
-        let bound = clamp(x.floor()) + 1;
-        min = Some(min.map_or(bound, |m| m.max(bound)));
-    }
-    if let Some(x) = number("exclusiveMaximum")? {
-        let bound = clamp(x.ceil()) - 1;
-        max = Some(max.map_or(bound, |m| m.min(bound)));
-    }
-    if let (Some(lo), Some(hi)) = (min, max) {
-        if lo > hi {
-            return Err(SchemaError("no integer lies between minimum and maximum".into()));
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(list) = schema.get(key).and_then(Value::as_array) {
+            next.extend((0..list.len()).map(|i| format!("{pointer}/{key}/{i}")));
         }
     }
-    Ok(NumberRule { integer: true, min, max })
+    next
+}
+
+/// `nullable: true`: `null` joins the types (or the values of an `enum`).
+fn allow_null(s: &mut Map<String, Value>) {
+    if let Some(Value::Array(values)) = s.get_mut("enum") {
+        if !values.contains(&Value::Null) {
+            values.push(Value::Null);
+        }
+        return;
+    }
+    match s.get_mut("type") {
+        Some(Value::String(t)) => {
+            let t = std::mem::take(t);
+            s.insert("type".into(), json!([t, "null"]));
+        }
+        Some(Value::Array(types)) => {
+            if !types.contains(&json!("null")) {
+                types.push(json!("null"));
+            }
+        }
+        _ => {
+            let rest = std::mem::take(s);
+            s.insert("anyOf".into(), json!([Value::Object(rest), {"type": "null"}]));
+        }
+    }
 }

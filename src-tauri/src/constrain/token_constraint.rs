@@ -1,77 +1,103 @@
-//! Which tokens may come next under a grammar. Checking one token is cheap (its bytes through a
-//! copy of the matcher), so the sampler first tries the token it would pick anyway and masks the
-//! whole vocabulary only when that one is not allowed.
+//! Which tokens may come next under a grammar, for one row of the batch. llguidance's matcher
+//! checks one token cheaply, so the sampler first tries the token it would pick anyway and
+//! asks for the whole vocabulary's mask only when that one is not allowed.
 
 use std::sync::Arc;
 
-use super::{Grammar, Matcher};
-use crate::tokenizer::TokenBytes;
+use llguidance::Matcher;
+
+use super::json_layout::JsonLayout;
+use super::{Grammar, Vocabulary};
 
 pub struct TokenConstraint {
     matcher: Matcher,
-    vocab: Arc<TokenBytes>,
-    /// Allowed (only) once the document is complete.
-    eos_ids: Vec<u32>,
+    vocab: Arc<Vocabulary>,
+    /// Present for JSON grammars.
+    layout: Option<JsonLayout>,
 }
 
 impl TokenConstraint {
-    pub fn new(grammar: Arc<Grammar>, vocab: Arc<TokenBytes>, eos_ids: Vec<u32>) -> TokenConstraint {
-        TokenConstraint { matcher: Matcher::new(grammar), vocab, eos_ids }
+    /// Compiles `grammar` against the vocabulary; the error says what in the grammar failed.
+    pub fn new(grammar: &Grammar, vocab: Arc<Vocabulary>) -> Result<TokenConstraint, String> {
+        let parser = vocab.factory().create_parser(grammar.spec()).map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(error);
+        }
+        Ok(TokenConstraint { matcher, vocab, layout: grammar.bounds_layout().then(JsonLayout::default) })
     }
 
-    pub fn allows(&self, token: u32) -> bool {
-        if self.eos_ids.contains(&token) {
-            return self.matcher.is_complete();
+    /// Whether `token` may come next (the sampler's first choice, checked alone).
+    pub fn allows(&mut self, token: u32) -> bool {
+        if self.vocab.is_eos(token) {
+            return self.is_complete();
         }
-        match self.vocab.get(token) {
-            Some(bytes) if !bytes.is_empty() => !self.matcher.is_finished() && self.matcher.accepts(bytes),
-            _ => false,
+        if self.matcher.is_stopped()
+            || token as usize >= self.vocab.len()
+            || !self.matcher.validate_tokens(&[token]).is_ok_and(|n| n == 1)
+        {
+            return false;
         }
+        let Some(layout) = self.layout else { return true };
+        let (matcher, vocab) = (&mut self.matcher, &self.vocab);
+        let mut closer_allowed =
+            || vocab.closers().iter().any(|&c| matcher.validate_tokens(&[c]).is_ok_and(|n| n == 1));
+        layout.allows(vocab.text_bytes(token), &mut closer_allowed)
     }
 
     /// Sets the logits of every token that may not come next to -inf; returns how many may.
-    pub fn mask(&self, logits: &mut [f32]) -> usize {
-        // Most tokens fail on their first byte: check each first byte once.
-        let mut first_byte_ok = [false; 256];
-        if !self.matcher.is_finished() {
-            for (b, ok) in first_byte_ok.iter_mut().enumerate() {
-                *ok = self.matcher.accepts(&[b as u8]);
+    pub fn mask(&mut self, logits: &mut [f32]) -> usize {
+        let Ok(mut allowed) = self.matcher.compute_mask_or_eos() else {
+            logits.fill(f32::NEG_INFINITY);
+            return 0;
+        };
+        if let Some(layout) = self.layout {
+            // Only tokens with digits or whitespace can break the layout's bounds (or any token
+            // where a bracket must close). Where none would be left, the grammar alone decides.
+            let all = layout.must_close();
+            let closer_allowed = self.vocab.closers().iter().any(|&c| allowed.is_allowed(c));
+            let mut out_of_bounds = Vec::new();
+            allowed.iter_set_entries(|id| {
+                let id = id as u32;
+                if (all || self.vocab.shapes_layout(id)) && !layout.allows(self.vocab.text_bytes(id), &mut || closer_allowed) {
+                    out_of_bounds.push(id);
+                }
+            });
+            if out_of_bounds.len() < allowed.num_set() {
+                for id in out_of_bounds {
+                    allowed.disallow_token(id);
+                }
             }
         }
-        let mut allowed = 0;
+        let mut count = 0;
         for (id, logit) in logits.iter_mut().enumerate() {
-            let id = id as u32;
-            let ok = if self.eos_ids.contains(&id) {
-                self.matcher.is_complete()
-            } else {
-                match self.vocab.get(id) {
-                    Some(bytes) if !bytes.is_empty() && first_byte_ok[bytes[0] as usize] => {
-                        bytes.len() == 1 || self.matcher.accepts(bytes)
-                    }
-                    _ => false,
-                }
-            };
-            if ok {
-                allowed += 1;
+            if id < allowed.len() && allowed.get(id) {
+                count += 1;
             } else {
                 *logit = f32::NEG_INFINITY;
             }
         }
-        allowed
+        count
     }
 
-    /// Takes the chosen token; false if the grammar does not allow it.
+    /// Takes the chosen token (one [`TokenConstraint::allows`] or the mask allowed); false if
+    /// the grammar does not allow it.
     pub fn advance(&mut self, token: u32) -> bool {
-        if self.eos_ids.contains(&token) {
-            return self.matcher.is_complete();
+        if self.vocab.is_eos(token) {
+            // The document stays complete: with `ignore_eos` more end tokens may follow.
+            return self.is_complete();
         }
-        match self.vocab.get(token) {
-            Some(bytes) if !bytes.is_empty() => self.matcher.advance(bytes),
-            _ => false,
+        if let Some(layout) = &mut self.layout {
+            layout.advance(self.vocab.text_bytes(token));
         }
+        self.matcher.consume_token(token).is_ok()
     }
 
-    pub fn is_complete(&self) -> bool {
-        self.matcher.is_complete()
+    /// Whether the output so far is a whole document (an end token may come now).
+    pub fn is_complete(&mut self) -> bool {
+        if self.matcher.is_stopped() {
+            return self.matcher.stop_reason().is_ok();
+        }
+        self.matcher.is_accepting().unwrap_or(false)
     }
 }

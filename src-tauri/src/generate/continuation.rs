@@ -12,6 +12,8 @@ use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 pub enum ContinuationError {
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error("the output's grammar does not compile for this model: {0}")]
+    Grammar(String),
     #[error("no token of this model's vocabulary can continue the constrained output")]
     NoAllowedToken,
 }
@@ -99,8 +101,8 @@ impl Continuation {
         let recent_from = self.history.len().saturating_sub(self.spec.params.repetition_context);
         let recent = &self.history[recent_from..];
         if let (Some(grammar), None) = (&self.spec.grammar, &self.constraint) {
-            self.constraint =
-                Some(TokenConstraint::new(grammar.clone(), tokenizer.token_bytes(), tokenizer.eos_ids.clone()));
+            let vocabulary = tokenizer.constraint_vocabulary().map_err(ContinuationError::Grammar)?;
+            self.constraint = Some(TokenConstraint::new(grammar, vocabulary).map_err(ContinuationError::Grammar)?);
         }
         let sampled = match &mut self.constraint {
             None => self.sampler.sample(logits, recent),

@@ -30,7 +30,7 @@ const EXPERT_INTERMEDIATE: usize = 64;
 const SHARED_INTERMEDIATE: usize = 128;
 
 fn is_linear(l: usize) -> bool {
-    l % 2 == 0
+    l.is_multiple_of(2)
 }
 
 /// Whether layer `l`'s MLP is routed experts.

@@ -47,7 +47,7 @@ impl Sampler {
         &mut self,
         logits: &mut [f32],
         recent: &[u32],
-        constraint: &TokenConstraint,
+        constraint: &mut TokenConstraint,
     ) -> Option<Sampled> {
         self.apply_penalties(logits, recent);
         let mut token = self.choose(logits);

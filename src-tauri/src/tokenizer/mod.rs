@@ -9,10 +9,11 @@ mod token_bytes;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use crate::constrain::{Vocabulary, SPECIAL_MARKER};
+
 pub use chat_template::{ChatTemplate, TemplateError};
 pub use from_gguf::{tokenizer_from_gguf_metadata, GgufTokenizerMetadata};
 pub use stream::StreamDecoder;
-pub use token_bytes::TokenBytes;
 
 #[derive(Debug, thiserror::Error)]
 #[error("tokenizer: {0}")]
@@ -38,7 +39,7 @@ pub struct Tokenizer {
     /// models; GGUF says so in `tokenizer.ggml.add_bos_token`).
     add_bos_id: Option<u32>,
     /// Built on first use (constrained decoding).
-    token_bytes: OnceLock<Arc<TokenBytes>>,
+    constraint_vocabulary: OnceLock<Result<Arc<Vocabulary>, String>>,
 }
 
 impl Tokenizer {
@@ -57,7 +58,7 @@ impl Tokenizer {
                 eos_ids.push(*id);
             }
         }
-        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id, token_bytes: OnceLock::new() }
+        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id, constraint_vocabulary: OnceLock::new() }
     }
 
     pub fn from_file(path: &Path) -> Result<tokenizers::Tokenizer, TokenizerError> {
@@ -101,8 +102,13 @@ impl Tokenizer {
         self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
     }
 
-    /// The bytes of every token (for grammars), built once.
-    pub fn token_bytes(&self) -> Arc<TokenBytes> {
-        self.token_bytes.get_or_init(|| Arc::new(TokenBytes::build(&self.inner))).clone()
+    /// The vocabulary as constrained decoding sees it (every token's bytes), built once.
+    pub fn constraint_vocabulary(&self) -> Result<Arc<Vocabulary>, String> {
+        self.constraint_vocabulary
+            .get_or_init(|| {
+                let words = token_bytes::token_bytes(&self.inner, SPECIAL_MARKER);
+                Vocabulary::new(words, &self.eos_ids).map(Arc::new)
+            })
+            .clone()
     }
 }

@@ -4,47 +4,30 @@
 
 use tokenizers::decoders::DecoderWrapper;
 
-pub struct TokenBytes {
-    /// `None` for special tokens (never part of constrained text) and unused ids.
-    table: Vec<Option<Box<[u8]>>>,
-}
-
-impl TokenBytes {
-    pub fn get(&self, id: u32) -> Option<&[u8]> {
-        self.table.get(id as usize).and_then(|b| b.as_deref())
-    }
-
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
-    }
-
-    pub(crate) fn build(tokenizer: &tokenizers::Tokenizer) -> TokenBytes {
-        let kind = DecoderKind::of(tokenizer.get_decoder());
-        let byte_level = byte_level_chars();
-        let added = tokenizer.get_added_tokens_decoder();
-        let size = tokenizer.get_vocab_size(true);
-        let table = (0..size as u32)
-            .map(|id| {
-                if let Some(token) = added.get(&id) {
-                    return (!token.special).then(|| token.content.as_bytes().into());
+/// Every token's bytes, by id, in the form llguidance's token trie takes: a special token is
+/// `marker` followed by its name (it never matches text, only a grammar naming it); an unused
+/// id is empty. Non-special added tokens (Qwen's `<tool_call>`) are text.
+pub(crate) fn token_bytes(tokenizer: &tokenizers::Tokenizer, marker: u8) -> Vec<Vec<u8>> {
+    let kind = DecoderKind::of(tokenizer.get_decoder());
+    let byte_level = byte_level_chars();
+    let added = tokenizer.get_added_tokens_decoder();
+    let size = tokenizer.get_vocab_size(true);
+    (0..size as u32)
+        .map(|id| {
+            if let Some(token) = added.get(&id) {
+                let text = token.content.as_bytes();
+                return if token.special { [&[marker], text].concat() } else { text.to_vec() };
+            }
+            let Some(piece) = tokenizer.id_to_token(id) else { return Vec::new() };
+            match kind {
+                DecoderKind::ByteLevel => {
+                    piece.chars().map(|c| byte_level.get(&c).copied()).collect::<Option<Vec<u8>>>().unwrap_or_default()
                 }
-                let piece = tokenizer.id_to_token(id)?;
-                let bytes = match kind {
-                    DecoderKind::ByteLevel => {
-                        piece.chars().map(|c| byte_level.get(&c).copied()).collect::<Option<Vec<u8>>>()?
-                    }
-                    DecoderKind::SentencePiece => sentencepiece_bytes(&piece),
-                    DecoderKind::Other => tokenizer.decode(&[id], false).ok()?.into_bytes(),
-                };
-                Some(bytes.into_boxed_slice())
-            })
-            .collect();
-        TokenBytes { table }
-    }
+                DecoderKind::SentencePiece => sentencepiece_bytes(&piece),
+                DecoderKind::Other => tokenizer.decode(&[id], false).map(String::into_bytes).unwrap_or_default(),
+            }
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

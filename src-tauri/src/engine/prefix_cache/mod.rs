@@ -495,7 +495,7 @@ impl PrefixCache {
     pub fn restore_after(&mut self, prompt: &[u32], limit: usize, layers: usize, skip: usize) -> Result<Restored> {
         let limit = limit.min(prompt.len());
         let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
-        if skip % BLOCK_TOKENS != 0 || skip >= limit {
+        if !skip.is_multiple_of(BLOCK_TOKENS) || skip >= limit {
             return Ok(Restored { tokens: skip.min(limit), caches: empty(), divergence: None });
         }
         let parent = prompt[..skip].chunks_exact(BLOCK_TOKENS).fold(self.store.root(), |p, chunk| chain(&p, chunk));

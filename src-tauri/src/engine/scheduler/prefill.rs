@@ -186,7 +186,7 @@ impl Scheduler {
             let whole = seq.prefilled / BLOCK_TOKENS * BLOCK_TOKENS;
             if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
                 // A recurrent layer's state is kept every SNAPSHOT_TOKENS (chunks end there).
-                let snapshot = seq.prefilled == whole && whole % SNAPSHOT_TOKENS == 0;
+                let snapshot = seq.prefilled == whole && whole.is_multiple_of(SNAPSHOT_TOKENS);
                 let tokens = &seq.request.prompt_ids[..whole];
                 if let Err(e) = prefix.store_row(tokens, &self.group_cache, row, snapshot) {
                     tracing::warn!("prefix cache: cannot store a prefilled block: {e}");

@@ -161,14 +161,14 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
 
 /// The llama-family reading every architecture starts from.
 fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
-    if hf.num_attention_heads == 0 || hf.hidden_size % hf.num_attention_heads != 0 && hf.head_dim.is_none() {
+    if hf.num_attention_heads == 0 || !hf.hidden_size.is_multiple_of(hf.num_attention_heads) && hf.head_dim.is_none() {
         return Err(format!(
             "hidden_size {} is not a multiple of num_attention_heads {}",
             hf.hidden_size, hf.num_attention_heads
         ));
     }
     let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
-    if num_kv_heads == 0 || hf.num_attention_heads % num_kv_heads != 0 {
+    if num_kv_heads == 0 || !hf.num_attention_heads.is_multiple_of(num_kv_heads) {
         return Err(format!(
             "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
             hf.num_attention_heads

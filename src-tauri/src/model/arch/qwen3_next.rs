@@ -52,7 +52,7 @@ pub(super) fn hybrid(config: &ModelConfig, hf: &HfConfig, grouped: bool) -> Resu
         conv_kernel: required(x.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
         grouped_projections: grouped,
     };
-    if style.value_heads % style.key_heads != 0 {
+    if !style.value_heads.is_multiple_of(style.key_heads) {
         return Err(format!(
             "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
             style.value_heads, style.key_heads

@@ -152,7 +152,7 @@ pub fn read(path: &Path, header: &GgufHeader, expand: bool) -> Result<HashMap<St
             Reading::Legacy { .. } => GROUP,
             Reading::KQuant { .. } => kq::QK_K,
         };
-        if per_block > 0 && cols % per_block != 0 {
+        if per_block > 0 && !cols.is_multiple_of(per_block) {
             return Err(bad(format!(
                 "{} tensor {name}: rows of {cols} are not whole {per_block}-weight blocks",
                 t.name

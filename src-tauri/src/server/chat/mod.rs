@@ -6,6 +6,7 @@
 //! answers out; none of them imports another.
 
 pub mod answer;
+mod call_grammar;
 pub mod fim;
 mod gemma4_calls;
 pub mod harmony;

@@ -183,6 +183,7 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         request.parallel_tool_calls,
         request.response_format.as_ref(),
         template.source(),
+        &|text| info.tokenizer.token_to_id(text).filter(|&id| info.tokenizer.is_special(id)),
     )?;
     let render = RenderRequest {
         messages: &messages,
@@ -195,7 +196,7 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         text.push_str(&prefill);
     }
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
-    let shape = AnswerShape { prompt_tools: None, mode: shape.mode, grammar: shape.grammar };
+    let shape = AnswerShape { prompt_tools: None, ..shape };
     let message_starts = message_starts(&text, &messages);
     let recurrent = info.kv_footprint.state_bytes > 0;
     let snapshot_at =
@@ -218,9 +219,10 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     // Harmony (gpt-oss) marks reasoning and calls with special tokens, tools or not; a grammar
     // decides the whole answer and then no channel is written.
     let harmony = shape.grammar.is_none() && harmony::is_harmony(template.source());
-    let markers = match shape.mode {
+    let markers = match (&shape.mode, &shape.call_format) {
         _ if harmony => harmony::MARKERS.as_slice(),
-        ToolMode::Auto(format) => format.marker_tokens(),
+        (ToolMode::Auto(format), _) => format.marker_tokens(),
+        (_, Some(forced)) => forced.format.marker_tokens(),
         _ => &[],
     };
     // A grammar decides the whole answer; a think block would break it.
@@ -233,6 +235,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
         AnswerParser::harmony(&shape.mode)
     } else {
         AnswerParser::new(&shape.mode, reasoning)
+            .with_call_format(shape.call_format.as_ref())
             .with_schemas(tool_calls::parameter_schemas(request.tools.as_deref().unwrap_or_default()))
     };
     engine_request.grammar = shape.grammar.clone();

@@ -1,12 +1,14 @@
 //! What shape the answer must take, from `tools`, `tool_choice`, `parallel_tool_calls` and
 //! `response_format`: free text (tool calls parsed from it in the template's format), JSON or
-//! JSON valid against a schema, or tool calls the model is made to write. The last two are
-//! enforced by a grammar (constrained decoding).
+//! JSON valid against a schema, or tool calls the model is made to write (in its own format
+//! where [`super::call_grammar`] has it, else as JSON). The last two are enforced by a grammar
+//! (constrained decoding).
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::call_grammar::{forced_calls, Function};
 use super::tool_calls::ToolFormat;
 use crate::constrain::Grammar;
 use crate::server::ApiError;
@@ -28,14 +30,26 @@ pub struct AnswerShape<'a> {
     pub prompt_tools: Option<&'a [Value]>,
     pub mode: ToolMode,
     pub grammar: Option<Arc<Grammar>>,
+    /// Forced calls (`Named`, `Required`) written in the model's own format rather than as
+    /// JSON: the format, and for a named call the exact text around its JSON arguments.
+    pub call_format: Option<CallFormat>,
 }
 
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallFormat {
+    pub format: ToolFormat,
+    pub arguments_within: Option<(String, String)>,
+}
+
+/// `special`: the id of a special token of the model's vocabulary, by its text (forced calls
+/// name their format's markers by id).
 pub fn answer_shape<'a>(
     tools: Option<&'a [Value]>,
     tool_choice: Option<&Value>,
     parallel_tool_calls: Option<bool>,
     response_format: Option<&Value>,
     template_source: &str,
+    special: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<AnswerShape<'a>, ApiError> {
     let tools = tools.filter(|t| !t.is_empty());
     let functions = tools
@@ -47,18 +61,26 @@ pub fn answer_shape<'a>(
         return match choice {
             Choice::Required | Choice::Named(_) => Err(ApiError::invalid("tool_choice", "tool_choice requires tools")),
             Choice::Auto | Choice::None => {
-                Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar })
+                Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
             }
         };
     };
-    let shape =
-        |mode, grammar: Option<Grammar>| AnswerShape { prompt_tools: tools, mode, grammar: grammar.map(Arc::new) };
+    let shape = |mode, grammar: Option<Grammar>| AnswerShape {
+        prompt_tools: tools,
+        mode,
+        grammar: grammar.map(Arc::new),
+        call_format: None,
+    };
+    let format = ToolFormat::of_template(template_source);
+    let parallel = parallel_tool_calls != Some(false);
     match choice {
-        Choice::None => Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar }),
-        Choice::Auto if format_grammar.is_some() => {
-            Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar })
+        Choice::None => {
+            Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
         }
-        Choice::Auto => Ok(shape(ToolFormat::of_template(template_source).map_or(ToolMode::Off, ToolMode::Auto), None)),
+        Choice::Auto if format_grammar.is_some() => {
+            Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
+        }
+        Choice::Auto => Ok(shape(format.map_or(ToolMode::Off, ToolMode::Auto), None)),
         Choice::Named(name) => {
             let function = functions.iter().find(|f| f.name == name).ok_or_else(|| {
                 ApiError::invalid(
@@ -66,16 +88,39 @@ pub fn answer_shape<'a>(
                     format!("tool_choice names the function {name:?}, which is not among the tools"),
                 )
             })?;
+            let own = format.and_then(|format| {
+                forced_calls(format, template_source, &[function], true, false, special).map(|r| (format, r))
+            });
+            if let Some((format, forced)) = own {
+                let forced = forced.map_err(|e| schema_error(&function.name, e))?;
+                let call_format = CallFormat { format, arguments_within: forced.arguments_within };
+                return Ok(AnswerShape {
+                    call_format: Some(call_format),
+                    ..shape(ToolMode::Named(name), Some(forced.grammar))
+                });
+            }
             let grammar = Grammar::from_schema(&function.parameters).map_err(|e| schema_error(&function.name, e))?;
             Ok(shape(ToolMode::Named(name), Some(grammar)))
         }
         Choice::Required => {
+            let all: Vec<&Function> = functions.iter().collect();
+            let own = format.and_then(|format| {
+                forced_calls(format, template_source, &all, false, parallel, special).map(|r| (format, r))
+            });
+            if let Some((format, forced)) = own {
+                let forced = forced.map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
+                let call_format = CallFormat { format, arguments_within: None };
+                return Ok(AnswerShape {
+                    call_format: Some(call_format),
+                    ..shape(ToolMode::Required, Some(forced.grammar))
+                });
+            }
             let alternatives: Vec<Value> = functions
                 .iter()
                 .map(|f| json!({"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters}, "required": ["name", "arguments"]}))
                 .collect();
             let mut calls = json!({"type": "array", "items": {"anyOf": alternatives}, "minItems": 1});
-            if parallel_tool_calls == Some(false) {
+            if !parallel {
                 calls["maxItems"] = json!(1);
             }
             let grammar =
@@ -83,11 +128,6 @@ pub fn answer_shape<'a>(
             Ok(shape(ToolMode::Required, Some(grammar)))
         }
     }
-}
-
-struct Function {
-    name: String,
-    parameters: Value,
 }
 
 fn function_of(index: usize, tool: &Value) -> Result<Function, ApiError> {
@@ -186,7 +226,7 @@ mod tests {
     fn modes_from_tool_choice() {
         let t = tools();
         let hermes = "<tool_call>";
-        let shape = |choice: Option<Value>| answer_shape(Some(&t), choice.as_ref(), None, None, hermes);
+        let shape = |choice: Option<Value>| answer_shape(Some(&t), choice.as_ref(), None, None, hermes, &|_| None);
         assert_eq!(shape(None).unwrap().mode, ToolMode::Auto(ToolFormat::Hermes));
         assert!(shape(Some(json!("none"))).unwrap().prompt_tools.is_none());
         let required = shape(Some(json!("required"))).unwrap();
@@ -194,7 +234,7 @@ mod tests {
         assert!(required.grammar.is_some());
         let named = shape(Some(json!({"type": "function", "function": {"name": "get_weather"}}))).unwrap();
         assert_eq!(named.mode, ToolMode::Named("get_weather".into()));
-        assert_eq!(answer_shape(Some(&t), None, None, None, "plain").unwrap().mode, ToolMode::Off);
+        assert_eq!(answer_shape(Some(&t), None, None, None, "plain", &|_| None).unwrap().mode, ToolMode::Off);
     }
 
     #[test]
@@ -203,22 +243,28 @@ mod tests {
         let err = |r: Result<AnswerShape, ApiError>| {
             r.err().expect("an error").body()["error"]["param"].as_str().unwrap_or_default().to_string()
         };
-        assert_eq!(err(answer_shape(Some(&t), Some(&json!("sometimes")), None, None, "")), "tool_choice");
+        assert_eq!(err(answer_shape(Some(&t), Some(&json!("sometimes")), None, None, "", &|_| None)), "tool_choice");
         assert_eq!(
             err(answer_shape(
                 Some(&t),
                 Some(&json!({"type": "function", "function": {"name": "nope"}})),
                 None,
                 None,
-                ""
+                "",
+                &|_| None
             )),
             "tool_choice"
         );
-        assert_eq!(err(answer_shape(None, Some(&json!("required")), None, None, "")), "tool_choice");
-        assert_eq!(err(answer_shape(Some(&[json!({"type": "retrieval"})]), None, None, None, "")), "tools[0]");
-        assert_eq!(err(answer_shape(None, None, None, Some(&json!({"type": "xml"})), "")), "response_format");
-        let pattern =
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}});
-        assert_eq!(err(answer_shape(None, None, None, Some(&pattern), "")), "response_format");
+        assert_eq!(err(answer_shape(None, Some(&json!("required")), None, None, "", &|_| None)), "tool_choice");
+        assert_eq!(
+            err(answer_shape(Some(&[json!({"type": "retrieval"})]), None, None, None, "", &|_| None)),
+            "tools[0]"
+        );
+        assert_eq!(
+            err(answer_shape(None, None, None, Some(&json!({"type": "xml"})), "", &|_| None)),
+            "response_format"
+        );
+        let pattern = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}});
+        assert_eq!(err(answer_shape(None, None, None, Some(&pattern), "", &|_| None)), "response_format");
     }
 }

@@ -102,7 +102,8 @@ pub async fn generate(
             RawPrompt::Fim { prefix: &prompt, suffix: &suffix }
         };
         // `format` holds for raw prompts too: the grammar alone decides the shape.
-        let grammar = answer_shape(None, None, None, response_format(body.get("format"))?.as_ref(), "")?.grammar;
+        let grammar =
+            answer_shape(None, None, None, response_format(body.get("format"))?.as_ref(), "", &|_| None)?.grammar;
         let started = raw::start(&state, Some(&id), prompt, &common, None, grammar).await.map_err(|e| match e {
             RawError::NoFim => ApiError::invalid(
                 "suffix",

@@ -1,0 +1,429 @@
+//! Forced tool calls in the model's own format: when `tool_choice` is `required` or names a
+//! function, the answer is held to a Lark grammar of the calls exactly as the model's template
+//! trains it to write them (Hermes `<tool_call>` JSON, Mistral `[TOOL_CALLS]`, Llama 3 JSON,
+//! Qwen3-Coder's XML), so the tokens it is made to write are the ones it would pick, and the
+//! format's own parser reads them. Formats without a grammar here fall back to plain JSON.
+
+use serde_json::{json, Value};
+
+use super::tool_calls::ToolFormat;
+use crate::constrain::{Grammar, SchemaError};
+
+/// A function the model may be made to call.
+pub struct Function {
+    pub name: String,
+    pub parameters: Value,
+}
+
+/// The grammar of the forced calls, and for one named function the exact text around its
+/// arguments (for streaming them as they come); `None` when the format's arguments are not
+/// JSON (Qwen's XML: they are read when the call is complete).
+pub struct ForcedCalls {
+    pub grammar: Grammar,
+    pub arguments_within: Option<(String, String)>,
+}
+
+/// `special`: a special token's id, by its text (the grammar names it by id; a marker that is
+/// not a special token of the vocabulary is written as text).
+pub fn forced_calls(
+    format: ToolFormat,
+    template_source: &str,
+    functions: &[&Function],
+    named: bool,
+    parallel: bool,
+    special: &dyn Fn(&str) -> Option<u32>,
+) -> Option<Result<ForcedCalls, SchemaError>> {
+    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
+    let repeat = |call: &str, separator: &str| {
+        if parallel {
+            format!("{call} ({} {call})*", lark_string(separator))
+        } else {
+            call.to_string()
+        }
+    };
+    if matches!(format, ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic) {
+        return None;
+    }
+    let build = || -> Result<(String, Option<(String, String)>), SchemaError> {
+        Ok(match format {
+            ToolFormat::Hermes => {
+                let (open, close) = ("<tool_call>\n", "\n</tool_call>");
+                if let ([f], true) = (functions, named) {
+                    let before = format!("{{\"name\": {}, \"arguments\": ", json!(f.name));
+                    let lark = format!(
+                        "start: {} {} {}\n",
+                        lark_string(&format!("{open}{before}")),
+                        json_rule(&f.parameters)?,
+                        lark_string(&format!("}}{close}"))
+                    );
+                    (lark, Some((format!("{open}{before}"), format!("}}{close}"))))
+                } else {
+                    let calls = json_rule(&call_objects(functions, "arguments"))?;
+                    let call = format!("{} {calls} {}", lark_string(open), lark_string(close));
+                    (format!("start: {}\ncall: {call}\n", repeat("call", "\n")), None)
+                }
+            }
+            ToolFormat::Mistral if template_source.contains("[ARGS]") => {
+                // Mistral Small 3.2, Devstral, Magistral: `[TOOL_CALLS]name[ARGS]{...}` per call.
+                let (calls, args) = ("[TOOL_CALLS]", "[ARGS]");
+                let alternatives = functions
+                    .iter()
+                    .map(|f| Ok(format!("{} {} {}", lark_string(&f.name), marker(args), json_rule(&f.parameters)?)))
+                    .collect::<Result<Vec<String>, SchemaError>>()?;
+                let start = if parallel { "call+" } else { "call" };
+                let lark = format!("start: {start}\ncall: {} ({})\n", marker(calls), alternatives.join(" | "));
+                let within = match (functions, named) {
+                    ([f], true) => Some((format!("{calls}{}{args}", f.name), String::new())),
+                    _ => None,
+                };
+                (lark, within)
+            }
+            ToolFormat::Mistral => {
+                // Older Mistral templates: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
+                let calls = "[TOOL_CALLS]";
+                if let ([f], true) = (functions, named) {
+                    let before = format!("[{{\"name\": {}, \"arguments\": ", json!(f.name));
+                    let lark = format!(
+                        "start: {} {} {} {}\n",
+                        marker(calls),
+                        lark_string(&before),
+                        json_rule(&f.parameters)?,
+                        lark_string("}]")
+                    );
+                    (lark, Some((format!("{calls}{before}"), "}]".to_string())))
+                } else {
+                    let mut list =
+                        json!({"type": "array", "items": call_objects(functions, "arguments"), "minItems": 1});
+                    if !parallel {
+                        list["maxItems"] = json!(1);
+                    }
+                    (format!("start: {} {}\n", marker(calls), json_rule(&list)?), None)
+                }
+            }
+            ToolFormat::LlamaJson => {
+                // Llama 3.1-3.3 with custom tools: a bare JSON object, `parameters` for the arguments.
+                if let ([f], true) = (functions, named) {
+                    let before = format!("{{\"name\": {}, \"parameters\": ", json!(f.name));
+                    let lark =
+                        format!("start: {} {} {}\n", lark_string(&before), json_rule(&f.parameters)?, lark_string("}"));
+                    (lark, Some((before, "}".to_string())))
+                } else {
+                    let call = json_rule(&call_objects(functions, "parameters"))?;
+                    (format!("start: {}\ncall: {call}\n", repeat("call", "; ")), None)
+                }
+            }
+            ToolFormat::QwenXml => (qwen_xml(functions, parallel)?, None),
+            ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic => unreachable!("no grammar"),
+        })
+    };
+    Some(build().and_then(|(lark, within)| {
+        Grammar::from_lark(lark, true).map(|grammar| ForcedCalls { grammar, arguments_within: within })
+    }))
+}
+
+/// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
+/// </function>\n</tool_call>`. A string's value is raw text (anything without the closing tag,
+/// within its length bounds; one of its `enum`); other values are JSON of their schema.
+/// Properties in the schema's order, required ones present.
+fn qwen_xml(functions: &[&Function], parallel: bool) -> Result<String, SchemaError> {
+    const CLOSE: &str = "\n</parameter>\n";
+    let mut rules = Vec::new();
+    let mut alternatives = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let required: Vec<&str> = f
+            .parameters
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut parts = Vec::new();
+        if let Some(properties) = f.parameters.get("properties").and_then(Value::as_object) {
+            for (j, (key, schema)) in properties.iter().enumerate() {
+                let value = if schema.get("type").and_then(Value::as_str) == Some("string") {
+                    match schema.get("enum").and_then(Value::as_array) {
+                        Some(values) => {
+                            let raw: Vec<String> = values
+                                .iter()
+                                .filter_map(Value::as_str)
+                                .map(|v| lark_string(&format!("{v}{CLOSE}")))
+                                .collect();
+                            format!("({})", raw.join(" | "))
+                        }
+                        None => {
+                            // The value and its closing tag are one lexeme: the text ends at the
+                            // tag's first appearance (a lexeme ends only where it cannot go on).
+                            let terminal = format!("F{i}_P{j}");
+                            let bound = |key: &str| schema.get(key).and_then(Value::as_u64);
+                            let length = match (bound("minLength"), bound("maxLength")) {
+                                (None, None) => "*".to_string(),
+                                (min, max) => format!(
+                                    "{{{},{}}}",
+                                    min.unwrap_or(0),
+                                    max.map(|m| m.to_string()).unwrap_or_default()
+                                ),
+                            };
+                            rules.push(format!(
+                                r"{terminal}: /(?s:.{length})\n<\/parameter>\n/ & ~/(?s:.*)\n<\/parameter>(?s:.*)\n<\/parameter>(?s:.*)/"
+                            ));
+                            terminal
+                        }
+                    }
+                } else {
+                    format!("{} {}", json_rule(schema)?, lark_string(CLOSE))
+                };
+                let rule = format!("f{i}_p{j}");
+                rules.push(format!("{rule}: {} {value}", lark_string(&format!("<parameter={key}>\n"))));
+                parts.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
+            }
+        }
+        rules.push(format!(
+            "f{i}: {} {} {}",
+            lark_string(&format!("<function={}>\n", f.name)),
+            parts.join(" "),
+            lark_string("</function>\n")
+        ));
+        alternatives.push(format!("f{i}"));
+    }
+    let call = format!(
+        "call: {} ({}) {}",
+        lark_string("<tool_call>\n"),
+        alternatives.join(" | "),
+        lark_string("</tool_call>")
+    );
+    let start = if parallel { format!("start: call ({} call)*", lark_string("\n")) } else { "start: call".into() };
+    Ok(format!("{start}\n{call}\n{}\n", rules.join("\n")))
+}
+
+/// `{"name": <const>, "<arguments key>": <parameters>}` for each function, as one schema.
+fn call_objects(functions: &[&Function], arguments_key: &str) -> Value {
+    let alternatives: Vec<Value> = functions
+        .iter()
+        .map(|f| {
+            json!({"type": "object", "properties": {"name": {"const": f.name}, arguments_key: f.parameters},
+                   "required": ["name", arguments_key], "additionalProperties": false})
+        })
+        .collect();
+    match <[Value; 1]>::try_from(alternatives) {
+        Ok([one]) => one,
+        Err(many) => json!({"anyOf": many}),
+    }
+}
+
+/// A schema inside a Lark grammar, read as [`Grammar::from_schema`] reads it.
+fn json_rule(schema: &Value) -> Result<String, SchemaError> {
+    Ok(format!("%json {}", Grammar::strict_schema(schema)?))
+}
+
+/// A Lark string literal (Lark takes JSON's string syntax).
+fn lark_string(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::constrain::{TokenConstraint, Vocabulary};
+    use crate::sampling::Rng;
+    use crate::server::chat::tool_calls::{parameter_schemas, Piece, ToolCall, ToolCallParser};
+
+    const SPECIAL: [&str; 3] = ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"];
+    const HERMES: &str = "{% if tools %}<tool_call>{% endif %}";
+    const MISTRAL_V11: &str = "[TOOL_CALLS]{{ name }}[ARGS]";
+    const MISTRAL_V3: &str = "[TOOL_CALLS] [";
+    const LLAMA: &str = "\"parameters\"";
+    const QWEN_XML: &str = "<function=x><parameter=y>";
+
+    fn functions() -> Vec<Function> {
+        vec![
+            Function {
+                name: "get_weather".into(),
+                parameters: json!({"type": "object", "properties": {
+                    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city"]}),
+            },
+            Function {
+                name: "get_time".into(),
+                parameters: json!({"type": "object", "properties": {"zone": {"type": "string", "maxLength": 4}},
+                                   "required": ["zone"]}),
+            },
+        ]
+    }
+
+    fn tools() -> Vec<Value> {
+        functions()
+            .iter()
+            .map(|f| json!({"type": "function", "function": {"name": f.name, "parameters": f.parameters}}))
+            .collect()
+    }
+
+    fn vocabulary() -> Arc<Vocabulary> {
+        Arc::new(Vocabulary::of_bytes(&SPECIAL))
+    }
+
+    /// The special tokens by id, as the server finds them in the model's vocabulary.
+    fn special(text: &str) -> Option<u32> {
+        SPECIAL.iter().position(|s| *s == text).map(|i| 256 + i as u32)
+    }
+
+    fn token_text(token: u32) -> Vec<u8> {
+        match token {
+            0..=255 => vec![token as u8],
+            _ => SPECIAL[token as usize - 256].as_bytes().to_vec(),
+        }
+    }
+
+    fn grammar(format: ToolFormat, template: &str, named: bool, parallel: bool) -> ForcedCalls {
+        let functions = functions();
+        let chosen: Vec<&Function> = if named { vec![&functions[0]] } else { functions.iter().collect() };
+        forced_calls(format, template, &chosen, named, parallel, &special).expect("a grammar here").unwrap()
+    }
+
+    /// Whether `text` (special tokens written as themselves) is a whole answer of the grammar.
+    fn accepts(forced: &ForcedCalls, text: &str) -> bool {
+        let mut c = TokenConstraint::new(&forced.grammar, vocabulary()).unwrap();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let token = match SPECIAL.iter().position(|s| rest.starts_with(s)) {
+                Some(i) => {
+                    rest = &rest[SPECIAL[i].len()..];
+                    256 + i as u32
+                }
+                None => {
+                    let b = rest.as_bytes()[0];
+                    rest = &rest[1..];
+                    b as u32
+                }
+            };
+            if !c.advance(token) {
+                return false;
+            }
+        }
+        c.is_complete()
+    }
+
+    /// An answer drawn at random from the grammar (masks over the whole vocabulary, a pull
+    /// towards closing brackets so that answers end).
+    fn walk(forced: &ForcedCalls, rng: &mut Rng) -> Option<String> {
+        let mut c = TokenConstraint::new(&forced.grammar, vocabulary()).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..600 {
+            let mut logits = vec![0.0f32; 256 + SPECIAL.len() + 1];
+            for b in b"}]\">\n" {
+                logits[*b as usize] = 1.0;
+            }
+            assert!(c.mask(&mut logits) > 0, "a dead end after {:?}", String::from_utf8_lossy(&out));
+            let allowed: Vec<u32> =
+                (0..logits.len() as u32).filter(|&t| logits[t as usize] > f32::NEG_INFINITY).collect();
+            let closing: Vec<u32> = allowed.iter().copied().filter(|&t| logits[t as usize] > 0.0).collect();
+            let pool = if !closing.is_empty() && rng.next_f64() < 0.3 { &closing } else { &allowed };
+            let token = pool[(rng.next_u64() % pool.len() as u64) as usize];
+            if token as usize == logits.len() - 1 {
+                return Some(String::from_utf8(out).expect("UTF-8"));
+            }
+            assert!(c.advance(token));
+            out.extend(token_text(token));
+        }
+        None
+    }
+
+    fn parse(format: ToolFormat, text: &str) -> Vec<ToolCall> {
+        let mut parser = ToolCallParser::new(format).with_schemas(parameter_schemas(&tools()));
+        let mut pieces = parser.push(text);
+        pieces.extend(parser.finish());
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Call(call) => call,
+                Piece::Text(t) => panic!("{format:?}: text {t:?} beside the calls in {text:?}"),
+            })
+            .collect()
+    }
+
+    fn formats() -> [(ToolFormat, &'static str); 5] {
+        [
+            (ToolFormat::Hermes, HERMES),
+            (ToolFormat::Mistral, MISTRAL_V11),
+            (ToolFormat::Mistral, MISTRAL_V3),
+            (ToolFormat::LlamaJson, LLAMA),
+            (ToolFormat::QwenXml, QWEN_XML),
+        ]
+    }
+
+    #[test]
+    fn the_calls_models_write_are_what_the_grammars_allow() {
+        let natural = [
+            (ToolFormat::Hermes, HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>"),
+            (ToolFormat::Mistral, MISTRAL_V11, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3}"),
+            (ToolFormat::Mistral, MISTRAL_V3, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]"),
+            (ToolFormat::LlamaJson, LLAMA, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}"),
+            (ToolFormat::QwenXml, QWEN_XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
+        ];
+        for (format, template, text) in natural {
+            for named in [true, false] {
+                assert!(accepts(&grammar(format, template, named, true), text), "{format:?} named={named}: {text}");
+            }
+            let calls = parse(format, text);
+            assert_eq!(calls.len(), 1, "{format:?}");
+            assert_eq!(
+                serde_json::from_str::<Value>(&calls[0].arguments).unwrap(),
+                json!({"city": "Paris", "days": 3})
+            );
+            // Not an answer: a function that is not offered, or plain text.
+            let other = text.replace("get_weather", "get_news");
+            assert!(!accepts(&grammar(format, template, false, true), &other), "{format:?}: {other}");
+            assert!(!accepts(&grammar(format, template, false, true), "It is sunny."), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn a_named_call_has_its_arguments_between_fixed_texts() {
+        for (format, template) in formats() {
+            let forced = grammar(format, template, true, false);
+            let Some((before, after)) = &forced.arguments_within else {
+                assert_eq!(format, ToolFormat::QwenXml, "only the XML format's arguments are not JSON");
+                continue;
+            };
+            let text = format!("{before}{{\"city\": \"Oslo\"}}{after}");
+            assert!(accepts(&forced, &text), "{format:?}: {text}");
+        }
+    }
+
+    /// Random answers of each format's grammar read back, with the format's own parser, as calls
+    /// of the offered functions whose arguments validate against their schemas.
+    #[test]
+    fn random_answers_parse_as_valid_calls() {
+        let validators: Vec<(String, jsonschema::Validator)> =
+            functions().iter().map(|f| (f.name.clone(), jsonschema::validator_for(&f.parameters).unwrap())).collect();
+        let mut rng = Rng::seeded(5);
+        for (format, template) in formats() {
+            for (named, parallel) in [(true, false), (false, false), (false, true)] {
+                let forced = grammar(format, template, named, parallel);
+                let mut complete = 0;
+                for _ in 0..12 {
+                    let Some(text) = walk(&forced, &mut rng) else { continue };
+                    complete += 1;
+                    let calls = parse(format, &text);
+                    assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{format:?}: {text:?}");
+                    for call in calls {
+                        let (_, validator) =
+                            validators.iter().find(|(n, _)| *n == call.name).expect("an offered function");
+                        assert!(!named || call.name == "get_weather");
+                        let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+                        assert!(validator.is_valid(&arguments), "{format:?}: {arguments} from {text:?}");
+                    }
+                }
+                assert!(complete >= 6, "{format:?} named={named} parallel={parallel}: {complete} of 12 ended");
+            }
+        }
+    }
+
+    #[test]
+    fn formats_without_a_grammar_here_fall_back_to_json() {
+        let functions = functions();
+        for format in [ToolFormat::Harmony, ToolFormat::Gemma4, ToolFormat::Pythonic] {
+            assert!(forced_calls(format, "", &[&functions[0]], true, false, &special).is_none());
+        }
+    }
+}
