@@ -31,11 +31,11 @@ THOUGHT = {"qwen3.5": "Calling_get_weather."}
 REMARK = {"gemma4": "Checking."}
 
 
-def scripted_server(tmp_path_factory, fmt, template):
+def scripted_server(tmp_path_factory, fmt, template, extra=()):
     model = tmp_path_factory.mktemp(f"scripted-{fmt}") / "model"
     subprocess.run([str(BINARY), "make-test-model", "--scripted", fmt, "--chat-template", str(TEMPLATES / template),
                     str(model)], check=True)
-    yield from launch(tmp_path_factory, f"client-tests-{fmt}.log", ["--model", str(model)])
+    yield from launch(tmp_path_factory, f"client-tests-{fmt}{''.join(extra)}.log", ["--model", str(model), *extra])
 
 
 @pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja"),
@@ -97,3 +97,28 @@ def test_responses_function_call(scripted):
     r = client.responses.create(model=server["model"], input="What is the weather in Paris?", tools=[tool])
     calls = [item for item in r.output if item.type == "function_call"]
     assert calls and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == EXPECTED[fmt]
+
+
+# Forced calls (`tool_choice` required or named) are written in the model's own format where the
+# server has its grammar (Qwen's XML here), and with `--strict-tools` so is a call the model opens
+# by itself: the scripted call passes through the grammar unchanged, and comes back as the same
+# call, whole or streamed.
+@pytest.fixture(scope="module")
+def qwen_xml(tmp_path_factory):
+    yield from scripted_server(tmp_path_factory, "qwen-xml", "qwen3-coder.jinja", ["--strict-tools"])
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["auto", "required", "named"])
+def test_forced_call_in_the_models_own_format(qwen_xml, choice):
+    client = openai.OpenAI(base_url=qwen_xml["url"], api_key="x")
+    ask = dict(model=qwen_xml["model"], messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+               tools=[WEATHER], tool_choice=choice, max_tokens=120)
+    r = client.chat.completions.create(**ask)
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED["qwen-xml"]
+    assert r.choices[0].finish_reason == ("stop" if isinstance(choice, dict) else "tool_calls")
+    deltas = [tc for c in client.chat.completions.create(**ask, stream=True) if c.choices
+              for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == EXPECTED["qwen-xml"]

@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Also serve on this port, where Ollama clients look (11434).
     #[arg(long, env = "FASTMLX_OLLAMA_PORT")]
     ollama_port: Option<u16>,
+    /// With `tool_choice: "auto"`, hold a tool call the model starts to the format's grammar, so
+    /// that it completes to a call of an offered function with valid arguments.
+    #[arg(long, env = "FASTMLX_STRICT_TOOLS")]
+    strict_tools: bool,
     /// A model name other tools ask for, as NAME=MODEL (repeatable): `qwen2.5:7b=mlx-community/Qwen2.5-7B-Instruct-4bit`;
     /// NAME may end in `*` (`claude-*=...`); an empty MODEL means the model served now.
     #[arg(long = "alias", env = "FASTMLX_ALIASES", value_delimiter = ',')]
@@ -115,6 +119,7 @@ impl ServeArgs {
         config.allowed_origins.extend(self.allowed_origins.iter().cloned());
         config.aliases.extend(self.aliases.iter().cloned());
         config.ollama_port = self.ollama_port;
+        config.strict_tools = self.strict_tools;
         local_access(&mut config, self.host);
         config
     }

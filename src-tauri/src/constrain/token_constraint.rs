@@ -59,7 +59,9 @@ impl TokenConstraint {
             let mut out_of_bounds = Vec::new();
             allowed.iter_set_entries(|id| {
                 let id = id as u32;
-                if (all || self.vocab.shapes_layout(id)) && !layout.allows(self.vocab.text_bytes(id), &mut || closer_allowed) {
+                if (all || self.vocab.shapes_layout(id))
+                    && !layout.allows(self.vocab.text_bytes(id), &mut || closer_allowed)
+                {
                     out_of_bounds.push(id);
                 }
             });

@@ -66,6 +66,8 @@ pub struct ServerConfig {
     pub aliases: Vec<aliases::Alias>,
     /// Also listen on this port (Ollama clients look at 11434).
     pub ollama_port: Option<u16>,
+    /// `tool_choice: "auto"`: a call the model opens is held to its format's grammar.
+    pub strict_tools: bool,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +85,7 @@ impl Default for ServerConfig {
             settings_file: None,
             aliases: aliases::defaults(),
             ollama_port: None,
+            strict_tools: false,
         }
     }
 }

@@ -33,100 +33,195 @@ pub fn forced_calls(
     parallel: bool,
     special: &dyn Fn(&str) -> Option<u32>,
 ) -> Option<Result<ForcedCalls, SchemaError>> {
-    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
-    let repeat = |call: &str, separator: &str| {
-        if parallel {
-            format!("{call} ({} {call})*", lark_string(separator))
-        } else {
-            call.to_string()
-        }
-    };
     if matches!(format, ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic) {
         return None;
     }
+    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
     let build = || -> Result<(String, Option<(String, String)>), SchemaError> {
-        Ok(match format {
-            ToolFormat::Hermes => {
-                let (open, close) = ("<tool_call>\n", "\n</tool_call>");
-                if let ([f], true) = (functions, named) {
-                    let before = format!("{{\"name\": {}, \"arguments\": ", json!(f.name));
-                    let lark = format!(
-                        "start: {} {} {}\n",
-                        lark_string(&format!("{open}{before}")),
-                        json_rule(&f.parameters)?,
-                        lark_string(&format!("}}{close}"))
-                    );
-                    (lark, Some((format!("{open}{before}"), format!("}}{close}"))))
-                } else {
-                    let calls = json_rule(&call_objects(functions, "arguments"))?;
-                    let call = format!("{} {calls} {}", lark_string(open), lark_string(close));
-                    (format!("start: {}\ncall: {call}\n", repeat("call", "\n")), None)
-                }
+        // One named function with JSON arguments: fixed text around them (streamed as they come).
+        let around = match (format, functions, named) {
+            (ToolFormat::Hermes, [f], true) => Some((
+                String::new(),
+                format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(f.name)),
+                "}\n</tool_call>".to_string(),
+            )),
+            (ToolFormat::Mistral, [f], true) if template_source.contains("[ARGS]") => {
+                Some(("[TOOL_CALLS]".into(), format!("{}[ARGS]", f.name), String::new()))
             }
-            ToolFormat::Mistral if template_source.contains("[ARGS]") => {
-                // Mistral Small 3.2, Devstral, Magistral: `[TOOL_CALLS]name[ARGS]{...}` per call.
-                let (calls, args) = ("[TOOL_CALLS]", "[ARGS]");
-                let alternatives = functions
-                    .iter()
-                    .map(|f| Ok(format!("{} {} {}", lark_string(&f.name), marker(args), json_rule(&f.parameters)?)))
-                    .collect::<Result<Vec<String>, SchemaError>>()?;
-                let start = if parallel { "call+" } else { "call" };
-                let lark = format!("start: {start}\ncall: {} ({})\n", marker(calls), alternatives.join(" | "));
-                let within = match (functions, named) {
-                    ([f], true) => Some((format!("{calls}{}{args}", f.name), String::new())),
-                    _ => None,
-                };
-                (lark, within)
+            (ToolFormat::Mistral, [f], true) => Some((
+                "[TOOL_CALLS]".into(),
+                format!("[{{\"name\": {}, \"arguments\": ", json!(f.name)),
+                "}]".to_string(),
+            )),
+            (ToolFormat::LlamaJson, [f], true) => {
+                Some((String::new(), format!("{{\"name\": {}, \"parameters\": ", json!(f.name)), "}".to_string()))
             }
-            ToolFormat::Mistral => {
-                // Older Mistral templates: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
-                let calls = "[TOOL_CALLS]";
-                if let ([f], true) = (functions, named) {
-                    let before = format!("[{{\"name\": {}, \"arguments\": ", json!(f.name));
-                    let lark = format!(
-                        "start: {} {} {} {}\n",
-                        marker(calls),
-                        lark_string(&before),
-                        json_rule(&f.parameters)?,
-                        lark_string("}]")
-                    );
-                    (lark, Some((format!("{calls}{before}"), "}]".to_string())))
-                } else {
-                    let mut list =
-                        json!({"type": "array", "items": call_objects(functions, "arguments"), "minItems": 1});
-                    if !parallel {
-                        list["maxItems"] = json!(1);
-                    }
-                    (format!("start: {} {}\n", marker(calls), json_rule(&list)?), None)
-                }
-            }
-            ToolFormat::LlamaJson => {
-                // Llama 3.1-3.3 with custom tools: a bare JSON object, `parameters` for the arguments.
-                if let ([f], true) = (functions, named) {
-                    let before = format!("{{\"name\": {}, \"parameters\": ", json!(f.name));
-                    let lark =
-                        format!("start: {} {} {}\n", lark_string(&before), json_rule(&f.parameters)?, lark_string("}"));
-                    (lark, Some((before, "}".to_string())))
-                } else {
-                    let call = json_rule(&call_objects(functions, "parameters"))?;
-                    (format!("start: {}\ncall: {call}\n", repeat("call", "; ")), None)
-                }
-            }
-            ToolFormat::QwenXml => (qwen_xml(functions, parallel)?, None),
-            ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic => unreachable!("no grammar"),
-        })
+            _ => None,
+        };
+        if let (Some((special_open, before, after)), [f]) = (around, functions) {
+            // Mistral's `[ARGS]` is a special token too: written by id, shown as its text.
+            let before_lark = match before.strip_suffix("[ARGS]") {
+                Some(name) => format!("{} {}", lark_string(name), marker("[ARGS]")),
+                None => lark_string(&before),
+            };
+            let open = if special_open.is_empty() { String::new() } else { marker(&special_open) };
+            let after_lark = if after.is_empty() { String::new() } else { lark_string(&after) };
+            let lark = format!("start: {open} {before_lark} {} {after_lark}\n", json_rule(&f.parameters)?);
+            return Ok((lark, Some((format!("{special_open}{before}"), after))));
+        }
+        if format == ToolFormat::LlamaJson {
+            // Llama 3.1-3.3 with custom tools: a bare JSON object, `parameters` for the arguments.
+            let call = json_rule(&call_objects(functions, "parameters"))?;
+            let start = if parallel { format!("call ({} call)*", lark_string("; ")) } else { "call".into() };
+            return Ok((format!("start: {start}\ncall: {call}\n"), None));
+        }
+        let syntax = call_syntax(format, template_source, functions, parallel, &marker)?;
+        let more = syntax.more(parallel);
+        let lark = format!("start: call {more}\ncall: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules);
+        Ok((lark, None))
     };
     Some(build().and_then(|(lark, within)| {
         Grammar::from_lark(lark, true).map(|grammar| ForcedCalls { grammar, arguments_within: within })
     }))
 }
 
+/// With `tool_choice: "auto"` and `--strict-tools`: free text, but once the model opens a call
+/// the rest must be calls of the offered functions that parse. `None` for formats without it
+/// (a Llama call is a bare JSON answer; Harmony, Gemma 4 and LFM2 have no grammar here).
+pub fn strict_auto_calls(
+    format: ToolFormat,
+    template_source: &str,
+    functions: &[&Function],
+    parallel: bool,
+    special: &dyn Fn(&str) -> Option<u32>,
+) -> Option<Result<Grammar, SchemaError>> {
+    if !matches!(format, ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::QwenXml) {
+        return None;
+    }
+    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
+    let build = || -> Result<String, SchemaError> {
+        let syntax = call_syntax(format, template_source, functions, parallel, &marker)?;
+        let more = syntax.more(parallel);
+        let calls = format!("call: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules);
+        Ok(match &syntax.open_text {
+            // A text marker: the free text is one lexeme up to its first appearance, or all of
+            // the answer (a lexeme ends only where it cannot go on, so the marker is inside it).
+            Some(open) => {
+                let open = regex_text(open);
+                format!(
+                    "start: FREE | OPENED {} {more}\n{calls}\nFREE: /(?s:.*)/ & ~/(?s:.*){open}(?s:.*)/\nOPENED: /(?s:.*){open}/ & ~/(?s:.*){open}(?s:.+)/\n",
+                    syntax.body
+                )
+            }
+            // A special token: text cannot hold it.
+            None => format!("start: FREE? | FREE? call {more}\n{calls}\nFREE: /(?s:.+)/\n"),
+        })
+    };
+    Some(build().and_then(|lark| Grammar::from_lark(lark, false)))
+}
+
+/// A format's calls in Lark: the marker that opens one, what follows it, what may separate two.
+struct CallSyntax {
+    open_lark: String,
+    /// The opening marker when it is text (not a special token of the vocabulary).
+    open_text: Option<String>,
+    body: String,
+    /// A Lark expression (`None`: a second call cannot follow).
+    separator: Option<String>,
+    /// Rules the body refers to.
+    rules: String,
+}
+
+impl CallSyntax {
+    /// What may follow the first call.
+    fn more(&self, parallel: bool) -> String {
+        match (&self.separator, parallel) {
+            (Some(separator), true) => format!("({separator} call)*"),
+            _ => String::new(),
+        }
+    }
+}
+
+fn call_syntax(
+    format: ToolFormat,
+    template_source: &str,
+    functions: &[&Function],
+    parallel: bool,
+    marker: &dyn Fn(&str) -> String,
+) -> Result<CallSyntax, SchemaError> {
+    let text_open = |text: &str| (marker(text).starts_with('"')).then(|| text.to_string());
+    Ok(match format {
+        ToolFormat::Hermes => CallSyntax {
+            open_lark: lark_string("<tool_call>"),
+            open_text: Some("<tool_call>".into()),
+            body: format!(
+                "{} {} {}",
+                lark_string("\n"),
+                json_rule(&call_objects(functions, "arguments"))?,
+                lark_string("\n</tool_call>")
+            ),
+            separator: Some(lark_string("\n")),
+            rules: String::new(),
+        },
+        ToolFormat::Mistral if template_source.contains("[ARGS]") => {
+            // Mistral Small 3.2, Devstral, Magistral: `[TOOL_CALLS]name[ARGS]{...}` per call.
+            let alternatives = functions
+                .iter()
+                .map(|f| Ok(format!("{} {} {}", lark_string(&f.name), marker("[ARGS]"), json_rule(&f.parameters)?)))
+                .collect::<Result<Vec<String>, SchemaError>>()?;
+            CallSyntax {
+                open_lark: marker("[TOOL_CALLS]"),
+                open_text: text_open("[TOOL_CALLS]"),
+                body: format!("({})", alternatives.join(" | ")),
+                separator: Some(String::new()),
+                rules: String::new(),
+            }
+        }
+        ToolFormat::Mistral => {
+            // Older Mistral templates: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
+            let mut list = json!({"type": "array", "items": call_objects(functions, "arguments"), "minItems": 1});
+            if !parallel {
+                list["maxItems"] = json!(1);
+            }
+            CallSyntax {
+                open_lark: marker("[TOOL_CALLS]"),
+                open_text: text_open("[TOOL_CALLS]"),
+                body: json_rule(&list)?,
+                separator: None,
+                rules: String::new(),
+            }
+        }
+        ToolFormat::QwenXml => {
+            let (body, rules) = qwen_xml(functions)?;
+            CallSyntax {
+                open_lark: lark_string("<tool_call>"),
+                open_text: Some("<tool_call>".into()),
+                body,
+                separator: Some(r#""\n"?"#.into()),
+                rules,
+            }
+        }
+        ToolFormat::LlamaJson | ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic => {
+            unreachable!("no call syntax for {format:?}")
+        }
+    })
+}
+
+/// Text matched literally in a Lark regular expression.
+fn regex_text(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c.to_string() } else { format!("\\x{:02x}", c as u32) })
+        .collect()
+}
+
 /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
-/// </function>\n</tool_call>`. A string's value is raw text (anything without the closing tag,
-/// within its length bounds; one of its `enum`); other values are JSON of their schema.
-/// Properties in the schema's order, required ones present.
-fn qwen_xml(functions: &[&Function], parallel: bool) -> Result<String, SchemaError> {
-    const CLOSE: &str = "\n</parameter>\n";
+/// </function>\n</tool_call>`, the newlines between tags optional (as Qwen's own parser reads
+/// it). A string's value is raw text (anything up to the closing tag, within its length
+/// bounds; or one of its `enum`); other values are JSON of their schema. Properties in the
+/// schema's order, required ones present.
+fn qwen_xml(functions: &[&Function]) -> Result<(String, String), SchemaError> {
+    const NL: &str = r#""\n"?"#;
+    const CLOSE: &str = r#""</parameter>""#;
     let mut rules = Vec::new();
     let mut alternatives = Vec::new();
     for (i, f) in functions.iter().enumerate() {
@@ -139,59 +234,44 @@ fn qwen_xml(functions: &[&Function], parallel: bool) -> Result<String, SchemaErr
         let mut parts = Vec::new();
         if let Some(properties) = f.parameters.get("properties").and_then(Value::as_object) {
             for (j, (key, schema)) in properties.iter().enumerate() {
-                let value = if schema.get("type").and_then(Value::as_str) == Some("string") {
-                    match schema.get("enum").and_then(Value::as_array) {
-                        Some(values) => {
-                            let raw: Vec<String> = values
-                                .iter()
-                                .filter_map(Value::as_str)
-                                .map(|v| lark_string(&format!("{v}{CLOSE}")))
-                                .collect();
-                            format!("({})", raw.join(" | "))
-                        }
-                        None => {
-                            // The value and its closing tag are one lexeme: the text ends at the
-                            // tag's first appearance (a lexeme ends only where it cannot go on).
-                            let terminal = format!("F{i}_P{j}");
-                            let bound = |key: &str| schema.get(key).and_then(Value::as_u64);
-                            let length = match (bound("minLength"), bound("maxLength")) {
-                                (None, None) => "*".to_string(),
-                                (min, max) => format!(
-                                    "{{{},{}}}",
-                                    min.unwrap_or(0),
-                                    max.map(|m| m.to_string()).unwrap_or_default()
-                                ),
-                            };
-                            rules.push(format!(
-                                r"{terminal}: /(?s:.{length})\n<\/parameter>\n/ & ~/(?s:.*)\n<\/parameter>(?s:.*)\n<\/parameter>(?s:.*)/"
-                            ));
-                            terminal
-                        }
+                let value = match (schema.get("type").and_then(Value::as_str), schema.get("enum")) {
+                    (Some("string"), Some(Value::Array(values))) => {
+                        let raw: Vec<String> = values.iter().filter_map(Value::as_str).map(lark_string).collect();
+                        format!("{NL} ({}) {NL} {CLOSE}", raw.join(" | "))
                     }
-                } else {
-                    format!("{} {}", json_rule(schema)?, lark_string(CLOSE))
+                    (Some("string"), _) => {
+                        // The text and its closing tag are one lexeme, which ends at the tag's
+                        // first appearance (a lexeme ends only where it cannot go on).
+                        let terminal = format!("F{i}_P{j}");
+                        let bound = |key: &str| schema.get(key).and_then(Value::as_u64);
+                        let length = match (bound("minLength"), bound("maxLength")) {
+                            (None, None) => "*".to_string(),
+                            (min, max) => {
+                                format!("{{{},{}}}", min.unwrap_or(0), max.map(|m| m.to_string()).unwrap_or_default())
+                            }
+                        };
+                        rules.push(format!(
+                            r"{terminal}: /\n?(?s:.{length})\n?<\/parameter>/ & ~/(?s:.*)<\/parameter>(?s:.+)/"
+                        ));
+                        terminal
+                    }
+                    _ => format!("{NL} {} {NL} {CLOSE}", json_rule(schema)?),
                 };
                 let rule = format!("f{i}_p{j}");
-                rules.push(format!("{rule}: {} {value}", lark_string(&format!("<parameter={key}>\n"))));
+                rules.push(format!("{rule}: {} {value} {NL}", lark_string(&format!("<parameter={key}>"))));
                 parts.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
             }
         }
         rules.push(format!(
-            "f{i}: {} {} {}",
-            lark_string(&format!("<function={}>\n", f.name)),
+            "f{i}: {} {NL} {} {}",
+            lark_string(&format!("<function={}>", f.name)),
             parts.join(" "),
-            lark_string("</function>\n")
+            lark_string("</function>")
         ));
         alternatives.push(format!("f{i}"));
     }
-    let call = format!(
-        "call: {} ({}) {}",
-        lark_string("<tool_call>\n"),
-        alternatives.join(" | "),
-        lark_string("</tool_call>")
-    );
-    let start = if parallel { format!("start: call ({} call)*", lark_string("\n")) } else { "start: call".into() };
-    Ok(format!("{start}\n{call}\n{}\n", rules.join("\n")))
+    let body = format!("{NL} ({}) {NL} {}", alternatives.join(" | "), lark_string("</tool_call>"));
+    Ok((body, format!("{}\n", rules.join("\n"))))
 }
 
 /// `{"name": <const>, "<arguments key>": <parameters>}` for each function, as one schema.
@@ -359,6 +439,7 @@ mod tests {
             (ToolFormat::Mistral, MISTRAL_V3, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]"),
             (ToolFormat::LlamaJson, LLAMA, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}"),
             (ToolFormat::QwenXml, QWEN_XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
+            (ToolFormat::QwenXml, QWEN_XML, "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>"),
         ];
         for (format, template, text) in natural {
             for named in [true, false] {
@@ -375,6 +456,26 @@ mod tests {
             assert!(!accepts(&grammar(format, template, false, true), &other), "{format:?}: {other}");
             assert!(!accepts(&grammar(format, template, false, true), "It is sunny."), "{format:?}");
         }
+    }
+
+    #[test]
+    fn xml_string_values_are_any_text_up_to_the_closing_tag() {
+        let run = Function {
+            name: "run".into(),
+            parameters: json!({"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}),
+        };
+        let forced = forced_calls(ToolFormat::QwenXml, QWEN_XML, &[&run], true, false, &special).unwrap().unwrap();
+        let code = "if a < b:\n    print(\"</p> <parameter=x>\")";
+        let text =
+            format!("<tool_call>\n<function=run>\n<parameter=code>\n{code}\n</parameter>\n</function>\n</tool_call>");
+        assert!(accepts(&forced, &text), "{text}");
+        let mut parser = ToolCallParser::new(ToolFormat::QwenXml);
+        let mut pieces = parser.push(&text);
+        pieces.extend(parser.finish());
+        let [Piece::Call(call)] = pieces.as_slice() else { panic!("{pieces:?}") };
+        assert_eq!(serde_json::from_str::<Value>(&call.arguments).unwrap(), json!({"code": code}));
+        let twice = text.replace("</parameter>\n</function>", "</parameter></parameter>\n</function>");
+        assert!(!accepts(&forced, &twice), "the value ends at the first closing tag");
     }
 
     #[test]
@@ -417,6 +518,67 @@ mod tests {
                 assert!(complete >= 6, "{format:?} named={named} parallel={parallel}: {complete} of 12 ended");
             }
         }
+    }
+
+    fn strict_auto(format: ToolFormat, template: &str) -> ForcedCalls {
+        let functions = functions();
+        let all: Vec<&Function> = functions.iter().collect();
+        let grammar = strict_auto_calls(format, template, &all, true, &special).expect("a grammar here").unwrap();
+        ForcedCalls { grammar, arguments_within: None }
+    }
+
+    /// `--strict-tools`: text as the model likes, but a call it opens completes to a valid one.
+    #[test]
+    fn strict_auto_calls_let_text_through_and_hold_started_calls() {
+        let cases = [
+            (
+                ToolFormat::Hermes,
+                HERMES,
+                "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>",
+                "<tool_call>\n{\"name\": \"get_news\"",
+            ),
+            (ToolFormat::Mistral, MISTRAL_V11, "[TOOL_CALLS]get_time[ARGS]{\"zone\": \"UTC\"}", "[TOOL_CALLS]get_news"),
+            (
+                ToolFormat::Mistral,
+                MISTRAL_V3,
+                "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]",
+                "[TOOL_CALLS]Sorry",
+            ),
+            (
+                ToolFormat::QwenXml,
+                QWEN_XML,
+                "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
+                "<tool_call>\n<function=get_news>",
+            ),
+        ];
+        for (format, template, call, bad) in cases {
+            let auto = strict_auto(format, template);
+            assert!(accepts(&auto, "It is sunny, <b>no</b> tool needed."), "{format:?}");
+            assert!(accepts(&auto, ""), "{format:?}: an empty answer");
+            assert!(accepts(&auto, &format!("Let me look.\n{call}")), "{format:?}");
+            assert!(!accepts(&auto, &format!("Let me look.\n{bad}")), "{format:?}: {bad}");
+            assert!(!accepts(&auto, &format!("{call} and more text")), "{format:?}: text after the calls");
+        }
+        let mut rng = Rng::seeded(9);
+        let mut calls = 0;
+        for (format, template) in formats().into_iter().filter(|(f, _)| *f != ToolFormat::LlamaJson) {
+            let auto = strict_auto(format, template);
+            for _ in 0..12 {
+                let Some(text) = walk(&auto, &mut rng) else { continue };
+                let mut parser = ToolCallParser::new(format).with_schemas(parameter_schemas(&tools()));
+                let mut pieces = parser.push(&text);
+                pieces.extend(parser.finish());
+                for piece in pieces {
+                    if let Piece::Call(call) = piece {
+                        calls += 1;
+                        assert!(["get_weather", "get_time"].contains(&call.name.as_str()), "{text:?}");
+                        serde_json::from_str::<Value>(&call.arguments).expect("JSON arguments");
+                    }
+                }
+            }
+        }
+        assert!(calls > 0, "no random answer opened a call");
+        assert!(strict_auto_calls(ToolFormat::LlamaJson, LLAMA, &[], true, &special).is_none());
     }
 
     #[test]

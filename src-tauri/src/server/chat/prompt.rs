@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::answer::AnswerParser;
 use super::params::CommonParams;
 use super::reasoning::ReasoningSplitter;
-use super::structured::{answer_shape, AnswerShape, ToolMode};
+use super::structured::{answer_shape, AnswerShape, ShapeContext, ShapeRequest, ToolMode};
 use super::{harmony, tool_calls};
 use crate::engine::{ModelInfo, RequestStream};
 use crate::server::{ApiError, AppState};
@@ -177,14 +177,16 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         _ => None,
     };
     let tools = request.tools.as_deref().map(with_descriptions);
-    let shape = answer_shape(
-        tools.as_deref(),
-        request.tool_choice.as_ref(),
-        request.parallel_tool_calls,
-        request.response_format.as_ref(),
-        template.source(),
-        &|text| info.tokenizer.token_to_id(text).filter(|&id| info.tokenizer.is_special(id)),
-    )?;
+    let shape_request = ShapeRequest {
+        tools: tools.as_deref(),
+        tool_choice: request.tool_choice.as_ref(),
+        parallel_tool_calls: request.parallel_tool_calls,
+        response_format: request.response_format.as_ref(),
+    };
+    let special = |text: &str| info.tokenizer.token_to_id(text).filter(|&id| info.tokenizer.is_special(id));
+    let context =
+        ShapeContext { template_source: template.source(), special: &special, strict_tools: state.config.strict_tools };
+    let shape = answer_shape(shape_request, &context)?;
     let render = RenderRequest {
         messages: &messages,
         tools: shape.prompt_tools,
@@ -218,7 +220,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
     // Harmony (gpt-oss) marks reasoning and calls with special tokens, tools or not; a grammar
     // decides the whole answer and then no channel is written.
-    let harmony = shape.grammar.is_none() && harmony::is_harmony(template.source());
+    let harmony = !shape.grammar_decides_answer() && harmony::is_harmony(template.source());
     let markers = match (&shape.mode, &shape.call_format) {
         _ if harmony => harmony::MARKERS.as_slice(),
         (ToolMode::Auto(format), _) => format.marker_tokens(),
@@ -227,7 +229,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     };
     // A grammar decides the whole answer; a think block would break it.
     let reasoning =
-        if shape.grammar.is_some() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
+        if shape.grammar_decides_answer() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
     let reasoning_markers = reasoning.as_ref().map(ReasoningSplitter::special_tokens).unwrap_or_default();
     engine_request.special_text_tokens =
         markers.iter().chain(reasoning_markers).filter_map(|t| info.tokenizer.token_to_id(t)).collect();

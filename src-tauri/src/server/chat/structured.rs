@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::call_grammar::{forced_calls, Function};
+use super::call_grammar::{forced_calls, strict_auto_calls, Function};
 use super::tool_calls::ToolFormat;
 use crate::constrain::Grammar;
 use crate::server::ApiError;
@@ -41,16 +41,32 @@ pub struct CallFormat {
     pub arguments_within: Option<(String, String)>,
 }
 
-/// `special`: the id of a special token of the model's vocabulary, by its text (forced calls
-/// name their format's markers by id).
-pub fn answer_shape<'a>(
-    tools: Option<&'a [Value]>,
-    tool_choice: Option<&Value>,
-    parallel_tool_calls: Option<bool>,
-    response_format: Option<&Value>,
-    template_source: &str,
-    special: &dyn Fn(&str) -> Option<u32>,
-) -> Result<AnswerShape<'a>, ApiError> {
+/// What the request asks of the answer's shape.
+pub struct ShapeRequest<'a> {
+    pub tools: Option<&'a [Value]>,
+    pub tool_choice: Option<&'a Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<&'a Value>,
+}
+
+/// The model's side: its chat template, and a special token's id by its text (forced calls
+/// name their format's markers by id); `strict_tools`: the server's `--strict-tools`.
+pub struct ShapeContext<'a> {
+    pub template_source: &'a str,
+    pub special: &'a (dyn Fn(&str) -> Option<u32> + Sync),
+    pub strict_tools: bool,
+}
+
+impl<'a> AnswerShape<'a> {
+    /// Whether a grammar decides the whole answer (no reasoning, no free text around it).
+    pub fn grammar_decides_answer(&self) -> bool {
+        self.grammar.is_some() && !matches!(self.mode, ToolMode::Auto(_))
+    }
+}
+
+pub fn answer_shape<'a>(request: ShapeRequest<'a>, context: &ShapeContext) -> Result<AnswerShape<'a>, ApiError> {
+    let ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format } = request;
+    let ShapeContext { template_source, special, strict_tools } = *context;
     let tools = tools.filter(|t| !t.is_empty());
     let functions = tools
         .map(|t| t.iter().enumerate().map(|(i, tool)| function_of(i, tool)).collect::<Result<Vec<_>, _>>())
@@ -80,7 +96,19 @@ pub fn answer_shape<'a>(
         Choice::Auto if format_grammar.is_some() => {
             Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
         }
-        Choice::Auto => Ok(shape(format.map_or(ToolMode::Off, ToolMode::Auto), None)),
+        Choice::Auto => {
+            let all: Vec<&Function> = functions.iter().collect();
+            let strict = format.filter(|_| strict_tools).and_then(|format| {
+                strict_auto_calls(format, template_source, &all, parallel, special).map(|r| (format, r))
+            });
+            match strict {
+                Some((format, grammar)) => {
+                    let grammar = grammar.map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
+                    Ok(shape(ToolMode::Auto(format), Some(grammar)))
+                }
+                None => Ok(shape(format.map_or(ToolMode::Off, ToolMode::Auto), None)),
+            }
+        }
         Choice::Named(name) => {
             let function = functions.iter().find(|f| f.name == name).ok_or_else(|| {
                 ApiError::invalid(
@@ -216,6 +244,17 @@ fn schema_error(function: &str, e: crate::constrain::SchemaError) -> ApiError {
 mod tests {
     use super::*;
 
+    fn shape_of<'a>(
+        tools: Option<&'a [Value]>,
+        tool_choice: Option<&'a Value>,
+        parallel_tool_calls: Option<bool>,
+        response_format: Option<&'a Value>,
+        template_source: &str,
+    ) -> Result<AnswerShape<'a>, ApiError> {
+        let request = ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format };
+        answer_shape(request, &ShapeContext { template_source, special: &|_| None, strict_tools: false })
+    }
+
     fn tools() -> Vec<Value> {
         vec![
             json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}),
@@ -226,7 +265,7 @@ mod tests {
     fn modes_from_tool_choice() {
         let t = tools();
         let hermes = "<tool_call>";
-        let shape = |choice: Option<Value>| answer_shape(Some(&t), choice.as_ref(), None, None, hermes, &|_| None);
+        let shape = |choice: Option<Value>| shape_of(Some(&t), choice.as_ref(), None, None, hermes);
         assert_eq!(shape(None).unwrap().mode, ToolMode::Auto(ToolFormat::Hermes));
         assert!(shape(Some(json!("none"))).unwrap().prompt_tools.is_none());
         let required = shape(Some(json!("required"))).unwrap();
@@ -234,7 +273,7 @@ mod tests {
         assert!(required.grammar.is_some());
         let named = shape(Some(json!({"type": "function", "function": {"name": "get_weather"}}))).unwrap();
         assert_eq!(named.mode, ToolMode::Named("get_weather".into()));
-        assert_eq!(answer_shape(Some(&t), None, None, None, "plain", &|_| None).unwrap().mode, ToolMode::Off);
+        assert_eq!(shape_of(Some(&t), None, None, None, "plain").unwrap().mode, ToolMode::Off);
     }
 
     #[test]
@@ -243,28 +282,15 @@ mod tests {
         let err = |r: Result<AnswerShape, ApiError>| {
             r.err().expect("an error").body()["error"]["param"].as_str().unwrap_or_default().to_string()
         };
-        assert_eq!(err(answer_shape(Some(&t), Some(&json!("sometimes")), None, None, "", &|_| None)), "tool_choice");
+        assert_eq!(err(shape_of(Some(&t), Some(&json!("sometimes")), None, None, "")), "tool_choice");
         assert_eq!(
-            err(answer_shape(
-                Some(&t),
-                Some(&json!({"type": "function", "function": {"name": "nope"}})),
-                None,
-                None,
-                "",
-                &|_| None
-            )),
+            err(shape_of(Some(&t), Some(&json!({"type": "function", "function": {"name": "nope"}})), None, None, "",)),
             "tool_choice"
         );
-        assert_eq!(err(answer_shape(None, Some(&json!("required")), None, None, "", &|_| None)), "tool_choice");
-        assert_eq!(
-            err(answer_shape(Some(&[json!({"type": "retrieval"})]), None, None, None, "", &|_| None)),
-            "tools[0]"
-        );
-        assert_eq!(
-            err(answer_shape(None, None, None, Some(&json!({"type": "xml"})), "", &|_| None)),
-            "response_format"
-        );
+        assert_eq!(err(shape_of(None, Some(&json!("required")), None, None, "")), "tool_choice");
+        assert_eq!(err(shape_of(Some(&[json!({"type": "retrieval"})]), None, None, None, "")), "tools[0]");
+        assert_eq!(err(shape_of(None, None, None, Some(&json!({"type": "xml"})), "")), "response_format");
         let pattern = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}});
-        assert_eq!(err(answer_shape(None, None, None, Some(&pattern), "", &|_| None)), "response_format");
+        assert_eq!(err(shape_of(None, None, None, Some(&pattern), "")), "response_format");
     }
 }

@@ -14,7 +14,7 @@ use crate::engine::{Event, Finish, FinishReason, RequestStream};
 use crate::server::chat::answer::{AnswerParser, Piece};
 use crate::server::chat::outcome::{collect, failure, text_beside_calls, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
-use crate::server::chat::structured::answer_shape;
+use crate::server::chat::structured::{answer_shape, ShapeContext, ShapeRequest};
 use crate::server::chat::{start, ChatRequest};
 use crate::server::dialect_errors::{envelope, Dialect};
 use crate::server::extract::ApiJson;
@@ -102,8 +102,15 @@ pub async fn generate(
             RawPrompt::Fim { prefix: &prompt, suffix: &suffix }
         };
         // `format` holds for raw prompts too: the grammar alone decides the shape.
-        let grammar =
-            answer_shape(None, None, None, response_format(body.get("format"))?.as_ref(), "", &|_| None)?.grammar;
+        let format = response_format(body.get("format"))?;
+        let request = ShapeRequest {
+            tools: None,
+            tool_choice: None,
+            parallel_tool_calls: None,
+            response_format: format.as_ref(),
+        };
+        let context = ShapeContext { template_source: "", special: &|_| None, strict_tools: false };
+        let grammar = answer_shape(request, &context)?.grammar;
         let started = raw::start(&state, Some(&id), prompt, &common, None, grammar).await.map_err(|e| match e {
             RawError::NoFim => ApiError::invalid(
                 "suffix",
