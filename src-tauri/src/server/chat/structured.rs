@@ -42,11 +42,11 @@ pub struct CallFormat {
 }
 
 /// What the request asks of the answer's shape.
-pub struct ShapeRequest<'a> {
+pub struct ShapeRequest<'a, 'b> {
     pub tools: Option<&'a [Value]>,
-    pub tool_choice: Option<&'a Value>,
+    pub tool_choice: Option<&'b Value>,
     pub parallel_tool_calls: Option<bool>,
-    pub response_format: Option<&'a Value>,
+    pub response_format: Option<&'b Value>,
 }
 
 /// The model's side: its chat template, and a special token's id by its text (forced calls
@@ -64,7 +64,7 @@ impl<'a> AnswerShape<'a> {
     }
 }
 
-pub fn answer_shape<'a>(request: ShapeRequest<'a>, context: &ShapeContext) -> Result<AnswerShape<'a>, ApiError> {
+pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -> Result<AnswerShape<'a>, ApiError> {
     let ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format } = request;
     let ShapeContext { template_source, special, strict_tools } = *context;
     let tools = tools.filter(|t| !t.is_empty());
@@ -246,9 +246,9 @@ mod tests {
 
     fn shape_of<'a>(
         tools: Option<&'a [Value]>,
-        tool_choice: Option<&'a Value>,
+        tool_choice: Option<&Value>,
         parallel_tool_calls: Option<bool>,
-        response_format: Option<&'a Value>,
+        response_format: Option<&Value>,
         template_source: &str,
     ) -> Result<AnswerShape<'a>, ApiError> {
         let request = ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format };
@@ -274,6 +274,29 @@ mod tests {
         let named = shape(Some(json!({"type": "function", "function": {"name": "get_weather"}}))).unwrap();
         assert_eq!(named.mode, ToolMode::Named("get_weather".into()));
         assert_eq!(shape_of(Some(&t), None, None, None, "plain").unwrap().mode, ToolMode::Off);
+    }
+
+    #[test]
+    fn forced_and_strict_calls_in_the_templates_format() {
+        let t = tools();
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let forced = shape_of(Some(&t), Some(&named), None, None, "<tool_call>").unwrap();
+        let format = forced.call_format.as_ref().expect("Hermes calls");
+        assert_eq!(format.format, ToolFormat::Hermes);
+        let (before, after) = format.arguments_within.as_ref().unwrap();
+        assert_eq!(
+            (before.as_str(), after.as_str()),
+            ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", "}\n</tool_call>")
+        );
+        assert!(forced.grammar_decides_answer());
+        // No format the server writes: the call is plain JSON, as before.
+        assert!(shape_of(Some(&t), Some(&named), None, None, "plain").unwrap().call_format.is_none());
+        let request =
+            ShapeRequest { tools: Some(&t), tool_choice: None, parallel_tool_calls: None, response_format: None };
+        let context = ShapeContext { template_source: "<tool_call>", special: &|_| None, strict_tools: true };
+        let strict = answer_shape(request, &context).unwrap();
+        assert_eq!(strict.mode, ToolMode::Auto(ToolFormat::Hermes));
+        assert!(strict.grammar.is_some() && !strict.grammar_decides_answer(), "free text, reasoning and calls");
     }
 
     #[test]
