@@ -1,6 +1,7 @@
 //! The `fastmlx` command line.
 
 mod bench_cmd;
+mod bench_grammar_cmd;
 mod cache_cmd;
 mod generate_cmd;
 mod model_path;
@@ -66,6 +67,8 @@ enum Command {
     App(AppArgs),
     /// Measure single-stream prompt and decode speed.
     Bench(bench_cmd::BenchArgs),
+    /// Measure the per-token cost of constrained decoding (JSON Schema) on the CPU.
+    BenchGrammar(bench_grammar_cmd::BenchGrammarArgs),
     /// Download a model from the Hugging Face Hub (resumable; Ctrl-C cancels).
     Pull(store_cmd::PullArgs),
     /// List local models: FastMLX's folder, the Hugging Face cache, LM Studio's folder.
@@ -111,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => generate_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::BenchGrammar(args) => bench_grammar_cmd::run(args),
         Command::Pull(args) => store_cmd::pull(args),
         Command::Ls => store_cmd::ls(),
         Command::Rm(args) => store_cmd::rm(args),

@@ -53,6 +53,10 @@ impl JsonLayout {
         true
     }
 
+    pub fn in_string(&self) -> bool {
+        self.in_string
+    }
+
     /// Whether only a closing bracket (or more whitespace) may come next, whatever the token.
     pub fn must_close(&self) -> bool {
         self.closing

@@ -55,11 +55,13 @@ impl TokenConstraint {
             // Only tokens with digits or whitespace can break the layout's bounds (or any token
             // where a bracket must close). Where none would be left, the grammar alone decides.
             let all = layout.must_close();
+            // Inside a string only a token that closes it can reach the layout.
+            let in_string = layout.in_string() && !all;
             let closer_allowed = self.vocab.closers().iter().any(|&c| allowed.is_allowed(c));
             let mut out_of_bounds = Vec::new();
             allowed.iter_set_entries(|id| {
                 let id = id as u32;
-                if (all || self.vocab.shapes_layout(id))
+                if (all || self.vocab.shapes_layout(id) && (!in_string || self.vocab.has_quote(id)))
                     && !layout.allows(self.vocab.text_bytes(id), &mut || closer_allowed)
                 {
                     out_of_bounds.push(id);
@@ -71,12 +73,21 @@ impl TokenConstraint {
                 }
             }
         }
+        // A word of the bitset at a time: most are all-zero.
         let mut count = 0;
-        for (id, logit) in logits.iter_mut().enumerate() {
-            if id < allowed.len() && allowed.get(id) {
-                count += 1;
-            } else {
-                *logit = f32::NEG_INFINITY;
+        let words = allowed.as_slice();
+        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+            let valid = low_bits(allowed.len().saturating_sub(i * 32));
+            let bits = words.get(i).copied().unwrap_or(0) & valid;
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            count += bits.count_ones() as usize;
+            for (j, logit) in chunk.iter_mut().enumerate() {
+                if bits & (1 << j) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
             }
         }
         count
@@ -101,5 +112,14 @@ impl TokenConstraint {
             return self.matcher.stop_reason().is_ok();
         }
         self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// A mask of the lowest `n` bits (all 32 for `n` of 32 or more).
+fn low_bits(n: usize) -> u32 {
+    if n >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
     }
 }

@@ -18,6 +18,8 @@ pub struct Vocabulary {
     /// Whether a token's text holds an ASCII digit or whitespace (the JSON layout bounds look
     /// at those only).
     shapes_layout: Vec<bool>,
+    /// Whether a token's text holds a `"`.
+    has_quote: Vec<bool>,
     /// The tokens that are just `}` or `]`.
     closers: Vec<u32>,
     eos_ids: Vec<u32>,
@@ -42,6 +44,7 @@ impl Vocabulary {
             .iter()
             .map(|w| w.first() != Some(&SPECIAL_MARKER) && w.iter().any(|&b| b.is_ascii_digit() || is_whitespace(b)))
             .collect();
+        let has_quote = words.iter().map(|w| w.first() != Some(&SPECIAL_MARKER) && w.contains(&b'"')).collect();
         let closers =
             (0..words.len() as u32).filter(|&id| matches!(words[id as usize].as_slice(), b"}" | b"]")).collect();
         let info = TokRxInfo::new(words.len() as u32, first_eos);
@@ -51,7 +54,7 @@ impl Vocabulary {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
         factory.limits_mut().verbose_errors = false;
-        Ok(Vocabulary { factory, shapes_layout, closers, eos_ids })
+        Ok(Vocabulary { factory, shapes_layout, has_quote, closers, eos_ids })
     }
 
     pub fn len(&self) -> usize {
@@ -81,6 +84,10 @@ impl Vocabulary {
 
     pub(super) fn shapes_layout(&self, token: u32) -> bool {
         self.shapes_layout.get(token as usize).copied().unwrap_or(false)
+    }
+
+    pub(super) fn has_quote(&self, token: u32) -> bool {
+        self.has_quote.get(token as usize).copied().unwrap_or(false)
     }
 
     pub(super) fn closers(&self) -> &[u32] {

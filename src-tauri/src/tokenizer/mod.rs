@@ -105,10 +105,12 @@ impl Tokenizer {
     /// The vocabulary as constrained decoding sees it (every token's bytes), built once.
     pub fn constraint_vocabulary(&self) -> Result<Arc<Vocabulary>, String> {
         self.constraint_vocabulary
-            .get_or_init(|| {
-                let words = token_bytes::token_bytes(&self.inner, SPECIAL_MARKER);
-                Vocabulary::new(words, &self.eos_ids).map(Arc::new)
-            })
+            .get_or_init(|| Vocabulary::new(self.token_byte_table(SPECIAL_MARKER), &self.eos_ids).map(Arc::new))
             .clone()
+    }
+
+    /// Every token's bytes by id; a special token's are `marker` then its text.
+    pub fn token_byte_table(&self, marker: u8) -> Vec<Vec<u8>> {
+        token_bytes::token_bytes(&self.inner, marker)
     }
 }
