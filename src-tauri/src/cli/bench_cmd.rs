@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// With --concurrency: requests each client sends, one after the other.
     #[arg(long, default_value_t = 2)]
     requests_per_client: usize,
+    /// With --concurrency: every answer must be JSON valid against this JSON Schema (a file).
+    #[arg(long)]
+    schema: Option<PathBuf>,
 }
 
 /// Prompt ids the Python side (scripts/reference/bench_mlx_lm.py) builds the same way;
@@ -93,6 +96,15 @@ struct Trace {
 
 fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
     let path = super::resolve_model_path(args.model.clone())?;
+    let grammar = match &args.schema {
+        Some(file) => {
+            let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file)?)?;
+            Some(std::sync::Arc::new(
+                crate::constrain::Grammar::from_schema(&schema).map_err(|e| anyhow::anyhow!("{e}"))?,
+            ))
+        }
+        None => None,
+    };
     let max_batch = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let options = args.weights.load_options();
     let engine = EngineHandle::start(EngineConfig { max_batch, ..Default::default() }, move || {
@@ -105,11 +117,11 @@ fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
         args.gen_tokens,
         args.requests_per_client
     );
-    run_level(&engine, args, 1, 1); // warm-up
+    run_level(&engine, args, &grammar, 1, 1); // warm-up
     for &clients in &args.concurrency {
         mlx::reset_peak_memory();
         let started = Instant::now();
-        let traces = run_level(&engine, args, clients, args.requests_per_client);
+        let traces = run_level(&engine, args, &grammar, clients, args.requests_per_client);
         let wall = started.elapsed().as_secs_f64();
         let peak = engine.snapshot().mlx_peak_bytes;
         let tokens: usize = traces.iter().map(|t| t.tokens).sum();
@@ -130,16 +142,24 @@ fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `clients` threads each send `per_client` requests one after the other.
-fn run_level(engine: &EngineHandle, args: &BenchArgs, clients: usize, per_client: usize) -> Vec<Trace> {
+fn run_level(
+    engine: &EngineHandle,
+    args: &BenchArgs,
+    grammar: &Option<std::sync::Arc<crate::constrain::Grammar>>,
+    clients: usize,
+    per_client: usize,
+) -> Vec<Trace> {
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let engine = engine.clone();
+            let grammar = grammar.clone();
             let (prompt_tokens, gen_tokens) = (args.prompt_tokens, args.gen_tokens);
             std::thread::spawn(move || {
                 (0..per_client)
                     .map(|r| {
                         let mut request = Request::new(bench_prompt(prompt_tokens, c * 1000 + r), gen_tokens);
                         request.ignore_eos = true;
+                        request.grammar = grammar.clone();
                         let started = Instant::now();
                         let mut stream = engine.submit(request).expect("bench requests fit");
                         let mut last = None;
