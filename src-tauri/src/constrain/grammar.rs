@@ -118,6 +118,12 @@ fn strict(schema: &mut Value, closes_objects: bool) -> Result<(), SchemaError> {
         // Nothing to enforce: no two items to compare.
         s.remove("uniqueItems");
     }
+    if s.get("uniqueItems") == Some(&Value::Bool(true)) {
+        if let Some(arrays) = distinct_arrays(s) {
+            s.remove("uniqueItems");
+            s.insert("anyOf".into(), Value::Array(arrays));
+        }
+    }
     if let (true, Some(Value::Object(properties))) = (closes_objects, s.get("properties")) {
         if !s.contains_key("additionalProperties") {
             let required = s.get("required").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
@@ -209,6 +215,48 @@ fn next_without_reading(schema: &Value, pointer: &str) -> Vec<String> {
         }
     }
     next
+}
+
+/// `uniqueItems` over items of a few values (`enum`, `const`, `boolean`; pydantic's
+/// `set[Literal[...]]`): every array of distinct values as one alternative, when there are at
+/// most [`MAX_DISTINCT_ARRAYS`] of them. `None` where that cannot be done.
+fn distinct_arrays(s: &Map<String, Value>) -> Option<Vec<Value>> {
+    const MAX_DISTINCT_ARRAYS: usize = 400;
+    if s.contains_key("prefixItems") || s.contains_key("anyOf") {
+        return None;
+    }
+    let items = s.get("items")?;
+    let values: Vec<Value> = match (items.get("enum"), items.get("const"), items.get("type").and_then(Value::as_str)) {
+        (Some(Value::Array(values)), _, _) => values.clone(),
+        (None, Some(value), _) => vec![value.clone()],
+        (None, None, Some("boolean")) => vec![json!(true), json!(false)],
+        _ => return None,
+    };
+    if values.iter().any(|v| v.is_object() || v.is_array()) {
+        return None;
+    }
+    let mut values = values;
+    values.dedup();
+    let min = s.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let max = s.get("maxItems").and_then(Value::as_u64).map_or(values.len(), |m| (m as usize).min(values.len()));
+    // Ordered selections of k of n values, k from min to max.
+    let mut arrays = Vec::new();
+    let mut stack: Vec<Vec<usize>> = vec![Vec::new()];
+    while let Some(chosen) = stack.pop() {
+        if chosen.len() >= min {
+            let prefix: Vec<Value> = chosen.iter().map(|&i| json!({"const": values[i]})).collect();
+            arrays.push(json!({"prefixItems": prefix, "items": false, "minItems": chosen.len()}));
+            if arrays.len() > MAX_DISTINCT_ARRAYS {
+                return None;
+            }
+        }
+        if chosen.len() < max {
+            for i in (0..values.len()).filter(|i| !chosen.contains(i)) {
+                stack.push([chosen.as_slice(), &[i]].concat());
+            }
+        }
+    }
+    Some(arrays)
 }
 
 /// `nullable: true`: `null` joins the types (or the values of an `enum`).

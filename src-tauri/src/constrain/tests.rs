@@ -201,6 +201,7 @@ fn unsupported_or_broken_schemas_are_refused_with_reasons() {
     for (schema, expect) in [
         (json!({"not": {"type": "string"}}), "Unimplemented keys: [\"not\"]"),
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems"),
+        (json!({"type": "array", "items": {"enum": [1, 2, 3, 4, 5, 6]}, "uniqueItems": true}), "uniqueItems"),
         (json!({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}), "Unimplemented keys"),
         (json!({"$ref": "https://example.com/s.json"}), "https://example.com/s.json"),
         (json!({"$ref": "#/$defs/missing"}), "/$defs/missing"),
@@ -294,6 +295,11 @@ fn patterns_formats_multiples_and_number_bounds() {
     assert!(matches(&ratio, "0") && matches(&ratio, "0.25") && !matches(&ratio, "1") && !prefix_ok(&ratio, "-"));
     let price = json!({"type": "number", "multipleOf": 0.01});
     assert!(matches(&price, "12.34") && !matches(&price, "12.345"));
+    // Distinct items where they are few values (pydantic's `set[Literal[...]]`).
+    let set = json!({"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": true, "minItems": 1});
+    assert!(matches(&set, r#"["b", "a"]"#) && matches(&set, r#"["c","a","b"]"#) && matches(&set, r#"["a"]"#));
+    assert!(!prefix_ok(&set, r#"["a", "a""#) && !matches(&set, "[]") && !prefix_ok(&set, r#"["d""#));
+    assert!(matches(&json!({"type": "array", "items": {"type": "boolean"}, "uniqueItems": true}), "[false, true]"));
     // A format nothing enforces is an annotation; `nullable` (OpenAPI) allows null.
     assert!(matches(&json!({"type": "string", "format": "password"}), r#""x""#));
     assert!(matches(&json!({"type": "integer", "nullable": true}), "null"));
