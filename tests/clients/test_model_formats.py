@@ -24,7 +24,8 @@ ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a cit
                      "input_schema": WEATHER["function"]["parameters"]}
 # What each scripted model calls get_weather with.
 EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3},
-            "qwen3.5": {"city": "Paris", "days": 3}, "pythonic": {"city": "Paris", "days": 3}}
+            "qwen3.5": {"city": "Paris", "days": 3}, "pythonic": {"city": "Paris", "days": 3},
+            "mistral": {"city": "Paris", "days": 3}}
 # The thought a scripted model writes before its call (Qwen3.5's, whose prompt opens <think>).
 THOUGHT = {"qwen3.5": "Calling_get_weather."}
 # Text a scripted model writes before its call (Gemma 4's; the others call straight away).
@@ -100,25 +101,29 @@ def test_responses_function_call(scripted):
 
 
 # Forced calls (`tool_choice` required or named) are written in the model's own format where the
-# server has its grammar (Qwen's XML here), and with `--strict-tools` so is a call the model opens
-# by itself: the scripted call passes through the grammar unchanged, and comes back as the same
-# call, whole or streamed.
-@pytest.fixture(scope="module")
-def qwen_xml(tmp_path_factory):
-    yield from scripted_server(tmp_path_factory, "qwen-xml", "qwen3-coder.jinja", ["--strict-tools"])
+# server has its grammar (Qwen's XML, Mistral's `[TOOL_CALLS]` list here), and with `--strict-tools`
+# so is a call the model opens by itself: the scripted call passes through the grammar unchanged,
+# and comes back as the same call, whole or streamed.
+@pytest.fixture(scope="module", params=[("qwen-xml", "qwen3-coder.jinja"), ("mistral", "mistral-v0.3.jinja")],
+                ids=["qwen-xml", "mistral"])
+def strict(request, tmp_path_factory):
+    fmt, template = request.param
+    for server in scripted_server(tmp_path_factory, fmt, template, ["--strict-tools"]):
+        yield fmt, server
 
 
 @pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}],
                          ids=["auto", "required", "named"])
-def test_forced_call_in_the_models_own_format(qwen_xml, choice):
-    client = openai.OpenAI(base_url=qwen_xml["url"], api_key="x")
-    ask = dict(model=qwen_xml["model"], messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+def test_forced_call_in_the_models_own_format(strict, choice):
+    fmt, server = strict
+    client = openai.OpenAI(base_url=server["url"], api_key="x")
+    ask = dict(model=server["model"], messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                tools=[WEATHER], tool_choice=choice, max_tokens=120)
     r = client.chat.completions.create(**ask)
     call = r.choices[0].message.tool_calls[0]
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED["qwen-xml"]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == EXPECTED[fmt]
     assert r.choices[0].finish_reason == ("stop" if isinstance(choice, dict) else "tool_calls")
     deltas = [tc for c in client.chat.completions.create(**ask, stream=True) if c.choices
               for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].function.name == "get_weather"
-    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == EXPECTED["qwen-xml"]
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == EXPECTED[fmt]

@@ -169,7 +169,12 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
             "qwen3.5" => scripted::qwen3_5_tool_call(&source),
             "pythonic" => scripted::pythonic_tool_call(&source),
             "gemma4" => scripted::gemma4_tool_call(&source),
-            other => anyhow::bail!("unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4)"),
+            "mistral" => scripted::mistral_tool_call(&source),
+            other => {
+                anyhow::bail!(
+                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral)"
+                )
+            }
         };
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());

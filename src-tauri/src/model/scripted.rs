@@ -99,6 +99,34 @@ pub fn qwen3_5_tool_call(chat_template: &str) -> Script<'_> {
     }
 }
 
+/// Mistral v0.3's tool calls (its published chat template): `[TOOL_CALLS] [` and a JSON list
+/// of one call, written compactly (a script cannot hold a token twice).
+pub fn mistral_tool_call(chat_template: &str) -> Script<'_> {
+    Script {
+        chat_template,
+        special: &[
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[TOOL_CALLS]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ],
+        trigger: "[/INST]",
+        answer: &[
+            "[TOOL_CALLS]",
+            " ",
+            r#"[{"name":"get_weather","#,
+            r#""arguments":{"city":"Paris","#,
+            r#""days":3}}]"#,
+        ],
+        eos: &["</s>"],
+    }
+}
+
 /// LFM2's Python-list tool calls (its published chat template): a call to `get_weather` with a
 /// string and an integer argument.
 pub fn pythonic_tool_call(chat_template: &str) -> Script<'_> {

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::harmony::HarmonyParser;
+use super::named_arguments::NamedArguments;
 use super::reasoning::{Part, ReasoningSplitter};
 use super::structured::{CallFormat, ToolMode};
 use super::tool_calls::{self, call_from_value, ParameterSchemas, ToolCall, ToolCallParser};
@@ -23,49 +24,12 @@ enum Tools {
     Off,
     Parse(ToolCallParser),
     Named,
-    /// A named call in the model's format: its JSON arguments come between these texts.
-    NamedWithin(Within),
+    /// A named call in the model's format: its JSON arguments, read out of the call's text.
+    NamedArguments(NamedArguments),
     /// A named call in a format whose arguments are not JSON (Qwen's XML): read when complete.
     NamedParsed(ToolCallParser, Vec<ToolCall>),
     /// The JSON list of calls, read to the end.
     Required(String),
-}
-
-struct Within {
-    before: String,
-    after: String,
-    /// Text not yet passed on: `before` until it is complete, then what may be `after`.
-    pending: String,
-    opened: bool,
-}
-
-impl Within {
-    fn push(&mut self, text: &str) -> Option<String> {
-        self.pending.push_str(text);
-        if !self.opened {
-            if self.pending.len() < self.before.len() {
-                return None;
-            }
-            // The grammar wrote `before` exactly; anything else is passed on as it is.
-            if self.pending.starts_with(&self.before) {
-                self.pending.drain(..self.before.len());
-            }
-            self.opened = true;
-        }
-        let mut emit_to = self.pending.len().saturating_sub(self.after.len());
-        while !self.pending.is_char_boundary(emit_to) {
-            emit_to -= 1;
-        }
-        Some(self.pending.drain(..emit_to).collect())
-    }
-
-    fn finish(&mut self) -> String {
-        let rest = std::mem::take(&mut self.pending);
-        if !self.opened {
-            return String::new();
-        }
-        rest.strip_suffix(self.after.as_str()).unwrap_or(&rest).to_string()
-    }
 }
 
 pub struct AnswerParser {
@@ -89,14 +53,9 @@ impl AnswerParser {
 
     /// Forced calls written in the model's own format (not as JSON).
     pub fn with_call_format(mut self, call_format: Option<&CallFormat>) -> AnswerParser {
-        let Some(CallFormat { format, arguments_within }) = call_format else { return self };
-        self.tools = match (&self.tools, arguments_within) {
-            (Tools::Named, Some((before, after))) => Tools::NamedWithin(Within {
-                before: before.clone(),
-                after: after.clone(),
-                pending: String::new(),
-                opened: false,
-            }),
+        let Some(CallFormat { format, arguments_after }) = call_format else { return self };
+        self.tools = match (&self.tools, arguments_after) {
+            (Tools::Named, Some(key)) => Tools::NamedArguments(NamedArguments::new(key)),
             (Tools::Named, None) => Tools::NamedParsed(ToolCallParser::new(*format), Vec::new()),
             (Tools::Required(_), _) => Tools::Parse(ToolCallParser::new(*format)),
             _ => return self,
@@ -140,7 +99,7 @@ impl AnswerParser {
         match &mut self.tools {
             Tools::Off | Tools::Named => {}
             Tools::Parse(parser) => out.extend(parser.finish().into_iter().map(from_tool_piece)),
-            Tools::NamedWithin(within) => out.push(Piece::Arguments(within.finish())),
+            Tools::NamedArguments(_) => {}
             Tools::NamedParsed(parser, calls) => {
                 calls.extend(parser.finish().into_iter().filter_map(tool_call));
                 out.extend(calls.drain(..).next().map(|c| Piece::Arguments(c.arguments)));
@@ -166,7 +125,7 @@ impl AnswerParser {
                     Tools::Off => out.push(Piece::Text(t)),
                     Tools::Parse(parser) => out.extend(parser.push(&t).into_iter().map(from_tool_piece)),
                     Tools::Named => out.push(Piece::Arguments(t)),
-                    Tools::NamedWithin(within) => out.extend(within.push(&t).map(Piece::Arguments)),
+                    Tools::NamedArguments(arguments) => out.push(Piece::Arguments(arguments.push(&t))),
                     // Held to the end: its arguments come out once the call is complete.
                     Tools::NamedParsed(parser, calls) => {
                         calls.extend(parser.push(&t).into_iter().filter_map(tool_call))

@@ -15,12 +15,12 @@ pub struct Function {
     pub parameters: Value,
 }
 
-/// The grammar of the forced calls, and for one named function the exact text around its
-/// arguments (for streaming them as they come); `None` when the format's arguments are not
-/// JSON (Qwen's XML: they are read when the call is complete).
+/// The grammar of the forced calls, and for one named function the text its JSON arguments
+/// follow (a key, or Mistral's `[ARGS]`), to stream them as they come; `None` when the
+/// format's arguments are not JSON (Qwen's XML: they are read when the call is complete).
 pub struct ForcedCalls {
     pub grammar: Grammar,
-    pub arguments_within: Option<(String, String)>,
+    pub arguments_after: Option<String>,
 }
 
 /// `special`: a special token's id, by its text (the grammar names it by id; a marker that is
@@ -37,51 +37,29 @@ pub fn forced_calls(
         return None;
     }
     let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
-    let build = || -> Result<(String, Option<(String, String)>), SchemaError> {
-        // One named function with JSON arguments: fixed text around them (streamed as they come).
-        let around = match (format, functions, named) {
-            (ToolFormat::Hermes, [f], true) => Some((
-                String::new(),
-                format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(f.name)),
-                "}\n</tool_call>".to_string(),
-            )),
-            (ToolFormat::Mistral, [f], true) if template_source.contains("[ARGS]") => {
-                Some(("[TOOL_CALLS]".into(), format!("{}[ARGS]", f.name), String::new()))
-            }
-            (ToolFormat::Mistral, [f], true) => Some((
-                "[TOOL_CALLS]".into(),
-                format!("[{{\"name\": {}, \"arguments\": ", json!(f.name)),
-                "}]".to_string(),
-            )),
-            (ToolFormat::LlamaJson, [f], true) => {
-                Some((String::new(), format!("{{\"name\": {}, \"parameters\": ", json!(f.name)), "}".to_string()))
-            }
-            _ => None,
-        };
-        if let (Some((special_open, before, after)), [f]) = (around, functions) {
-            // Mistral's `[ARGS]` is a special token too: written by id, shown as its text.
-            let before_lark = match before.strip_suffix("[ARGS]") {
-                Some(name) => format!("{} {}", lark_string(name), marker("[ARGS]")),
-                None => lark_string(&before),
-            };
-            let open = if special_open.is_empty() { String::new() } else { marker(&special_open) };
-            let after_lark = if after.is_empty() { String::new() } else { lark_string(&after) };
-            let lark = format!("start: {open} {before_lark} {} {after_lark}\n", json_rule(&f.parameters)?);
-            return Ok((lark, Some((format!("{special_open}{before}"), after))));
-        }
+    let build = || -> Result<String, SchemaError> {
         if format == ToolFormat::LlamaJson {
             // Llama 3.1-3.3 with custom tools: a bare JSON object, `parameters` for the arguments.
             let call = json_rule(&call_objects(functions, "parameters"))?;
             let start = if parallel { format!("call ({} call)*", lark_string("; ")) } else { "call".into() };
-            return Ok((format!("start: {start}\ncall: {call}\n"), None));
+            return Ok(format!("start: {start}\ncall: {call}\n"));
         }
         let syntax = call_syntax(format, template_source, functions, parallel, &marker)?;
         let more = syntax.more(parallel);
-        let lark = format!("start: call {more}\ncall: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules);
-        Ok((lark, None))
+        Ok(format!("start: call {more}\ncall: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules))
     };
-    Some(build().and_then(|(lark, within)| {
-        Grammar::from_lark(lark, true).map(|grammar| ForcedCalls { grammar, arguments_within: within })
+    // A named function's JSON arguments follow this key (its value is read as it streams).
+    let arguments_after = match format {
+        _ if !named => None,
+        ToolFormat::Hermes => Some("\"arguments\""),
+        ToolFormat::Mistral if template_source.contains("[ARGS]") => Some("[ARGS]"),
+        ToolFormat::Mistral => Some("\"arguments\""),
+        ToolFormat::LlamaJson => Some("\"parameters\""),
+        _ => None,
+    };
+    Some(build().and_then(|lark| {
+        Grammar::from_lark(lark, true)
+            .map(|grammar| ForcedCalls { grammar, arguments_after: arguments_after.map(str::to_string) })
     }))
 }
 
@@ -178,15 +156,24 @@ fn call_syntax(
             }
         }
         ToolFormat::Mistral => {
-            // Older Mistral templates: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
-            let mut list = json!({"type": "array", "items": call_objects(functions, "arguments"), "minItems": 1});
+            // Older Mistral templates: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}]`, an
+            // `"id"` after the arguments as the template writes calls in the history.
+            let mut items = call_objects(functions, "arguments");
+            let alternatives = match items.get_mut("anyOf") {
+                Some(Value::Array(list)) => list.iter_mut().collect::<Vec<_>>(),
+                _ => vec![&mut items],
+            };
+            for call in alternatives {
+                call["properties"]["id"] = json!({"type": "string", "pattern": "^[A-Za-z0-9]{9}$"});
+            }
+            let mut list = json!({"type": "array", "items": items, "minItems": 1});
             if !parallel {
                 list["maxItems"] = json!(1);
             }
             CallSyntax {
                 open_lark: marker("[TOOL_CALLS]"),
                 open_text: text_open("[TOOL_CALLS]"),
-                body: json_rule(&list)?,
+                body: format!("{}? {}", lark_string(" "), json_rule(&list)?),
                 separator: None,
                 rules: String::new(),
             }
@@ -311,7 +298,7 @@ mod tests {
     const SPECIAL: [&str; 3] = ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"];
     const HERMES: &str = "{% if tools %}<tool_call>{% endif %}";
     const MISTRAL_V11: &str = "[TOOL_CALLS]{{ name }}[ARGS]";
-    const MISTRAL_V3: &str = "[TOOL_CALLS] [";
+    const MISTRAL_V3: &str = "{{- \"[TOOL_CALLS] [\" }}";
     const LLAMA: &str = "\"parameters\"";
     const QWEN_XML: &str = "<function=x><parameter=y>";
 
@@ -436,13 +423,16 @@ mod tests {
         let natural = [
             (ToolFormat::Hermes, HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>"),
             (ToolFormat::Mistral, MISTRAL_V11, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3}"),
-            (ToolFormat::Mistral, MISTRAL_V3, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]"),
+            (ToolFormat::Mistral, MISTRAL_V3, "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]"),
+            (ToolFormat::Mistral, MISTRAL_V3, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}, \"id\": \"a1B2c3D4e\"}]"),
             (ToolFormat::LlamaJson, LLAMA, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}"),
             (ToolFormat::QwenXml, QWEN_XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
             (ToolFormat::QwenXml, QWEN_XML, "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>"),
         ];
         for (format, template, text) in natural {
-            for named in [true, false] {
+            // A named call's text around its arguments is fixed (Mistral's: no `"id"`).
+            let named_too = !text.contains("\"id\"");
+            for named in [true, false].into_iter().filter(|&n| named_too || !n) {
                 assert!(accepts(&grammar(format, template, named, true), text), "{format:?} named={named}: {text}");
             }
             let calls = parse(format, text);
@@ -479,15 +469,14 @@ mod tests {
     }
 
     #[test]
-    fn a_named_call_has_its_arguments_between_fixed_texts() {
+    fn a_named_calls_json_arguments_follow_a_known_key() {
         for (format, template) in formats() {
             let forced = grammar(format, template, true, false);
-            let Some((before, after)) = &forced.arguments_within else {
+            let Some(key) = &forced.arguments_after else {
                 assert_eq!(format, ToolFormat::QwenXml, "only the XML format's arguments are not JSON");
                 continue;
             };
-            let text = format!("{before}{{\"city\": \"Oslo\"}}{after}");
-            assert!(accepts(&forced, &text), "{format:?}: {text}");
+            assert!(["\"arguments\"", "\"parameters\"", "[ARGS]"].contains(&key.as_str()), "{format:?}: {key}");
         }
     }
 
@@ -524,7 +513,7 @@ mod tests {
         let functions = functions();
         let all: Vec<&Function> = functions.iter().collect();
         let grammar = strict_auto_calls(format, template, &all, true, &special).expect("a grammar here").unwrap();
-        ForcedCalls { grammar, arguments_within: None }
+        ForcedCalls { grammar, arguments_after: None }
     }
 
     /// `--strict-tools`: text as the model likes, but a call it opens completes to a valid one.

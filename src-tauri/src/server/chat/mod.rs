@@ -10,6 +10,7 @@ mod call_grammar;
 pub mod fim;
 mod gemma4_calls;
 pub mod harmony;
+mod named_arguments;
 pub mod outcome;
 pub mod params;
 pub mod prompt;

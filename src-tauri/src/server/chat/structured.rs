@@ -38,7 +38,8 @@ pub struct AnswerShape<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallFormat {
     pub format: ToolFormat,
-    pub arguments_within: Option<(String, String)>,
+    /// A named call's JSON arguments follow this text (a key, or Mistral's `[ARGS]`).
+    pub arguments_after: Option<String>,
 }
 
 /// What the request asks of the answer's shape.
@@ -121,7 +122,7 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
             });
             if let Some((format, forced)) = own {
                 let forced = forced.map_err(|e| schema_error(&function.name, e))?;
-                let call_format = CallFormat { format, arguments_within: forced.arguments_within };
+                let call_format = CallFormat { format, arguments_after: forced.arguments_after };
                 return Ok(AnswerShape {
                     call_format: Some(call_format),
                     ..shape(ToolMode::Named(name), Some(forced.grammar))
@@ -137,7 +138,7 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
             });
             if let Some((format, forced)) = own {
                 let forced = forced.map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
-                let call_format = CallFormat { format, arguments_within: None };
+                let call_format = CallFormat { format, arguments_after: None };
                 return Ok(AnswerShape {
                     call_format: Some(call_format),
                     ..shape(ToolMode::Required, Some(forced.grammar))
@@ -283,11 +284,7 @@ mod tests {
         let forced = shape_of(Some(&t), Some(&named), None, None, "<tool_call>").unwrap();
         let format = forced.call_format.as_ref().expect("Hermes calls");
         assert_eq!(format.format, ToolFormat::Hermes);
-        let (before, after) = format.arguments_within.as_ref().unwrap();
-        assert_eq!(
-            (before.as_str(), after.as_str()),
-            ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", "}\n</tool_call>")
-        );
+        assert_eq!(format.arguments_after.as_deref(), Some("\"arguments\""));
         assert!(forced.grammar_decides_answer());
         // No format the server writes: the call is plain JSON, as before.
         assert!(shape_of(Some(&t), Some(&named), None, None, "plain").unwrap().call_format.is_none());
