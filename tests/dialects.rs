@@ -467,6 +467,108 @@ async fn responses_api() {
     assert!(error["error"]["message"].as_str().unwrap().contains("stores no responses"));
 }
 
+/// Claude Code's requests (captured from claude 2.1.332 with `ANTHROPIC_BASE_URL`):
+/// `?beta=true` and its betas, three system blocks with cache control, a system entry among the
+/// messages, `context_management`, adaptive thinking with `display: "omitted"`,
+/// `output_config.effort`, Claude's own `max_tokens`, a `defer_loading` tool and a server tool.
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_as_claude_code_sends_them() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig::default(), ServerConfig::default()).await;
+    let system = json!([
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332;"},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Be concise.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    ]);
+    let tools = json!([
+        {"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object", "properties": {"command": {"type": "string", "maxLength": 20}}, "required": ["command"]}},
+        {"name": "mcp__placeholder", "description": "Deferred.", "defer_loading": true, "input_schema": {"type": "object", "properties": {}}},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}
+    ]);
+    let body = |stream: bool, tool_choice: Value| {
+        json!({"model": "claude-sonnet-4-6", "max_tokens": 32000, "stream": stream, "system": system, "tools": tools,
+               "tool_choice": tool_choice,
+               "messages": [{"role": "system", "content": "Today is Wednesday."},
+                            {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]}],
+               "thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "medium"},
+               "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+               "metadata": {"user_id": "user_1"}, "temperature": 1})
+    };
+    let with_betas = |body: Value| {
+        let mut request = post("/v1/messages?beta=true", body.to_string());
+        let betas = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,advanced-tool-use-2025-11-20";
+        request.headers_mut().insert("anthropic-beta", betas.parse().unwrap());
+        request.headers_mut().insert("anthropic-version", "2023-06-01".parse().unwrap());
+        request
+    };
+    let (status, message) = send_json(&h, with_betas(body(false, json!({"type": "tool", "name": "Bash"})))).await;
+    assert_eq!(status, StatusCode::OK, "{message}");
+    let call = message["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").cloned().unwrap();
+    assert_eq!(call["name"], "Bash", "{message}");
+    assert!(message["content"].as_array().unwrap().iter().all(|b| b["type"] != "thinking" || b["thinking"] == ""));
+    let (status, body_text) = send(&h, with_betas(body(true, json!({"type": "auto"})))).await;
+    assert_eq!(status, StatusCode::OK, "{body_text}");
+    assert!(body_text.contains("event: message_stop") && !body_text.contains("thinking_delta"), "{body_text}");
+    // The server tool is left out: forcing it names a tool the model is not offered.
+    let (status, error) = send_json(&h, with_betas(body(false, json!({"type": "tool", "name": "web_search"})))).await;
+    assert_eq!((status, error["type"].as_str()), (StatusCode::BAD_REQUEST, Some("error")), "{error}");
+}
+
+/// Codex CLI's requests (captured from codex 0.171.0 against a custom provider): developer
+/// messages instead of `instructions`, items with client-made ids, replayed reasoning with
+/// `encrypted_content` and `content: null`, a `namespace` of function tools, the hosted
+/// `web_search` tool, `include`, `reasoning.summary`, `prompt_cache_key`, `client_metadata`.
+/// A call to a namespaced function comes back with `namespace` and its own `name`, and goes
+/// round again as Codex sends it.
+#[tokio::test(flavor = "multi_thread")]
+async fn responses_as_codex_sends_them() {
+    let _mlx = common::mlx_lock();
+    let h = harness(EngineConfig::default(), ServerConfig::default()).await;
+    let wait = json!({"type": "function", "name": "wait_agent", "description": "Wait for an agent.", "strict": false,
+                      "parameters": {"type": "object", "properties": {"id": {"type": "string", "maxLength": 8}}, "required": ["id"]}});
+    let tools = json!([
+        {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": false,
+         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+        {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for spawning and managing sub-agents.",
+         "tools": [wait, {"type": "function", "name": "close_agent", "parameters": {"type": "object", "properties": {}}}]},
+        {"type": "web_search", "external_web_access": true}
+    ]);
+    let request = |input: Value, tool_choice: Value| {
+        json!({"model": h.id, "stream": false, "input": input, "tools": tools, "tool_choice": tool_choice,
+               "parallel_tool_calls": true, "reasoning": {"summary": "auto"}, "store": false,
+               "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199-thread",
+               "client_metadata": {"x-codex-window-id": "w1", "turn_id": "t1"}, "max_output_tokens": 200})
+    };
+    let developer = json!({"type": "message", "role": "developer", "id": "msg_c1", "content": [{"type": "input_text", "text": "You are Codex."}]});
+    let user =
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Wait for agent a1."}]});
+    let forced = request(
+        json!([developer, user]),
+        json!({"type": "function", "name": "wait_agent", "namespace": "multi_agent_v1"}),
+    );
+    let (status, called) = send_json(&h, post("/v1/responses", forced.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{called}");
+    let call = called["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").cloned().unwrap();
+    assert_eq!(
+        (call["namespace"].as_str(), call["name"].as_str()),
+        (Some("multi_agent_v1"), Some("wait_agent")),
+        "{call}"
+    );
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["id"].is_string(), "{arguments}");
+    // The next turn, as Codex sends it: reasoning replayed, the call, its output.
+    let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Waiting."}],
+                           "content": null, "encrypted_content": "ENC123"});
+    let output = json!({"type": "function_call_output", "id": "fco_1", "call_id": call["call_id"], "output": "done"});
+    let next = request(json!([developer, user, reasoning, call, output]), json!("auto"));
+    let (status, answer) = send_json(&h, post("/v1/responses", next.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    // Forcing the hosted tool is the one thing refused.
+    let hosted = request(json!("Search the web."), json!({"type": "web_search"}));
+    let (status, error) = send_json(&h, post("/v1/responses", hosted.to_string())).await;
+    assert_eq!((status, error["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tool_choice")), "{error}");
+}
+
 /// The content type and body of a response.
 async fn app_response(h: &Harness, request: Request<Body>) -> (String, String) {
     use http_body_util::BodyExt;

@@ -151,8 +151,7 @@ pub struct MakeTestModelArgs {
     #[arg(long)]
     moe: bool,
     /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, qwen3.5,
-    /// pythonic, gemma4), with
-    /// --chat-template the family's template (tests of what clients receive).
+    /// pythonic, gemma4, mistral), with --chat-template the family's template (tests of what clients receive).
     #[arg(long, requires = "chat_template")]
     scripted: Option<String>,
     #[arg(long)]

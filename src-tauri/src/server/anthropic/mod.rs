@@ -27,6 +27,12 @@ pub async fn messages(
 ) -> Result<Response, ApiError> {
     let (chat, mut common) = request::to_chat(&body, false)?;
     common.header_priority = header;
+    // `thinking.display: "omitted"`: thinking blocks come back without their text (as Anthropic's
+    // do; there is no signature to keep here).
+    let omit_thinking = body.pointer("/thinking/display").and_then(Value::as_str) == Some("omitted");
+    let shown = move |event: &BlockEvent| {
+        !(omit_thinking && matches!(event, BlockEvent::Delta { content: Content::Thinking, .. }))
+    };
     let requested = common.model.clone().unwrap_or_default();
     let StartedChat { stream, mut parser, mode, prompt_tokens, .. } = start(&state, &chat, &common).await?;
     let id = format!("msg_{:024x}", (stream.id as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos());
@@ -35,7 +41,10 @@ pub async fn messages(
     if !common.streaming() {
         let done = collect(stream).await?;
         let content: Vec<Value> =
-            fold(blocks.whole(first_blocks, &mut parser, &done.text)).iter().map(content_block).collect();
+            fold(blocks.whole(first_blocks, &mut parser, &done.text).into_iter().filter(shown).collect::<Vec<_>>())
+                .iter()
+                .map(content_block)
+                .collect();
         let (stop_reason, stop_sequence) = stop_reason(&done.finish, content.iter().any(|b| b["type"] == "tool_use"));
         let response = Json(json!({
             "id": id,
@@ -66,7 +75,7 @@ pub async fn messages(
         Event::Delta { text, .. } => {
             let events = blocks.push(parser.push(&text));
             any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
-            events.into_iter().map(block_event).collect()
+            events.into_iter().filter(shown).map(block_event).collect()
         }
         Event::Finish(finish) => {
             if let Some(error) = failure(&finish) {
@@ -76,7 +85,7 @@ pub async fn messages(
             events.extend(blocks.finish());
             any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
             let (stop_reason, stop_sequence) = stop_reason(&finish, any_call);
-            let mut out: Vec<(&'static str, Value)> = events.into_iter().map(block_event).collect();
+            let mut out: Vec<(&'static str, Value)> = events.into_iter().filter(shown).map(block_event).collect();
             out.push((
                 "message_delta",
                 json!({

@@ -1,7 +1,11 @@
-//! Anthropic's Messages request as the server's chat request: `system` (text or blocks),
-//! text / `tool_use` / `tool_result` blocks, custom tools with `input_schema`, `tool_choice`,
-//! `thinking`, `stop_sequences`, `output_config.format` (structured outputs). Image and document blocks, and Anthropic's server tools, get
-//! a clear 400.
+//! Anthropic's Messages request as the server's chat request: `system` (text or blocks, and
+//! system entries among the messages, as Claude Code sends), text / `tool_use` / `tool_result`
+//! blocks, custom tools with `input_schema` (`defer_loading` ones too), `tool_choice`,
+//! `thinking` (enabled, adaptive, disabled; `display`), `stop_sequences`,
+//! `output_config.format` (structured outputs) and `effort`. `context_management` is accepted
+//! and changes nothing: earlier thinking is never shown to the model again, and tool results are
+//! kept (a conversation past the context is a clear 400). Anthropic's server tools are left out
+//! (only Anthropic runs them). Image and document blocks get a clear 400.
 
 use std::collections::HashMap;
 
@@ -36,12 +40,25 @@ pub fn to_chat(body: &Value, counting: bool) -> Result<(ChatRequest, CommonParam
     }
     let mut tool_names: HashMap<String, String> = HashMap::new();
     for (i, message) in raw_messages.iter().enumerate() {
-        convert_message(message, &format!("messages[{i}]"), &mut tool_names, &mut messages)?;
+        let param = format!("messages[{i}]");
+        // Claude Code puts a system entry among the messages: it joins the system prompt.
+        if message.get("role").and_then(Value::as_str) == Some("system") {
+            let text = text_of(message.get("content").unwrap_or(&Value::Null), &format!("{param}.content"))?;
+            match messages.first_mut().filter(|m| m["role"] == "system") {
+                Some(system) => {
+                    system["content"] = json!(format!("{}\n\n{text}", system["content"].as_str().unwrap_or_default()))
+                }
+                None => messages.insert(0, json!({"role": "system", "content": text})),
+            }
+            continue;
+        }
+        convert_message(message, &param, &mut tool_names, &mut messages)?;
     }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(tools)) => {
-            Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?)
+            let converted = tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?;
+            Some(converted.into_iter().flatten().collect::<Vec<_>>()).filter(|t| !t.is_empty())
         }
         Some(_) => return Err(ApiError::invalid("tools", "tools: must be a list")),
     };
@@ -242,15 +259,13 @@ fn convert_message(
     Ok(())
 }
 
-/// A custom tool as an OpenAI function; Anthropic's server tools (web search, code execution,
-/// ...) run on Anthropic's side and cannot run here.
-fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
+/// A custom tool as a chat tool (`defer_loading` ones too: with no tool search running here,
+/// the model sees them from the start); Anthropic's server tools (web search, code execution,
+/// tool search, ...) run only on Anthropic's side and are left out.
+fn convert_tool(tool: &Value, i: usize) -> Result<Option<Value>, ApiError> {
     let param = format!("tools[{i}]");
-    if let Some(kind) = tool.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
-        return Err(ApiError::invalid(
-            &param,
-            format!("{param}: the server tool {kind:?} is not supported; only custom tools (name, input_schema) are"),
-        ));
+    if tool.get("type").and_then(Value::as_str).is_some_and(|k| k != "custom") {
+        return Ok(None);
     }
     let name = tool
         .get("name")
@@ -264,7 +279,7 @@ fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
     if let Some(d) = tool.get("description").and_then(Value::as_str) {
         function["description"] = json!(d);
     }
-    Ok(json!({"type": "function", "function": function}))
+    Ok(Some(json!({"type": "function", "function": function})))
 }
 
 /// `{"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}`.
@@ -361,18 +376,17 @@ mod tests {
             "count_tokens needs no max_tokens"
         );
         assert_eq!(param(with("messages", json!([]))).as_deref(), Some("messages"));
-        assert_eq!(
-            param(with("messages", json!([{"role": "system", "content": "x"}]))).as_deref(),
-            Some("messages[0]")
-        );
+        let system_inside =
+            with("messages", json!([{"role": "system", "content": "Also this."}, {"role": "user", "content": "hi"}]));
+        let chat = to_chat(&system_inside, false).unwrap().0;
+        assert_eq!(chat.messages[0], json!({"role": "system", "content": "Also this."}));
+        assert_eq!(chat.messages.len(), 2);
         assert_eq!(
             param(with("messages", json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]))).as_deref(),
             Some("messages[0].content[0]")
         );
-        assert_eq!(
-            param(with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]))).as_deref(),
-            Some("tools[0]")
-        );
+        let server_tool = with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]));
+        assert!(to_chat(&server_tool, false).unwrap().0.tools.is_none(), "server tools are left out");
         assert_eq!(param(with("tool_choice", json!({"type": "sometimes"}))).as_deref(), Some("tool_choice"));
         assert_eq!(param(with("max_tokens", json!(0))).as_deref(), Some("max_tokens"));
     }

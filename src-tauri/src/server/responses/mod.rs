@@ -24,11 +24,12 @@ pub async fn create(
     HeaderPriority(header): HeaderPriority,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let (chat, mut common) = request::to_chat(&body)?;
+    let (chat, mut common, namespaced) = request::to_chat(&body)?;
     common.header_priority = header;
     let StartedChat { model, stream, mut parser, mode, .. } = start(&state, &chat, &common).await?;
     let (mut blocks, first_blocks) = Blocks::start(&mode);
-    let mut response = ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body);
+    let mut response =
+        ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body, namespaced);
 
     if !common.streaming() {
         let done = collect(stream).await?;
@@ -86,10 +87,12 @@ struct ResponseBuilder {
     echo: Value,
     items: Vec<Value>,
     sequence: u64,
+    /// Functions offered under a namespace, by the name the model saw.
+    namespaced: request::Namespaced,
 }
 
 impl ResponseBuilder {
-    fn new(id: String, model: String, body: &Value) -> ResponseBuilder {
+    fn new(id: String, model: String, body: &Value, namespaced: request::Namespaced) -> ResponseBuilder {
         let field = |k: &str| body.get(k).cloned().unwrap_or(Value::Null);
         let echo = json!({
             "instructions": field("instructions"),
@@ -104,7 +107,7 @@ impl ResponseBuilder {
             "reasoning": body.get("reasoning").cloned().unwrap_or_else(|| json!({"effort": null, "summary": null})),
             "user": field("user"),
         });
-        ResponseBuilder { id, model, created_at: now(), echo, items: Vec::new(), sequence: 0 }
+        ResponseBuilder { id, model, created_at: now(), echo, items: Vec::new(), sequence: 0, namespaced }
     }
 
     /// An event with its type and sequence number.
@@ -166,7 +169,13 @@ impl ResponseBuilder {
                         json!({"type": "reasoning", "id": format!("rs_{suffix}"), "summary": [], "content": []})
                     }
                     BlockKind::ToolCall { id, name } => {
-                        json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
+                        let mut item = json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"});
+                        // A function of a namespace: its own name, and the namespace beside it.
+                        if let Some((namespace, own)) = self.namespaced.get(&name) {
+                            item["name"] = json!(own);
+                            item["namespace"] = json!(namespace);
+                        }
+                        item
                     }
                 };
                 self.items.push(item.clone());
@@ -262,7 +271,7 @@ mod tests {
 
     #[test]
     fn events_build_the_items() {
-        let mut r = ResponseBuilder::new("resp_1".into(), "m".into(), &json!({}));
+        let mut r = ResponseBuilder::new("resp_1".into(), "m".into(), &json!({}), Default::default());
         let mut names = Vec::new();
         let events = vec![
             BlockEvent::Start { index: 0, kind: BlockKind::Text },

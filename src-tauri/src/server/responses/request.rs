@@ -1,14 +1,26 @@
 //! A Responses API request as the server's chat request: `input` as text or items (messages,
-//! `function_call`, `function_call_output`), `instructions`, flat function tools, `tool_choice`,
-//! `text.format`, `max_output_tokens`. Nothing is stored: `store: true` and
-//! `previous_response_id` get a clear 400.
+//! `function_call`, `function_call_output`; `reasoning` items, with or without
+//! `encrypted_content`, are dropped as the stateless design drops earlier reasoning),
+//! `instructions`, function tools (flat, or grouped in a `namespace`: offered to the model as
+//! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`), `tool_choice`,
+//! `text.format`, `max_output_tokens`. OpenAI's hosted tools (web search, file search, code
+//! interpreter, ...) cannot run here: they are left out of the prompt, and a `tool_choice` that
+//! forces one is a 400. `include`, `reasoning.summary`, `prompt_cache_key`, `client_metadata`
+//! are accepted and change nothing. Nothing is stored: `store: true` and `previous_response_id`
+//! get a clear 400.
+
+use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
 use crate::server::chat::{ChatRequest, CommonParams};
 use crate::server::ApiError;
 
-pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
+/// Functions offered under a namespace, by the name the model sees (`namespace.name`): the
+/// namespace and the function's own name.
+pub type Namespaced = HashMap<String, (String, String)>;
+
+pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, Namespaced), ApiError> {
     if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Err(ApiError::invalid(
             "previous_response_id",
@@ -43,10 +55,16 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
         }
         Some(_) => return Err(ApiError::invalid("input", "input must be text or a list of items")),
     }
+    let mut namespaced = Namespaced::new();
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(tools)) => {
-            Some(tools.iter().enumerate().map(|(i, t)| convert_tool(t, i)).collect::<Result<Vec<_>, _>>()?)
+            let mut out = Vec::new();
+            for (i, tool) in tools.iter().enumerate() {
+                out.extend(convert_tool(tool, &format!("tools[{i}]"), None, &mut namespaced)?);
+            }
+            // Only hosted tools: the model is offered none.
+            (!out.is_empty()).then_some(out)
         }
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
     };
@@ -58,7 +76,18 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name is required"))?;
+            let name = match o.get("namespace").and_then(Value::as_str) {
+                Some(namespace) => format!("{namespace}.{name}"),
+                None => name.to_string(),
+            };
             Some(json!({"type": "function", "function": {"name": name}}))
+        }
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str).is_some_and(is_hosted) => {
+            let kind = o.get("type").and_then(Value::as_str).unwrap_or_default();
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice forces the hosted tool {kind:?}, which this server cannot run (it runs no tools; only function tools can be called)"),
+            ));
         }
         Some(_) => {
             return Err(ApiError::invalid(
@@ -119,7 +148,7 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams), ApiError> {
         priority: body.get("priority").and_then(Value::as_i64),
         ..Default::default()
     };
-    Ok((request, common))
+    Ok((request, common, namespaced))
 }
 
 /// One input item: a message (`type` "message" or just a `role`), a `function_call` (joined to
@@ -156,7 +185,11 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
         }
         "function_call" => {
             let field = |key: &str| item.get(key).and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.{key} is required")));
-            let call = json!({"id": field("call_id")?, "type": "function", "function": {"name": field("name")?, "arguments": field("arguments")?}});
+            let name = match item.get("namespace").and_then(Value::as_str) {
+                Some(namespace) => format!("{namespace}.{}", field("name")?),
+                None => field("name")?.to_string(),
+            };
+            let call = json!({"id": field("call_id")?, "type": "function", "function": {"name": name, "arguments": field("arguments")?}});
             // Calls after an assistant message (or after other calls) belong to that turn.
             match out.last_mut().filter(|m| m["role"] == "assistant") {
                 Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
@@ -181,29 +214,66 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
     Ok(())
 }
 
-/// `{"type": "function", "name", "description", "parameters", "strict"}` as a chat tool;
-/// OpenAI's hosted tools (web search, file search, ...) cannot run here.
-fn convert_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
-    let param = format!("tools[{i}]");
-    match tool.get("type").and_then(Value::as_str) {
-        Some("function") => {}
-        Some(other) => {
-            return Err(ApiError::invalid(
-                &param,
-                format!("{param}: the hosted tool {other:?} is not supported; only function tools are"),
-            ))
-        }
-        None => return Err(ApiError::invalid(&param, format!("{param}.type is required"))),
-    }
-    let name = tool
-        .get("name")
+/// Tool types OpenAI runs on its side (and whatever new type this server does not know): none
+/// can run here.
+fn is_hosted(kind: &str) -> bool {
+    !matches!(kind, "function" | "namespace")
+}
+
+/// `{"type": "function", "name", "description", "parameters", "strict"}` as a chat tool; a
+/// `namespace` as its functions, named `namespace.name`; a hosted tool as nothing.
+fn convert_tool(
+    tool: &Value,
+    param: &str,
+    namespace: Option<(&str, &str)>,
+    namespaced: &mut Namespaced,
+) -> Result<Vec<Value>, ApiError> {
+    let kind = tool
+        .get("type")
         .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::invalid(&param, format!("{param}.name is required")))?;
-    let mut function = json!({"name": name, "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}))});
-    if let Some(d) = tool.get("description").and_then(Value::as_str) {
-        function["description"] = json!(d);
+        .ok_or_else(|| ApiError::invalid(param, format!("{param}.type is required")))?;
+    let name = || {
+        tool.get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::invalid(param, format!("{param}.name is required")))
+    };
+    match (kind, namespace) {
+        ("namespace", None) => {
+            let group = name()?;
+            let about = tool.get("description").and_then(Value::as_str).unwrap_or_default();
+            let Some(Value::Array(children)) = tool.get("tools") else {
+                return Err(ApiError::invalid(param, format!("{param}.tools must be a list of function tools")));
+            };
+            let mut out = Vec::new();
+            for (j, child) in children.iter().enumerate() {
+                out.extend(convert_tool(child, &format!("{param}.tools[{j}]"), Some((group, about)), namespaced)?);
+            }
+            Ok(out)
+        }
+        ("namespace", Some(_)) => Err(ApiError::invalid(param, format!("{param}: namespaces do not nest"))),
+        ("function", _) => {
+            let own = name()?;
+            let (name, description) = match namespace {
+                Some((group, about)) => {
+                    let qualified = format!("{group}.{own}");
+                    namespaced.insert(qualified.clone(), (group.to_string(), own.to_string()));
+                    let description = tool.get("description").and_then(Value::as_str).unwrap_or_default();
+                    (qualified, Some(format!("{about} {description}").trim().to_string()))
+                }
+                None => (own.to_string(), tool.get("description").and_then(Value::as_str).map(str::to_string)),
+            };
+            let parameters =
+                tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            let mut function = json!({"name": name, "parameters": parameters});
+            if let Some(d) = description.filter(|d| !d.is_empty()) {
+                function["description"] = json!(d);
+            }
+            Ok(vec![json!({"type": "function", "function": function})])
+        }
+        // Hosted tools: left out of the prompt.
+        _ => Ok(Vec::new()),
     }
-    Ok(json!({"type": "function", "function": function}))
 }
 
 #[cfg(test)]
@@ -223,7 +293,7 @@ mod tests {
             "tools": [{"type": "function", "name": "w", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
             "tool_choice": {"type": "function", "name": "w"}
         });
-        let (chat, common) = to_chat(&body).unwrap();
+        let (chat, common, _) = to_chat(&body).unwrap();
         let roles: Vec<&str> = chat.messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool"]);
         assert_eq!(chat.messages[2]["tool_calls"][0]["id"], "call_1");
@@ -239,7 +309,9 @@ mod tests {
             Some("previous_response_id")
         );
         assert_eq!(param(json!({"input": "hi", "store": true})).as_deref(), Some("store"));
-        assert_eq!(param(json!({"input": "hi", "tools": [{"type": "web_search"}]})).as_deref(), Some("tools[0]"));
+        assert_eq!(param(json!({"input": "hi", "tools": [{"name": "w"}]})).as_deref(), Some("tools[0]"));
+        let forced = json!({"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}});
+        assert_eq!(param(forced).as_deref(), Some("tool_choice"));
         assert_eq!(param(json!({})).as_deref(), Some("input"));
         assert!(to_chat(&json!({"input": "hi"})).is_ok());
     }
