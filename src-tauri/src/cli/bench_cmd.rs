@@ -184,7 +184,7 @@ fn run_level(
     threads.into_iter().flat_map(|t| t.join().expect("bench client")).collect()
 }
 
-fn percentile(values: &mut [f64], p: f64) -> f64 {
+pub(super) fn percentile(values: &mut [f64], p: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

@@ -16,6 +16,8 @@ use crate::mlx::Backend;
 use crate::model::load_model_with;
 use crate::sampling::Rng;
 
+use super::bench_cmd::percentile;
+
 #[derive(Args)]
 pub struct BenchGrammarArgs {
     /// A model folder or .gguf file (its tokenizer) [default: SmolLM2-135M-Instruct]
@@ -114,13 +116,4 @@ fn machine() -> String {
         std::env::consts::ARCH,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )
-}
-
-fn percentile(values: &mut [f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
-    values[rank.min(values.len() - 1)]
 }

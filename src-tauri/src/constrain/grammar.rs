@@ -30,6 +30,15 @@ const WHITESPACE: &str = r"[\x20\x09]{1,24}|[\x20\x09]{0,8}\x0D?\x0A[\x20\x09]{0
 const ENFORCED_FORMATS: &[&str] =
     &["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"];
 
+/// RFC 3339's full-date, leap years counted (llguidance's allows February 29 of any year, which
+/// validators refuse), and its time with a bounded fraction.
+const DATE: &str = concat!(
+    r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+    r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+);
+const TIME: &str =
+    r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+
 /// `format: email` as generated: the common shape of an address (dot-separated words, a domain
 /// with a top-level name), which every validator accepts (pydantic's `EmailStr` wants the
 /// top-level name that RFC 5321 leaves optional), and of bounded length.
@@ -105,9 +114,15 @@ fn strict(schema: &mut Value, closes_objects: bool) -> Result<(), SchemaError> {
         allow_null(s);
     }
     if let Some(format) = s.get("format").and_then(Value::as_str) {
-        if format == "email" && !s.contains_key("pattern") {
+        let own = match format {
+            "email" => Some(EMAIL.to_string()),
+            "date" => Some(format!("^{DATE}$")),
+            "date-time" => Some(format!("^{DATE}[Tt]{TIME}$")),
+            _ => None,
+        };
+        if let (Some(pattern), false) = (own, s.contains_key("pattern")) {
             s.remove("format");
-            s.insert("pattern".into(), json!(EMAIL));
+            s.insert("pattern".into(), json!(pattern));
         } else if !ENFORCED_FORMATS.contains(&format) {
             s.remove("format");
         }

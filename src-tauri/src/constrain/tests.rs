@@ -247,30 +247,8 @@ fn random_walks_produce_valid_documents() {
         });
         let mut produced = 0;
         for _ in 0..300 {
-            let mut m = Matcher::new(grammar.clone());
-            let mut text = Vec::new();
-            for _ in 0..400 {
-                if m.is_complete() && rng.next_f64() < 0.3 {
-                    break;
-                }
-                let options: Vec<u8> = alphabet.iter().copied().filter(|b| m.accepts(&[*b])).collect();
-                if options.is_empty() {
-                    // Every accepted prefix must lead somewhere: no dead ends.
-                    assert!(m.is_complete(), "dead end after {:?}", String::from_utf8_lossy(&text));
-                    break;
-                }
-                // Prefer closing brackets and quotes a little so that documents end.
-                let closing: Vec<u8> = options.iter().copied().filter(|b| b"}]\"".contains(b)).collect();
-                let pool = if !closing.is_empty() && rng.next_f64() < 0.25 { &closing } else { &options };
-                let b = pool[(rng.next_u64() % pool.len() as u64) as usize];
-                assert!(m.advance(&[b]));
-                text.push(b);
-            }
-            if !m.is_complete() {
-                continue;
-            }
+            let Some(text) = random_walk(&grammar, &alphabet, &mut rng, 0.3) else { continue };
             produced += 1;
-            let text = String::from_utf8(text).expect("strings hold whole UTF-8 characters");
             let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
             assert!(validator.is_valid(&value), "{text} does not validate against {schema}");
         }
@@ -285,6 +263,11 @@ fn patterns_formats_multiples_and_number_bounds() {
     let when = json!({"type": "string", "format": "date-time"});
     assert!(matches(&when, r#""2026-12-02T08:15:00Z""#) && matches(&when, r#""2026-02-28T23:59:59.5+01:00""#));
     assert!(!prefix_ok(&when, r#""[{}]"#) && !matches(&when, r#""2026-13-01T00:00:00Z""#));
+    let day = json!({"type": "string", "format": "date"});
+    assert!(matches(&day, r#""2024-02-29""#) && matches(&day, r#""2000-02-29""#) && matches(&day, r#""2026-04-30""#));
+    assert!(
+        !matches(&day, r#""2025-02-29""#) && !matches(&day, r#""1900-02-29""#) && !matches(&day, r#""2026-04-31""#)
+    );
     let email = json!({"type": "string", "format": "email"});
     assert!(matches(&email, r#""ann@example.com""#) && !matches(&email, r#""ann""#));
     let uuid = json!({"type": "string", "format": "uuid"});
@@ -334,28 +317,36 @@ fn random_walks_honour_patterns_formats_and_multiples() {
         let grammar = Arc::new(Grammar::from_schema(schema).unwrap());
         let mut produced = 0;
         for _ in 0..150 {
-            let mut m = Matcher::new(grammar.clone());
-            let mut text = Vec::new();
-            for _ in 0..400 {
-                if m.is_complete() {
-                    break;
-                }
-                let options: Vec<u8> = alphabet.iter().copied().filter(|b| m.accepts(&[*b])).collect();
-                assert!(!options.is_empty(), "dead end after {:?}", String::from_utf8_lossy(&text));
-                let closing: Vec<u8> = options.iter().copied().filter(|b| b"}]\"".contains(b)).collect();
-                let pool = if !closing.is_empty() && rng.next_f64() < 0.3 { &closing } else { &options };
-                let b = pool[(rng.next_u64() % pool.len() as u64) as usize];
-                assert!(m.advance(&[b]));
-                text.push(b);
-            }
-            if !m.is_complete() {
-                continue;
-            }
+            let Some(text) = random_walk(&grammar, &alphabet, &mut rng, 1.0) else { continue };
             produced += 1;
-            let text = String::from_utf8(text).unwrap();
             let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
             assert!(validator.is_valid(&value), "{text} does not validate against {schema}");
         }
         assert!(produced > 20, "only {produced} complete documents for {schema}");
     }
+}
+
+/// A document walked at random through the grammar, byte by byte from `alphabet` (any byte it
+/// allows; closing brackets and quotes pulled a quarter of the time so that documents end),
+/// ended with chance `stop` at each point where it is complete; `None` if it is not complete
+/// after 400 bytes. A point where no byte may come must be the document's end: no dead ends.
+fn random_walk(grammar: &Arc<Grammar>, alphabet: &[u8], rng: &mut Rng, stop: f64) -> Option<String> {
+    let mut m = Matcher::new(grammar.clone());
+    let mut text = Vec::new();
+    for _ in 0..400 {
+        if m.is_complete() && rng.next_f64() < stop {
+            break;
+        }
+        let options: Vec<u8> = alphabet.iter().copied().filter(|b| m.accepts(&[*b])).collect();
+        if options.is_empty() {
+            assert!(m.is_complete(), "dead end after {:?}", String::from_utf8_lossy(&text));
+            break;
+        }
+        let closing: Vec<u8> = options.iter().copied().filter(|b| b"}]\"".contains(b)).collect();
+        let pool = if !closing.is_empty() && rng.next_f64() < 0.25 { &closing } else { &options };
+        let b = pool[(rng.next_u64() % pool.len() as u64) as usize];
+        assert!(m.advance(&[b]));
+        text.push(b);
+    }
+    m.is_complete().then(|| String::from_utf8(text).expect("strings hold whole UTF-8 characters"))
 }
