@@ -36,7 +36,6 @@ pub fn forced_calls(
     if matches!(format, ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::Pythonic) {
         return None;
     }
-    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
     let build = || -> Result<String, SchemaError> {
         if format == ToolFormat::LlamaJson {
             // Llama 3.1-3.3 with custom tools: a bare JSON object, `parameters` for the arguments.
@@ -44,7 +43,7 @@ pub fn forced_calls(
             let start = if parallel { format!("call ({} call)*", lark_string("; ")) } else { "call".into() };
             return Ok(format!("start: {start}\ncall: {call}\n"));
         }
-        let syntax = call_syntax(format, template_source, functions, parallel, &marker)?;
+        let syntax = call_syntax(format, template_source, functions, parallel, special)?;
         let more = syntax.more(parallel);
         Ok(format!("start: call {more}\ncall: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules))
     };
@@ -76,9 +75,8 @@ pub fn strict_auto_calls(
     if !matches!(format, ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::QwenXml) {
         return None;
     }
-    let marker = |text: &str| special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"));
     let build = || -> Result<String, SchemaError> {
-        let syntax = call_syntax(format, template_source, functions, parallel, &marker)?;
+        let syntax = call_syntax(format, template_source, functions, parallel, special)?;
         let more = syntax.more(parallel);
         let calls = format!("call: {} {}\n{}", syntax.open_lark, syntax.body, syntax.rules);
         Ok(match &syntax.open_text {
@@ -125,8 +123,9 @@ fn call_syntax(
     template_source: &str,
     functions: &[&Function],
     parallel: bool,
-    marker: &dyn Fn(&str) -> String,
+    special: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<CallSyntax, SchemaError> {
+    let marker = |text: &str| marker_lark(special, text);
     let text_open = |text: &str| (marker(text).starts_with('"')).then(|| text.to_string());
     Ok(match format {
         ToolFormat::Hermes => CallSyntax {
@@ -192,6 +191,11 @@ fn call_syntax(
             unreachable!("no call syntax for {format:?}")
         }
     })
+}
+
+/// A format's marker in Lark: by id when it is a special token of the vocabulary, else as text.
+fn marker_lark(special: &dyn Fn(&str) -> Option<u32>, text: &str) -> String {
+    special(text).map_or_else(|| lark_string(text), |id| format!("<[{id}]>"))
 }
 
 /// Text matched literally in a Lark regular expression.
