@@ -501,6 +501,44 @@ async fn json_schema_answers_of_a_random_model_validate() {
     }
 }
 
+/// The keywords llguidance enforces (`pattern`, `format`, `multipleOf`, number bounds,
+/// `uniqueItems` over a few values, a recursive `$ref`): a random model's sampled answers, for
+/// several seeds, validate with formats checked.
+#[tokio::test(flavor = "multi_thread")]
+async fn schema_keywords_hold_for_a_random_model() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    let schema = json!({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+        "when": {"type": "string", "format": "date-time"},
+        "contact": {"type": "string", "format": "email", "maxLength": 30},
+        "id": {"type": "string", "format": "uuid"},
+        "seats": {"type": "integer", "minimum": 2, "maximum": 12, "multipleOf": 2},
+        "ratio": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": true},
+        "tree": {"$ref": "#/$defs/node"}},
+        "required": ["code", "when", "contact", "id", "seats", "ratio", "tags", "tree"],
+        "$defs": {"node": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                  "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1}}, "required": ["n"]}}});
+    let validator = jsonschema::options().should_validate_formats(true).build(&schema).unwrap();
+    let mut complete = 0;
+    for seed in 0..6 {
+        let body = chat(json!({"temperature": 1.0, "seed": seed, "max_tokens": 1000,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}}));
+        let (status, text) = send(&h, post("/v1/chat/completions", body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+        if body["choices"][0]["finish_reason"] != "stop" {
+            continue;
+        }
+        complete += 1;
+        let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("seed {seed}: {content:?}: {e}"));
+        assert!(validator.is_valid(&value), "seed {seed}: {content}");
+    }
+    assert!(complete >= 3, "only {complete} of 6 answers ended within 1000 tokens");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn forced_tool_calls_from_a_random_model() {
     let _mlx = common::mlx_lock();
