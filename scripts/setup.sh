@@ -13,6 +13,8 @@
 #   - the openai npm package (tests/clients/node_modules), the web UI's packages (its type check)
 #   - Chromium and playwright-core for the UI tests (tests/ui/node_modules); Xvfb and
 #     WebKitWebDriver for the desktop app's end-to-end test
+#   - the coding agents' pinned npm packages (tests/agents/node_modules, ~1.3 GB: Codex CLI,
+#     Claude Code, Continue's cn, opencode) and `ip` (iproute2) for their loopback-only namespace
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
@@ -133,13 +135,14 @@ if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0
   say "the web UI needs Node.js 18 or newer; this is $(node --version): install a newer one, then run this again"; exit 1
 fi
 
-# npm_ci DIR WHAT: `npm ci` in DIR when its package-lock.json changed since the last install.
+# npm_ci DIR WHAT [COMMAND]: `npm ci` (or COMMAND) in DIR when its package-lock.json changed
+# since the last install.
 npm_ci() {
   local dir="$1" sum
   sum="$(sha256_of "$dir/package-lock.json")"
   if [[ "$(cat "$dir/node_modules/.lock-sum" 2>/dev/null)" != "$sum" ]]; then
     say "installing $2"
-    (cd "$dir" && npm ci --silent --no-audit --no-fund >&2)
+    (cd "$dir" && npm "${3:-ci}" --silent --no-audit --no-fund >&2)
     echo "$sum" > "$dir/node_modules/.lock-sum"
   fi
 }
@@ -183,6 +186,14 @@ if ((FOR_TESTS)); then
     apt_install chromium xvfb xauth webkit2gtk-driver
   fi
   npm_ci "$ROOT/tests/ui" "playwright-core for the UI tests"
+  # The agents' native binaries come as optional per-platform packages; Claude Code's and
+  # opencode's install scripts put theirs in place (npm registry only).
+  # `install`, not `ci`: the registry lacks some of opencode's per-platform packages (darwin, arm64),
+  # which `npm ci` takes for a lock out of sync; the lock still pins every version installed.
+  npm_ci "$ROOT/tests/agents" "the coding agents for the agent tests" install
+  if [[ "$OS" == "Linux" ]]; then
+    apt_install iproute2
+  fi
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"
   if [[ ! -f "$MLX_MODEL/.ok" ]]; then
     say "exporting SmolLM2 to a 4-bit MLX folder with mlx-lm"

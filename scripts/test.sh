@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: set-up (idempotent), then the gate (cargo fmt --check, clippy -D warnings, the
 # web UI's type check), the Rust tests (extra arguments go to `cargo test`), the API tests through the official Python and Node client
-# libraries, the web UI in Chromium and the desktop app in its window.
+# libraries, the coding agents' binaries, the web UI in Chromium and the desktop app in its window.
 # Nothing here can hang: each suite has a time limit (per test in pytest, per file in node, and the
 # whole suite under `timeout`), and the run fails if a `fastmlx` it started is still running at the end.
 set -euo pipefail
@@ -87,6 +87,8 @@ export FASTMLX_BIN="$ROOT/target/debug/fastmlx"
 suite 1200 "the Python client tests" "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 "$ROOT/tests/clients"
 # --test-timeout: node's runner ends each test file that runs longer (node 20 times the whole file).
 suite 600 "the Node client tests" node --test --test-timeout=300000 "$ROOT/tests/clients/"
+# The coding agents' own binaries against `fastmlx serve`, with no network but loopback.
+suite 600 "the coding agent tests" "$ROOT/scripts/loopback_only.sh" "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 "$ROOT/tests/agents"
 # The web UI in headless Chromium, against a running `fastmlx serve`.
 suite 1500 "the web UI tests" node --test --test-timeout=600000 "$ROOT/tests/ui/"
 # The desktop app in its real window (Xvfb, WebKitWebDriver); needs the default `desktop` feature.

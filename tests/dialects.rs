@@ -569,6 +569,52 @@ async fn responses_as_codex_sends_them() {
     assert_eq!((status, error["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tool_choice")), "{error}");
 }
 
+/// The agent tests' scripted model (`make-test-model --scripted hermes`, tests/agents): a call on
+/// a new request, its answer once the call's result is back, through the Responses and Messages
+/// dialects as Codex and Claude Code use them; and Claude Code's `HEAD /api/hello` answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_tests_scripted_model_calls_then_answers() {
+    use fastmlx::model::scripted;
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let template = std::fs::read_to_string(common::root().join("tests/agents/round_trip.jinja")).unwrap();
+    let script = scripted::hermes_round_trip(&template, r#"{"name":"run","arguments":{"cmd":"echo hi"}}"#, "Done.");
+    scripted::write_scripted_model(&dir.path().join("models/tiny-qwen2"), &script).unwrap();
+    let h = harness_in(dir, EngineConfig::default(), ServerConfig::default()).await;
+    let parameters = json!({"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]});
+
+    let tool = json!({"type": "function", "name": "run", "parameters": parameters});
+    let user = json!({"role": "user", "content": "Say hi."});
+    let (status, first) =
+        send_json(&h, post("/v1/responses", json!({"input": [user], "tools": [tool]}).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let call = first["output"][0].clone();
+    assert_eq!((call["type"].as_str(), call["name"].as_str()), (Some("function_call"), Some("run")), "{first}");
+    assert_eq!(serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap(), json!({"cmd": "echo hi"}));
+    let output = json!({"type": "function_call_output", "call_id": call["call_id"], "output": "hi"});
+    let body = json!({"input": [user, call, output], "tools": [tool]});
+    let (status, second) = send_json(&h, post("/v1/responses", body.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["output"][0]["content"][0]["text"], "Done.", "{second}");
+
+    let tool = json!({"name": "run", "input_schema": parameters});
+    let request =
+        |messages: Value| json!({"model": "claude-x", "max_tokens": 100, "messages": messages, "tools": [tool]});
+    let (status, first) = send_json(&h, post("/v1/messages?beta=true", request(json!([user])).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let tool_use = first["content"][0].clone();
+    assert_eq!((tool_use["type"].as_str(), &tool_use["input"]), (Some("tool_use"), &json!({"cmd": "echo hi"})));
+    let result =
+        json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use["id"], "content": "hi"}]});
+    let messages = json!([user, {"role": "assistant", "content": [tool_use]}, result]);
+    let (status, second) = send_json(&h, post("/v1/messages?beta=true", request(messages).to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["content"], json!([{"type": "text", "text": "Done."}]), "{second}");
+
+    let hello = Request::head("/api/hello").body(Body::empty()).unwrap();
+    assert_eq!(send(&h, hello).await.0, StatusCode::OK);
+}
+
 /// The content type and body of a response.
 async fn app_response(h: &Harness, request: Request<Body>) -> (String, String) {
     use http_body_util::BodyExt;

@@ -441,9 +441,13 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal((await api(server, "/admin/settings")).keep_alive_secs, null);
 
       // Snippets name this server, and copy puts them on the clipboard.
-      for (const id of ["continue", "zed", "cline", "openwebui", "python"]) {
+      for (const id of ["codex", "continue", "opencode", "zed", "cline", "openwebui", "python"]) {
         assert.ok((await text(page.getByTestId(`snippet-${id}`))).includes(`${server.base}/v1`), `${id} snippet`);
       }
+      // The coding agents' configurations are the files tests/agents runs them with, filled in.
+      assert.ok((await text(page.getByTestId("snippet-claude-code"))).includes(`ANTHROPIC_BASE_URL=${server.base}\n`));
+      assert.match(await text(page.getByTestId("snippet-codex")), /wire_api = "responses"/);
+      assert.doesNotMatch(await text(page.getByTestId("snippet-opencode")), /\{(base|model|key)\}/);
       assert.match(await text(page.getByTestId("snippet-continue")), /provider: openai/);
       assert.match(await text(page.getByTestId("snippet-python")), /OpenAI\(base_url=/);
       await page.getByTestId("copy-python").click();

@@ -151,30 +151,52 @@ pub struct MakeTestModelArgs {
     #[arg(long)]
     moe: bool,
     /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, qwen3.5,
-    /// pythonic, gemma4, mistral), with --chat-template the family's template (tests of what clients receive).
+    /// pythonic, gemma4, mistral), with --chat-template the family's template (tests of what clients
+    /// receive); or `hermes`: --call, then --answer once the tool's result is in (agent tests).
     #[arg(long, requires = "chat_template")]
     scripted: Option<String>,
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// With `--scripted hermes`: the call, as compact JSON `{"name":...,"arguments":{...}}`.
+    #[arg(long, requires = "answer")]
+    call: Option<String>,
+    /// With `--scripted hermes`: the answer after the tool's result (one word of printable ASCII).
+    #[arg(long, requires = "call")]
+    answer: Option<String>,
+    /// The scripted model's tokenizer: this `tokenizer.json` (byte-level BPE) with the script's
+    /// pieces added (default: a tiny byte-level one).
+    #[arg(long, requires = "scripted")]
+    tokenizer: Option<PathBuf>,
 }
 
 pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     Backend::init();
     if let (Some(format), Some(template)) = (&args.scripted, &args.chat_template) {
         let source = std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
-        let script = match format.as_str() {
+        let mut script = match format.as_str() {
             "harmony" => scripted::harmony_tool_call(&source),
             "qwen-xml" => scripted::qwen_xml_tool_call(&source),
             "qwen3.5" => scripted::qwen3_5_tool_call(&source),
             "pythonic" => scripted::pythonic_tool_call(&source),
             "gemma4" => scripted::gemma4_tool_call(&source),
             "mistral" => scripted::mistral_tool_call(&source),
+            "hermes" => {
+                let (Some(call), Some(answer)) = (&args.call, &args.answer) else {
+                    anyhow::bail!("--scripted hermes needs --call and --answer");
+                };
+                scripted::hermes_round_trip(&source, call, answer)
+            }
             other => {
                 anyhow::bail!(
-                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral)"
+                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral, hermes)"
                 )
             }
         };
+        if let Some(path) = &args.tokenizer {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            script.tokenizer =
+                Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?);
+        }
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());
         return Ok(());

@@ -22,17 +22,54 @@ use crate::sampling::Rng;
 
 const HIDDEN: usize = 128;
 
-/// A model that answers with `answer` whenever the prompt ends with `trigger`.
+/// A model that answers with a turn's `answer` whenever the prompt ends with its `trigger`.
 pub struct Script<'a> {
     pub chat_template: &'a str,
     /// The format's special tokens (their text is hidden unless the server asks for it).
     pub special: &'a [&'a str],
+    pub turns: Vec<Turn<'a>>,
+    /// What ends an answer (the first is written after each; all stop generation).
+    pub eos: &'a [&'a str],
+    /// The tokenizer (`tokenizer.json`) the script's pieces are added to; `None`: the tiny
+    /// byte-level one. A real one (SmolLM2's) keeps long prompts as short as a real model's.
+    pub tokenizer: Option<Value>,
+}
+
+/// One scripted answer.
+pub struct Turn<'a> {
     /// The prompt's last token: a special token, a script token, or one byte.
     pub trigger: &'a str,
     /// The answer, one token per piece.
-    pub answer: &'a [&'a str],
-    /// What ends the answer (the first is written after the script; all stop generation).
-    pub eos: &'a [&'a str],
+    pub answer: Vec<&'a str>,
+}
+
+/// What [`hermes_round_trip`]'s chat template writes after the generation prompt when the last
+/// message is a tool result: the trigger of the final answer.
+pub const AFTER_TOOL_RESULTS: &str = "<|after_tool_results|>";
+
+/// Hermes tool calls (Qwen 2.5's format) for a whole agent turn: on a new request, the call
+/// `call` (compact JSON `{"name": ..., "arguments": ...}`, printable ASCII with at most one
+/// space); once the tool's result is in the prompt (the template then ends the prompt with
+/// [`AFTER_TOOL_RESULTS`]), the final `answer` (printable ASCII, one piece).
+pub fn hermes_round_trip<'a>(chat_template: &'a str, call: &'a str, answer: &'a str) -> Script<'a> {
+    let mut call_pieces = vec!["<tool_call>"];
+    for (k, part) in call.split(' ').enumerate() {
+        if k > 0 {
+            call_pieces.push(" ");
+        }
+        call_pieces.push(part);
+    }
+    call_pieces.push("</tool_call>");
+    Script {
+        chat_template,
+        special: &["<|im_start|>", "<|im_end|>", "<|endoftext|>", AFTER_TOOL_RESULTS],
+        turns: vec![
+            Turn { trigger: "\n", answer: call_pieces },
+            Turn { trigger: AFTER_TOOL_RESULTS, answer: vec![answer] },
+        ],
+        eos: &["<|im_end|>"],
+        tokenizer: None,
+    }
 }
 
 /// gpt-oss's Harmony format (its published chat template): a call to `get_weather`.
@@ -49,17 +86,20 @@ pub fn harmony_tool_call(chat_template: &str) -> Script<'_> {
             "<|return|>",
             "<|call|>",
         ],
-        trigger: "assistant",
-        answer: &[
-            "<|channel|>",
-            "commentary",
-            " ",
-            "to=functions.get_weather",
-            "<|constrain|>",
-            "json",
-            "<|message|>",
-            r#"{"city":"Paris"}"#,
-        ],
+        turns: vec![Turn {
+            trigger: "assistant",
+            answer: vec![
+                "<|channel|>",
+                "commentary",
+                " ",
+                "to=functions.get_weather",
+                "<|constrain|>",
+                "json",
+                "<|message|>",
+                r#"{"city":"Paris"}"#,
+            ],
+        }],
+        tokenizer: None,
         eos: &["<|call|>", "<|return|>"],
     }
 }
@@ -70,12 +110,15 @@ pub fn qwen_xml_tool_call(chat_template: &str) -> Script<'_> {
     Script {
         chat_template,
         special: &["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-        trigger: "\n",
-        answer: &[
-            "<tool_call>",
-            "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
-            "</tool_call>",
-        ],
+        turns: vec![Turn {
+            trigger: "\n",
+            answer: vec![
+                "<tool_call>",
+                "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
+                "</tool_call>",
+            ],
+        }],
+        tokenizer: None,
         eos: &["<|im_end|>"],
     }
 }
@@ -87,14 +130,17 @@ pub fn qwen3_5_tool_call(chat_template: &str) -> Script<'_> {
     Script {
         chat_template,
         special: &["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-        trigger: "\n",
-        answer: &[
-            "Calling_get_weather.",
-            "</think>",
-            "<tool_call>",
-            "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
-            "</tool_call>",
-        ],
+        turns: vec![Turn {
+            trigger: "\n",
+            answer: vec![
+                "Calling_get_weather.",
+                "</think>",
+                "<tool_call>",
+                "<function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function>",
+                "</tool_call>",
+            ],
+        }],
+        tokenizer: None,
         eos: &["<|im_end|>"],
     }
 }
@@ -115,14 +161,17 @@ pub fn mistral_tool_call(chat_template: &str) -> Script<'_> {
             "[TOOL_RESULTS]",
             "[/TOOL_RESULTS]",
         ],
-        trigger: "[/INST]",
-        answer: &[
-            "[TOOL_CALLS]",
-            " ",
-            r#"[{"name":"get_weather","#,
-            r#""arguments":{"city":"Paris","#,
-            r#""days":3}}]"#,
-        ],
+        turns: vec![Turn {
+            trigger: "[/INST]",
+            answer: vec![
+                "[TOOL_CALLS]",
+                " ",
+                r#"[{"name":"get_weather","#,
+                r#""arguments":{"city":"Paris","#,
+                r#""days":3}}]"#,
+            ],
+        }],
+        tokenizer: None,
         eos: &["</s>"],
     }
 }
@@ -143,8 +192,11 @@ pub fn pythonic_tool_call(chat_template: &str) -> Script<'_> {
             "<|tool_response_start|>",
             "<|tool_response_end|>",
         ],
-        trigger: "\n",
-        answer: &["<|tool_call_start|>", r#"[get_weather(city="Paris",days=3)]"#, "<|tool_call_end|>"],
+        turns: vec![Turn {
+            trigger: "\n",
+            answer: vec!["<|tool_call_start|>", r#"[get_weather(city="Paris",days=3)]"#, "<|tool_call_end|>"],
+        }],
+        tokenizer: None,
         eos: &["<|im_end|>"],
     }
 }
@@ -170,8 +222,11 @@ pub fn gemma4_tool_call(chat_template: &str) -> Script<'_> {
             "<tool_response|>",
             "<|\"|>",
         ],
-        trigger: "<channel|>",
-        answer: &["Checking.", "<|tool_call>", "call:get_weather{days:3}", "<tool_call|>"],
+        turns: vec![Turn {
+            trigger: "<channel|>",
+            answer: vec!["Checking.", "<|tool_call>", "call:get_weather{days:3}", "<tool_call|>"],
+        }],
+        tokenizer: None,
         eos: &["<|tool_response>", "<turn|>"],
     }
 }
@@ -180,16 +235,21 @@ pub fn gemma4_tool_call(chat_template: &str) -> Script<'_> {
 pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
     let io = |e: std::io::Error| ModelError::Io { path: dir.to_path_buf(), source: e };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut tokenizer = synthetic::tokenizer_json();
-    let byte_ids = byte_ids(&tokenizer);
-    let mut ids: HashMap<String, usize> = HashMap::new();
-    for (k, t) in synthetic::SPECIAL_TOKENS.iter().enumerate() {
-        ids.insert(t.to_string(), 256 + k);
+    let bad_tokenizer = |message: String| ModelError::Config { path: dir.join("tokenizer.json"), message };
+    let mut tokenizer = script.tokenizer.clone().unwrap_or_else(synthetic::tokenizer_json);
+    let byte_ids = byte_ids(&tokenizer).ok_or_else(|| bad_tokenizer("not a byte-level BPE vocabulary".into()))?;
+    let Some(added) = tokenizer["added_tokens"].as_array_mut() else {
+        return Err(bad_tokenizer("no added_tokens list".into()));
+    };
+    let mut ids: HashMap<String, usize> =
+        added.iter().filter_map(|t| Some((t["content"].as_str()?.to_string(), t["id"].as_u64()? as usize))).collect();
+    // New tokens go after the vocabulary and every token added before.
+    let mut next_id = ids.values().copied().chain(byte_ids.values().copied()).max().unwrap_or(0) + 1;
+    if let Some(vocab) = script.tokenizer.as_ref().and_then(|t| t["model"]["vocab"].as_object()) {
+        next_id = next_id.max(vocab.values().filter_map(Value::as_u64).max().unwrap_or(0) as usize + 1);
     }
-    let added = tokenizer["added_tokens"].as_array_mut().expect("a list");
-    let trigger = [script.trigger];
-    let pieces = script.special.iter().chain(&trigger).chain(script.answer).chain(script.eos);
-    for piece in pieces {
+    let pieces = script.turns.iter().flat_map(|turn| std::iter::once(&turn.trigger).chain(&turn.answer));
+    for piece in script.special.iter().chain(pieces).chain(script.eos) {
         if ids.contains_key(*piece) || byte_ids.contains_key(*piece) {
             continue;
         }
@@ -199,21 +259,30 @@ pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
                 message: format!("script piece {piece:?}: printable ASCII only, or a single byte"),
             });
         }
-        let id = 256 + added.len();
+        let id = next_id;
+        next_id += 1;
         let special = script.special.contains(piece);
         added.push(json!({"id": id, "content": piece, "single_word": false, "lstrip": false, "rstrip": false,
                           "normalized": false, "special": special}));
         ids.insert(piece.to_string(), id);
     }
-    let vocab = 256 + added.len();
+    let vocab = next_id;
     let id = |piece: &str| ids.get(piece).or_else(|| byte_ids.get(piece)).copied().expect("every piece has an id");
-    let chain: Vec<usize> = std::iter::once(script.trigger)
-        .chain(script.answer.iter().copied())
-        .chain(script.eos.first().copied())
-        .map(id)
+    // Each turn's chain: the trigger, the answer, the end. A token has one successor, so no
+    // token may appear twice in all the chains (the end excepted: nothing follows it).
+    let chains: Vec<Vec<usize>> = script
+        .turns
+        .iter()
+        .map(|turn| {
+            std::iter::once(turn.trigger)
+                .chain(turn.answer.iter().copied())
+                .chain(script.eos.first().copied())
+                .map(id)
+                .collect()
+        })
         .collect();
     let mut seen = std::collections::HashSet::new();
-    if let Some(repeat) = chain[..chain.len() - 1].iter().find(|t| !seen.insert(**t)) {
+    if let Some(repeat) = chains.iter().flat_map(|chain| &chain[..chain.len() - 1]).find(|t| !seen.insert(**t)) {
         return Err(ModelError::Config {
             path: dir.to_path_buf(),
             message: format!("token {repeat} appears twice in the script: it can have only one successor"),
@@ -246,12 +315,13 @@ pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
     let mut rng = Rng::seeded(11);
     let embed: Vec<f32> = (0..vocab * HIDDEN).map(|_| 2.0 * rng.next_f64() as f32 - 1.0).collect();
     let mut head = vec![0f32; vocab * HIDDEN];
-    for pair in chain.windows(2) {
+    for pair in chains.iter().flat_map(|chain| chain.windows(2)) {
         let (from, to) = (pair[0], pair[1]);
         let row = &embed[from * HIDDEN..][..HIDDEN];
         let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        // `+=`: the end follows the last token of every turn (the directions are near orthogonal).
         for (h, x) in head[to * HIDDEN..][..HIDDEN].iter_mut().zip(row) {
-            *h = 4.0 * x / norm;
+            *h += 4.0 * x / norm;
         }
     }
     let zeros = |rows: usize, cols: usize| Array::from_slice(&vec![0f32; rows * cols], &[rows as i32, cols as i32]);
@@ -274,16 +344,16 @@ pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
     Array::save_safetensors(arrays, &metadata, &path).map_err(|e| ModelError::Weights { path, message: e.to_string() })
 }
 
-/// Each single-byte string's token id in the byte-level vocabulary.
-fn byte_ids(tokenizer: &Value) -> HashMap<String, usize> {
-    let vocab = tokenizer["model"]["vocab"].as_object().expect("a vocabulary");
+/// Each single-byte string's token id in the byte-level vocabulary (`None`: not one).
+fn byte_ids(tokenizer: &Value) -> Option<HashMap<String, usize>> {
+    let vocab = tokenizer["model"]["vocab"].as_object()?;
     let alphabet: HashMap<&str, usize> =
         vocab.iter().filter_map(|(symbol, id)| Some((symbol.as_str(), id.as_u64()? as usize))).collect();
-    (0u8..=127)
-        .filter_map(|b| {
-            // The byte's id is its place in the alphabet, which the vocabulary lists by symbol.
-            let symbol = synthetic::byte_symbol(b);
-            alphabet.get(symbol.to_string().as_str()).map(|&id| ((b as char).to_string(), id))
-        })
-        .collect()
+    let ids = (0u8..=127).filter_map(|b| {
+        // The vocabulary lists each byte by its symbol in GPT-2's byte-level alphabet (SmolLM2's
+        // lacks a few control bytes, which no script writes).
+        let symbol = synthetic::byte_symbol(b);
+        alphabet.get(symbol.to_string().as_str()).map(|&id| ((b as char).to_string(), id))
+    });
+    Some(ids.collect::<HashMap<_, _>>()).filter(|ids| ids.contains_key(" ") && ids.contains_key("\n"))
 }

@@ -17,6 +17,7 @@ mod openai;
 pub mod openapi;
 mod origin;
 mod priority;
+mod request_log;
 mod responses;
 mod run;
 mod security;
@@ -168,6 +169,8 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/", get(root).head(ollama::root))
         .route("/health", get(health))
+        // Claude Code's reachability check (`HEAD /api/hello`) before its first request.
+        .route("/api/hello", get(|| async {}))
         // The UI itself needs no key (it asks for one); every API call it makes does.
         .route("/ui", get(ui::redirect))
         .route("/ui/", get(ui::index))
@@ -180,6 +183,8 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), origin::check_origin))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
         .layer(middleware::from_fn(dialect_errors::rewrite))
+        // Outermost: it logs what the client finally gets.
+        .layer(middleware::from_fn(request_log::log))
         .with_state(state)
 }
 

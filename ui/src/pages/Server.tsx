@@ -1,6 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
+import { agentConfigs, fillAgentConfig } from "../agents";
 import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
 
 interface Form {
@@ -110,18 +111,12 @@ export function ServerPage() {
   });
 
   const snippets: { name: string; id: string; where: string; text: string }[] = [
-    {
-      name: "Continue",
-      id: "continue",
-      where: "~/.continue/config.yaml",
-      text: `models:
-  - name: FastMLX
-    provider: openai
-    model: ${modelId}
-    apiBase: ${url}
-    apiKey: ${keyText}
-    roles: [chat, edit, apply, autocomplete]`,
-    },
+    ...agentConfigs.map((agent) => ({
+      name: agent.name,
+      id: agent.id,
+      where: agent.where,
+      text: fillAgentConfig(agent.template, url.replace(/\/v1$/, ""), modelId, keyText),
+    })),
     {
       name: "Zed",
       id: "zed",

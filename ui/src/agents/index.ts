@@ -1,0 +1,26 @@
+// The coding agents' configurations, as tests/agents runs them against a real server: the
+// Server page fills in the placeholders, the README shows them with its defaults, and a test
+// checks that the README's copies are these files.
+import claudeCode from "./claude-code.sh?raw";
+import codex from "./codex.toml?raw";
+import continueYaml from "./continue.yaml?raw";
+import opencode from "./opencode.json?raw";
+
+export interface AgentConfig {
+  name: string;
+  id: string;
+  where: string;
+  template: string;
+}
+
+export const agentConfigs: AgentConfig[] = [
+  { name: "Codex CLI", id: "codex", where: "~/.codex/config.toml", template: codex },
+  { name: "Claude Code", id: "claude-code", where: "shell environment, before `claude`", template: claudeCode },
+  { name: "Continue (IDE and cn)", id: "continue", where: "~/.continue/config.yaml", template: continueYaml },
+  { name: "opencode", id: "opencode", where: "opencode.json (project) or ~/.config/opencode/opencode.json", template: opencode },
+];
+
+/** A template with `{base}` (the server's root URL), `{model}` and `{key}` filled in. */
+export function fillAgentConfig(template: string, base: string, model: string, key: string): string {
+  return template.replaceAll("{base}", base).replaceAll("{model}", model).replaceAll("{key}", key).trimEnd();
+}
