@@ -32,6 +32,8 @@ AGENT_BIN = ROOT / "tests/agents/node_modules/.bin"
 CONFIGS = ROOT / "ui/src/agents"
 TOKENIZER = ROOT / ".cache/models/SmolLM2-135M-Instruct-mlx-4bit/tokenizer.json"
 KEY = "agent-test-key"
+# The scripted models' context window (their config's max_position_embeddings).
+CONTEXT = 65536
 PROOF = "fastmlx-tool-ran"
 ANSWER = "Round_trip_complete."
 # The call each scripted model makes: the agent's own shell tool (one space at most: see
@@ -51,9 +53,11 @@ AGENT_TIMEOUT = 240
 MIN_PROMPT_TOKENS = 1500
 
 
-def fill(template, base, model, key=KEY):
+def fill(template, base, model, context=CONTEXT, key=KEY):
     """As the Server page fills a configuration in (ui/src/agents/index.ts)."""
-    return template.replace("{base}", base).replace("{model}", model).replace("{key}", key).rstrip()
+    for name, value in (("base", base), ("model", model), ("context", str(context)), ("key", key)):
+        template = template.replace("{" + name + "}", value)
+    return template.rstrip()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -186,6 +190,8 @@ def test_claude_code(session):
     done = run_agent([str(AGENT_BIN / "claude"), "-p", "Write the proof file.", "--dangerously-skip-permissions"],
                      env, work)
     check_turn("claude-code", server, work, done)
+    # The configuration's context window was taken (else it assumes 1M and says so).
+    assert "assumes a context window" not in done.stderr
 
 
 def test_continue_cli(session):
@@ -213,7 +219,7 @@ def test_readme_shows_the_tested_configurations():
     """The README's snippets are these files with its defaults filled in: they cannot drift."""
     readme = (ROOT / "README.md").read_text()
     for name in ("codex.toml", "claude-code.sh", "continue.yaml", "opencode.json"):
-        text = fill((CONFIGS / name).read_text(), "http://127.0.0.1:8080", "SmolLM2-135M-Instruct", "not-needed")
+        text = fill((CONFIGS / name).read_text(), "http://127.0.0.1:8080", "SmolLM2-135M-Instruct", 8192, "not-needed")
         assert text in readme, f"README lacks the tested {name}:\n{text}"
 
 

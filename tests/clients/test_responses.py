@@ -49,6 +49,33 @@ def test_function_call_round_trip(client, server):
     assert follow.output_text
 
 
+def test_custom_tool_round_trip(client, server):
+    """A custom (freeform) tool, as Codex's `apply_patch` is: a forced call comes back as a
+    `custom_tool_call` whose input a `regex` format holds; streamed, its input arrives in the
+    custom-tool events; the call and its output go back as input items."""
+    import re
+    code = {"type": "custom", "name": "ticket", "description": "Open a ticket by its code.",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}-[0-9]{2}"}}
+    patch = {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/ "*** End Patch"'}}
+    kw = dict(model=server["model"], input="Open a ticket for the broken login.", tools=[code, patch],
+              tool_choice={"type": "custom", "name": "ticket"}, max_output_tokens=40, temperature=0)
+    r = client.responses.create(**kw)
+    call = r.output[-1]
+    assert call.type == "custom_tool_call" and call.name == "ticket", r.output
+    assert re.fullmatch("[A-Z]{3}-[0-9]{2}", call.input), call.input
+    events = list(client.responses.create(stream=True, **kw))
+    done = next(e for e in events if e.type == "response.custom_tool_call_input.done")
+    assert done.input == call.input
+    assert events[-1].response.output[-1].input == call.input
+    followed = client.responses.create(model=server["model"], tools=[code, patch], max_output_tokens=20, temperature=0, input=[
+        {"role": "user", "content": "Open a ticket for the broken login."},
+        {"type": "custom_tool_call", "call_id": call.call_id, "name": "ticket", "input": call.input},
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Ticket opened."},
+    ])
+    assert followed.status in ("completed", "incomplete") and followed.output
+
+
 def test_stored_state_is_a_clear_error(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=server["model"], input="hi", previous_response_id="resp_123")

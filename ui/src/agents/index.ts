@@ -20,7 +20,20 @@ export const agentConfigs: AgentConfig[] = [
   { name: "opencode", id: "opencode", where: "opencode.json (project) or ~/.config/opencode/opencode.json", template: opencode },
 ];
 
-/** A template with `{base}` (the server's root URL), `{model}` and `{key}` filled in. */
-export function fillAgentConfig(template: string, base: string, model: string, key: string): string {
-  return template.replaceAll("{base}", base).replaceAll("{model}", model).replaceAll("{key}", key).trimEnd();
+/** What a configuration names: the server's root URL, the model, its context window, the key. */
+export interface AgentTarget {
+  base: string;
+  model: string;
+  context: string;
+  key: string;
+}
+
+/** A template with its `{base}`, `{model}`, `{context}` and `{key}` filled in. */
+export function fillAgentConfig(template: string, t: AgentTarget): string {
+  return template
+    .replaceAll("{base}", t.base)
+    .replaceAll("{model}", t.model)
+    .replaceAll("{context}", t.context)
+    .replaceAll("{key}", t.key)
+    .trimEnd();
 }

@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
+import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type LocalModel, type ServerStatus, type Settings } from "../api";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { agentConfigs, fillAgentConfig } from "../agents";
 import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
@@ -30,6 +30,7 @@ export function ServerPage() {
   const [settings, setSettings] = useState<Settings | null>(null);
   const [form, setForm] = useState<Form | null>(null);
   const [model, setModel] = useState<string>("");
+  const [context, setContext] = useState<number | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [saving, setSaving] = useState(false);
   const [saved, setSaved] = useState(false);
@@ -57,7 +58,13 @@ export function ServerPage() {
       })
       .catch((e) => setError(e.message));
     getJson<ServerStatus>("/admin/status")
-      .then((st) => setModel(st.loaded[0]?.id ?? ""))
+      .then(async (st) => {
+        const id = st.loaded[0]?.id ?? "";
+        setModel(id);
+        // Its context window, which agents must be told (Claude Code assumes 1M for a model it does not know).
+        const local = await getJson<LocalModel[]>("/admin/models");
+        setContext(local.find((m) => m.id === id)?.context_length ?? null);
+      })
       .catch(() => {});
     if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));
   }, []);
@@ -115,7 +122,12 @@ export function ServerPage() {
       name: agent.name,
       id: agent.id,
       where: agent.where,
-      text: fillAgentConfig(agent.template, url.replace(/\/v1$/, ""), modelId, keyText),
+      text: fillAgentConfig(agent.template, {
+        base: url.replace(/\/v1$/, ""),
+        model: modelId,
+        context: context ? String(context) : "CONTEXT_TOKENS",
+        key: keyText,
+      }),
     })),
     {
       name: "Zed",

@@ -155,6 +155,12 @@ fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
                     Some("text") => {
                         texts.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string())
                     }
+                    // What Claude Code's tool search returns: a deferred tool, which the model
+                    // was shown from the start here (see `convert_tool`).
+                    Some("tool_reference") => {
+                        let name = block.get("tool_name").and_then(Value::as_str).unwrap_or_default();
+                        texts.push(format!("Tool {name} is available."))
+                    }
                     Some(kind) => return Err(unsupported_block(kind, &format!("{param}[{i}]"))),
                     None => return Err(ApiError::invalid(param, format!("{param}[{i}]: each block needs a type"))),
                 }
@@ -348,6 +354,19 @@ mod tests {
         assert_eq!((chat.tool_choice, chat.parallel_tool_calls), (Some(json!("required")), Some(false)));
         assert_eq!(chat.chat_template_kwargs.unwrap()["enable_thinking"], true);
         assert_eq!((common.max_tokens, common.temperature), (Some(100), Some(0.5)));
+    }
+
+    #[test]
+    fn a_tool_search_result_names_the_tool() {
+        let result = json!({"type": "tool_result", "tool_use_id": "toolu_1",
+                            "content": [{"type": "tool_reference", "tool_name": "NotebookEdit"}]});
+        let body = json!({"model": "m", "max_tokens": 10, "messages": [
+            {"role": "user", "content": "Edit the notebook."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "notebook"}}]},
+            {"role": "user", "content": [result]}
+        ]});
+        let (chat, _) = to_chat(&body, false).unwrap();
+        assert_eq!(chat.messages[2]["content"], "Tool NotebookEdit is available.");
     }
 
     #[test]

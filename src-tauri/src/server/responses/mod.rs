@@ -1,6 +1,6 @@
 //! OpenAI's Responses API, stateless (`POST /v1/responses`), what Codex CLI speaks. The answer's
-//! blocks become output items (reasoning, message, function_call) with the API's streaming
-//! events; nothing is stored, so `GET /v1/responses/{id}` is a clear 404.
+//! blocks become output items (reasoning, message, function_call, custom_tool_call) with the
+//! API's streaming events; nothing is stored, so `GET /v1/responses/{id}` is a clear 404.
 
 mod request;
 
@@ -24,12 +24,12 @@ pub async fn create(
     HeaderPriority(header): HeaderPriority,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let (chat, mut common, namespaced) = request::to_chat(&body)?;
+    let (chat, mut common, offered) = request::to_chat(&body)?;
     common.header_priority = header;
     let StartedChat { model, stream, mut parser, mode, .. } = start(&state, &chat, &common).await?;
     let (mut blocks, first_blocks) = Blocks::start(&mode);
     let mut response =
-        ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body, namespaced);
+        ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body, offered);
 
     if !common.streaming() {
         let done = collect(stream).await?;
@@ -87,12 +87,14 @@ struct ResponseBuilder {
     echo: Value,
     items: Vec<Value>,
     sequence: u64,
-    /// Functions offered under a namespace, by the name the model saw.
-    namespaced: request::Namespaced,
+    /// Tools offered under another name or shape, by the name the model saw.
+    offered: request::OfferedTools,
+    /// A custom tool call's arguments as the model writes them (its input is read out at the end).
+    custom_arguments: std::collections::HashMap<usize, String>,
 }
 
 impl ResponseBuilder {
-    fn new(id: String, model: String, body: &Value, namespaced: request::Namespaced) -> ResponseBuilder {
+    fn new(id: String, model: String, body: &Value, offered: request::OfferedTools) -> ResponseBuilder {
         let field = |k: &str| body.get(k).cloned().unwrap_or(Value::Null);
         let echo = json!({
             "instructions": field("instructions"),
@@ -107,7 +109,16 @@ impl ResponseBuilder {
             "reasoning": body.get("reasoning").cloned().unwrap_or_else(|| json!({"effort": null, "summary": null})),
             "user": field("user"),
         });
-        ResponseBuilder { id, model, created_at: now(), echo, items: Vec::new(), sequence: 0, namespaced }
+        ResponseBuilder {
+            id,
+            model,
+            created_at: now(),
+            echo,
+            items: Vec::new(),
+            sequence: 0,
+            offered,
+            custom_arguments: Default::default(),
+        }
     }
 
     /// An event with its type and sequence number.
@@ -168,15 +179,24 @@ impl ResponseBuilder {
                     BlockKind::Thinking => {
                         json!({"type": "reasoning", "id": format!("rs_{suffix}"), "summary": [], "content": []})
                     }
-                    BlockKind::ToolCall { id, name } => {
-                        let mut item = json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"});
-                        // A function of a namespace: its own name, and the namespace beside it.
-                        if let Some((namespace, own)) = self.namespaced.get(&name) {
-                            item["name"] = json!(own);
-                            item["namespace"] = json!(namespace);
+                    BlockKind::ToolCall { id, name } => match self.offered.get(&name) {
+                        Some(tool) => {
+                            let mut item = if tool.custom {
+                                self.custom_arguments.insert(index, String::new());
+                                json!({"type": "custom_tool_call", "id": format!("ctc_{suffix}"), "call_id": id, "name": tool.name, "input": ""})
+                            } else {
+                                json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": tool.name, "arguments": "", "status": "in_progress"})
+                            };
+                            // A tool of a namespace: its own name, and the namespace beside it.
+                            if let Some(namespace) = &tool.namespace {
+                                item["namespace"] = json!(namespace);
+                            }
+                            item
                         }
-                        item
-                    }
+                        None => {
+                            json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
+                        }
+                    },
                 };
                 self.items.push(item.clone());
                 let mut out =
@@ -210,6 +230,11 @@ impl ResponseBuilder {
                         append(&mut self.items[index]["content"][0]["text"], &text);
                         vec![self.event("response.reasoning_text.delta", payload)]
                     }
+                    Content::Arguments if self.custom_arguments.contains_key(&index) => {
+                        // Its input is a JSON string inside them: told whole at the end.
+                        self.custom_arguments.entry(index).or_default().push_str(&text);
+                        Vec::new()
+                    }
                     Content::Arguments => {
                         append(&mut self.items[index]["arguments"], &text);
                         let mut p = payload;
@@ -238,6 +263,18 @@ impl ResponseBuilder {
                             json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
                         ));
                     }
+                    "custom_tool_call" => {
+                        let input = custom_input(&self.custom_arguments.remove(&index).unwrap_or_default());
+                        self.items[index]["input"] = json!(input);
+                        out.push(self.event(
+                            "response.custom_tool_call_input.delta",
+                            json!({"item_id": item_id, "output_index": index, "delta": input}),
+                        ));
+                        out.push(self.event(
+                            "response.custom_tool_call_input.done",
+                            json!({"item_id": item_id, "output_index": index, "input": input}),
+                        ));
+                    }
                     _ => {
                         let (arguments, name) =
                             (self.items[index]["arguments"].clone(), self.items[index]["name"].clone());
@@ -258,6 +295,20 @@ impl ResponseBuilder {
     }
 }
 
+/// A custom tool's input from the arguments the model wrote for it: the `input` string, or the
+/// one string it wrote under another name; failing that, the text itself.
+fn custom_input(arguments: &str) -> String {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(arguments) else {
+        return arguments.to_string();
+    };
+    let strings: Vec<&str> = fields.values().filter_map(Value::as_str).collect();
+    match (fields.get(request::CUSTOM_INPUT).and_then(Value::as_str), strings.as_slice()) {
+        (Some(input), _) => input.to_string(),
+        (None, [only]) if fields.len() == 1 => only.to_string(),
+        _ => arguments.to_string(),
+    }
+}
+
 fn append(slot: &mut Value, text: &str) {
     let mut s = slot.as_str().unwrap_or_default().to_string();
     s.push_str(text);
@@ -268,6 +319,45 @@ fn append(slot: &mut Value, text: &str) {
 mod tests {
     use super::*;
     use crate::engine::{Timings, Usage};
+
+    #[test]
+    fn a_custom_tool_call_is_told_with_its_input() {
+        let offered = request::OfferedTools::from([(
+            "apply_patch".to_string(),
+            request::Offered { namespace: None, name: "apply_patch".into(), custom: true },
+        )]);
+        let mut r = ResponseBuilder::new("resp_1".into(), "m".into(), &json!({}), offered);
+        let mut events = Vec::new();
+        let call = BlockKind::ToolCall { id: "call_1".into(), name: "apply_patch".into() };
+        for e in [
+            BlockEvent::Start { index: 0, kind: call },
+            BlockEvent::Delta { index: 0, content: Content::Arguments, text: r#"{"input": "*** Begin"#.into() },
+            BlockEvent::Delta { index: 0, content: Content::Arguments, text: r#" Patch\n"}"#.into() },
+            BlockEvent::Stop { index: 0 },
+        ] {
+            events.extend(r.apply(e));
+        }
+        let names: Vec<&str> = events.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done"
+            ]
+        );
+        let item = &events[3].1["item"];
+        assert_eq!(
+            item,
+            &json!({"type": "custom_tool_call", "id": "ctc_1_0", "call_id": "call_1", "name": "apply_patch", "input": "*** Begin Patch\n"})
+        );
+        assert_eq!(events[2].1["input"], "*** Begin Patch\n");
+        // What a model may write instead of `input`.
+        assert_eq!(custom_input(r#"{"patch": "x"}"#), "x");
+        assert_eq!(custom_input("*** Begin Patch"), "*** Begin Patch");
+        assert_eq!(custom_input(r#"{"a": "x", "b": "y"}"#), r#"{"a": "x", "b": "y"}"#);
+    }
 
     #[test]
     fn events_build_the_items() {

@@ -2,8 +2,10 @@
 //! `function_call`, `function_call_output`; `reasoning` items, with or without
 //! `encrypted_content`, are dropped as the stateless design drops earlier reasoning),
 //! `instructions`, function tools (flat, or grouped in a `namespace`: offered to the model as
-//! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`), `tool_choice`,
-//! `text.format`, `max_output_tokens`. OpenAI's hosted tools (web search, file search, code
+//! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`), custom
+//! (freeform) tools (offered as a function of one string, `input`, whose description carries the
+//! tool's grammar; called back as `custom_tool_call`), `tool_choice`, `text.format`,
+//! `max_output_tokens`. OpenAI's hosted tools (web search, file search, code
 //! interpreter, ...) cannot run here: they are left out of the prompt, and a `tool_choice` that
 //! forces one is a 400. `include`, `reasoning.summary`, `prompt_cache_key`, `client_metadata`
 //! are accepted and change nothing. Nothing is stored: `store: true` and `previous_response_id`
@@ -16,11 +18,23 @@ use serde_json::{json, Value};
 use crate::server::chat::{ChatRequest, CommonParams};
 use crate::server::ApiError;
 
-/// Functions offered under a namespace, by the name the model sees (`namespace.name`): the
-/// namespace and the function's own name.
-pub type Namespaced = HashMap<String, (String, String)>;
+/// A tool the model sees under another name or shape than the client's: a function of a
+/// namespace (seen as `namespace.name`), or a custom tool (seen as a function of `input`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offered {
+    pub namespace: Option<String>,
+    /// The tool's own name.
+    pub name: String,
+    pub custom: bool,
+}
 
-pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, Namespaced), ApiError> {
+/// Those tools, by the name the model sees.
+pub type OfferedTools = HashMap<String, Offered>;
+
+/// The one parameter a custom tool is offered with.
+pub const CUSTOM_INPUT: &str = "input";
+
+pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools), ApiError> {
     if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Err(ApiError::invalid(
             "previous_response_id",
@@ -55,13 +69,13 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, Namespaced), 
         }
         Some(_) => return Err(ApiError::invalid("input", "input must be text or a list of items")),
     }
-    let mut namespaced = Namespaced::new();
+    let mut offered = OfferedTools::new();
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(tools)) => {
             let mut out = Vec::new();
             for (i, tool) in tools.iter().enumerate() {
-                out.extend(convert_tool(tool, &format!("tools[{i}]"), None, &mut namespaced)?);
+                out.extend(convert_tool(tool, &format!("tools[{i}]"), None, &mut offered)?);
             }
             // Only hosted tools: the model is offered none.
             (!out.is_empty()).then_some(out)
@@ -71,7 +85,7 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, Namespaced), 
     let tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(json!(s)),
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+        Some(Value::Object(o)) if matches!(o.get("type").and_then(Value::as_str), Some("function" | "custom")) => {
             let name = o
                 .get("name")
                 .and_then(Value::as_str)
@@ -148,7 +162,7 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, Namespaced), 
         priority: body.get("priority").and_then(Value::as_i64),
         ..Default::default()
     };
-    Ok((request, common, namespaced))
+    Ok((request, common, offered))
 }
 
 /// One input item: a message (`type` "message" or just a `role`), a `function_call` (joined to
@@ -183,13 +197,18 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
             };
             out.push(json!({"role": role, "content": content}));
         }
-        "function_call" => {
+        "function_call" | "custom_tool_call" => {
             let field = |key: &str| item.get(key).and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.{key} is required")));
             let name = match item.get("namespace").and_then(Value::as_str) {
                 Some(namespace) => format!("{namespace}.{}", field("name")?),
                 None => field("name")?.to_string(),
             };
-            let call = json!({"id": field("call_id")?, "type": "function", "function": {"name": name, "arguments": field("arguments")?}});
+            // A custom tool's input as the model saw its call: the function's one argument.
+            let arguments = match kind {
+                "custom_tool_call" => json!({CUSTOM_INPUT: field("input")?}).to_string(),
+                _ => field("arguments")?.to_string(),
+            };
+            let call = json!({"id": field("call_id")?, "type": "function", "function": {"name": name, "arguments": arguments}});
             // Calls after an assistant message (or after other calls) belong to that turn.
             match out.last_mut().filter(|m| m["role"] == "assistant") {
                 Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
@@ -199,7 +218,7 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
                 None => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
             }
         }
-        "function_call_output" => {
+        "function_call_output" | "custom_tool_call_output" => {
             let call_id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.call_id is required")))?;
             let output = match item.get("output") {
                 Some(Value::String(s)) => s.clone(),
@@ -209,7 +228,7 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
             out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
         }
         "reasoning" => {}
-        other => return Err(ApiError::invalid(param, format!("{param}: items of type {other:?} are not supported (messages, function_call and function_call_output are)"))),
+        other => return Err(ApiError::invalid(param, format!("{param}: items of type {other:?} are not supported (messages, function and custom tool calls and their outputs are)"))),
     }
     Ok(())
 }
@@ -217,16 +236,17 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
 /// Tool types OpenAI runs on its side (and whatever new type this server does not know): none
 /// can run here.
 fn is_hosted(kind: &str) -> bool {
-    !matches!(kind, "function" | "namespace")
+    !matches!(kind, "function" | "custom" | "namespace")
 }
 
 /// `{"type": "function", "name", "description", "parameters", "strict"}` as a chat tool; a
-/// `namespace` as its functions, named `namespace.name`; a hosted tool as nothing.
+/// `namespace` as its functions, named `namespace.name`; a custom tool as a function of one
+/// string; a hosted tool as nothing.
 fn convert_tool(
     tool: &Value,
     param: &str,
     namespace: Option<(&str, &str)>,
-    namespaced: &mut Namespaced,
+    offered: &mut OfferedTools,
 ) -> Result<Vec<Value>, ApiError> {
     let kind = tool
         .get("type")
@@ -247,24 +267,30 @@ fn convert_tool(
             };
             let mut out = Vec::new();
             for (j, child) in children.iter().enumerate() {
-                out.extend(convert_tool(child, &format!("{param}.tools[{j}]"), Some((group, about)), namespaced)?);
+                out.extend(convert_tool(child, &format!("{param}.tools[{j}]"), Some((group, about)), offered)?);
             }
             Ok(out)
         }
         ("namespace", Some(_)) => Err(ApiError::invalid(param, format!("{param}: namespaces do not nest"))),
-        ("function", _) => {
+        ("function" | "custom", _) => {
             let own = name()?;
+            let custom = kind == "custom";
             let (name, description) = match namespace {
                 Some((group, about)) => {
-                    let qualified = format!("{group}.{own}");
-                    namespaced.insert(qualified.clone(), (group.to_string(), own.to_string()));
                     let description = tool.get("description").and_then(Value::as_str).unwrap_or_default();
-                    (qualified, Some(format!("{about} {description}").trim().to_string()))
+                    (format!("{group}.{own}"), Some(format!("{about} {description}").trim().to_string()))
                 }
                 None => (own.to_string(), tool.get("description").and_then(Value::as_str).map(str::to_string)),
             };
-            let parameters =
-                tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            if namespace.is_some() || custom {
+                let namespace = namespace.map(|(group, _)| group.to_string());
+                offered.insert(name.clone(), Offered { namespace, name: own.to_string(), custom });
+            }
+            let parameters = if custom {
+                custom_parameters(tool, param)?
+            } else {
+                tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}))
+            };
             let mut function = json!({"name": name, "parameters": parameters});
             if let Some(d) = description.filter(|d| !d.is_empty()) {
                 function["description"] = json!(d);
@@ -274,6 +300,50 @@ fn convert_tool(
         // Hosted tools: left out of the prompt.
         _ => Ok(Vec::new()),
     }
+}
+
+/// A custom tool's input as a function's one string parameter. Its `format` says what the text
+/// must be: a regular expression becomes the string's `pattern` (held whenever a grammar
+/// constrains the call, as when `tool_choice` forces it); a Lark grammar is shown to the model
+/// in the description (a JSON string whose text follows a grammar is beyond JSON Schema).
+fn custom_parameters(tool: &Value, param: &str) -> Result<Value, ApiError> {
+    let mut input = json!({"type": "string"});
+    match tool.get("format") {
+        None | Some(Value::Null) => input["description"] = json!("The tool's input, as free text."),
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("text") => input["description"] = json!("The tool's input, as free text."),
+            Some("grammar") => {
+                let definition = format.get("definition").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::invalid(param, format!("{param}.format.definition is required (the grammar's text)"))
+                })?;
+                match format.get("syntax").and_then(Value::as_str) {
+                    Some("lark") => {
+                        input["description"] = json!(format!(
+                            "The tool's input: raw text (not JSON) that this Lark grammar accepts:\n{definition}"
+                        ))
+                    }
+                    Some("regex") => {
+                        input["description"] = json!("The tool's input: text that the pattern accepts.");
+                        // Anchored: the whole input must match, as the API means it.
+                        input["pattern"] = json!(format!("^(?:{definition})$"));
+                    }
+                    other => {
+                        return Err(ApiError::invalid(
+                            param,
+                            format!("{param}.format.syntax {other:?} is not one of lark, regex"),
+                        ))
+                    }
+                }
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("{param}.format.type {other:?} is not one of text, grammar"),
+                ))
+            }
+        },
+    }
+    Ok(json!({"type": "object", "properties": {CUSTOM_INPUT: input}, "required": [CUSTOM_INPUT]}))
 }
 
 #[cfg(test)]
@@ -299,6 +369,55 @@ mod tests {
         assert_eq!(chat.messages[2]["tool_calls"][0]["id"], "call_1");
         assert_eq!(chat.tool_choice.unwrap()["function"]["name"], "w");
         assert_eq!(common.max_tokens, Some(50));
+    }
+
+    #[test]
+    fn custom_tools_are_functions_of_their_input() {
+        let grammar = "start: \"*** Begin Patch\" LF body \"*** End Patch\"";
+        let body = json!({
+            "input": [
+                {"role": "user", "content": "Patch it."},
+                {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "*** Begin Patch\n*** End Patch"},
+                {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done"}
+            ],
+            "tools": [
+                {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+                 "format": {"type": "grammar", "syntax": "lark", "definition": grammar}},
+                {"type": "custom", "name": "note"},
+                {"type": "namespace", "name": "ids", "tools": [
+                    {"type": "custom", "name": "code", "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}"}}]}
+            ],
+            "tool_choice": {"type": "custom", "name": "apply_patch"}
+        });
+        let (chat, _, offered) = to_chat(&body).unwrap();
+        let tools = chat.tools.unwrap();
+        let input = |k: usize| tools[k]["function"]["parameters"]["properties"][CUSTOM_INPUT].clone();
+        assert!(input(0)["description"].as_str().unwrap().ends_with(grammar), "{}", tools[0]);
+        assert_eq!(tools[0]["function"]["description"], "Edit files.");
+        assert_eq!(tools[0]["function"]["parameters"]["required"], json!([CUSTOM_INPUT]));
+        assert_eq!((input(1)["type"].as_str(), input(1).get("pattern")), (Some("string"), None));
+        assert_eq!(input(2)["pattern"], "^(?:[A-Z]{3})$");
+        assert_eq!(tools[2]["function"]["name"], "ids.code");
+        let custom = |namespace: Option<&str>, name: &str| Offered {
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+            custom: true,
+        };
+        assert_eq!(offered["apply_patch"], custom(None, "apply_patch"));
+        assert_eq!(offered["ids.code"], custom(Some("ids"), "code"));
+        let call = &chat.messages[1]["tool_calls"][0]["function"];
+        let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(arguments, json!({CUSTOM_INPUT: "*** Begin Patch\n*** End Patch"}));
+        assert_eq!(
+            (chat.messages[2]["role"].as_str(), chat.messages[2]["content"].as_str()),
+            (Some("tool"), Some("Done"))
+        );
+        assert_eq!(chat.tool_choice.unwrap()["function"]["name"], "apply_patch");
+
+        let bad_format = json!({"input": "hi", "tools": [{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "ebnf", "definition": "a"}}]});
+        assert_eq!(to_chat(&bad_format).unwrap_err().param.as_deref(), Some("tools[0]"));
+        let no_definition = json!({"input": "hi", "tools": [{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "lark"}}]});
+        assert_eq!(to_chat(&no_definition).unwrap_err().param.as_deref(), Some("tools[0]"));
     }
 
     #[test]
