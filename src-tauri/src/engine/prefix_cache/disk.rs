@@ -7,6 +7,8 @@
 //! - Every file names its model identity, its parent block, its tokens and a checksum of its
 //!   data; a file that is truncated, corrupt, from another model or whose key does not match
 //!   its contents is removed and treated as a miss: never a wrong answer, never a crash.
+//! - A block is indexed when it is queued; read before its file is written (the next turn of an
+//!   agent can come within milliseconds), it is a plain miss, not a bad file.
 //! - The folder is kept within a byte budget, least recently used files first out.
 //! - A write that fails (disk full, folder not writable) turns the tier off with one log line;
 //!   serving goes on from RAM.
@@ -14,13 +16,13 @@
 //!   that keep a snapshot, and a placeholder in the others; a block that gains a snapshot after
 //!   it was written is written again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
@@ -174,6 +176,17 @@ struct Shared {
     off: AtomicBool,
     write_skips: AtomicU64,
     written: AtomicU64,
+    /// Blocks queued whose file is not written yet.
+    queued: Mutex<HashSet<BlockKey>>,
+    /// Tests: the writer waits while this is set.
+    #[cfg(test)]
+    paused: AtomicBool,
+}
+
+impl Shared {
+    fn queued(&self) -> std::sync::MutexGuard<'_, HashSet<BlockKey>> {
+        self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -234,10 +247,17 @@ impl DiskTier {
         let spawned = std::thread::Builder::new().name("fastmlx-prefix-disk".into()).spawn(move || {
             lower_priority();
             for (key, block) in rx {
+                #[cfg(test)]
+                while thread_shared.paused.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 if thread_shared.off.load(Ordering::Relaxed) {
+                    thread_shared.queued().remove(&key);
                     continue;
                 }
-                match write_file(&thread_dir, &thread_identity, &key, &block) {
+                let result = write_file(&thread_dir, &thread_identity, &key, &block);
+                thread_shared.queued().remove(&key);
+                match result {
                     Ok(()) => {
                         thread_shared.written.fetch_add(1, Ordering::Relaxed);
                     }
@@ -394,16 +414,22 @@ impl DiskTier {
         let Some(writer) = &self.writer else { return };
         let bytes = block.layers.iter().map(|(k, v)| (k.bytes().len() + v.bytes().len()) as u64).sum::<u64>() + 4096;
         let (parent, tokens, snapshot) = (block.parent, block.tokens.clone(), block.snapshot);
+        // Marked before it is sent: the writer may be done with it before `try_send` returns.
+        let fresh = self.shared.queued().insert(key);
         match writer.try_send((key, block)) {
             Ok(()) => {
                 self.clock += 1;
                 self.add(key, Entry { parent, tokens, bytes, used: self.clock, snapshot });
                 self.shrink();
+                return;
             }
             Err(TrySendError::Full(_)) => {
                 self.shared.write_skips.fetch_add(1, Ordering::Relaxed);
             }
             Err(TrySendError::Disconnected(_)) => self.writer = None,
+        }
+        if fresh {
+            self.shared.queued().remove(&key);
         }
     }
 
@@ -438,6 +464,10 @@ impl DiskTier {
     /// Counts a read of `key`'s file: a hit marks it recently used; a bad file is removed.
     /// Returns `ok`.
     fn count_read(&mut self, key: &BlockKey, path: &Path, ok: bool) -> bool {
+        if !ok && self.shared.queued().contains(key) {
+            // Not written yet: a miss this time, there the next.
+            return false;
+        }
         if ok {
             self.hits += 1;
             self.clock += 1;
@@ -769,4 +799,49 @@ fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile
     file.sync_data().ok();
     drop(file);
     fs::rename(&tmp, &path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of `tokens` after the root, one layer of f32 keys and values.
+    fn block(tokens: Vec<u32>) -> (BlockKey, BlockFile) {
+        let parent = [0u8; 32];
+        let key = chain(&parent, &tokens);
+        let n = tokens.len();
+        let tensor = |fill: f32| {
+            let data: Vec<u8> = std::iter::repeat_n(fill.to_le_bytes(), n * 2).flatten().collect();
+            let range = 0..data.len();
+            Tensor { dtype: Dtype::Float32, shape: vec![1, 1, n as i32, 2], data: Arc::new(data), range }
+        };
+        (key, BlockFile { parent, tokens, layers: vec![(tensor(1.0), tensor(2.0))], snapshot: false })
+    }
+
+    /// An agent's next turn can ask for a block its last turn queued a few milliseconds before:
+    /// until the file is written that is a miss, and the block stays indexed.
+    #[test]
+    fn a_block_read_before_its_file_is_written_is_a_miss_not_a_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tier = DiskTier::open(dir.path(), [7u8; 32], 1 << 30, "m", vec![false]).unwrap();
+        tier.shared.paused.store(true, Ordering::Relaxed);
+        let (key, file) = block(vec![1, 2, 3]);
+        tier.write(key, file);
+        let early = (tier.read(&key).is_none(), tier.stats().removed_bad, tier.contains(&key));
+        // Let the writer go before asserting: a failed test must not leave it paused (its drop joins it).
+        tier.shared.paused.store(false, Ordering::Relaxed);
+        assert_eq!(early, (true, 0, true), "a miss, nothing removed, still indexed");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tier.stats().written == 0 {
+            assert!(std::time::Instant::now() < deadline, "the writer wrote nothing");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let back = tier.read(&key).expect("read once written");
+        assert_eq!((back.tokens, tier.stats().hits), (vec![1, 2, 3], 1));
+
+        // A file that goes missing when nothing is queued is still a bad file, removed.
+        fs::remove_file(tier.path(&key)).unwrap();
+        assert!(tier.read(&key).is_none());
+        assert_eq!((tier.stats().removed_bad, tier.contains(&key)), (1, false));
+    }
 }
