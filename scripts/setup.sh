@@ -13,8 +13,9 @@
 #   - the openai npm package (tests/clients/node_modules), the web UI's packages (its type check)
 #   - Chromium and playwright-core for the UI tests (tests/ui/node_modules); Xvfb and
 #     WebKitWebDriver for the desktop app's end-to-end test
-#   - the coding agents' pinned npm packages (tests/agents/node_modules, ~1.3 GB: Codex CLI,
-#     Claude Code, Continue's cn, opencode) and `ip` (iproute2) for their loopback-only namespace
+#   - the coding agents' pinned npm packages (tests/agents/node_modules, ~2.1 GB: Codex CLI,
+#     Claude Code, Continue's cn, opencode, Kilo, Qwen Code, Copilot CLI, pi, Grok CLI) and `ip`
+#     (iproute2) for their loopback-only namespace
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail

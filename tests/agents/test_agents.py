@@ -2,7 +2,10 @@
 `scripts/setup.sh --test`) against `fastmlx serve`, each through the configuration the Server page
 and the README give (ui/src/agents/), a whole turn with a tool in it:
 
-1. the agent sends its real prompt (system prompt, a dozen tool schemas: 5k-20k tokens);
+Codex CLI, Claude Code, Continue's cn, opencode, Kilo Code CLI, Qwen Code, GitHub Copilot CLI, pi
+and Grok CLI:
+
+1. the agent sends its real prompt (system prompt, its tool schemas: 1.5k-12k tokens);
 2. the model calls the agent's shell tool to write `tool-proof.txt`;
 3. the agent runs the command and sends the result back;
 4. the model answers `Round_trip_complete.`, the agent prints it and exits 0.
@@ -16,8 +19,8 @@ Run by scripts/test.sh inside scripts/loopback_only.sh: no network but loopback,
 reach the local server and nothing else (no telemetry, update checks or model catalogs).
 """
 
-import os
 import json
+import os
 import re
 import subprocess
 import time
@@ -44,13 +47,18 @@ CALLS = {
     "claude-code": f'{{"name":"Bash","arguments":{{"command":"{COMMAND}"}}}}',
     "continue": f'{{"name":"Bash","arguments":{{"command":"{COMMAND}"}}}}',
     "opencode": f'{{"name":"bash","arguments":{{"command":"{COMMAND}","description":"Writes_the_proof_file"}}}}',
+    "kilo": f'{{"name":"bash","arguments":{{"command":"{COMMAND}"}}}}',
+    "qwen-code": f'{{"name":"run_shell_command","arguments":{{"command":"{COMMAND}"}}}}',
+    "copilot": f'{{"name":"bash","arguments":{{"command":"{COMMAND}","description":"Writes_the_proof_file"}}}}',
+    "pi": f'{{"name":"bash","arguments":{{"command":"{COMMAND}"}}}}',
+    "grok": f'{{"name":"bash","arguments":{{"command":"{COMMAND}"}}}}',
 }
 # The API each agent speaks.
-ENDPOINTS = {"codex": "/v1/responses", "claude-code": "/v1/messages", "continue": "/v1/chat/completions",
-             "opencode": "/v1/chat/completions"}
+ENDPOINTS = {"codex": "/v1/responses", "claude-code": "/v1/messages"}
+CHAT = "/v1/chat/completions"
 AGENT_TIMEOUT = 240
-# Less than the shortest prompts seen from these agents (Continue's cn: ~2,000 tokens).
-MIN_PROMPT_TOKENS = 1500
+# Less than the shortest prompts seen from these agents (pi's first: ~1,500 tokens).
+MIN_PROMPT_TOKENS = 1000
 
 
 def fill(template, base, model, context=CONTEXT, key=KEY):
@@ -157,7 +165,7 @@ def check_turn(agent, server, work, done):
     assert [r for r in requests if r[2] >= 400] == [], "no request refused or failed"
     warnings = [line for line in server.log_path.read_text().splitlines() if " WARN " in line or "ERROR" in line]
     assert warnings == [], "the server logged no warnings"
-    turns = [r for r in requests if r[:2] == ("POST", ENDPOINTS[agent])]
+    turns = [r for r in requests if r[:2] == ("POST", ENDPOINTS.get(agent, CHAT))]
     assert len(turns) >= 2, "the call and the answer, each a request"
     metrics = server.metrics()
     generations = metrics["fastmlx_requests_finished_total"]
@@ -181,10 +189,7 @@ def test_codex(session):
 
 def test_claude_code(session):
     server, home, work = session("claude-code")
-    env = agent_env(home)
-    for line in fill((CONFIGS / "claude-code.sh").read_text(), server.base, server.model).splitlines():
-        name, value = line.removeprefix("export ").split("=", 1)
-        env[name] = value
+    env = {**agent_env(home), **exports(fill((CONFIGS / "claude-code.sh").read_text(), server.base, server.model))}
     # As root (CI, containers), skipping permission prompts needs the agent told it is sandboxed.
     env["IS_SANDBOX"] = "1"
     done = run_agent([str(AGENT_BIN / "claude"), "-p", "Write the proof file.", "--dangerously-skip-permissions"],
@@ -215,10 +220,60 @@ def test_opencode(session):
     check_turn("opencode", server, work, done)
 
 
+def exports(snippet):
+    """The variables of a shell snippet of `export NAME=value` lines."""
+    return dict(line.removeprefix("export ").split("=", 1) for line in snippet.splitlines())
+
+
+def test_kilo(session):
+    server, home, work = session("kilo")
+    (work / "kilo.json").write_text(fill((CONFIGS / "kilo.json").read_text(), server.base, server.model))
+    env = {**agent_env(home), "KILO_DISABLE_MODELS_FETCH": "1", "KILO_DISABLE_AUTOUPDATE": "1",
+           "npm_config_offline": "true"}
+    done = run_agent([str(AGENT_BIN / "kilo"), "run", "--auto", "Write the proof file."], env, work)
+    check_turn("kilo", server, work, done)
+
+
+def test_qwen_code(session):
+    server, home, work = session("qwen-code")
+    env = {**agent_env(home), **exports(fill((CONFIGS / "qwen-code.sh").read_text(), server.base, server.model)),
+           "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+    done = run_agent([str(AGENT_BIN / "qwen"), "--auth-type", "openai", "--yolo", "Write the proof file."], env, work)
+    check_turn("qwen-code", server, work, done)
+
+
+def test_copilot_cli(session):
+    server, home, work = session("copilot")
+    # Its first run unpacks ~235 MB: kept between runs (it is the binary, not settings).
+    cache = ROOT / "target" / "agent-cache" / "copilot"
+    env = {**agent_env(home), **exports(fill((CONFIGS / "copilot.sh").read_text(), server.base, server.model)),
+           "COPILOT_AUTO_UPDATE": "false", "COPILOT_CACHE_HOME": str(cache)}
+    done = run_agent([str(AGENT_BIN / "copilot"), "-p", "Write the proof file.", "--allow-all-tools"], env, work)
+    check_turn("copilot", server, work, done)
+
+
+def test_pi(session):
+    server, home, work = session("pi")
+    models = home / ".pi" / "agent" / "models.json"
+    models.parent.mkdir(parents=True)
+    models.write_text(fill((CONFIGS / "pi-models.json").read_text(), server.base, server.model))
+    env = {**agent_env(home), "PI_OFFLINE": "1"}
+    done = run_agent([str(AGENT_BIN / "pi"), "-p", "--provider", "fastmlx", "--model", server.model,
+                      "Write the proof file."], env, work)
+    check_turn("pi", server, work, done)
+
+
+def test_grok_cli(session):
+    server, home, work = session("grok")
+    env = {**agent_env(home), **exports(fill((CONFIGS / "grok.sh").read_text(), server.base, server.model))}
+    done = run_agent([str(AGENT_BIN / "grok"), "-p", "Write the proof file."], env, work)
+    check_turn("grok", server, work, done)
+
+
 def test_readme_shows_the_tested_configurations():
     """The README's snippets are these files with its defaults filled in: they cannot drift."""
     readme = (ROOT / "README.md").read_text()
-    for name in ("codex.toml", "claude-code.sh", "continue.yaml", "opencode.json"):
+    for name in sorted(p.name for p in CONFIGS.iterdir() if p.suffix != ".ts"):
         text = fill((CONFIGS / name).read_text(), "http://127.0.0.1:8080", "SmolLM2-135M-Instruct", 8192, "not-needed")
         assert text in readme, f"README lacks the tested {name}:\n{text}"
 

@@ -441,7 +441,8 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal((await api(server, "/admin/settings")).keep_alive_secs, null);
 
       // Snippets name this server, and copy puts them on the clipboard.
-      for (const id of ["codex", "continue", "opencode", "zed", "cline", "openwebui", "python"]) {
+      const agents = ["codex", "continue", "opencode", "kilo", "qwen-code", "copilot", "pi", "grok"];
+      for (const id of [...agents, "zed", "cline", "openwebui", "python"]) {
         assert.ok((await text(page.getByTestId(`snippet-${id}`))).includes(`${server.base}/v1`), `${id} snippet`);
       }
       // The coding agents' configurations are the files tests/agents runs them with, filled in.

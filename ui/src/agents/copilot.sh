@@ -1,0 +1,4 @@
+export COPILOT_PROVIDER_BASE_URL={base}/v1
+export COPILOT_PROVIDER_API_KEY={key}
+export COPILOT_MODEL={model}
+export COPILOT_OFFLINE=true
