@@ -149,9 +149,9 @@ def agent_env(home):
 
 
 def run_agent(command, env, work):
-    done = subprocess.run(command, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    """The agent, headless, in the project folder, with nothing on stdin."""
+    return subprocess.run(command, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=AGENT_TIMEOUT)
-    return done
 
 
 def check_turn(agent, server, work, done):

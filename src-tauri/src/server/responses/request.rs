@@ -2,7 +2,8 @@
 //! `function_call`, `function_call_output`; `reasoning` items, with or without
 //! `encrypted_content`, are dropped as the stateless design drops earlier reasoning),
 //! `instructions`, function tools (flat, or grouped in a `namespace`: offered to the model as
-//! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`), custom
+//! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`; also when an
+//! `additional_tools` input item brings them), custom
 //! (freeform) tools (offered as a function of one string, `input`, whose description carries the
 //! tool's grammar; called back as `custom_tool_call`), `tool_choice`, `text.format`,
 //! `max_output_tokens`. OpenAI's hosted tools (web search, file search, code
@@ -57,11 +58,24 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools)
         Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
         Some(_) => return Err(ApiError::invalid("instructions", "instructions must be a string")),
     }
+    let mut offered = OfferedTools::new();
+    // Tools an `additional_tools` input item brings (Codex's "Responses Lite" sends them there).
+    let mut additional = Vec::new();
     match body.get("input") {
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                convert_item(item, &format!("input[{i}]"), &mut messages)?;
+                let param = format!("input[{i}]");
+                if item.get("type").and_then(Value::as_str) == Some("additional_tools") {
+                    let Some(Value::Array(tools)) = item.get("tools") else {
+                        return Err(ApiError::invalid(&param, format!("{param}.tools must be a list of tools")));
+                    };
+                    for (j, tool) in tools.iter().enumerate() {
+                        additional.extend(convert_tool(tool, &format!("{param}.tools[{j}]"), None, &mut offered)?);
+                    }
+                    continue;
+                }
+                convert_item(item, &param, &mut messages)?;
             }
         }
         None | Some(Value::Null) => {
@@ -69,19 +83,19 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools)
         }
         Some(_) => return Err(ApiError::invalid("input", "input must be text or a list of items")),
     }
-    let mut offered = OfferedTools::new();
-    let tools = match body.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(tools)) => {
-            let mut out = Vec::new();
-            for (i, tool) in tools.iter().enumerate() {
-                out.extend(convert_tool(tool, &format!("tools[{i}]"), None, &mut offered)?);
+    let mut tools = Vec::new();
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (i, tool) in list.iter().enumerate() {
+                tools.extend(convert_tool(tool, &format!("tools[{i}]"), None, &mut offered)?);
             }
-            // Only hosted tools: the model is offered none.
-            (!out.is_empty()).then_some(out)
         }
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
-    };
+    }
+    tools.extend(additional);
+    // None, or only hosted tools: the model is offered none.
+    let tools = (!tools.is_empty()).then_some(tools);
     let tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(json!(s)),
@@ -418,6 +432,25 @@ mod tests {
         assert_eq!(to_chat(&bad_format).unwrap_err().param.as_deref(), Some("tools[0]"));
         let no_definition = json!({"input": "hi", "tools": [{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "lark"}}]});
         assert_eq!(to_chat(&no_definition).unwrap_err().param.as_deref(), Some("tools[0]"));
+    }
+
+    #[test]
+    fn additional_tools_items_add_tools() {
+        let run =
+            json!({"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}});
+        let body = json!({"input": [
+            {"type": "additional_tools", "role": "developer", "tools": [{"type": "namespace", "name": "functions", "tools": [run]}]},
+            {"role": "user", "content": "List the files."}
+        ]});
+        let (chat, _, offered) = to_chat(&body).unwrap();
+        assert_eq!(chat.messages.len(), 1);
+        assert_eq!(chat.tools.unwrap()[0]["function"]["name"], "functions.exec_command");
+        assert_eq!(
+            (offered["functions.exec_command"].namespace.as_deref(), offered["functions.exec_command"].custom),
+            (Some("functions"), false)
+        );
+        let bad = json!({"input": [{"type": "additional_tools", "role": "developer", "tools": "x"}]});
+        assert_eq!(to_chat(&bad).unwrap_err().param.as_deref(), Some("input[0]"));
     }
 
     #[test]
