@@ -136,14 +136,16 @@ if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0
   say "the web UI needs Node.js 18 or newer; this is $(node --version): install a newer one, then run this again"; exit 1
 fi
 
-# npm_ci DIR WHAT [COMMAND]: `npm ci` (or COMMAND) in DIR when its package-lock.json changed
-# since the last install.
+# npm_ci DIR WHAT [COMMAND...]: `npm ci` (or `npm COMMAND...`) in DIR when its
+# package-lock.json changed since the last install.
 npm_ci() {
-  local dir="$1" sum
+  local dir="$1" what="$2" sum
+  shift 2
+  (($#)) || set -- ci
   sum="$(sha256_of "$dir/package-lock.json")"
   if [[ "$(cat "$dir/node_modules/.lock-sum" 2>/dev/null)" != "$sum" ]]; then
-    say "installing $2"
-    (cd "$dir" && npm "${3:-ci}" --silent --no-audit --no-fund >&2)
+    say "installing $what"
+    (cd "$dir" && npm "$@" --silent --no-audit --no-fund >&2)
     echo "$sum" > "$dir/node_modules/.lock-sum"
   fi
 }
@@ -190,8 +192,9 @@ if ((FOR_TESTS)); then
   # The agents' native binaries come as optional per-platform packages; Claude Code's and
   # opencode's install scripts put theirs in place (npm registry only).
   # `install`, not `ci`: the registry lacks some of opencode's per-platform packages (darwin, arm64),
-  # which `npm ci` takes for a lock out of sync; the lock still pins every version installed.
-  npm_ci "$ROOT/tests/agents" "the coding agents for the agent tests" install
+  # which `npm ci` takes for a lock out of sync; the lock still pins every version installed, and
+  # `--no-save` leaves it as it is.
+  npm_ci "$ROOT/tests/agents" "the coding agents for the agent tests" install --no-save
   if [[ "$OS" == "Linux" ]]; then
     apt_install iproute2
   fi

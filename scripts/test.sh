@@ -88,7 +88,7 @@ suite 1200 "the Python client tests" "$ROOT/.cache/venv/bin/python" -m pytest -q
 # --test-timeout: node's runner ends each test file that runs longer (node 20 times the whole file).
 suite 600 "the Node client tests" node --test --test-timeout=300000 "$ROOT/tests/clients/"
 # The coding agents' own binaries against `fastmlx serve`, with no network but loopback.
-suite 600 "the coding agent tests" "$ROOT/scripts/loopback_only.sh" "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 "$ROOT/tests/agents"
+suite 1500 "the coding agent tests" "$ROOT/scripts/loopback_only.sh" "$ROOT/.cache/venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 "$ROOT/tests/agents"
 # The web UI in headless Chromium, against a running `fastmlx serve`.
 suite 1500 "the web UI tests" node --test --test-timeout=600000 "$ROOT/tests/ui/"
 # The desktop app in its real window (Xvfb, WebKitWebDriver); needs the default `desktop` feature.

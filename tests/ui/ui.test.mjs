@@ -448,6 +448,10 @@ describe("web UI", { concurrency: false }, () => {
       // The coding agents' configurations are the files tests/agents runs them with, filled in.
       assert.ok((await text(page.getByTestId("snippet-claude-code"))).includes(`ANTHROPIC_BASE_URL=${server.base}\n`));
       assert.match(await text(page.getByTestId("snippet-codex")), /wire_api = "responses"/);
+      // Claude Code is told the window the server serves.
+      const served = (await api(server, "/admin/status")).loaded[0].context_length;
+      assert.ok(served > 0);
+      assert.ok((await text(page.getByTestId("snippet-claude-code"))).includes(`CLAUDE_CODE_MAX_CONTEXT_TOKENS=${served}\n`));
       assert.doesNotMatch(await text(page.getByTestId("snippet-opencode")), /\{(base|model|key)\}/);
       assert.match(await text(page.getByTestId("snippet-continue")), /provider: openai/);
       assert.match(await text(page.getByTestId("snippet-python")), /OpenAI\(base_url=/);

@@ -179,6 +179,8 @@ export interface LoadedModel {
   expires_in_secs: number | null;
   running: number;
   queued: number;
+  /** The context window it serves (the model's own, or less under --ctx). */
+  context_length: number;
 }
 
 export interface PullProgress {

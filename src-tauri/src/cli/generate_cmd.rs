@@ -171,6 +171,9 @@ pub struct MakeTestModelArgs {
 
 pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     Backend::init();
+    if args.scripted.as_deref() != Some("hermes") && (args.call.is_some() || args.answer.is_some()) {
+        anyhow::bail!("--call and --answer go with --scripted hermes");
+    }
     if let (Some(format), Some(template)) = (&args.scripted, &args.chat_template) {
         let source = std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
         let mut script = match format.as_str() {

@@ -253,10 +253,10 @@ pub fn write_scripted_model(dir: &Path, script: &Script) -> Result<()> {
         if ids.contains_key(*piece) || byte_ids.contains_key(*piece) {
             continue;
         }
-        if !piece.bytes().all(|b| b.is_ascii_graphic()) {
+        if piece.is_empty() || !piece.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(ModelError::Config {
                 path: dir.to_path_buf(),
-                message: format!("script piece {piece:?}: printable ASCII only, or a single byte"),
+                message: format!("script piece {piece:?}: printable ASCII only (not empty), or a single byte"),
             });
         }
         let id = next_id;

@@ -169,7 +169,8 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/", get(root).head(ollama::root))
         .route("/health", get(health))
-        // Claude Code's reachability check (`HEAD /api/hello`) before its first request.
+        // Claude Code's reachability check (`HEAD /api/hello`) before its first request, sent
+        // unless CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set.
         .route("/api/hello", get(|| async {}))
         // The UI itself needs no key (it asks for one); every API call it makes does.
         .route("/ui", get(ui::redirect))

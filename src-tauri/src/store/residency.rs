@@ -67,6 +67,9 @@ pub struct LoadedStatus {
     pub expires_in_secs: Option<u64>,
     pub running: usize,
     pub queued: usize,
+    /// The context window it serves (prompt and output tokens): the model's own, or less under
+    /// `--ctx`.
+    pub context_length: usize,
 }
 
 /// A model chosen to serve a request: its id (as the API reports it) and its engine.
@@ -311,6 +314,7 @@ impl Residency {
                     expires_in_secs: r.keep_alive.map(|k| k.saturating_sub(idle).as_secs_f64().ceil() as u64),
                     running: m.running,
                     queued: m.queued,
+                    context_length: info.context_length,
                 }
             })
             .collect()

@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type LocalModel, type ServerStatus, type Settings } from "../api";
+import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { agentConfigs, fillAgentConfig } from "../agents";
 import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
@@ -58,12 +58,10 @@ export function ServerPage() {
       })
       .catch((e) => setError(e.message));
     getJson<ServerStatus>("/admin/status")
-      .then(async (st) => {
-        const id = st.loaded[0]?.id ?? "";
-        setModel(id);
-        // Its context window, which agents must be told (Claude Code assumes 1M for a model it does not know).
-        const local = await getJson<LocalModel[]>("/admin/models");
-        setContext(local.find((m) => m.id === id)?.context_length ?? null);
+      .then((st) => {
+        setModel(st.loaded[0]?.id ?? "");
+        // The window it serves, which agents must be told (Claude Code assumes 1M for a model it does not know).
+        setContext(st.loaded[0]?.context_length ?? null);
       })
       .catch(() => {});
     if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));

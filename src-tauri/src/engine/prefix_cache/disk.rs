@@ -426,7 +426,11 @@ impl DiskTier {
             Err(TrySendError::Full(_)) => {
                 self.shared.write_skips.fetch_add(1, Ordering::Relaxed);
             }
-            Err(TrySendError::Disconnected(_)) => self.writer = None,
+            Err(TrySendError::Disconnected(_)) => {
+                // The writer is gone: nothing queued will be written.
+                self.writer = None;
+                self.shared.queued().clear();
+            }
         }
         if fresh {
             self.shared.queued().remove(&key);
@@ -456,15 +460,22 @@ impl DiskTier {
     pub fn read(&mut self, key: &BlockKey) -> Option<BlockFile> {
         self.entries.get(key)?;
         let path = self.path(key);
+        let queued = self.is_queued(key);
         let block =
             read_file(&path).ok().and_then(|(header, file, start)| self.decode(key, &header, Arc::new(file), start));
-        self.count_read(key, &path, block.is_some()).then_some(block).flatten()
+        self.count_read(key, &path, block.is_some(), queued).then_some(block).flatten()
     }
 
-    /// Counts a read of `key`'s file: a hit marks it recently used; a bad file is removed.
-    /// Returns `ok`.
-    fn count_read(&mut self, key: &BlockKey, path: &Path, ok: bool) -> bool {
-        if !ok && self.shared.queued().contains(key) {
+    /// Whether `key`'s file may not be written yet. Asked before the file is opened: a block
+    /// written between the two is not taken for a bad file.
+    fn is_queued(&self, key: &BlockKey) -> bool {
+        self.shared.queued().contains(key)
+    }
+
+    /// Counts a read of `key`'s file: a hit marks it recently used; a bad file is removed (one
+    /// that was still `queued` is only a miss). Returns `ok`.
+    fn count_read(&mut self, key: &BlockKey, path: &Path, ok: bool, queued: bool) -> bool {
+        if !ok && queued {
             // Not written yet: a miss this time, there the next.
             return false;
         }
@@ -578,8 +589,9 @@ impl DiskTier {
             return false;
         }
         let path = self.path(key);
+        let queued = self.is_queued(key);
         let ok = self.read_checked(key, &path, dest, capacity, column, used).is_some();
-        self.count_read(key, &path, ok)
+        self.count_read(key, &path, ok, queued)
     }
 
     fn read_checked(

@@ -158,7 +158,9 @@ fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
                     // What Claude Code's tool search returns: a deferred tool, which the model
                     // was shown from the start here (see `convert_tool`).
                     Some("tool_reference") => {
-                        let name = block.get("tool_name").and_then(Value::as_str).unwrap_or_default();
+                        let name = block.get("tool_name").and_then(Value::as_str).ok_or_else(|| {
+                            ApiError::invalid(param, format!("{param}[{i}].tool_name: field required"))
+                        })?;
                         texts.push(format!("Tool {name} is available."))
                     }
                     Some(kind) => return Err(unsupported_block(kind, &format!("{param}[{i}]"))),
@@ -367,6 +369,10 @@ mod tests {
         ]});
         let (chat, _) = to_chat(&body, false).unwrap();
         assert_eq!(chat.messages[2]["content"], "Tool NotebookEdit is available.");
+        let mut nameless = body.clone();
+        nameless["messages"][2]["content"][0]["content"][0] = json!({"type": "tool_reference"});
+        let param = to_chat(&nameless, false).unwrap_err().param.unwrap();
+        assert!(param.ends_with(".content"), "{param}");
     }
 
     #[test]

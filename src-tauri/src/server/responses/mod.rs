@@ -296,10 +296,15 @@ impl ResponseBuilder {
 }
 
 /// A custom tool's input from the arguments the model wrote for it: the `input` string, or the
-/// one string it wrote under another name; failing that, the text itself.
+/// one string it wrote under another name, or a bare JSON string; arguments cut short (by
+/// `max_output_tokens`) give the input written so far; failing all that, the text itself.
 fn custom_input(arguments: &str) -> String {
-    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(arguments) else {
-        return arguments.to_string();
+    let parsed = serde_json::from_str::<Value>(arguments)
+        .or_else(|_| serde_json::from_str::<Value>(&format!("{}\"}}", arguments.trim_end())));
+    let fields = match parsed {
+        Ok(Value::Object(fields)) => fields,
+        Ok(Value::String(input)) => return input,
+        _ => return arguments.to_string(),
     };
     let strings: Vec<&str> = fields.values().filter_map(Value::as_str).collect();
     match (fields.get(request::CUSTOM_INPUT).and_then(Value::as_str), strings.as_slice()) {
@@ -357,6 +362,23 @@ mod tests {
         assert_eq!(custom_input(r#"{"patch": "x"}"#), "x");
         assert_eq!(custom_input("*** Begin Patch"), "*** Begin Patch");
         assert_eq!(custom_input(r#"{"a": "x", "b": "y"}"#), r#"{"a": "x", "b": "y"}"#);
+        assert_eq!(custom_input(r#""*** Begin Patch""#), "*** Begin Patch");
+        // A custom tool of a namespace: its own name, and the namespace beside it.
+        let offered = request::OfferedTools::from([(
+            "ids.code".to_string(),
+            request::Offered { namespace: Some("ids".into()), name: "code".into(), custom: true },
+        )]);
+        let mut r = ResponseBuilder::new("resp_2".into(), "m".into(), &json!({}), offered);
+        let started = r.apply(BlockEvent::Start {
+            index: 0,
+            kind: BlockKind::ToolCall { id: "c".into(), name: "ids.code".into() },
+        });
+        let item = &started[0].1["item"];
+        assert_eq!(
+            (item["type"].as_str(), item["name"].as_str(), item["namespace"].as_str()),
+            (Some("custom_tool_call"), Some("code"), Some("ids"))
+        );
+        assert_eq!(custom_input(r#"{"input": "*** Begin\nPa"#), "*** Begin\nPa", "cut short");
     }
 
     #[test]

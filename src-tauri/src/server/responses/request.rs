@@ -4,8 +4,8 @@
 //! `instructions`, function tools (flat, or grouped in a `namespace`: offered to the model as
 //! `namespace.name`, reported back as Codex expects, `namespace` and bare `name`; also when an
 //! `additional_tools` input item brings them), custom
-//! (freeform) tools (offered as a function of one string, `input`, whose description carries the
-//! tool's grammar; called back as `custom_tool_call`), `tool_choice`, `text.format`,
+//! (freeform) tools (offered as a function of one string, `input`: a Lark grammar in its
+//! description, a regex as its pattern; called back as `custom_tool_call`), `tool_choice`, `text.format`,
 //! `max_output_tokens`. OpenAI's hosted tools (web search, file search, code
 //! interpreter, ...) cannot run here: they are left out of the prompt, and a `tool_choice` that
 //! forces one is a 400. `include`, `reasoning.summary`, `prompt_cache_key`, `client_metadata`
@@ -94,6 +94,16 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools)
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
     }
     tools.extend(additional);
+    // Two tools the model would see under one name: a call could not say which.
+    let mut seen = std::collections::HashSet::new();
+    if let Some(name) = tools.iter().filter_map(|t| t["function"]["name"].as_str()).find(|n| !seen.insert(*n)) {
+        return Err(ApiError::invalid(
+            "tools",
+            format!(
+                "two tools are offered as {name:?} (namespaced tools are named `namespace.name`): names must be unique"
+            ),
+        ));
+    }
     // None, or only hosted tools: the model is offered none.
     let tools = (!tools.is_empty()).then_some(tools);
     let tool_choice = match body.get("tool_choice") {
@@ -120,7 +130,7 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools)
         Some(_) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}",
+                "tool_choice must be \"auto\", \"none\", \"required\", or {\"type\": \"function\" or \"custom\", \"name\": ...}",
             ))
         }
     };
@@ -451,6 +461,13 @@ mod tests {
         );
         let bad = json!({"input": [{"type": "additional_tools", "role": "developer", "tools": "x"}]});
         assert_eq!(to_chat(&bad).unwrap_err().param.as_deref(), Some("input[0]"));
+        // The same tool in `tools` and in the item: two tools under one name.
+        let twice =
+            json!({"input": [{"type": "additional_tools", "role": "developer", "tools": [run]}], "tools": [run]});
+        assert_eq!(to_chat(&twice).unwrap_err().param.as_deref(), Some("tools"));
+        let clash = json!({"input": "hi", "tools": [{"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "b.c"}]},
+                                                    {"type": "namespace", "name": "a.b", "tools": [{"type": "function", "name": "c"}]}]});
+        assert_eq!(to_chat(&clash).unwrap_err().param.as_deref(), Some("tools"));
     }
 
     #[test]
