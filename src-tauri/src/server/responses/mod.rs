@@ -179,24 +179,21 @@ impl ResponseBuilder {
                     BlockKind::Thinking => {
                         json!({"type": "reasoning", "id": format!("rs_{suffix}"), "summary": [], "content": []})
                     }
-                    BlockKind::ToolCall { id, name } => match self.offered.get(&name) {
-                        Some(tool) => {
-                            let mut item = if tool.custom {
-                                self.custom_arguments.insert(index, String::new());
-                                json!({"type": "custom_tool_call", "id": format!("ctc_{suffix}"), "call_id": id, "name": tool.name, "input": ""})
-                            } else {
-                                json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": tool.name, "arguments": "", "status": "in_progress"})
-                            };
-                            // A tool of a namespace: its own name, and the namespace beside it.
-                            if let Some(namespace) = &tool.namespace {
-                                item["namespace"] = json!(namespace);
-                            }
-                            item
+                    BlockKind::ToolCall { id, name } => {
+                        let tool = self.offered.get(&name);
+                        let own = tool.map_or(name.as_str(), |t| t.name.as_str());
+                        let mut item = if tool.is_some_and(|t| t.custom) {
+                            self.custom_arguments.insert(index, String::new());
+                            json!({"type": "custom_tool_call", "id": format!("ctc_{suffix}"), "call_id": id, "name": own, "input": ""})
+                        } else {
+                            json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": own, "arguments": "", "status": "in_progress"})
+                        };
+                        // A tool of a namespace: its own name, and the namespace beside it.
+                        if let Some(namespace) = tool.and_then(|t| t.namespace.as_ref()) {
+                            item["namespace"] = json!(namespace);
                         }
-                        None => {
-                            json!({"type": "function_call", "id": format!("fc_{suffix}"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
-                        }
-                    },
+                        item
+                    }
                 };
                 self.items.push(item.clone());
                 let mut out =

@@ -32,6 +32,14 @@ pub struct Offered {
 /// Those tools, by the name the model sees.
 pub type OfferedTools = HashMap<String, Offered>;
 
+/// The name the model sees a tool by: `namespace.name` for a tool of a namespace.
+fn seen_name(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(namespace) => format!("{namespace}.{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// The one parameter a custom tool is offered with.
 pub const CUSTOM_INPUT: &str = "input";
 
@@ -114,17 +122,14 @@ pub fn to_chat(body: &Value) -> Result<(ChatRequest, CommonParams, OfferedTools)
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice.name is required"))?;
-            let name = match o.get("namespace").and_then(Value::as_str) {
-                Some(namespace) => format!("{namespace}.{name}"),
-                None => name.to_string(),
-            };
+            let name = seen_name(o.get("namespace").and_then(Value::as_str), name);
             Some(json!({"type": "function", "function": {"name": name}}))
         }
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str).is_some_and(is_hosted) => {
             let kind = o.get("type").and_then(Value::as_str).unwrap_or_default();
             return Err(ApiError::invalid(
                 "tool_choice",
-                format!("tool_choice forces the hosted tool {kind:?}, which this server cannot run (it runs no tools; only function tools can be called)"),
+                format!("tool_choice forces the hosted tool {kind:?}, which this server cannot run (it runs no tools; only function and custom tools can be called)"),
             ));
         }
         Some(_) => {
@@ -223,10 +228,7 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
         }
         "function_call" | "custom_tool_call" => {
             let field = |key: &str| item.get(key).and_then(Value::as_str).ok_or_else(|| ApiError::invalid(param, format!("{param}.{key} is required")));
-            let name = match item.get("namespace").and_then(Value::as_str) {
-                Some(namespace) => format!("{namespace}.{}", field("name")?),
-                None => field("name")?.to_string(),
-            };
+            let name = seen_name(item.get("namespace").and_then(Value::as_str), field("name")?);
             // A custom tool's input as the model saw its call: the function's one argument.
             let arguments = match kind {
                 "custom_tool_call" => json!({CUSTOM_INPUT: field("input")?}).to_string(),
@@ -302,7 +304,7 @@ fn convert_tool(
             let (name, description) = match namespace {
                 Some((group, about)) => {
                     let description = tool.get("description").and_then(Value::as_str).unwrap_or_default();
-                    (format!("{group}.{own}"), Some(format!("{about} {description}").trim().to_string()))
+                    (seen_name(Some(group), own), Some(format!("{about} {description}").trim().to_string()))
                 }
                 None => (own.to_string(), tool.get("description").and_then(Value::as_str).map(str::to_string)),
             };
