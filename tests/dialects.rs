@@ -574,7 +574,7 @@ async fn responses_as_codex_sends_them() {
 /// dialects as Codex and Claude Code use them; and Claude Code's `HEAD /api/hello` answered.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_agent_tests_scripted_model_calls_then_answers() {
-    use fastmlx::model::scripted;
+    use fastmlx::fixtures::scripted;
     let _mlx = common::mlx_lock();
     let dir = tempfile::tempdir().unwrap();
     let template = std::fs::read_to_string(common::root().join("tests/agents/round_trip.jinja")).unwrap();
@@ -634,7 +634,7 @@ async fn suffix_fills_in_the_middle_with_the_models_markers() {
     let _mlx = common::mlx_lock();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("models").join("tiny-qwen2");
-    fastmlx::model::synthetic::write_tiny_model(&model, fastmlx::model::Arch::Qwen2, 5, None).unwrap();
+    fastmlx::fixtures::synthetic::write_tiny_model(&model, fastmlx::model::Arch::Qwen2, 5, None).unwrap();
     let path = model.join("tokenizer.json");
     let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     for (id, marker) in [(1, "<fim_prefix>"), (2, "<fim_suffix>"), (3, "<fim_middle>")] {

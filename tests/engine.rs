@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream, SubmitError};
-use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::{load_model, Arch};
 use fastmlx::sampling::SamplingParams;
 
 struct Outcome {
@@ -559,8 +560,8 @@ fn batch_cache_rows_keep_their_contents_however_they_join() {
 
 #[test]
 fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
-    use fastmlx::model::batch_cache::SharedKv;
-    use fastmlx::model::layers::AttentionMask;
+    use fastmlx::model::cache::AttentionMask;
+    use fastmlx::model::cache::SharedKv;
     use fastmlx::model::{BatchKvCache, KvCache, LayerCache, Positions};
     use mlx_rs::ops::concatenate;
     use mlx_rs::Array;

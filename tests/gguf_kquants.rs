@@ -111,7 +111,7 @@ fn moe_gguf_files_equal_their_folders() {
     let _mlx = common::mlx_lock();
     let dir = tempfile::tempdir().unwrap();
     let tiny = dir.path().join("tiny");
-    fastmlx::model::synthetic::write_tiny_model(&tiny, fastmlx::model::Arch::Llama, 0, None).unwrap();
+    fastmlx::fixtures::synthetic::write_tiny_model(&tiny, fastmlx::model::Arch::Llama, 0, None).unwrap();
     let out = std::process::Command::new(common::root().join(".cache/venv/bin/python"))
         .arg(common::root().join("scripts/reference/make_moe_gguf.py"))
         .args([&tiny, &dir.path().to_path_buf()])

@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::{collect, Outcome};
 use fastmlx::engine::prefix_cache::SNAPSHOT_TOKENS;
 use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
-use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::{load_model, Arch};
 
 fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
     start_with(dir, EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() })

@@ -9,7 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use fastmlx::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
-use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::{load_model, Arch};
 
 fn start(dir: &std::path::Path) -> EngineHandle {
     let path = dir.to_path_buf();

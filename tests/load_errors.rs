@@ -6,8 +6,9 @@ mod common;
 use std::fs;
 use std::path::Path;
 
+use fastmlx::fixtures::synthetic;
 use fastmlx::model::config::QuantSpec;
-use fastmlx::model::{load_model, synthetic, Arch, ModelError};
+use fastmlx::model::{load_model, Arch, ModelError};
 
 fn tiny_dir(quant: Option<QuantSpec>) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

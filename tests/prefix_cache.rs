@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{collect, Outcome};
 use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request, RequestStream};
-use fastmlx::model::{load_model, synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::{load_model, Arch};
 
 fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
     let path = dir.to_path_buf();

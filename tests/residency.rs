@@ -11,7 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use fastmlx::engine::{EngineConfig, Request};
-use fastmlx::model::{synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::Arch;
 use fastmlx::store::{Catalog, Residency, ResidencyConfig, ResidencyError, StorePaths};
 
 const MB: u64 = 1 << 20;

@@ -9,7 +9,8 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use common::api::*;
 use fastmlx::engine::EngineConfig;
-use fastmlx::model::{synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::Arch;
 use fastmlx::server::ServerConfig;
 use serde_json::{json, Value};
 

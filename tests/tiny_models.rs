@@ -3,8 +3,9 @@
 
 mod common;
 
+use fastmlx::fixtures::synthetic;
 use fastmlx::model::config::QuantSpec;
-use fastmlx::model::{load_model, load_model_with, synthetic, Arch, LoadOptions, LoadedModel, WeightFormat};
+use fastmlx::model::{load_model, load_model_with, Arch, LoadOptions, LoadedModel, WeightFormat};
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 

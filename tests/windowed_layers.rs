@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::{collect, Outcome};
 use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
-use fastmlx::model::kv_cache::window_columns;
-use fastmlx::model::{load_model, synthetic, Arch, KvCache, LoadedModel};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::cache::window_columns;
+use fastmlx::model::{load_model, Arch, KvCache, LoadedModel};
 use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
 use mlx_rs::Array;
 

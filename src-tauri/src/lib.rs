@@ -3,6 +3,7 @@
 //! Layers, each knowing only those below it:
 //! - [`mlx`]: device and dtype choice, memory figures;
 //! - [`model`]: architectures, weights, KV cache, loading from folders and GGUF files;
+//! - [`fixtures`]: tiny models written for the tests and `make-test-model`;
 //! - [`tokenizer`]: tokenizers, chat templates, streaming detokenization;
 //! - [`sampling`]: token choice and stop strings;
 //! - [`constrain`]: JSON and JSON Schema grammars for constrained decoding;
@@ -17,6 +18,7 @@ pub mod config_file;
 pub mod constrain;
 pub mod desktop;
 pub mod engine;
+pub mod fixtures;
 pub mod generate;
 pub mod mlx;
 pub mod model;

@@ -3,7 +3,8 @@
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use fastmlx::engine::{EngineConfig, EngineHandle};
-use fastmlx::model::{synthetic, Arch};
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::Arch;
 use fastmlx::server::{app, AppState, ServerConfig};
 use fastmlx::store::{Catalog, Residency, ResidencyConfig, StorePaths};
 use http_body_util::BodyExt;

@@ -8,9 +8,10 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
+use crate::fixtures::{scripted, synthetic};
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
-use crate::model::{load_model_with, scripted, synthetic, Arch};
+use crate::model::{load_model_with, Arch};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::chat_template::RenderRequest;
 

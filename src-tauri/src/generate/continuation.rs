@@ -163,7 +163,7 @@ impl Continuation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::synthetic;
+    use crate::fixtures::synthetic;
 
     /// The tiny models' byte-level tokenizer: ids 0-255 are bytes, 256 `<|endoftext|>`,
     /// 257 `<|im_start|>`, 258 `<|im_end|>` (EOS).

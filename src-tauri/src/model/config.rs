@@ -462,7 +462,7 @@ impl ModelConfig {
         crate::model::KvFootprint {
             full_per_token: layers().filter(|&i| self.layer_window(i).is_none()).map(per_layer).sum(),
             windowed_per_token: layers().filter(|&i| self.layer_window(i).is_some()).map(per_layer).sum(),
-            windowed_tokens: self.sliding_window.map_or(0, crate::model::kv_cache::window_columns),
+            windowed_tokens: self.sliding_window.map_or(0, crate::model::cache::window_columns),
             state_bytes: self.hybrid.as_ref().map_or(0, |h| recurrent * h.state_bytes(dtype_bytes)),
         }
     }

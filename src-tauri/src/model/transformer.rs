@@ -9,9 +9,9 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
 use crate::model::cache::Positions;
+use crate::model::cache::{KvCache, KvFootprint};
 use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
 use crate::model::error::Result;
-use crate::model::kv_cache::{KvCache, KvFootprint};
 use crate::model::layers::{
     Attention, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, Mlp, MlpProjections, MoeBlock,
     ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv,
@@ -83,7 +83,7 @@ pub struct DecoderLayer {
 
 /// What a layer reads besides the residual stream.
 struct LayerInputs<'a> {
-    mask: &'a crate::model::layers::AttentionMask,
+    mask: &'a crate::model::cache::AttentionMask,
     positions: &'a Positions,
     query_scale: Option<&'a Array>,
     /// This layer's slice of Gemma 4's per-layer inputs.

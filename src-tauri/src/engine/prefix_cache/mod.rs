@@ -37,7 +37,7 @@ pub use key::BlockKey;
 pub use store::Divergence;
 use store::{BlockStore, Payload};
 
-use crate::model::kv_cache::{spare_capacity, window_keep, Buffers};
+use crate::model::cache::{spare_capacity, window_keep, Buffers};
 use crate::model::{BatchKvCache, KvCache, LoadedModel};
 
 /// Tokens per block: small enough that little is lost where prompts diverge, large enough that a

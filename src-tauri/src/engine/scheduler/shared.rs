@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::Scheduler;
 use crate::engine::prefix_cache::{PrefixCache, BLOCK_TOKENS};
 use crate::engine::sequence::Sequence;
-use crate::model::batch_cache::SharedKv;
+use crate::model::cache::SharedKv;
 use crate::model::{BatchKvCache, LayerCache};
 
 /// Tokens two prompts must share for a segment: below that a copy per row costs little.

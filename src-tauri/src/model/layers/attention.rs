@@ -5,23 +5,10 @@ use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::split_at_indices;
 use mlx_rs::Array;
 
-use crate::model::cache::{LayerCache, Positions};
+use crate::model::cache::{AttentionMask, LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::layers::{host_softmax, shared_attention, Linear, RmsNorm, Rope};
-
-/// How queries may look at keys in one forward pass.
-pub enum AttentionMask {
-    /// A single query token sees everything cached.
-    None,
-    /// The queries are the last positions of the keys, each seeing itself and what precedes it.
-    Causal,
-    /// An explicit boolean mask `[.., queries, keys]` (true = may attend).
-    Explicit(Array),
-    /// Keys in two parts: a shared segment, then each row's own keys. `prefix`: which shared
-    /// keys each query may see (`[B, 1, L or 1, P or 1]`; `None`: all of them); `own`: the mask
-    /// over the own keys.
-    Shared { prefix: Option<Array>, own: Box<AttentionMask> },
-}
+use crate::model::kernels::host_softmax;
+use crate::model::layers::{shared_attention, Linear, RmsNorm, Rope};
 
 /// One logit per query head that joins every softmax with a zero value, so a head can attend
 /// to nothing (gpt-oss): as an array for MLX's kernel and as host floats for the CPU path.

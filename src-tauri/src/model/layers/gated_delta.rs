@@ -2,18 +2,16 @@
 //! `[Dv, Dk]` matrix updated token by token by the gated delta rule, after a short causal
 //! convolution over the projected q/k/v. Its state per sequence is fixed-size: the
 //! convolution's last `kernel - 1` inputs and the matrices (f32). mlx-lm's `gated_delta.py`
-//! ops path is the reference and the path on every device but Metal, where the recurrence runs
-//! as one custom kernel (`gated_delta_metal`), as mlx-lm's does.
+//! ops path is the reference; the recurrence itself is in `kernels` (one Metal kernel on Apple
+//! GPUs, as mlx-lm's, the ops form elsewhere).
 
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{
-    broadcast_to, concatenate, conv1d, exp, expand_dims, logaddexp, multiply, negative, sigmoid, split_at_indices,
-    stack, subtract, sum_axis, zeros_dtype,
-};
+use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, multiply, negative, sigmoid, split_at_indices, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
 use crate::model::error::Result;
+use crate::model::kernels::delta_rule;
 use crate::model::layers::{Linear, RmsNorm};
 
 pub enum DeltaProjections {
@@ -132,12 +130,7 @@ impl GatedDeltaNet {
             Some(state) => state.clone(),
             None => zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        // One Metal kernel on Apple GPUs (checked against this ops form on first use).
-        let (y, state) = if super::gated_delta_metal::usable(dk) {
-            super::gated_delta_metal::recurrence(&q, &k, &v, &g, &beta, &state)?
-        } else {
-            recurrence(&repeat_heads(&q, nv)?, &repeat_heads(&k, nv)?, &v, &g, &beta, state)?
-        };
+        let (y, state) = delta_rule(&q, &k, &v, &g, &beta, state)?;
         cache.set_states(vec![next_conv, state]);
         cache.advance(s);
         // RMS norm per head, then the SiLU of z as a gate (in f32, as the reference).
@@ -146,47 +139,6 @@ impl GatedDeltaNet {
         let gated = multiply(multiply(&z, sigmoid(&z)?)?, normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())?;
         self.out.forward(&gated.reshape(&[b, s, nv * dv])?)
     }
-}
-
-/// `[B, S, Hk, D]` -> `[B, S, Hv, D]`: each key head serves the `Hv / Hk` value heads that
-/// follow one another.
-pub(super) fn repeat_heads(t: &Array, value_heads: i32) -> Result<Array> {
-    let (b, s, hk, d) = (t.dim(0), t.dim(1), t.dim(2), t.dim(3));
-    if hk == value_heads {
-        return Ok(t.clone());
-    }
-    let wide = broadcast_to(expand_dims(t, 3)?, &[b, s, hk, value_heads / hk, d])?;
-    Ok(wide.reshape(&[b, s, value_heads, d])?)
-}
-
-/// The gated delta rule over `S` tokens: per step the state decays by `g`, takes the key's
-/// correction towards its value (`beta`), and is read by the query. q, k `[B, S, Hv, Dk]`,
-/// v `[B, S, Hv, Dv]`, g and beta `[B, S, Hv]`, state `[B, Hv, Dv, Dk]` (f32). Returns the
-/// outputs `[B, S, Hv, Dv]` (q's dtype) and the new state.
-pub(super) fn recurrence(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    g: &Array,
-    beta: &Array,
-    state: Array,
-) -> Result<(Array, Array)> {
-    let steps = q.dim(1);
-    let mut state = state;
-    let mut ys = Vec::with_capacity(steps as usize);
-    for t in 0..steps {
-        let at = |a: &Array| a.try_index((.., t));
-        let (qt, kt, vt) = (at(q)?, at(k)?, at(v)?);
-        let decay = expand_dims(expand_dims(at(g)?, -1)?, -1)?;
-        state = multiply(&state, &decay)?;
-        let k_row = expand_dims(&kt, -2)?;
-        let remembered = sum_axis(multiply(&state, &k_row)?, -1, false)?;
-        let delta = multiply(subtract(&vt, &remembered)?, expand_dims(at(beta)?, -1)?)?;
-        state = state.add(multiply(&k_row, expand_dims(&delta, -1)?)?)?;
-        let y = sum_axis(multiply(&state, expand_dims(&qt, -2)?)?, -1, false)?;
-        ys.push(y.as_dtype(q.dtype())?);
-    }
-    Ok((stack(&ys, 1)?, state))
 }
 
 #[cfg(test)]

@@ -3,8 +3,6 @@
 mod attention;
 mod embedding;
 mod gated_delta;
-mod gated_delta_metal;
-mod host_softmax;
 mod linear;
 mod mlp;
 mod moe;
@@ -15,7 +13,7 @@ mod rope;
 mod shared_attention;
 mod short_conv;
 
-pub use attention::{Attention, AttentionMask, KeysValues, QkvProjection, Sinks};
+pub use attention::{Attention, KeysValues, QkvProjection, Sinks};
 pub use embedding::Embedding;
 pub use gated_delta::{DeltaProjections, GatedDeltaNet};
 pub use linear::Linear;

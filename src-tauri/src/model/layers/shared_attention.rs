@@ -10,9 +10,10 @@
 use mlx_rs::ops::{add, divide, exp, matmul, maximum, select, subtract};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::batch_cache::SharedKv;
+use crate::model::cache::{AttentionMask, SharedKv};
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{host_softmax, AttentionMask, Sinks};
+use crate::model::kernels::host_softmax;
+use crate::model::layers::Sinks;
 
 /// `q` `[B, Hq, L, D]` (Hq a multiple of Hkv); `k`/`v` the rows' own keys `[B, Hkv, W, D]`;
 /// `prefix`: which shared keys each query sees (`[B, 1, L or 1, P or 1]`, `None`: all); `own`:

@@ -447,7 +447,7 @@ mod tests {
     #[test]
     fn the_system_prompt_ends_where_the_first_other_message_starts() {
         let inner: tokenizers::Tokenizer =
-            crate::model::synthetic::tokenizer_json().to_string().parse().expect("the tiny tokenizer");
+            crate::fixtures::synthetic::tokenizer_json().to_string().parse().expect("the tiny tokenizer");
         let tokenizer = Tokenizer::new(inner, None, Some("<|im_end|>".into()), &[], None);
         // A template that writes a tool line after the system messages, which the user's text
         // ("weather") also appears in.

@@ -11,8 +11,8 @@
 use mlx_rs::ops::{matmul, select};
 use mlx_rs::{Array, Dtype};
 
+use crate::model::cache::AttentionMask;
 use crate::model::error::Result;
-use crate::model::layers::AttentionMask;
 
 /// Whether attention in `dtype` should take this path: on MLX's CPU device, for f32 (the only
 /// dtype the CPU computes in), unless `FASTMLX_CPU_ATTENTION=mlx` asks for MLX's own (to compare).

@@ -1,134 +1,14 @@
-//! Per-layer key/value cache for one sequence batch: `[batch, kv_heads, capacity, head_dim]`
-//! buffers that grow in steps (not per token), written in place, read up to `offset`.
-//!
-//! A layer with an attention window (Gemma's and gpt-oss's local layers) needs only its last
-//! `window` keys: once a step's worth of older columns piles up, the cache copies what it
-//! still needs into smaller buffers and remembers how many tokens it dropped (`start`), so a
-//! long sequence costs such a layer a bounded amount of memory (mlx-lm's `RotatingKVCache`
-//! does the same by writing in a ring).
+//! The key/value cache of one sequence (batch of 1), for one layer: the prefill of a request
+//! before it joins the batch, what the prefix cache restores into, and the single-stream
+//! generator's cache. A windowed layer counts the tokens it dropped (`start`).
 
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
-use crate::model::cache::{LayerCache, Positions};
+use super::buffers::{spare_capacity, window_drop, window_keep, Buffers};
+use super::{AttentionMask, LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::layers::AttentionMask;
-
-/// Buffers grow by this many positions at a time (as mlx-lm's `KVCache.step`).
-const STEP: i32 = 256;
-
-/// Columns to allocate for `used` columns: the next multiple of [`STEP`] above it, so at least
-/// one step can be written in place.
-pub(crate) fn spare_capacity(used: i32) -> i32 {
-    (used / STEP + 1) * STEP
-}
-
-/// A windowed layer keeps at least this many of its latest tokens: at least one prefix-cache
-/// block (64 tokens), so the block a step completes is still held when it is stored.
-const WINDOW_FLOOR: i32 = 64;
-
-/// Tokens a layer with attention window `window` keeps before new ones are written.
-pub(crate) fn window_keep(window: usize) -> i32 {
-    (window.min(i32::MAX as usize) as i32).max(WINDOW_FLOOR)
-}
-
-/// The leading columns of `used` that a layer with attention window `window` drops before the
-/// next write: 0 until a whole step of them is no longer needed (one copy per step of tokens).
-pub(crate) fn window_drop(used: i32, window: usize) -> i32 {
-    let droppable = used - window_keep(window);
-    if droppable >= STEP {
-        droppable
-    } else {
-        0
-    }
-}
-
-/// The most columns a windowed layer's buffers hold between two drops (before a prefill
-/// chunk's new tokens): what it keeps, a step of columns it no longer needs, and spare room.
-pub fn window_columns(window: usize) -> usize {
-    (window_keep(window) + 2 * STEP) as usize
-}
-
-/// What one sequence's key/value caches take, by its length.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KvFootprint {
-    /// Bytes per token in the layers that keep every token...
-    pub full_per_token: usize,
-    /// ...and in windowed layers, which hold at most `windowed_tokens` columns...
-    pub windowed_per_token: usize,
-    pub windowed_tokens: usize,
-    /// ...and the recurrent layers' state, whatever the length (linear-attention hybrids).
-    pub state_bytes: usize,
-}
-
-impl KvFootprint {
-    /// Bytes for a sequence of `tokens` tokens.
-    pub fn bytes(&self, tokens: usize) -> usize {
-        let state = if tokens > 0 { self.state_bytes } else { 0 };
-        self.full_per_token * tokens + self.windowed_per_token * tokens.min(self.windowed_tokens) + state
-    }
-}
-
-/// Key and value buffers `[B, H, capacity, D]` that grow in steps of [`STEP`] columns.
-#[derive(Default, Clone)]
-pub(crate) struct Buffers {
-    pub keys: Option<Array>,
-    pub values: Option<Array>,
-}
-
-impl Buffers {
-    /// Writes `keys`/`values` (`[B, H, L, D]`) at columns `at..at + L`, growing the buffers if
-    /// needed, and returns columns `..at + L`.
-    pub fn write(&mut self, at: i32, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let new = keys.dim(2);
-        let needed = at + new;
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if needed > capacity {
-            let grow = spare_capacity(needed) - at;
-            self.keys = Some(grow_buffer(self.keys.take(), keys, at, grow)?);
-            self.values = Some(grow_buffer(self.values.take(), values, at, grow)?);
-        }
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            unreachable!("buffers allocated above");
-        };
-        k.try_index_mut((.., .., at..needed, ..), keys)?;
-        v.try_index_mut((.., .., at..needed, ..), values)?;
-        Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
-    }
-
-    /// Columns `..len` of both buffers (`None` while empty).
-    pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if len > 0 => {
-                Ok(Some((k.try_index((.., .., ..len, ..))?, v.try_index((.., .., ..len, ..))?)))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Keeps only columns `from..used`, copied into new buffers (with room for a step more),
-    /// so that the old, larger ones are freed.
-    pub fn drop_front(&mut self, from: i32, used: i32) -> Result<()> {
-        let kept = used - from;
-        let capacity = spare_capacity(kept + STEP - 1);
-        let copy = |b: &Option<Array>| -> Result<Option<Array>> {
-            let Some(b) = b else { return Ok(None) };
-            let s = b.shape();
-            let tail = zeros_dtype(&[s[0], s[1], capacity - kept, s[3]], b.dtype())?;
-            Ok(Some(concatenate(&[b.try_index((.., .., from..used, ..))?, tail], 2)?))
-        };
-        let (keys, values) = (copy(&self.keys)?, copy(&self.values)?);
-        mlx_rs::transforms::eval(keys.iter().chain(values.iter()))?;
-        (self.keys, self.values) = (keys, values);
-        Ok(())
-    }
-
-    /// Allocated bytes (capacity, not just the used part).
-    pub fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
-    }
-}
 
 /// The key/value cache of one sequence (batch of 1), for one layer.
 #[derive(Default)]
@@ -308,14 +188,4 @@ fn window_mask(len: i32, offset: i32, window: i32) -> Result<Array> {
     let keys = Array::from_iter(0..offset + len, &[1, offset + len]);
     let distance = subtract(&queries, &keys)?;
     Ok(logical_and(ge(&distance, Array::from_int(0))?, lt(&distance, Array::from_int(window))?)?)
-}
-
-/// A buffer with `grow` more positions than `used`, keeping the first `used` of `old`.
-fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
-    let shape = like.shape();
-    let fresh = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?;
-    Ok(match old {
-        Some(old) => concatenate(&[old.try_index((.., .., ..used, ..))?, fresh], 2)?,
-        None => fresh,
-    })
 }

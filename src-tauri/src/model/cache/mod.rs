@@ -1,12 +1,25 @@
-//! What attention needs from a key/value cache, whether it holds one sequence or a batch:
-//! where the new tokens sit (their RoPE positions), which keys each query may see, and the
-//! appended keys and values.
+//! Key/value caches, for one sequence ([`KvCache`]) and for the running batch
+//! ([`BatchKvCache`], with its [`SharedKv`] prompt start held once), and what attention needs
+//! from either: where the new tokens sit (their RoPE positions), which keys each query may see
+//! ([`AttentionMask`]), and the appended keys and values ([`LayerCache`]). The layers use this
+//! module; it uses none of them.
+
+mod batch;
+mod buffers;
+mod footprint;
+mod mask;
+mod single;
 
 use mlx_rs::Array;
 
-use crate::model::batch_cache::SharedKv;
+pub use batch::{BatchKvCache, SharedKv};
+pub use buffers::window_columns;
+pub(crate) use buffers::{spare_capacity, window_keep, Buffers};
+pub use footprint::KvFootprint;
+pub use mask::AttentionMask;
+pub use single::KvCache;
+
 use crate::model::error::Result;
-use crate::model::layers::AttentionMask;
 
 /// RoPE positions of the first new token.
 pub enum Positions {

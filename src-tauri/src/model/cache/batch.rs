@@ -15,16 +15,15 @@
 //! the dense buffers would be as wide as the shared prompt.
 //!
 //! In a layer with an attention window, all rows drop the columns no later token can see
-//! together (see `kv_cache`), each row counting the tokens it dropped (`dropped`).
+//! together (see `buffers`), each row counting the tokens it dropped (`dropped`).
 
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use crate::model::cache::{LayerCache, Positions};
+use super::buffers::{spare_capacity, window_drop, Buffers};
+use super::{AttentionMask, KvCache, LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kv_cache::{spare_capacity, window_drop, Buffers, KvCache};
-use crate::model::layers::AttentionMask;
 
 /// The keys and values of a prompt start shared by rows, `[1, H, P, D]` each, held once.
 #[derive(Clone)]

@@ -1,5 +1,5 @@
 //! The gated delta rule as one Metal kernel, for Apple GPUs: the ops form
-//! (`gated_delta::recurrence`) is a loop of a dozen small ops per token, each a kernel launch;
+//! (`delta_rule::recurrence`) is a loop of a dozen small ops per token, each a kernel launch;
 //! here one launch runs every token of a chunk with the state in registers. One SIMD group
 //! (32 lanes) owns one row of one value head's `[Dv, Dk]` state matrix, each lane `Dk / 32` of
 //! its columns; the two dot products per token are SIMD sums.
@@ -149,8 +149,8 @@ fn agrees_with_the_ops_form() -> Result<bool> {
     let (q, k, v) = (normal(&[b, t, hk, dk], 1)?, normal(&[b, t, hk, dk], 2)?, normal(&[b, t, hv, dv], 3)?);
     let (g, beta, state) = (unit(&[b, t, hv], 4)?, unit(&[b, t, hv], 5)?, normal(&[b, hv, dv, dk], 6)?);
     let (y, s) = recurrence(&q, &k, &v, &g, &beta, &state)?;
-    let wide = |a: &Array| super::gated_delta::repeat_heads(a, hv);
-    let (y_ops, s_ops) = super::gated_delta::recurrence(&wide(&q)?, &wide(&k)?, &v, &g, &beta, state)?;
+    let wide = |a: &Array| super::delta_rule::repeat_heads(a, hv);
+    let (y_ops, s_ops) = super::delta_rule::recurrence(&wide(&q)?, &wide(&k)?, &v, &g, &beta, state)?;
     let close = |a: &Array, b: &Array| -> Result<bool> { Ok(a.all_close(b, 1e-4, 1e-4, None)?) };
     Ok(close(&y, &y_ops)? && close(&s, &s_ops)?)
 }
