@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{collect, Outcome};
-use fastmlx::engine::prefix_cache::SNAPSHOT_TOKENS;
+use fastmlx::engine::kv::prefix_cache::SNAPSHOT_TOKENS;
 use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::{load_model, Arch};

@@ -2,7 +2,7 @@
 //! emptying it. A running server's RAM tier is emptied from the Server page or with
 //! `DELETE /admin/cache`.
 
-use crate::engine::prefix_cache::{default_disk_dir, list_folders};
+use crate::engine::kv::prefix_cache::{default_disk_dir, list_folders};
 use crate::store::human_bytes;
 
 #[derive(clap::Subcommand)]

@@ -94,7 +94,7 @@ impl ServeArgs {
                 itl_budget: self.itl_budget.max(0.0),
                 prefix_cache_bytes: if self.no_prefix_cache { 0 } else { (self.prefix_cache_mb as usize) << 20 },
                 prefix_cache_disk: (self.prefix_cache_disk_gb > 0.0)
-                    .then(crate::engine::prefix_cache::default_disk_dir)
+                    .then(crate::engine::kv::prefix_cache::default_disk_dir)
                     .flatten()
                     .map(|dir| (dir, (self.prefix_cache_disk_gb.min(1e6) * 1e9) as u64)),
                 ..Default::default()

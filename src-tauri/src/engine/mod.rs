@@ -4,12 +4,13 @@
 //! Callers (HTTP API, chat window, CLI) submit through an [`EngineHandle`] and read a stream of
 //! [`Event`]s; the engine never waits on them, and a dropped stream cancels its request.
 
+mod batch;
 mod config;
 mod handle;
+pub mod kv;
 pub mod lanes;
 mod metrics;
 mod pacing;
-pub mod prefix_cache;
 mod request;
 mod scheduler;
 mod sequence;

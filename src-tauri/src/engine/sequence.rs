@@ -11,14 +11,24 @@ use crate::generate::{Continuation, ContinuationSpec, Ended};
 use crate::model::KvCache;
 use crate::tokenizer::Tokenizer;
 
+/// A request's KV reservation: what it needs for its whole sequence (prompt and most tokens),
+/// less what a shared segment holds for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    pub bytes: usize,
+    /// Whether `bytes` are counted against the budget now (from admission to its end).
+    pub held: bool,
+    /// Prompt tokens its row takes from the shared segment instead of holding them (0: none).
+    pub shared_prefix: usize,
+}
+
 pub(crate) struct Sequence {
     pub id: RequestId,
     pub request: Request,
     events: UnboundedSender<Event>,
     continuation: Continuation,
-    /// KV bytes this request needs reserved while it is admitted, and whether they are.
-    pub reserved_bytes: usize,
-    pub reserved: bool,
+    /// The KV memory it holds while admitted (kept by the KV manager, `kv`).
+    pub kv: Reservation,
     /// A prefill set aside (or just restored): its own cache and how many prompt tokens it holds.
     pub prefill: Option<(Vec<KvCache>, usize)>,
     /// Prompt tokens in its cache so far (restored or prefilled).
@@ -28,8 +38,6 @@ pub(crate) struct Sequence {
     pub next_input: u32,
     /// Prompt tokens restored from the prefix cache.
     pub cached_tokens: usize,
-    /// Prompt tokens its row takes from the shared segment instead of holding them (0: none).
-    pub shared_prefix: usize,
     /// Prefill forwards its prompt took (more than one when long or pre-empted).
     pub prefill_chunks: usize,
     /// Time spent restoring its prompt's cached start.
@@ -70,13 +78,11 @@ impl Sequence {
         Sequence {
             id,
             continuation: Continuation::new(&request.prompt_ids, spec),
-            reserved_bytes: kv.bytes(request.prompt_ids.len() + max_tokens),
-            reserved: false,
+            kv: Reservation { bytes: kv.bytes(request.prompt_ids.len() + max_tokens), held: false, shared_prefix: 0 },
             prefill: None,
             prefilled: 0,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
             cached_tokens: 0,
-            shared_prefix: 0,
             prefill_chunks: 0,
             restore_time: std::time::Duration::ZERO,
             cache_miss: None,

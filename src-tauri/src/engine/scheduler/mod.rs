@@ -9,18 +9,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_rs::{Array, Dtype};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
 mod prefill;
-mod shared;
 mod warm;
 
+use super::batch::Batch;
 use super::config::{EngineConfig, ModelInfo};
-use super::metrics::CacheMiss;
+use super::kv::KvManager;
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
-use super::prefix_cache::{model_identity, Divergence, PrefixCache, BLOCK_TOKENS, SNAPSHOT_TOKENS};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
@@ -45,23 +44,16 @@ pub(crate) struct Scheduler {
     model: LoadedModel,
     config: EngineConfig,
     info: ModelInfo,
-    /// Waiting requests, best first.
+    /// Waiting requests, in arrival order (admission picks by priority: `lanes`).
     waiting: VecDeque<Sequence>,
-    /// Requests being prefilled together (`prefill`), and their rows' keys and values.
-    group: Vec<Sequence>,
-    group_cache: Vec<BatchKvCache>,
-    /// Rows of the batch, in cache row order.
-    running: Vec<Sequence>,
-    cache: Vec<BatchKvCache>,
-    /// Keys and values of sequences seen before (`None`: turned off).
-    prefix: Option<PrefixCache>,
-    /// A prompt start the rows that begin with it share, held once (`shared`).
-    shared: Option<shared::SharedPrefix>,
-    /// What the last finished chat answer's next turn starts with, to prefill when idle (`warm`).
-    next_turn: Option<Vec<u32>>,
-    /// The event stream of that prefill, held so that it never reads as abandoned.
-    warm_events: Option<UnboundedReceiver<Event>>,
-    reserved_bytes: usize,
+    /// Requests being prefilled together (`prefill`).
+    group: Batch,
+    /// The rows decoding.
+    running: Batch,
+    /// The KV memory: budget and reservations, prefix cache, shared segment.
+    kv: KvManager,
+    /// The last finished chat answer's turn boundary, prefilled when idle (`warm`).
+    warm: warm::NextTurn,
     /// How much prefill a step may do while rows decode.
     pacing: Pacing,
     queued: Arc<AtomicUsize>,
@@ -91,39 +83,22 @@ impl Scheduler {
             kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
             weights_bytes: model.weights_bytes,
         };
-        let cache = (0..t.config.kv_cache_layers()).map(|_| BatchKvCache::new()).collect();
-        let group_cache = (0..t.config.kv_cache_layers()).map(|_| BatchKvCache::new()).collect();
+        let layers = t.config.kv_cache_layers();
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
         let pacing = Pacing::new(config.itl_budget, config.prefill_chunk, pacing::depth_scale(linear_macs, q_dim));
-        let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
-        let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
-        let prefix = (prefix_budget > 0).then(|| {
-            PrefixCache::new(
-                model_identity(&model, info.context_length),
-                prefix_budget,
-                disk,
-                &model.path.display().to_string(),
-                t.cache_windows(),
-                (0..t.config.kv_cache_layers()).map(|i| t.config.is_recurrent(i)).collect(),
-            )
-        });
+        let kv = KvManager::new(&model, &config, &info);
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
         Scheduler {
             model,
             config,
             info,
             waiting: VecDeque::new(),
-            group: Vec::new(),
-            group_cache,
-            running: Vec::new(),
-            cache,
-            prefix,
-            shared: None,
-            next_turn: None,
-            warm_events: None,
-            reserved_bytes: 0,
+            group: Batch::new(layers),
+            running: Batch::new(layers),
+            kv,
+            warm: warm::NextTurn::default(),
             pacing,
             queued,
             metrics_tx,
@@ -147,8 +122,8 @@ impl Scheduler {
                 // published rates fall back to zero. A finished answer's turn boundary is
                 // prefilled once nothing has come for a moment (`warm`).
                 self.publish_metrics(0, 0);
-                let command = match inbox.recv_timeout(if self.next_turn.is_some() { WARM_AFTER } else { IDLE_REFRESH })
-                {
+                let wait = if self.warm.is_pending() { WARM_AFTER } else { IDLE_REFRESH };
+                let command = match inbox.recv_timeout(wait) {
                     Err(RecvTimeoutError::Timeout) if self.start_next_turn() => break,
                     command => command,
                 };
@@ -188,9 +163,7 @@ impl Scheduler {
                 true
             }
             Command::ClearPrefixCache => {
-                if let Some(prefix) = self.prefix.as_mut() {
-                    prefix.clear();
-                }
+                self.kv.clear_prefix_cache();
                 self.publish_metrics(0, 0);
                 true
             }
@@ -209,7 +182,7 @@ impl Scheduler {
             rows
         };
         let prefilled = self.prefill_step();
-        self.drop_unused_shared();
+        self.kv.drop_unused_shared(&self.group, &self.running);
         self.metrics.step += 1;
         self.publish_metrics(prefilled, decoded);
     }
@@ -221,7 +194,7 @@ impl Scheduler {
         self.queued.fetch_sub(gone.len(), Ordering::SeqCst);
         for mut seq in gone {
             // A pre-empted prefill waits holding its reservation and its partial cache.
-            if seq.reserved {
+            if seq.kv.held {
                 seq.finish(FinishReason::Cancelled, None, None);
                 self.release(&seq);
             } else {
@@ -229,7 +202,7 @@ impl Scheduler {
             }
         }
         self.reap_abandoned_members();
-        let keep: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running[i].is_abandoned()).collect();
+        let keep: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running.seqs[i].is_abandoned()).collect();
         if keep.len() < self.running.len() {
             self.retain_rows(&keep);
         }
@@ -238,13 +211,13 @@ impl Scheduler {
     /// Decodes one token for every running row; returns how many rows it decoded.
     fn decode_step(&mut self) -> usize {
         let rows = self.running.len();
-        let inputs: Vec<u32> = self.running.iter().map(|s| s.next_input).collect();
+        let inputs: Vec<u32> = self.running.seqs.iter().map(|s| s.next_input).collect();
         let logits = match self.forward_batch(&inputs) {
             Ok(logits) => logits,
             Err(message) => {
                 // The batch's state is unknown after a failed step: end every row, keep serving.
                 tracing::error!("decode step failed: {message}");
-                for seq in &mut self.running {
+                for seq in &mut self.running.seqs {
                     seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
                 }
                 self.retain_rows(&[]);
@@ -256,13 +229,13 @@ impl Scheduler {
         let fault = self.config.fault_injector.clone();
         let mut logits = logits;
         for (i, row) in logits.chunks_mut(vocab).enumerate() {
-            let seq = &mut self.running[i];
+            let seq = &mut self.running.seqs[i];
             if seq.on_logits(row, &self.model.tokenizer, fault.as_ref()) {
                 keep.push(i);
             }
         }
         self.metrics.generated_tokens_total += rows as u64;
-        self.store_completed_blocks();
+        self.kv.decoded(&self.running);
         if keep.len() < rows {
             self.retain_rows(&keep);
         }
@@ -272,19 +245,24 @@ impl Scheduler {
     /// The batch forward pass for one token per row: logits `[rows * vocab]` on the host.
     fn forward_batch(&mut self, inputs: &[u32]) -> Result<Vec<f32>, String> {
         let ids = Array::from_slice(inputs, &[inputs.len() as i32, 1]);
-        let logits = self.model.transformer.forward(&ids, &mut self.cache).map_err(|e| e.to_string())?;
+        let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
         let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
         // Recurrent states too: left lazy they would hold the step's inputs.
-        let states = self.cache.iter().flat_map(|c| c.states().iter());
+        let states = self.running.cache.iter().flat_map(|c| c.states().iter());
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
         Ok(logits.as_slice::<f32>().to_vec())
     }
 
     /// Keeps the running rows at `keep`; the others (finished or abandoned) leave the batch.
     fn retain_rows(&mut self, keep: &[usize]) {
-        self.store_leaving_rows(keep);
+        self.kv.leaving(&self.running, keep);
+        for (row, seq) in self.running.seqs.iter().enumerate() {
+            if !keep.contains(&row) {
+                self.warm.answer_ended(seq);
+            }
+        }
         let mut kept = Vec::with_capacity(keep.len());
-        let mut old: Vec<Option<Sequence>> = self.running.drain(..).map(Some).collect();
+        let mut old: Vec<Option<Sequence>> = self.running.seqs.drain(..).map(Some).collect();
         for &i in keep {
             kept.push(old[i].take().expect("each row kept once"));
         }
@@ -296,75 +274,20 @@ impl Scheduler {
             }
             self.release(&seq);
         }
-        self.running = kept;
-        let mut failed = None;
-        for layer in &mut self.cache {
-            if let Err(e) = layer.retain(keep) {
-                failed = Some(e.to_string());
-            }
-        }
-        if let Some(message) = failed {
-            tracing::error!("cannot shrink the batch: {message}");
-            for mut seq in std::mem::take(&mut self.running) {
-                seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
+        self.running.seqs = kept;
+        if let Err(e) = self.running.retain_cache(keep) {
+            tracing::error!("cannot shrink the batch: {e}");
+            for mut seq in std::mem::take(&mut self.running.seqs) {
+                seq.finish(FinishReason::Error, None, Some(format!("internal error: {e}")));
                 self.release(&seq);
             }
-            self.cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
-        }
-    }
-
-    /// The blocks this step completed go to the prefix cache now: a windowed layer will have
-    /// dropped their keys by the time the sequence leaves.
-    fn store_completed_blocks(&mut self) {
-        let Some(prefix) = self.prefix.as_mut() else { return };
-        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
-        for (row, seq) in self.running.iter().enumerate() {
-            let Some(len) = lengths.get(row).map(|&l| l.max(0) as usize) else { continue };
-            let whole = len > 0 && len % BLOCK_TOKENS == 0 && len <= seq.tokens().len();
-            if !whole || seq.finished == Some(FinishReason::Error) {
-                continue;
-            }
-            let snapshot = len % SNAPSHOT_TOKENS == 0;
-            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &self.cache, row, snapshot) {
-                tracing::warn!("prefix cache: cannot store a generated block: {e}");
-            }
-        }
-    }
-
-    /// The sequences of the rows not in `keep` go to the prefix cache (what the next turn of a
-    /// conversation starts with), unless their state is in doubt (a failed step).
-    fn store_leaving_rows(&mut self, keep: &[usize]) {
-        let Some(prefix) = self.prefix.as_mut() else { return };
-        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
-        for (row, seq) in self.running.iter().enumerate() {
-            if keep.contains(&row) || seq.finished == Some(FinishReason::Error) {
-                continue;
-            }
-            let Some(&len) = lengths.get(row) else { continue };
-            let tokens = seq.tokens();
-            let len = (len.max(0) as usize).min(tokens.len());
-            if let Err(e) = prefix.store_row(&tokens[..len], &self.cache, row, true) {
-                tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
-            }
-            if let Some(next_turn) = warm::next_turn_start(seq) {
-                self.next_turn = Some(next_turn);
-            }
-            // The batch's only row, leaving it empty: its buffers are kept whole for the
-            // conversation's next turn (the batch lets go of them right after).
-            if keep.is_empty() && self.running.len() == 1 {
-                let caches: Option<Vec<_>> = self.cache.iter().map(BatchKvCache::only_row).collect();
-                if let Some(caches) = caches {
-                    prefix.keep_hot(&tokens[..len], caches);
-                }
-            }
+            self.running.clear_cache();
         }
     }
 
     /// Gives back a finished or abandoned sequence's reservation and counts how it ended.
     fn release(&mut self, seq: &Sequence) {
-        if seq.reserved {
-            self.reserved_bytes -= seq.reserved_bytes;
-        }
+        self.kv.release(seq);
         if seq.warm {
             return;
         }
@@ -398,20 +321,21 @@ impl Scheduler {
         self.rates.record(now, prefilled, decoded);
         let (prefill_rate, decode_rate) = self.rates.rates(now);
         let memory = mlx::memory_stats();
-        let shared_bytes = self.shared_segment_bytes();
+        let kv = self.kv.report();
         let m = &mut self.metrics;
         m.running = self.running.len();
         // The engine's own turn-boundary prefill is not a request waiting for an answer.
-        m.queued = self.waiting.len() + self.group.iter().filter(|s| !s.warm).count();
+        m.queued = self.waiting.len() + self.group.seqs.iter().filter(|s| !s.warm).count();
         m.batch_size = decoded;
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
-        m.kv_tokens = self.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);
-        m.kv_bytes = self.cache.iter().chain(&self.group_cache).map(BatchKvCache::nbytes).sum::<usize>() + shared_bytes;
-        m.kv_shared_bytes = shared_bytes;
+        m.kv_tokens = self.running.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);
+        m.kv_bytes = self.running.cache.iter().chain(&self.group.cache).map(BatchKvCache::nbytes).sum::<usize>()
+            + kv.shared_bytes;
+        m.kv_shared_bytes = kv.shared_bytes;
         m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);
-        m.kv_reserved_bytes = self.reserved_bytes;
-        if let Some(stats) = self.prefix.as_ref().map(PrefixCache::stats) {
+        m.kv_reserved_bytes = kv.reserved;
+        if let Some(stats) = kv.prefix {
             m.prefix_cache_hits = stats.hits;
             m.prefix_cache_misses = stats.misses;
             m.prefix_cache_tokens_reused = stats.tokens_reused;
@@ -433,41 +357,17 @@ impl Scheduler {
     /// Cancels everything, frees the batch and MLX's cached buffers.
     fn shut_down(mut self) {
         let waiting: Vec<Sequence> = self.waiting.drain(..).collect();
-        let group = std::mem::take(&mut self.group);
-        for mut seq in waiting.into_iter().chain(group).chain(std::mem::take(&mut self.running)) {
+        let group = std::mem::take(&mut self.group.seqs);
+        for mut seq in waiting.into_iter().chain(group).chain(std::mem::take(&mut self.running.seqs)) {
             seq.finish(FinishReason::Cancelled, None, None);
             self.count_end(Some(FinishReason::Cancelled));
         }
         self.queued.store(0, Ordering::SeqCst);
-        self.cache.clear();
-        self.group_cache.clear();
-        self.shared = None;
-        self.reserved_bytes = 0;
+        self.running.cache.clear();
+        self.group.cache.clear();
+        self.kv.shut_down();
         self.publish_metrics(0, 0);
         drop(self.model);
         let _ = mlx_rs::memory::clear_cache();
     }
-}
-
-/// Tokens of text shown on each side of a cache miss.
-const MISS_CONTEXT: usize = 12;
-
-/// Why a request reused less than a cached sequence offered: told when the cached text picks
-/// up again right after the divergence (the same conversation, edited), not for every prompt
-/// that merely starts like another one.
-fn explain_miss(d: Divergence, request: &Request, tokenizer: &crate::tokenizer::Tokenizer) -> Option<CacheMiss> {
-    let prompt = &request.prompt_ids;
-    if !d.resumes || d.position + 1 >= prompt.len() {
-        return None;
-    }
-    let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
-    let chars_before = text(&prompt[..d.position]).chars().count();
-    let message = request.message_starts.iter().rposition(|&start| start <= chars_before);
-    Some(CacheMiss {
-        position: d.position,
-        cached_through: d.cached_through,
-        message,
-        before: text(&prompt[d.position.saturating_sub(MISS_CONTEXT)..d.position]),
-        after: text(&prompt[d.position..(d.position + MISS_CONTEXT).min(prompt.len())]),
-    })
 }

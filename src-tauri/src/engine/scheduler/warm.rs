@@ -8,20 +8,44 @@
 //! this pays when the client takes a moment to answer (a person, a tool that runs), and is
 //! skipped when it sends the next turn at once.
 
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::Scheduler;
-use crate::engine::request::{FinishReason, Request};
+use crate::engine::request::{Event, FinishReason, Request};
 use crate::engine::sequence::Sequence;
 
 /// The most tokens such a prefill may compute: the boundary and little else (a long one would
 /// be a prefill nobody asked for, holding up whoever comes next).
 const MOST_TOKENS: usize = 64;
 
+/// The last finished chat answer's next turn, to prefill once the engine is idle.
+#[derive(Default)]
+pub(super) struct NextTurn {
+    /// What that turn starts with.
+    tokens: Option<Vec<u32>>,
+    /// The event stream of its prefill, held so that it never reads as abandoned.
+    events: Option<UnboundedReceiver<Event>>,
+}
+
+impl NextTurn {
+    /// Whether a turn boundary waits to be prefilled.
+    pub fn is_pending(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// A sequence left the batch: if it was a chat answer that ended normally, its next turn is
+    /// the one to prefill.
+    pub fn answer_ended(&mut self, seq: &Sequence) {
+        if let Some(tokens) = next_turn_start(seq) {
+            self.tokens = Some(tokens);
+        }
+    }
+}
+
 /// What the next turn of `seq`'s conversation starts with: its sequence, then the template's
 /// turn boundary. An answer that stopped drops its stop token: the template writes the end of
 /// the turn itself (the boundary starts with it).
-pub(super) fn next_turn_start(seq: &Sequence) -> Option<Vec<u32>> {
+fn next_turn_start(seq: &Sequence) -> Option<Vec<u32>> {
     let boundary = &seq.request.turn_boundary;
     if boundary.is_empty() {
         return None;
@@ -42,9 +66,8 @@ impl Scheduler {
     /// Starts the prefill of the last finished answer's turn boundary when the kept buffers
     /// hold all but a few of its tokens; true when it started.
     pub(super) fn start_next_turn(&mut self) -> bool {
-        let Some(tokens) = self.next_turn.take() else { return false };
-        let Some(prefix) = self.prefix.as_ref() else { return false };
-        let cached = prefix.hot_shares(&tokens);
+        let Some(tokens) = self.warm.tokens.take() else { return false };
+        let Some(cached) = self.kv.hot_shares(&tokens) else { return false };
         if cached + MOST_TOKENS < tokens.len() || cached == tokens.len() || tokens.len() >= self.info.context_length {
             return false;
         }
@@ -53,7 +76,7 @@ impl Scheduler {
         let request = Request::new(tokens, 1);
         let mut seq = Sequence::new(0, request, events, self.info.context_length, self.info.kv_footprint);
         seq.warm = true;
-        self.warm_events = Some(receiver);
+        self.warm.events = Some(receiver);
         let admitted = self.admit(seq);
         self.add_to_group(vec![admitted]);
         !self.group.is_empty()

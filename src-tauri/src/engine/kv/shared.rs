@@ -16,11 +16,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Scheduler;
-use crate::engine::prefix_cache::{PrefixCache, BLOCK_TOKENS};
+use super::prefix_cache::{PrefixCache, BLOCK_TOKENS};
+use super::{KvManager, Rows};
+use crate::engine::batch::Batch;
 use crate::engine::sequence::Sequence;
 use crate::model::cache::SharedKv;
-use crate::model::{BatchKvCache, LayerCache};
 
 /// Tokens two prompts must share for a segment: below that a copy per row costs little.
 pub(super) const MIN_SHARED: usize = 4 * BLOCK_TOKENS;
@@ -39,16 +39,11 @@ fn common_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Whether any row of a batch's layers uses a shared segment.
-fn uses_shared(batch: &[BatchKvCache]) -> bool {
-    batch.first().is_some_and(|layer| layer.shared().is_some())
-}
-
-impl Scheduler {
+impl KvManager {
     /// How many leading tokens of `seq`'s prompt (at most `limit`) the shared segment holds
     /// for it, making the segment when its prompt starts like another request's: 0 when it
     /// does not take one.
-    pub(super) fn shared_start(&mut self, seq: &Sequence, limit: usize) -> usize {
+    pub(super) fn shared_start(&mut self, seq: &Sequence, limit: usize, rows: &mut Rows<'_>) -> usize {
         let prompt = &seq.request.prompt_ids;
         if seq.warm {
             return 0;
@@ -59,20 +54,21 @@ impl Scheduler {
         }
         // Not the engine's own turn-boundary prefill: that is this conversation's earlier turn,
         // whose kept buffers the request takes over instead.
-        let others = self
+        let others = rows
             .group
+            .seqs
             .iter()
-            .chain(&self.waiting)
+            .chain(rows.waiting)
             .filter(|s| !s.warm)
             .map(|s| s.request.prompt_ids.as_slice())
-            .chain(self.running.iter().filter(|s| !s.warm).map(Sequence::tokens));
+            .chain(rows.running.seqs.iter().filter(|s| !s.warm).map(Sequence::tokens));
         let common = others.map(|o| common_len(o, prompt)).max().unwrap_or(0);
         let len = common.min(limit) / BLOCK_TOKENS * BLOCK_TOKENS;
         if len < MIN_SHARED {
             return 0;
         }
         let Some(prefix) = self.prefix.as_mut() else { return 0 };
-        let layers = match prefix.segment(prompt, len, self.cache.len()) {
+        let layers = match prefix.segment(prompt, len, self.layers) {
             Ok(Some(layers)) => layers,
             Ok(None) => return 0,
             Err(e) => {
@@ -83,86 +79,86 @@ impl Scheduler {
         let id = next_id();
         let layers = layers.into_iter().map(|(keys, values)| SharedKv { id, keys, values }).collect();
         self.shared = Some(SharedPrefix { tokens: prompt[..len].to_vec(), layers });
-        self.reserved_bytes += self.shared_segment_bytes();
+        self.reserved += self.shared_segment_bytes();
         tracing::debug!("request {}: {len} prompt tokens held once for the requests that share them", seq.id);
-        self.share_existing_rows();
+        self.share_existing_rows(rows);
         len
     }
 
     /// Rows of the group and of the running batch that hold the shared segment's tokens drop
     /// their copy of them and use the segment.
-    fn share_existing_rows(&mut self) {
+    fn share_existing_rows(&mut self, rows: &mut Rows<'_>) {
         let Some(shared) = &self.shared else { return };
         let n = shared.tokens.len();
         let starts = |tokens: &[u32]| tokens.len() >= n && tokens[..n] == shared.tokens[..];
-        let after = |batch: &[BatchKvCache], row: usize| batch.first().is_some_and(|l| l.is_after_shared(row));
-        let group: Vec<usize> = (0..self.group.len())
+        let group: Vec<usize> = (0..rows.group.len())
             .filter(|&r| {
-                let s = &self.group[r];
-                !s.warm && !after(&self.group_cache, r) && s.prefilled >= n && starts(&s.request.prompt_ids)
+                let s = &rows.group.seqs[r];
+                !s.warm && !rows.group.is_after_shared(r) && s.prefilled >= n && starts(&s.request.prompt_ids)
             })
             .collect();
-        let lengths = self.cache.first().map(BatchKvCache::lengths).unwrap_or_default();
-        let running: Vec<usize> = (0..self.running.len())
+        let lengths = rows.running.lengths();
+        let running: Vec<usize> = (0..rows.running.len())
             .filter(|&r| {
-                let s = &self.running[r];
-                !s.warm && !after(&self.cache, r) && lengths[r] as usize >= n && starts(s.tokens())
+                let s = &rows.running.seqs[r];
+                !s.warm && !rows.running.is_after_shared(r) && lengths[r] as usize >= n && starts(s.tokens())
             })
             .collect();
         // Windowed layers hold their window either way: only the full layers are spared.
-        let saved = n * self.info.kv_footprint.full_per_token;
-        for (batch, rows, seqs) in
-            [(&mut self.group_cache, group, &mut self.group), (&mut self.cache, running, &mut self.running)]
-        {
-            if rows.is_empty() {
+        let saved = n * self.footprint.full_per_token;
+        let mut released = 0;
+        for (batch, which) in [(&mut *rows.group, group), (&mut *rows.running, running)] {
+            if which.is_empty() {
                 continue;
             }
             // All layers or none: a failure leaves the rows with their own copies.
-            let shared_layers = &shared.layers;
-            let converted: Result<Vec<BatchKvCache>, _> = batch
+            let converted: Result<Vec<_>, _> = batch
+                .cache
                 .iter()
-                .zip(shared_layers)
+                .zip(&shared.layers)
                 .map(|(layer, segment)| {
                     let mut layer = layer.clone();
-                    layer.share_rows(segment, &rows).map(|()| layer)
+                    layer.share_rows(segment, &which).map(|()| layer)
                 })
                 .collect();
             match converted {
                 Ok(layers) => {
-                    *batch = layers;
-                    for &r in &rows {
-                        let seq = &mut seqs[r];
-                        let saved = saved.min(seq.reserved_bytes);
-                        seq.reserved_bytes -= saved;
-                        self.reserved_bytes -= saved;
-                        seq.shared_prefix = n;
+                    batch.cache = layers;
+                    for &r in &which {
+                        let seq = &mut batch.seqs[r];
+                        let saved = saved.min(seq.kv.bytes);
+                        seq.kv.bytes -= saved;
+                        released += saved;
+                        seq.kv.shared_prefix = n;
                     }
                 }
                 Err(e) => tracing::warn!("cannot share a prompt start between rows: {e}"),
             }
         }
+        self.reserved -= released;
     }
 
     /// A request that takes the segment reserves only what follows it.
     pub(super) fn reserve_after_shared(&mut self, seq: &mut Sequence, tokens: usize) {
-        let saved = (tokens * self.info.kv_footprint.full_per_token).min(seq.reserved_bytes);
-        seq.reserved_bytes -= saved;
-        self.reserved_bytes -= saved;
-        seq.shared_prefix = tokens;
+        let saved = (tokens * self.footprint.full_per_token).min(seq.kv.bytes);
+        seq.kv.bytes -= saved;
+        self.reserved -= saved;
+        seq.kv.shared_prefix = tokens;
     }
 
-    /// A request set aside with a copy of its whole sequence reserves all of it again.
-    pub(super) fn reserve_whole(&mut self, seq: &mut Sequence) {
-        let added = seq.shared_prefix * self.info.kv_footprint.full_per_token;
-        seq.reserved_bytes += added;
-        self.reserved_bytes += added;
-        seq.shared_prefix = 0;
+    /// A prefill set aside waits with a copy of its whole sequence (shared start included), so it
+    /// reserves all of it again.
+    pub fn set_aside(&mut self, seq: &mut Sequence) {
+        let added = seq.kv.shared_prefix * self.footprint.full_per_token;
+        seq.kv.bytes += added;
+        self.reserved += added;
+        seq.kv.shared_prefix = 0;
     }
 
     /// The segment goes once no row uses it.
-    pub(super) fn drop_unused_shared(&mut self) {
-        if self.shared.is_some() && !uses_shared(&self.group_cache) && !uses_shared(&self.cache) {
-            self.reserved_bytes -= self.shared_segment_bytes();
+    pub fn drop_unused_shared(&mut self, group: &Batch, running: &Batch) {
+        if self.shared.is_some() && !group.uses_shared() && !running.uses_shared() {
+            self.reserved -= self.shared_segment_bytes();
             self.shared = None;
             if let Some(Err(e)) = self.prefix.as_mut().map(PrefixCache::release_segment) {
                 tracing::warn!("prefix cache: cannot copy the shared segment's blocks: {e}");

@@ -20,6 +20,7 @@
 //!   modification time), the configuration, the compute dtype and the weights' in-memory form.
 //!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
 
+mod block_file;
 mod disk;
 mod key;
 mod store;
@@ -30,15 +31,16 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
+use block_file::{BlockFile, Tensor};
+use disk::DiskTier;
 pub use disk::{list_folders, DiskFolder, DiskStats};
-use disk::{BlockFile, DiskTier, Tensor};
 use key::chain;
-pub use key::BlockKey;
+pub use key::{model_identity, BlockKey};
 pub use store::Divergence;
 use store::{BlockStore, Payload};
 
 use crate::model::cache::{spare_capacity, window_keep, Buffers};
-use crate::model::{BatchKvCache, KvCache, LoadedModel};
+use crate::model::{BatchKvCache, KvCache};
 
 /// Tokens per block: small enough that little is lost where prompts diverge, large enough that a
 /// 30k-token prompt is a few hundred lookups.
@@ -713,41 +715,4 @@ fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
     let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
     mlx_rs::transforms::eval(all).ok()?;
     Some(LayerBlocks { layers, in_segment: false, snapshot: block.snapshot })
-}
-
-/// What makes a model's numbers what they are: its weight and config files as they are on
-/// disk, the compute dtype, the weights' in-memory size (packed or expanded), the configuration
-/// (RoPE included), and the context window it is served with.
-pub fn model_identity(model: &LoadedModel, context_length: usize) -> BlockKey {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"fastmlx prefix cache v1\0");
-    describe_files(&model.path, &mut |line| h.update(line.as_bytes()));
-    let t = &model.transformer;
-    h.update(format!("{:?}\0{:?}\0{}\0{context_length}\0", t.config, t.dtype, model.weights_bytes).as_bytes());
-    h.finalize().into()
-}
-
-/// One line per weight/config file: name, size, modification time.
-fn describe_files(path: &Path, out: &mut impl FnMut(String)) {
-    let mut files: Vec<std::path::PathBuf> = if path.is_dir() {
-        std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_file()).collect()
-    } else {
-        vec![path.to_path_buf()]
-    };
-    files.sort();
-    for file in files {
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let weights_or_config = name.ends_with(".safetensors") || name.ends_with(".gguf") || name == "config.json";
-        if !weights_or_config {
-            continue;
-        }
-        let meta = std::fs::metadata(&file).ok();
-        let size = meta.as_ref().map_or(0, std::fs::Metadata::len);
-        let modified = meta
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        out(format!("{name}\0{size}\0{modified}\n"));
-    }
 }

@@ -1,6 +1,7 @@
 //! The disk tier: every block the RAM tier stores is also written, by its own thread, to a
 //! safetensors file in the platform cache folder (one folder per model identity), so a prompt
-//! seen before a restart (or evicted from RAM) is read back instead of prefilled.
+//! seen before a restart (or evicted from RAM) is read back instead of prefilled. This file is
+//! the tier (its index, budget, writer thread); `block_file` is the format of one file.
 //!
 //! - Writing never stalls the engine: blocks go to a bounded queue; when it is full the write is
 //!   skipped (counted), never waited for.
@@ -18,16 +19,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Dtype;
 use serde_json::{json, Map, Value};
 
-use super::key::{chain, BlockKey};
+use super::block_file::{
+    self, check_header, expected_size, hex, is_snapshot, read_file, read_header, unhex, write_file, BlockFile,
+};
+use super::key::BlockKey;
 
 /// Blocks waiting to be written at most (each a few MB); more are skipped.
 const QUEUE: usize = 32;
@@ -69,96 +72,6 @@ pub fn list_folders(root: &Path) -> Vec<DiskFolder> {
         .collect();
     folders.sort_by(|a, b| a.model.cmp(&b.model));
     folders
-}
-
-/// A block as bytes, ready for a file (or read from one).
-pub struct BlockFile {
-    pub parent: BlockKey,
-    pub tokens: Vec<u32>,
-    /// Per layer: keys and values, or a recurrent layer's state (or placeholder).
-    pub layers: Vec<(Tensor, Tensor)>,
-    /// Whether the recurrent layers' entries are their state at the block's end.
-    pub snapshot: bool,
-}
-
-/// A tensor's bytes: its own, or a range of a file read whole (shared by the block's tensors,
-/// so a read copies the file once, not once more per tensor).
-pub struct Tensor {
-    pub dtype: Dtype,
-    pub shape: Vec<i32>,
-    data: Arc<Vec<u8>>,
-    range: std::ops::Range<usize>,
-}
-
-impl Tensor {
-    /// The bytes of an evaluated, contiguous array.
-    pub fn from_array(a: &Array) -> Option<Tensor> {
-        fn bytes<T: mlx_rs::ArrayElement>(a: &Array) -> Option<Vec<u8>> {
-            let s = a.try_as_slice::<T>().ok()?;
-            // SAFETY: a plain-old-data slice viewed as its bytes.
-            Some(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }.to_vec())
-        }
-        // A view (a block of a shared segment) is laid out as its own row-major copy first.
-        let a = &a.contiguous().ok()?;
-        a.eval().ok()?;
-        let data = match a.dtype() {
-            Dtype::Float32 => bytes::<f32>(a)?,
-            Dtype::Float16 => bytes::<half::f16>(a)?,
-            Dtype::Bfloat16 => bytes::<half::bf16>(a)?,
-            _ => return None,
-        };
-        let range = 0..data.len();
-        Some(Tensor { dtype: a.dtype(), shape: a.shape().to_vec(), data: Arc::new(data), range })
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.data[self.range.clone()]
-    }
-
-    pub fn to_array(&self) -> Array {
-        // SAFETY: `data` holds exactly shape's elements of `dtype` (checked when read).
-        unsafe { Array::from_raw_data(self.bytes().as_ptr().cast(), &self.shape, self.dtype) }
-    }
-
-    fn element_size(dtype: Dtype) -> Option<usize> {
-        match dtype {
-            Dtype::Float32 => Some(4),
-            Dtype::Float16 | Dtype::Bfloat16 => Some(2),
-            _ => None,
-        }
-    }
-}
-
-fn dtype_name(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::Float16 => "F16",
-        Dtype::Bfloat16 => "BF16",
-        _ => "F32",
-    }
-}
-
-fn dtype_of(name: &str) -> Option<Dtype> {
-    match name {
-        "F32" => Some(Dtype::Float32),
-        "F16" => Some(Dtype::Float16),
-        "BF16" => Some(Dtype::Bfloat16),
-        _ => None,
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<BlockKey> {
-    if text.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (i, byte) in key.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(key)
 }
 
 /// What the tier knows of a file without reading its data.
@@ -329,7 +242,7 @@ impl DiskTier {
             let bytes = meta.as_ref().map_or(0, fs::Metadata::len);
             // A file cut short (a crash, a full disk) is caught here by its size.
             let header = read_header(&path).ok().filter(|(h, header_len)| expected_size(h, *header_len) == Some(bytes));
-            match header.and_then(|(h, _)| Some((self.check_header(&key, &h)?, is_snapshot(&h)))) {
+            match header.and_then(|(h, _)| Some((check_header(&self.identity, &key, &h)?, is_snapshot(&h)))) {
                 Some(((parent, tokens), snapshot)) => {
                     let when = meta.and_then(|m| m.modified().ok()).unwrap_or(std::time::UNIX_EPOCH);
                     found.push((when, key, Entry { parent, tokens, bytes, used: 0, snapshot }));
@@ -384,24 +297,6 @@ impl DiskTier {
             }
             self.remove(&key);
         }
-    }
-
-    /// `(parent, tokens)` when the header belongs to this model and to this key.
-    fn check_header(&self, key: &BlockKey, header: &Map<String, Value>) -> Option<(BlockKey, Vec<u32>)> {
-        let meta = header.get("__metadata__")?.as_object()?;
-        if meta.get("identity")?.as_str()? != hex(&self.identity) {
-            return None;
-        }
-        let parent = unhex(meta.get("parent")?.as_str()?)?;
-        let tokens: Vec<u32> = meta
-            .get("tokens")?
-            .as_str()?
-            .split(',')
-            .filter(|t| !t.is_empty())
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .ok()?;
-        (chain(&parent, &tokens) == *key).then_some((parent, tokens))
     }
 
     /// Queues a block for writing (skipped when the queue is full or the tier is off, or when
@@ -502,58 +397,7 @@ impl DiskTier {
         file: Arc<Vec<u8>>,
         start: usize,
     ) -> Option<BlockFile> {
-        let (parent, tokens) = self.check_header(key, header)?;
-        let (data, start_of_data) = (file.get(start..)?, start);
-        let meta = header.get("__metadata__")?.as_object()?;
-        let sum: u64 = meta.get("xxh3")?.as_str()?.parse().ok()?;
-        if xxhash_rust::xxh3::xxh3_64(data) != sum {
-            return None;
-        }
-        let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
-        let snapshot = is_snapshot(header);
-        (layers == self.recurrent.len()).then_some(())?;
-        let tensor = |name: &str, recurrent: bool| -> Option<Tensor> {
-            let t = header.get(name)?.as_object()?;
-            let dtype = dtype_of(t.get("dtype")?.as_str()?)?;
-            let shape: Vec<i32> = t
-                .get("shape")?
-                .as_array()?
-                .iter()
-                .map(|d| d.as_i64().and_then(|d| i32::try_from(d).ok()))
-                .collect::<Option<_>>()?;
-            let offsets = t.get("data_offsets")?.as_array()?;
-            let (start, end) = (offsets.first()?.as_u64()? as usize, offsets.get(1)?.as_u64()? as usize);
-            // Checked: a crafted header's dimensions must not overflow.
-            let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
-            let bytes = count.checked_mul(Tensor::element_size(dtype)?)?;
-            if end < start || end > data.len() || end - start != bytes {
-                return None;
-            }
-            // Keys and values of this block's tokens: [1, H, tokens, D]; a recurrent layer's
-            // state (`[1, ...]`, at most 4 dimensions) when the block keeps a snapshot, else a
-            // one-element placeholder.
-            let fits = if !recurrent {
-                shape.len() == 4 && shape[2] as usize == tokens.len()
-            } else if snapshot {
-                (1..=4).contains(&shape.len()) && shape[0] == 1
-            } else {
-                shape == [1]
-            };
-            if !fits {
-                return None;
-            }
-            let (data, range) = (file.clone(), start_of_data + start..start_of_data + end);
-            Some(Tensor { dtype, shape, data, range })
-        };
-        let layers = (0..layers)
-            .map(|l| {
-                let recurrent = self.recurrent[l];
-                let (k, v) = (tensor(&format!("k.{l}"), recurrent)?, tensor(&format!("v.{l}"), recurrent)?);
-                // A snapshot's first state is the state itself, never a placeholder.
-                (!(recurrent && snapshot) || k.shape.len() > 1).then_some((k, v))
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(BlockFile { parent, tokens, layers, snapshot })
+        block_file::decode(&self.identity, &self.recurrent, key, header, file, start)
     }
 
     /// Per layer, the dtype, heads and head size of block `key`'s keys, then of its values;
@@ -563,16 +407,9 @@ impl DiskTier {
         if self.recurrent.contains(&true) {
             return None;
         }
-        let (header, _) = read_header(&self.path(key)).ok()?;
-        let (_, tokens) = self.check_header(key, &header)?;
-        let layers: usize = header.get("__metadata__")?.get("layers")?.as_str()?.parse().ok()?;
-        (0..layers)
-            .flat_map(|l| [format!("k.{l}"), format!("v.{l}")])
-            .map(|name| TensorEntry::parse(header.get(&name)?, tokens.len()).map(|t| (t.dtype, t.shape[1], t.shape[3])))
-            .collect()
+        block_file::layer_shapes(&self.identity, key, &self.path(key))
     }
 
-    /// Reads block `key` from its file straight into `dest` (per layer, its keys' and then its
     /// values' buffer, `[1, H, capacity, D]`, with their dtype): its first `used` tokens go to
     /// columns `column..column + used`, the rest is only checked. The whole file is checked
     /// (identity, key, layout, shapes, checksum); false when anything is wrong: the file is
@@ -590,60 +427,8 @@ impl DiskTier {
         }
         let path = self.path(key);
         let queued = self.is_queued(key);
-        let ok = self.read_checked(key, &path, dest, capacity, column, used).is_some();
+        let ok = block_file::read_into(&self.identity, key, &path, dest, capacity, column, used).is_some();
         self.count_read(key, &path, ok, queued)
-    }
-
-    fn read_checked(
-        &self,
-        key: &BlockKey,
-        path: &Path,
-        dest: &mut [(Dtype, &mut [u8])],
-        capacity: usize,
-        column: usize,
-        used: usize,
-    ) -> Option<()> {
-        use std::io::Read;
-        let mut file = fs::File::open(path).ok()?;
-        let (header, header_len) = read_header_from(&mut file).ok()?;
-        let (_, tokens) = self.check_header(key, &header)?;
-        let meta = header.get("__metadata__")?.as_object()?;
-        let sum: u64 = meta.get("xxh3")?.as_str()?.parse().ok()?;
-        let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
-        (layers * 2 == dest.len() && used <= tokens.len()).then_some(())?;
-        let data_len = file.metadata().ok()?.len().checked_sub(8 + header_len)?;
-        // Keys and values of every layer, in file order; they must fill the data exactly, one
-        // after the other, as `write_file` lays them out.
-        let mut tensors = (0..layers)
-            .flat_map(|l| [format!("k.{l}"), format!("v.{l}")])
-            .enumerate()
-            .map(|(i, name)| Some((i, TensorEntry::parse(header.get(&name)?, tokens.len())?)))
-            .collect::<Option<Vec<_>>>()?;
-        tensors.sort_by_key(|(_, t)| t.start);
-        let mut end = 0;
-        for (_, t) in &tensors {
-            (t.start == end).then_some(())?;
-            end = t.end;
-        }
-        (end == data_len).then_some(())?;
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut unused = Vec::new();
-        for (i, t) in &tensors {
-            let (dtype, dest) = &mut dest[*i];
-            let (heads, row) = (t.shape[1] as usize, t.shape[3] as usize * Tensor::element_size(t.dtype)?);
-            (*dtype == t.dtype && dest.len() == heads * capacity * row && column + used <= capacity).then_some(())?;
-            // Each head's tokens are contiguous in the file and in the buffer.
-            for head in 0..heads {
-                let at = (head * capacity + column) * row;
-                let part = &mut dest[at..at + used * row];
-                file.read_exact(part).ok()?;
-                hasher.update(part);
-                unused.resize((tokens.len() - used) * row, 0);
-                file.read_exact(&mut unused).ok()?;
-                hasher.update(&unused);
-            }
-        }
-        (hasher.digest() == sum).then_some(())
     }
 
     /// Removes every file of this model.
@@ -653,24 +438,6 @@ impl DiskTier {
             self.remove(&key);
         }
     }
-}
-
-/// Whether a block file's header says it keeps the recurrent layers' state.
-fn is_snapshot(header: &Map<String, Value>) -> bool {
-    header.get("__metadata__").and_then(|m| m.get("snapshot")).and_then(Value::as_str) == Some("1")
-}
-
-/// The size a safetensors file with this header must have.
-fn expected_size(header: &Map<String, Value>, header_len: u64) -> Option<u64> {
-    let data_end = header
-        .iter()
-        .filter(|(name, _)| *name != "__metadata__")
-        .map(|(_, t)| t.get("data_offsets")?.as_array()?.get(1)?.as_u64())
-        .collect::<Option<Vec<u64>>>()?
-        .into_iter()
-        .max()
-        .unwrap_or(0);
-    Some(8 + header_len + data_end)
 }
 
 /// The writer runs below the engine's priority: on a machine with few cores, writing (and
@@ -695,126 +462,10 @@ fn lower_priority() {
     }
 }
 
-/// The header of a safetensors file, and its length.
-fn read_header(path: &Path) -> std::io::Result<(Map<String, Value>, u64)> {
-    read_header_from(&mut fs::File::open(path)?)
-}
-
-/// The header of the safetensors file `file` (read from its start), and its length; the file
-/// is left at the start of the data.
-fn read_header_from(file: &mut fs::File) -> std::io::Result<(Map<String, Value>, u64)> {
-    use std::io::Read;
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len);
-    if len > 16 << 20 {
-        return Err(std::io::Error::other("header too large"));
-    }
-    let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header)?;
-    let header = serde_json::from_slice::<Value>(&header).ok().and_then(|v| v.as_object().cloned());
-    header.map(|h| (h, len)).ok_or_else(|| std::io::Error::other("not a safetensors header"))
-}
-
-/// One tensor of a block file as its header describes it.
-struct TensorEntry {
-    dtype: Dtype,
-    shape: Vec<i32>,
-    start: u64,
-    end: u64,
-}
-
-impl TensorEntry {
-    /// A block's keys or values, `[1, H, tokens, D]`, whose byte range matches the shape.
-    fn parse(entry: &Value, tokens: usize) -> Option<TensorEntry> {
-        let t = entry.as_object()?;
-        let dtype = dtype_of(t.get("dtype")?.as_str()?)?;
-        let shape: Vec<i32> = t
-            .get("shape")?
-            .as_array()?
-            .iter()
-            .map(|d| d.as_i64().and_then(|d| i32::try_from(d).ok()))
-            .collect::<Option<_>>()?;
-        let offsets = t.get("data_offsets")?.as_array()?;
-        let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
-        let count = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
-        let sized = end >= start && Some(end - start) == count.checked_mul(Tensor::element_size(dtype)? as u64);
-        (sized && shape.len() == 4 && shape[0] == 1 && shape[2] as usize == tokens).then_some(TensorEntry {
-            dtype,
-            shape,
-            start,
-            end,
-        })
-    }
-}
-
-/// The header and the data of a safetensors file.
-/// A safetensors file's header, its bytes, and where its data starts in them.
-fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>, usize)> {
-    let bytes = fs::read(path)?;
-    let len = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .ok_or_else(|| std::io::Error::other("truncated"))?;
-    let start = usize::try_from(len)
-        .ok()
-        .and_then(|l| l.checked_add(8))
-        .filter(|&s| s <= bytes.len())
-        .ok_or_else(|| std::io::Error::other("truncated"))?;
-    let header = serde_json::from_slice::<Value>(&bytes[8..start])
-        .ok()
-        .and_then(|v| v.as_object().cloned())
-        .ok_or_else(|| std::io::Error::other("bad header"))?;
-    Ok((header, bytes, start))
-}
-
-/// Writes a block as `<key>.safetensors` (through a temporary file, so a crash leaves no half file
-/// under the real name).
-fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile) -> std::io::Result<()> {
-    let mut header = Map::new();
-    let mut data: Vec<u8> =
-        Vec::with_capacity(block.layers.iter().map(|(k, v)| k.bytes().len() + v.bytes().len()).sum());
-    for (l, (k, v)) in block.layers.iter().enumerate() {
-        for (name, t) in [(format!("k.{l}"), k), (format!("v.{l}"), v)] {
-            let start = data.len();
-            data.extend_from_slice(t.bytes());
-            header.insert(
-                name,
-                json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [start, data.len()]}),
-            );
-        }
-    }
-    let tokens: Vec<String> = block.tokens.iter().map(u32::to_string).collect();
-    header.insert(
-        "__metadata__".into(),
-        json!({
-            "format": "fastmlx-prefix-cache-v1",
-            "identity": hex(identity),
-            "parent": hex(&block.parent),
-            "tokens": tokens.join(","),
-            "layers": block.layers.len().to_string(),
-            "snapshot": if block.snapshot { "1" } else { "0" },
-            "xxh3": xxhash_rust::xxh3::xxh3_64(&data).to_string(),
-        }),
-    );
-    let mut header = serde_json::to_vec(&Value::Object(header))?;
-    // safetensors pads the header with spaces to 8 bytes.
-    while header.len() % 8 != 0 {
-        header.push(b' ');
-    }
-    let path = dir.join(format!("{}.safetensors", hex(key)));
-    let tmp = dir.join(format!("{}.safetensors.tmp", hex(key)));
-    let mut file = fs::File::create(&tmp)?;
-    file.write_all(&(header.len() as u64).to_le_bytes())?;
-    file.write_all(&header)?;
-    file.write_all(&data)?;
-    file.sync_data().ok();
-    drop(file);
-    fs::rename(&tmp, &path)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::block_file::Tensor;
+    use super::super::key::chain;
     use super::*;
 
     /// A block of `tokens` after the root, one layer of f32 keys and values.

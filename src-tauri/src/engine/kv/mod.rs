@@ -1,0 +1,315 @@
+//! The engine's KV memory, with one owner: the budget admitted requests reserve against, the
+//! prefix cache (RAM and disk tiers, and the kept buffers of the last sequence that left the
+//! batch alone), and the shared segment (a prompt start several rows share, held once). The
+//! scheduler reaches it through a few calls: whether a request fits, admit (reserve and restore),
+//! the blocks a prefill chunk or a decode step completed, the rows that leave, release, and the
+//! figures for the metrics. (vLLM's `KVCacheManager` is the model of this seam.)
+
+pub mod prefix_cache;
+mod shared;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use prefix_cache::{model_identity, CacheStats, Divergence, PrefixCache, BLOCK_TOKENS, SNAPSHOT_TOKENS};
+use shared::SharedPrefix;
+
+use super::batch::Batch;
+use super::config::{EngineConfig, ModelInfo};
+use super::metrics::CacheMiss;
+use super::request::{FinishReason, Request};
+use super::sequence::Sequence;
+use crate::model::cache::SharedKv;
+use crate::model::{BatchKvCache, KvCache, KvFootprint, LoadedModel};
+use crate::tokenizer::Tokenizer;
+
+pub(crate) struct KvManager {
+    /// Bytes admitted requests may reserve (prompt and most tokens each); the prefix cache lives
+    /// inside it and gives way to them.
+    budget: usize,
+    reserved: usize,
+    footprint: KvFootprint,
+    /// Cache layers of the model.
+    layers: usize,
+    /// The model has recurrent layers (their state is kept at snapshots only).
+    recurrent: bool,
+    /// Keys and values of sequences seen before (`None`: turned off).
+    prefix: Option<PrefixCache>,
+    /// A prompt start the rows that begin with it share, held once (`shared`).
+    shared: Option<SharedPrefix>,
+}
+
+/// The rows an admission may look at and change: a shared segment made for a request is taken
+/// up by the rows that hold its tokens.
+pub(crate) struct Rows<'a> {
+    pub group: &'a mut Batch,
+    pub running: &'a mut Batch,
+    pub waiting: &'a VecDeque<Sequence>,
+}
+
+/// What the metrics show of the KV memory.
+pub(crate) struct KvReport {
+    pub reserved: usize,
+    pub shared_bytes: usize,
+    pub prefix: Option<CacheStats>,
+}
+
+impl KvManager {
+    pub fn new(model: &LoadedModel, config: &EngineConfig, info: &ModelInfo) -> KvManager {
+        let t = &model.transformer;
+        let layers = t.config.kv_cache_layers();
+        let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
+        let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
+        let prefix = (prefix_budget > 0).then(|| {
+            PrefixCache::new(
+                model_identity(model, info.context_length),
+                prefix_budget,
+                disk,
+                &model.path.display().to_string(),
+                t.cache_windows(),
+                (0..layers).map(|i| t.config.is_recurrent(i)).collect(),
+            )
+        });
+        KvManager {
+            budget: info.kv_budget_bytes,
+            reserved: 0,
+            footprint: info.kv_footprint,
+            layers,
+            recurrent: t.config.hybrid.is_some(),
+            prefix,
+            shared: None,
+        }
+    }
+
+    /// Whether `seq`'s reservation fits beside those held (an engine with nothing admitted,
+    /// `busy == 0`, takes any one request, whatever its size).
+    pub fn fits(&self, seq: &Sequence, busy: usize) -> bool {
+        let reservation = if seq.kv.held { 0 } else { seq.kv.bytes };
+        self.reserved + reservation <= self.budget || busy == 0
+    }
+
+    /// Takes a request in: holds its reservation, and gives it its caches: a set-aside prefill's
+    /// own, or what the prefix cache holds of its prompt (after the shared segment, when it takes
+    /// it). Returns them with how many prompt tokens they hold.
+    pub fn admit(&mut self, seq: &mut Sequence, rows: Rows<'_>, tokenizer: &Tokenizer) -> (Vec<KvCache>, usize) {
+        if !seq.kv.held {
+            self.reserved += seq.kv.bytes;
+            seq.kv.held = true;
+        }
+        match seq.prefill.take() {
+            Some(resumed) => resumed,
+            None => self.restore(seq, rows, tokenizer),
+        }
+    }
+
+    fn restore(&mut self, seq: &mut Sequence, mut rows: Rows<'_>, tokenizer: &Tokenizer) -> (Vec<KvCache>, usize) {
+        let layers = self.layers;
+        let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
+        let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
+        // Admitted requests come first: the cache gives up what they reserved.
+        prefix.shrink_to(self.budget.saturating_sub(self.reserved));
+        // The last prompt token is computed (its logits give the first token): at most the rest
+        // is restored.
+        let limit = seq.request.prompt_ids.len() - 1;
+        let began = Instant::now();
+        let shared = self.shared_start(seq, limit, &mut rows);
+        let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
+        let prompt = &seq.request.prompt_ids;
+        let restored = if shared > 0 {
+            prefix.restore_after(prompt, limit, layers, shared)
+        } else {
+            prefix.restore(prompt, limit, layers)
+        };
+        seq.restore_time = began.elapsed();
+        match restored {
+            Ok(restored) => {
+                // The engine's own prefills (`warm`) are not requests: not in the hit figures.
+                if !seq.warm {
+                    prefix.count(restored.tokens);
+                }
+                seq.cached_tokens = restored.tokens;
+                seq.cache_miss = restored.divergence.and_then(|d| explain_miss(d, &seq.request, tokenizer));
+                if let Some(miss) = &seq.cache_miss {
+                    tracing::debug!(
+                        "request {}: prefix cache reused {} tokens; a cached sequence went on differently at token {} (message {:?}): ...{:?} | {:?}...",
+                        seq.id, miss.position, miss.position, miss.message, miss.before, miss.after
+                    );
+                }
+                if shared > 0 {
+                    self.reserve_after_shared(seq, shared);
+                }
+                (restored.caches, restored.tokens)
+            }
+            Err(e) => {
+                tracing::warn!("prefix cache: restore failed, prefilling everything: {e}");
+                (empty(), 0)
+            }
+        }
+    }
+
+    /// Whether `seq` shares a start of at least a block with a request `members` holds that is
+    /// still prefilling it: it waits until those blocks are in the prefix cache, then reuses them
+    /// instead of computing (and holding) the same keys and values twice (agents sharing a
+    /// system prompt). (Not for a model with recurrent layers: their state is kept every
+    /// SNAPSHOT_TOKENS only, so the member's blocks would rarely let the request resume.)
+    pub fn waits_for_a_member<'a>(&self, seq: &Sequence, mut members: impl Iterator<Item = &'a Sequence>) -> bool {
+        self.prefix.is_some()
+            && !self.recurrent
+            && members.any(|member| {
+                let shared =
+                    member.request.prompt_ids.iter().zip(&seq.request.prompt_ids).take_while(|(a, b)| a == b).count();
+                shared >= BLOCK_TOKENS && member.prefilled < shared / BLOCK_TOKENS * BLOCK_TOKENS
+            })
+    }
+
+    /// The whole blocks a prefill forward of `n` tokens completed go to the prefix cache at once,
+    /// for requests that share them; a model with recurrent layers keeps their state where a row
+    /// reached its `snapshot_at`.
+    pub fn prefilled(&mut self, group: &Batch, n: usize) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        for (row, seq) in group.seqs.iter().enumerate() {
+            if self.recurrent && seq.request.snapshot_at == Some(seq.prefilled) {
+                let tokens = &seq.request.prompt_ids[..seq.prefilled];
+                if let Err(e) = prefix.store_row(tokens, &group.cache, row, true) {
+                    tracing::warn!("prefix cache: cannot keep a state at the system prompt's end: {e}");
+                }
+            }
+            let whole = seq.prefilled / BLOCK_TOKENS * BLOCK_TOKENS;
+            if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
+                // A recurrent layer's state is kept every SNAPSHOT_TOKENS (chunks end there).
+                let snapshot = seq.prefilled == whole && whole.is_multiple_of(SNAPSHOT_TOKENS);
+                let tokens = &seq.request.prompt_ids[..whole];
+                if let Err(e) = prefix.store_row(tokens, &group.cache, row, snapshot) {
+                    tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
+                }
+            }
+        }
+    }
+
+    /// The prompts of the group's rows `done` (prefilled, first token sampled) go to the prefix
+    /// cache. A lone request that ended at its first token (a turn boundary's prefill) while
+    /// nothing runs has its buffers kept whole, as the running batch's last row's are.
+    pub fn prompts_done(&mut self, group: &Batch, done: &[usize], running_empty: bool) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        for &row in done {
+            let seq = &group.seqs[row];
+            let prompt = &seq.request.prompt_ids[..seq.prefilled];
+            if let Err(e) = prefix.store_row(prompt, &group.cache, row, true) {
+                tracing::warn!("prefix cache: cannot store a prompt: {e}");
+            }
+        }
+        if let ([row], 1, true) = (done, group.len(), running_empty) {
+            let seq = &group.seqs[*row];
+            if matches!(seq.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+                let caches: Option<Vec<_>> = group.cache.iter().map(BatchKvCache::only_row).collect();
+                if let Some(caches) = caches {
+                    prefix.keep_hot(&seq.request.prompt_ids[..seq.prefilled], caches);
+                }
+            }
+        }
+    }
+
+    /// The blocks a decode step completed go to the prefix cache now: a windowed layer will have
+    /// dropped their keys by the time the sequence leaves.
+    pub fn decoded(&mut self, running: &Batch) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        let lengths = running.lengths();
+        for (row, seq) in running.seqs.iter().enumerate() {
+            let Some(len) = lengths.get(row).map(|&l| l.max(0) as usize) else { continue };
+            let whole = len > 0 && len % BLOCK_TOKENS == 0 && len <= seq.tokens().len();
+            if !whole || seq.finished == Some(FinishReason::Error) {
+                continue;
+            }
+            let snapshot = len % SNAPSHOT_TOKENS == 0;
+            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &running.cache, row, snapshot) {
+                tracing::warn!("prefix cache: cannot store a generated block: {e}");
+            }
+        }
+    }
+
+    /// The sequences of the running rows not in `keep` go to the prefix cache (what the next turn
+    /// of a conversation starts with), unless their state is in doubt (a failed step). The
+    /// batch's only row, leaving it empty, has its buffers kept whole for the conversation's
+    /// next turn (the batch lets go of them right after).
+    pub fn leaving(&mut self, running: &Batch, keep: &[usize]) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        let lengths = running.lengths();
+        for (row, seq) in running.seqs.iter().enumerate() {
+            if keep.contains(&row) || seq.finished == Some(FinishReason::Error) {
+                continue;
+            }
+            let Some(&len) = lengths.get(row) else { continue };
+            let tokens = seq.tokens();
+            let len = (len.max(0) as usize).min(tokens.len());
+            if let Err(e) = prefix.store_row(&tokens[..len], &running.cache, row, true) {
+                tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
+            }
+            if keep.is_empty() && running.len() == 1 {
+                let caches: Option<Vec<_>> = running.cache.iter().map(BatchKvCache::only_row).collect();
+                if let Some(caches) = caches {
+                    prefix.keep_hot(&tokens[..len], caches);
+                }
+            }
+        }
+    }
+
+    /// Gives back a finished or abandoned sequence's reservation.
+    pub fn release(&mut self, seq: &Sequence) {
+        if seq.kv.held {
+            self.reserved -= seq.kv.bytes;
+        }
+    }
+
+    /// The shared segment's layers, when there is one.
+    pub fn shared_layers(&self) -> Option<&[SharedKv]> {
+        self.shared.as_ref().map(|s| s.layers.as_slice())
+    }
+
+    /// How many leading tokens of `tokens` the kept buffers hold (`None`: no prefix cache).
+    pub fn hot_shares(&self, tokens: &[u32]) -> Option<usize> {
+        self.prefix.as_ref().map(|p| p.hot_shares(tokens))
+    }
+
+    pub fn clear_prefix_cache(&mut self) {
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.clear();
+        }
+    }
+
+    pub fn report(&self) -> KvReport {
+        KvReport {
+            reserved: self.reserved,
+            shared_bytes: self.shared_segment_bytes(),
+            prefix: self.prefix.as_ref().map(PrefixCache::stats),
+        }
+    }
+
+    /// Everything was cancelled: nothing is reserved, no segment is shared.
+    pub fn shut_down(&mut self) {
+        self.shared = None;
+        self.reserved = 0;
+    }
+}
+
+/// Tokens of text shown on each side of a cache miss.
+const MISS_CONTEXT: usize = 12;
+
+/// Why a request reused less than a cached sequence offered: told when the cached text picks
+/// up again right after the divergence (the same conversation, edited), not for every prompt
+/// that merely starts like another one.
+fn explain_miss(d: Divergence, request: &Request, tokenizer: &Tokenizer) -> Option<CacheMiss> {
+    let prompt = &request.prompt_ids;
+    if !d.resumes || d.position + 1 >= prompt.len() {
+        return None;
+    }
+    let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
+    let chars_before = text(&prompt[..d.position]).chars().count();
+    let message = request.message_starts.iter().rposition(|&start| start <= chars_before);
+    Some(CacheMiss {
+        position: d.position,
+        cached_through: d.cached_through,
+        message,
+        before: text(&prompt[d.position.saturating_sub(MISS_CONTEXT)..d.position]),
+        after: text(&prompt[d.position..(d.position + MISS_CONTEXT).min(prompt.len())]),
+    })
+}
