@@ -38,7 +38,8 @@ pub struct CacheMiss {
     pub position: usize,
     /// How far the cached sequence it left went.
     pub cached_through: usize,
-    /// The chat message (0-based) the divergence falls in, when the prompt came from messages.
+    /// The part of the prompt (0-based; a chat's message) the divergence falls in, when the
+    /// caller told its parts (`Request::prompt_parts`).
     pub message: Option<usize>,
     /// The prompt's text just before and just after the divergence.
     pub before: String,

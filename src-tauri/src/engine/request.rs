@@ -29,9 +29,12 @@ pub struct Request {
     pub grammar: Option<Arc<Grammar>>,
     /// Special tokens that appear in the output text (tool-call markers); others never do.
     pub special_text_tokens: Vec<u32>,
-    /// Where each chat message's text starts in the rendered prompt (characters), so that a
-    /// prefix-cache miss can be told by message (empty for raw prompts).
-    pub message_starts: Vec<usize>,
+    /// Where each part of the prompt starts in its text, in characters (the caller's parts: a
+    /// chat's messages; empty for raw prompts), so that a prefix-cache miss can say which part
+    /// it fell in. Read only on a miss: characters, not tokens, because the caller finds them
+    /// with one pass over its text, while token offsets would cost every prompt's tokenization
+    /// half again (measured on a 47k-token prompt: 154 ms with offsets, 104 ms without).
+    pub prompt_parts: Vec<usize>,
     /// A prompt position (tokens) where a model with recurrent layers keeps its state on the
     /// way, besides every `SNAPSHOT_TOKENS`: the end of the system prompt, where another
     /// conversation with the same instructions and tools diverges. Ignored by other models.
@@ -56,7 +59,7 @@ impl Request {
             logprobs: None,
             grammar: None,
             special_text_tokens: Vec::new(),
-            message_starts: Vec::new(),
+            prompt_parts: Vec::new(),
             snapshot_at: None,
             turn_boundary: Vec::new(),
         }

@@ -2,10 +2,9 @@
 //! and closed in order. Anthropic's content blocks and the Responses API's output items are
 //! both renderings of these events; the non-streaming answers fold them into a list.
 
-use super::chat::answer::{AnswerParser, Piece};
-use super::chat::call_id;
 use super::chat::outcome::text_beside_calls;
 use super::chat::structured::ToolMode;
+use super::chat::{call_id, Piece};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum BlockKind {
@@ -78,12 +77,11 @@ impl Blocks {
         events
     }
 
-    /// The events of a whole answer (non-streaming): `first` from [`Blocks::start`], then
-    /// everything the parser makes of `text`, the block still open closed.
-    pub fn whole(mut self, first: Vec<BlockEvent>, parser: &mut AnswerParser, text: &str) -> Vec<BlockEvent> {
+    /// The events of a whole answer (non-streaming): `first` from [`Blocks::start`], then the
+    /// answer's pieces, the block still open closed.
+    pub fn whole(mut self, first: Vec<BlockEvent>, pieces: Vec<Piece>) -> Vec<BlockEvent> {
         let mut events = first;
-        events.extend(self.push(parser.push(text)));
-        events.extend(self.push(parser.finish()));
+        events.extend(self.push(pieces));
         events.extend(self.finish());
         events
     }
@@ -156,7 +154,7 @@ pub fn fold(events: impl IntoIterator<Item = BlockEvent>) -> Vec<Block> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::chat::tool_calls::ToolCall;
+    use crate::server::chat::ToolCall;
 
     #[test]
     fn text_thinking_and_calls_become_ordered_blocks() {

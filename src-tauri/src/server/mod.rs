@@ -103,6 +103,8 @@ pub struct AppState {
     pub created: u64,
     /// The last minutes of live metrics, for a Live page opened after the traffic.
     pub history: live::History,
+    /// Each loaded model's chat format, resolved on its first chat request.
+    pub formats: Arc<chat::FormatCache>,
 }
 
 impl AppState {
@@ -118,7 +120,14 @@ impl AppState {
 
     /// With pulls that outlive this server (the desktop app restarts its server).
     pub fn from_parts(models: Residency, pulls: Pulls, config: ServerConfig) -> AppState {
-        AppState { models, pulls, config: Arc::new(config), created: unix_time(), history: live::History::default() }
+        AppState {
+            models,
+            pulls,
+            config: Arc::new(config),
+            created: unix_time(),
+            history: live::History::default(),
+            formats: Arc::default(),
+        }
     }
 }
 

@@ -1,7 +1,6 @@
-//! Streaming answers from an engine stream: each engine event becomes zero or more frames.
-//! OpenAI's and Anthropic's server-sent events and Ollama's NDJSON are renderings of the same
-//! frame stream. Dropping the response (client gone) drops the engine stream, which cancels the
-//! request.
+//! Streaming answers: each of the answer's events becomes zero or more frames. OpenAI's and
+//! Anthropic's server-sent events and Ollama's NDJSON are renderings of the same frame stream.
+//! Dropping the response (client gone) drops the engine stream, which cancels the request.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -13,45 +12,31 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 
-use crate::engine::{Event, RequestStream};
+use super::chat::stream::{AnswerEvent, AnswerStream};
 
-/// `first` at once, then `map` of each engine event, then `last` once the request has finished
-/// (an engine that went away without a finish is mapped as a failed finish, so every dialect
-/// ends such a stream with its error, never as a normal finish).
+/// `first` at once, then `map` of each of the answer's events (its end included: a normal one,
+/// or the failure every dialect tells as its error), then `last` once it has ended.
 pub fn frames<T: Send + 'static>(
-    engine_stream: RequestStream,
+    answer: AnswerStream,
     first: Vec<T>,
-    mut map: impl FnMut(Event) -> Vec<T> + Send + 'static,
+    mut map: impl FnMut(AnswerEvent) -> Vec<T> + Send + 'static,
     last: Vec<T>,
 ) -> impl Stream<Item = T> + Send {
     struct State<T, F> {
-        stream: RequestStream,
+        answer: AnswerStream,
         pending: VecDeque<T>,
         last: Option<Vec<T>>,
         map: F,
     }
-    let state = State { stream: engine_stream, pending: first.into(), last: Some(last), map: move |e| map(e) };
+    let state = State { answer, pending: first.into(), last: Some(last), map: move |e| map(e) };
     futures_util::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(frame) = s.pending.pop_front() {
                 return Some((frame, s));
             }
-            let last = s.last.take()?;
-            match s.stream.recv().await {
-                Some(event) => {
-                    let is_finish = matches!(event, Event::Finish(_));
-                    s.pending.extend((s.map)(event));
-                    if is_finish {
-                        s.pending.extend(last);
-                    } else {
-                        s.last = Some(last);
-                    }
-                }
-                // The engine went away without a finish: the dialect tells it as a failure.
-                None => {
-                    s.pending.extend((s.map)(Event::Finish(super::chat::outcome::engine_gone())));
-                    s.pending.extend(last);
-                }
+            match s.answer.next().await {
+                Some(event) => s.pending.extend((s.map)(event)),
+                None => s.pending.extend(s.last.take()?),
             }
         }
     })
@@ -59,15 +44,15 @@ pub fn frames<T: Send + 'static>(
 
 /// OpenAI's SSE: `data: {json}` per payload, `data: [DONE]` at the end.
 pub fn stream_events(
-    engine_stream: RequestStream,
+    answer: AnswerStream,
     first: Vec<serde_json::Value>,
-    map: impl FnMut(Event) -> Vec<serde_json::Value> + Send + 'static,
+    map: impl FnMut(AnswerEvent) -> Vec<serde_json::Value> + Send + 'static,
 ) -> Response {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     let first = first.into_iter().map(data).collect();
     let mut map = map;
     let events = frames(
-        engine_stream,
+        answer,
         first,
         move |e| map(e).into_iter().map(data).collect(),
         vec![SseEvent::default().data("[DONE]")],
@@ -77,14 +62,14 @@ pub fn stream_events(
 
 /// Named events (`event: name` + `data: {json}`), as Anthropic's and the Responses API send.
 pub fn named_events(
-    engine_stream: RequestStream,
+    answer: AnswerStream,
     first: Vec<(&'static str, serde_json::Value)>,
-    map: impl FnMut(Event) -> Vec<(&'static str, serde_json::Value)> + Send + 'static,
+    map: impl FnMut(AnswerEvent) -> Vec<(&'static str, serde_json::Value)> + Send + 'static,
 ) -> Response {
     let named = |(name, v): (&'static str, serde_json::Value)| SseEvent::default().event(name).data(v.to_string());
     let first = first.into_iter().map(named).collect();
     let mut map = map;
-    let events = frames(engine_stream, first, move |e| map(e).into_iter().map(named).collect(), Vec::new());
+    let events = frames(answer, first, move |e| map(e).into_iter().map(named).collect(), Vec::new());
     with_keepalive(events.map(Ok))
 }
 

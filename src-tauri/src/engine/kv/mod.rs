@@ -304,7 +304,7 @@ fn explain_miss(d: Divergence, request: &Request, tokenizer: &Tokenizer) -> Opti
     }
     let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
     let chars_before = text(&prompt[..d.position]).chars().count();
-    let message = request.message_starts.iter().rposition(|&start| start <= chars_before);
+    let message = request.prompt_parts.iter().rposition(|&start| start <= chars_before);
     Some(CacheMiss {
         position: d.position,
         cached_through: d.cached_through,

@@ -10,15 +10,16 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{fold, Block, BlockEvent, BlockKind, Blocks, Content};
-use super::chat::outcome::{collect, failure, with_server_timing};
+use super::chat::outcome::with_server_timing;
+use super::chat::stream::AnswerEvent;
 use super::chat::structured::ToolMode;
-use super::chat::{render, start, StartedChat};
+use super::chat::{render, serve, start, StartedChat};
 use super::dialect_errors::{envelope, Dialect};
 use super::extract::ApiJson;
 use super::priority::HeaderPriority;
 use super::sse::named_events;
 use super::{ApiError, AppState};
-use crate::engine::{Event, Finish, FinishReason};
+use crate::engine::{Finish, FinishReason};
 
 pub async fn messages(
     State(state): State<AppState>,
@@ -34,14 +35,14 @@ pub async fn messages(
         !(omit_thinking && matches!(event, BlockEvent::Delta { content: Content::Thinking, .. }))
     };
     let requested = common.model.clone().unwrap_or_default();
-    let StartedChat { stream, mut parser, mode, prompt_tokens, .. } = start(&state, &chat, &common).await?;
-    let id = format!("msg_{:024x}", (stream.id as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos());
+    let StartedChat { answer, mode, prompt_tokens, .. } = start(&state, &chat, &common).await?;
+    let id = format!("msg_{:024x}", (answer.id() as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos());
     let (mut blocks, first_blocks) = Blocks::start(&mode);
 
     if !common.streaming() {
-        let done = collect(stream).await?;
+        let done = answer.collect().await?;
         let content: Vec<Value> =
-            fold(blocks.whole(first_blocks, &mut parser, &done.text).into_iter().filter(shown).collect::<Vec<_>>())
+            fold(blocks.whole(first_blocks, done.pieces).into_iter().filter(shown).collect::<Vec<_>>())
                 .iter()
                 .map(content_block)
                 .collect();
@@ -71,17 +72,15 @@ pub async fn messages(
     let mut first = vec![("message_start", start_message), ("ping", json!({"type": "ping"}))];
     first.extend(first_blocks.into_iter().map(block_event));
     let mut any_call = matches!(mode, ToolMode::Named(_));
-    let sse = named_events(stream, first, move |event| match event {
-        Event::Delta { text, .. } => {
-            let events = blocks.push(parser.push(&text));
+    let sse = named_events(answer, first, move |event| match event {
+        AnswerEvent::Pieces { pieces, .. } => {
+            let events = blocks.push(pieces);
             any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
             events.into_iter().filter(shown).map(block_event).collect()
         }
-        Event::Finish(finish) => {
-            if let Some(error) = failure(&finish) {
-                return vec![("error", envelope(Dialect::Anthropic, &error))];
-            }
-            let mut events = blocks.push(parser.finish());
+        AnswerEvent::Failed(error) => vec![("error", envelope(Dialect::Anthropic, &error))],
+        AnswerEvent::Done { rest, finish } => {
+            let mut events = blocks.push(rest);
             events.extend(blocks.finish());
             any_call |= events.iter().any(|e| matches!(e, BlockEvent::Start { kind: BlockKind::ToolCall { .. }, .. }));
             let (stop_reason, stop_sequence) = stop_reason(&finish, any_call);
@@ -107,7 +106,8 @@ pub async fn count_tokens(
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Json<Value>, ApiError> {
     let (chat, common) = request::to_chat(&body, true)?;
-    let rendered = render(&state, &chat, common.model.as_deref()).await?;
+    let model = serve(&state, common.model.as_deref()).await?;
+    let rendered = render(&model, &chat, &state.config)?;
     Ok(Json(json!({"input_tokens": rendered.prompt_ids.len()})))
 }
 

@@ -1,33 +1,21 @@
-//! The answer as it streams, split into what OpenAI's chat API reports separately: reasoning,
-//! text, and tool calls (parsed in the template's format, or the forced ones of
-//! [`ToolMode::Named`]/[`ToolMode::Required`]).
+//! The answer as it streams, split into what the dialects report apart: reasoning, text, and
+//! tool calls (read in the model's format, or the forced ones of [`ToolMode::Named`] and
+//! [`ToolMode::Required`]).
 
-use serde_json::Value;
-
-use super::harmony::HarmonyParser;
+use super::format::reasoning::{Part, ReasoningSplitter};
+use super::format::{parse_call_list, CallReader, ModelFormat, ParameterSchemas};
 use super::named_arguments::NamedArguments;
-use super::reasoning::{Part, ReasoningSplitter};
-use super::structured::{CallFormat, ToolMode};
-use super::tool_calls::{self, call_from_value, ParameterSchemas, ToolCall, ToolCallParser};
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
-    Text(String),
-    Reasoning(String),
-    /// A complete tool call.
-    Call(ToolCall),
-    /// More of the arguments of the one call a named `tool_choice` forces.
-    Arguments(String),
-}
+use super::piece::{Piece, ToolCall};
+use super::structured::{AnswerShape, ToolMode};
 
 enum Tools {
     Off,
-    Parse(ToolCallParser),
+    Parse(Box<dyn CallReader>),
     Named,
     /// A named call in the model's format: its JSON arguments, read out of the call's text.
     NamedArguments(NamedArguments),
     /// A named call in a format whose arguments are not JSON (Qwen's XML): read when complete.
-    NamedParsed(ToolCallParser, Vec<ToolCall>),
+    NamedParsed(Box<dyn CallReader>, Vec<ToolCall>),
     /// The JSON list of calls, read to the end.
     Required(String),
 }
@@ -35,53 +23,76 @@ enum Tools {
 pub struct AnswerParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Tools,
-    /// gpt-oss: one parser for reasoning, answer and calls (`tools` is then `Off`), and whether
-    /// tools were offered (else a call is shown as text).
-    harmony: Option<(HarmonyParser, bool)>,
+    /// A format whose reader reads the whole answer (Harmony's channels: reasoning, text and
+    /// calls; `tools` is then `Off`), and whether tools were offered (else a call is shown as
+    /// text).
+    whole: Option<(Box<dyn CallReader>, bool)>,
 }
 
 impl AnswerParser {
-    pub fn new(mode: &ToolMode, reasoning: Option<ReasoningSplitter>) -> AnswerParser {
+    /// The parser of an answer of `shape` from a model of `format` to `prompt`, and the special
+    /// tokens whose text it must see (the engine keeps their text for it).
+    pub fn for_answer(
+        format: &ModelFormat,
+        shape: &AnswerShape,
+        schemas: ParameterSchemas,
+        prompt: &str,
+    ) -> (AnswerParser, Vec<&'static str>) {
+        let calls = format.calls();
+        // A grammar that decides the whole answer leaves no room for reasoning or channels.
+        if shape.grammar_decides_answer() {
+            let markers = if shape.call_format.is_some() { calls.markers().to_vec() } else { Vec::new() };
+            return (AnswerParser::new(&shape.mode, None).with_call_format(shape, format, schemas), markers);
+        }
+        if calls.reads_whole_answer() {
+            let offered = matches!(shape.mode, ToolMode::Auto);
+            let parser =
+                AnswerParser { reasoning: None, tools: Tools::Off, whole: Some((calls.reader(schemas), offered)) };
+            return (parser, calls.markers().to_vec());
+        }
+        let reasoning = format.reasoning(prompt);
+        let mut markers = match shape.mode {
+            ToolMode::Auto => calls.markers().to_vec(),
+            _ => Vec::new(),
+        };
+        markers.extend(reasoning.as_ref().map(ReasoningSplitter::special_tokens).unwrap_or_default());
+        let parser = match shape.mode {
+            ToolMode::Auto => AnswerParser { reasoning, tools: Tools::Parse(calls.reader(schemas)), whole: None },
+            _ => AnswerParser::new(&shape.mode, reasoning),
+        };
+        (parser, markers)
+    }
+
+    fn new(mode: &ToolMode, reasoning: Option<ReasoningSplitter>) -> AnswerParser {
         let tools = match mode {
-            ToolMode::Off => Tools::Off,
-            ToolMode::Auto(format) => Tools::Parse(ToolCallParser::new(*format)),
+            // Where tools are read out of a free answer, `for_answer` gives the format's reader.
+            ToolMode::Off | ToolMode::Auto => Tools::Off,
             ToolMode::Named(_) => Tools::Named,
             ToolMode::Required => Tools::Required(String::new()),
         };
-        AnswerParser { reasoning, tools, harmony: None }
+        AnswerParser { reasoning, tools, whole: None }
     }
 
     /// Forced calls written in the model's own format (not as JSON).
-    pub fn with_call_format(mut self, call_format: Option<&CallFormat>) -> AnswerParser {
-        let Some(CallFormat { format, arguments_after }) = call_format else { return self };
-        self.tools = match (&self.tools, arguments_after) {
+    fn with_call_format(
+        mut self,
+        shape: &AnswerShape,
+        format: &ModelFormat,
+        schemas: ParameterSchemas,
+    ) -> AnswerParser {
+        let Some(call_format) = &shape.call_format else { return self };
+        self.tools = match (&self.tools, &call_format.arguments_after) {
             (Tools::Named, Some(key)) => Tools::NamedArguments(NamedArguments::new(key)),
-            (Tools::Named, None) => Tools::NamedParsed(ToolCallParser::new(*format), Vec::new()),
-            (Tools::Required(_), _) => Tools::Parse(ToolCallParser::new(*format)),
+            (Tools::Named, None) => Tools::NamedParsed(format.calls().reader(schemas), Vec::new()),
+            (Tools::Required(_), _) => Tools::Parse(format.calls().reader(schemas)),
             _ => return self,
         };
         self
     }
 
-    /// For a Harmony model (gpt-oss) answering freely: channels split reasoning from the
-    /// answer, and calls come back as calls when `mode` offers tools.
-    pub fn harmony(mode: &ToolMode) -> AnswerParser {
-        let calls = matches!(mode, ToolMode::Auto(_));
-        AnswerParser { reasoning: None, tools: Tools::Off, harmony: Some((HarmonyParser::new(), calls)) }
-    }
-    /// The tools' parameter schemas, for formats that write values as text (Qwen's XML).
-    pub fn with_schemas(mut self, schemas: ParameterSchemas) -> AnswerParser {
-        self.tools = match self.tools {
-            Tools::Parse(parser) => Tools::Parse(parser.with_schemas(schemas)),
-            Tools::NamedParsed(parser, calls) => Tools::NamedParsed(parser.with_schemas(schemas), calls),
-            other => other,
-        };
-        self
-    }
-
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        if let Some((harmony, calls)) = self.harmony.as_mut() {
-            return harmony_pieces(harmony.push(text), *calls);
+        if let Some((reader, offered)) = self.whole.as_mut() {
+            return calls_shown_as_text(reader.push(text), *offered);
         }
         let parts = match self.reasoning.as_mut() {
             Some(r) => r.push(text),
@@ -91,17 +102,16 @@ impl AnswerParser {
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
-        if let Some((harmony, calls)) = self.harmony.as_mut() {
-            return harmony_pieces(harmony.finish(), *calls);
+        if let Some((reader, offered)) = self.whole.as_mut() {
+            return calls_shown_as_text(reader.finish(), *offered);
         }
         let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
         let mut out = self.route(parts);
         match &mut self.tools {
-            Tools::Off | Tools::Named => {}
-            Tools::Parse(parser) => out.extend(parser.finish().into_iter().map(from_tool_piece)),
-            Tools::NamedArguments(_) => {}
-            Tools::NamedParsed(parser, calls) => {
-                calls.extend(parser.finish().into_iter().filter_map(tool_call));
+            Tools::Off | Tools::Named | Tools::NamedArguments(_) => {}
+            Tools::Parse(reader) => out.extend(reader.finish()),
+            Tools::NamedParsed(reader, calls) => {
+                calls.extend(reader.finish().into_iter().filter_map(only_calls));
                 out.extend(calls.drain(..).next().map(|c| Piece::Arguments(c.arguments)));
             }
             Tools::Required(buffer) => {
@@ -113,6 +123,7 @@ impl AnswerParser {
                 }
             }
         }
+        out.retain(|p| !p.is_empty());
         out
     }
 
@@ -123,61 +134,54 @@ impl AnswerParser {
                 Part::Reasoning(t) => out.push(Piece::Reasoning(t)),
                 Part::Answer(t) => match &mut self.tools {
                     Tools::Off => out.push(Piece::Text(t)),
-                    Tools::Parse(parser) => out.extend(parser.push(&t).into_iter().map(from_tool_piece)),
+                    Tools::Parse(reader) => out.extend(reader.push(&t)),
                     Tools::Named => out.push(Piece::Arguments(t)),
                     Tools::NamedArguments(arguments) => out.push(Piece::Arguments(arguments.push(&t))),
                     // Held to the end: its arguments come out once the call is complete.
-                    Tools::NamedParsed(parser, calls) => {
-                        calls.extend(parser.push(&t).into_iter().filter_map(tool_call))
+                    Tools::NamedParsed(reader, calls) => {
+                        calls.extend(reader.push(&t).into_iter().filter_map(only_calls))
                     }
                     Tools::Required(buffer) => buffer.push_str(&t),
                 },
             }
         }
-        out.retain(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) | Piece::Arguments(t) if t.is_empty()));
+        out.retain(|p| !p.is_empty());
         out
     }
 }
 
-/// A Harmony call where no tools were offered is shown as text (its arguments).
-fn harmony_pieces(pieces: Vec<Piece>, calls: bool) -> Vec<Piece> {
+/// A call where no tools were offered is shown as text (its arguments).
+fn calls_shown_as_text(pieces: Vec<Piece>, offered: bool) -> Vec<Piece> {
     pieces
         .into_iter()
         .map(|p| match p {
-            Piece::Call(call) if !calls => Piece::Text(call.arguments),
+            Piece::Call(call) if !offered => Piece::Text(call.arguments),
             other => other,
         })
-        .filter(|p| !matches!(p, Piece::Text(t) | Piece::Reasoning(t) if t.is_empty()))
+        .filter(|p| !p.is_empty())
         .collect()
 }
 
-fn tool_call(piece: tool_calls::Piece) -> Option<ToolCall> {
+fn only_calls(piece: Piece) -> Option<ToolCall> {
     match piece {
-        tool_calls::Piece::Call(call) => Some(call),
-        tool_calls::Piece::Text(_) => None,
+        Piece::Call(call) => Some(call),
+        _ => None,
     }
-}
-
-fn from_tool_piece(piece: tool_calls::Piece) -> Piece {
-    match piece {
-        tool_calls::Piece::Text(t) => Piece::Text(t),
-        tool_calls::Piece::Call(c) => Piece::Call(c),
-    }
-}
-
-/// `[{"name": .., "arguments": {..}}, ..]`, as the grammar of `tool_choice: "required"` makes it.
-fn parse_call_list(text: &str) -> Option<Vec<ToolCall>> {
-    let calls: Vec<Value> = serde_json::from_str(text).ok()?;
-    calls.iter().map(call_from_value).collect::<Option<Vec<_>>>().filter(|c| !c.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::chat::tool_calls::ToolFormat;
+    use crate::server::chat::structured::CallFormat;
 
-    fn run(mode: ToolMode, thinking: Option<bool>, pieces: &[&str]) -> Vec<Piece> {
-        let mut p = AnswerParser::new(&mode, thinking.map(ReasoningSplitter::new));
+    fn shape(mode: ToolMode, call_format: Option<CallFormat>, grammar: bool) -> AnswerShape<'static> {
+        let grammar = grammar.then(|| std::sync::Arc::new(crate::constrain::Grammar::any_object()));
+        AnswerShape { prompt_tools: None, mode, grammar, call_format }
+    }
+
+    fn run(template: &str, shape: &AnswerShape, prompt: &str, pieces: &[&str]) -> Vec<Piece> {
+        let format = ModelFormat::of_template(template);
+        let (mut p, _) = AnswerParser::for_answer(&format, shape, Default::default(), prompt);
         let mut out: Vec<Piece> = pieces.iter().flat_map(|t| p.push(t)).collect();
         out.extend(p.finish());
         out
@@ -186,8 +190,9 @@ mod tests {
     #[test]
     fn reasoning_then_a_hermes_call() {
         let out = run(
-            ToolMode::Auto(ToolFormat::Hermes),
-            Some(false),
+            "<tool_call></think>",
+            &shape(ToolMode::Auto, None, false),
+            "<|im_start|>assistant\n",
             &["<think>need weather</think>\n\n", "<tool_call>{\"name\": \"w\", \"arguments\": {}}</tool_call>"],
         );
         assert_eq!(
@@ -201,10 +206,9 @@ mod tests {
 
     #[test]
     fn harmony_reasoning_answer_and_calls() {
+        let harmony = "<|channel|><|message|>";
         let text = "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>commentary to=functions.w <|constrain|>json<|message|>{\"city\": \"Oslo\"}";
-        let mut p = AnswerParser::harmony(&ToolMode::Auto(ToolFormat::Harmony));
-        let mut out = p.push(text);
-        out.extend(p.finish());
+        let out = run(harmony, &shape(ToolMode::Auto, None, false), "", &[text]);
         assert_eq!(
             out,
             vec![
@@ -212,19 +216,36 @@ mod tests {
                 Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })
             ]
         );
-        let mut p = AnswerParser::harmony(&ToolMode::Off);
-        let mut out = p.push("<|channel|>final<|message|>Hi.");
-        out.extend(p.finish());
+        let out = run(harmony, &shape(ToolMode::Off, None, false), "", &["<|channel|>final<|message|>Hi."]);
         assert_eq!(out, vec![Piece::Text("Hi.".into())]);
+        let out = run(harmony, &shape(ToolMode::Off, None, false), "", &[text]);
+        assert_eq!(out[1], Piece::Text("{\"city\":\"Oslo\"}".into()), "no tools offered: the call is text");
     }
 
     #[test]
     fn forced_calls() {
-        let out = run(ToolMode::Named("w".into()), None, &["{\"city\":", " \"Oslo\"}"]);
+        let plain = "{{ messages }}";
+        let named = shape(ToolMode::Named("w".into()), None, true);
+        let out = run(plain, &named, "", &["{\"city\":", " \"Oslo\"}"]);
         assert_eq!(out, vec![Piece::Arguments("{\"city\":".into()), Piece::Arguments(" \"Oslo\"}".into())]);
-        let out = run(ToolMode::Required, None, &["[{\"name\": \"w\", ", "\"arguments\": {\"city\": \"Oslo\"}}]"]);
+        let required = shape(ToolMode::Required, None, true);
+        let out = run(plain, &required, "", &["[{\"name\": \"w\", ", "\"arguments\": {\"city\": \"Oslo\"}}]"]);
         assert_eq!(out, vec![Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() })]);
-        let out = run(ToolMode::Required, None, &["[{\"name\": \"w\""]);
+        let out = run(plain, &required, "", &["[{\"name\": \"w\""]);
         assert_eq!(out, vec![Piece::Text("[{\"name\": \"w\"".into())], "cut short: the text as it is");
+        // In the model's own format, its arguments streamed from after the key.
+        let hermes = shape(
+            ToolMode::Named("w".into()),
+            Some(CallFormat { arguments_after: Some("\"arguments\"".into()) }),
+            true,
+        );
+        let out = run(
+            "<tool_call>",
+            &hermes,
+            "",
+            &["<tool_call>\n{\"name\": \"w\", \"arguments\": ", "{\"a\": 1}}\n</tool_call>"],
+        );
+        let arguments: String = out.iter().map(|p| if let Piece::Arguments(a) = p { a.as_str() } else { "" }).collect();
+        assert_eq!(arguments, "{\"a\": 1}");
     }
 }

@@ -5,10 +5,9 @@
 
 use axum::http::StatusCode;
 
-use super::answer::Piece;
+use super::piece::{Piece, ToolCall};
 use super::structured::ToolMode;
-use super::tool_calls::ToolCall;
-use crate::engine::{Event, Finish, FinishReason, RequestStream, TokenLogprob, Usage};
+use crate::engine::{Finish, FinishReason, Usage};
 use crate::server::ApiError;
 
 /// A generation that did not end normally, as the error every dialect reports (`None`: it
@@ -62,34 +61,6 @@ pub fn server_timing(finish: &Finish) -> axum::http::HeaderValue {
 pub fn with_server_timing(mut response: axum::response::Response, finish: &Finish) -> axum::response::Response {
     response.headers_mut().insert("server-timing", server_timing(finish));
     response
-}
-
-/// A whole generation, for non-streaming responses.
-pub struct Collected {
-    pub text: String,
-    pub logprobs: Vec<TokenLogprob>,
-    pub finish: Finish,
-}
-
-/// Reads a request's stream to its end: the text, or the error of [`failure`].
-pub async fn collect(mut stream: RequestStream) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
-    while let Some(event) = stream.recv().await {
-        match event {
-            Event::Delta { text: t, logprob, .. } => {
-                text.push_str(&t);
-                logprobs.extend(logprob);
-            }
-            Event::Finish(finish) => {
-                return match failure(&finish) {
-                    Some(error) => Err(error),
-                    None => Ok(Collected { text, logprobs, finish }),
-                };
-            }
-        }
-    }
-    Err(failure(&engine_gone()).expect("an error finish"))
 }
 
 /// A whole answer: text, reasoning and calls.

@@ -1,19 +1,13 @@
 //! A chat request in the server's common form (OpenAI's chat shape: every dialect translates
-//! into it), validated, rendered with the model's chat template, tokenized and submitted.
-
-use std::sync::Arc;
+//! into it), validated, rendered with the model's chat template and tokenized.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::answer::AnswerParser;
-use super::params::CommonParams;
-use super::reasoning::ReasoningSplitter;
-use super::structured::{answer_shape, AnswerShape, ShapeContext, ShapeRequest, ToolMode};
-use super::{harmony, tool_calls};
-use crate::engine::{ModelInfo, RequestStream};
-use crate::server::{ApiError, AppState};
-use crate::store::Served;
+use super::messages::{final_assistant_text, normalize_messages, with_descriptions};
+use super::model::ChatModel;
+use super::structured::{answer_shape, AnswerShape, ShapeContext, ShapeRequest};
+use crate::server::{ApiError, ServerConfig};
 use crate::tokenizer::chat_template::{ChatTemplate, RenderRequest};
 use crate::tokenizer::Tokenizer;
 
@@ -52,23 +46,8 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
 }
 
-/// Tools as templates expect them: every function with a `description` (gpt-oss's template,
-/// as published, fails on one without; clients often leave it out). Empty where missing.
-fn with_descriptions(tools: &[Value]) -> Vec<Value> {
-    tools
-        .iter()
-        .map(|tool| {
-            let mut tool = tool.clone();
-            if let Some(function) = tool.get_mut("function").and_then(Value::as_object_mut) {
-                function.entry("description").or_insert_with(|| Value::from(""));
-            }
-            tool
-        })
-        .collect()
-}
-
 /// The chat template's extra variables: `chat_template_kwargs` and what `reasoning_effort` sets.
-fn template_kwargs(request: &ChatRequest) -> Result<Map<String, Value>, ApiError> {
+pub(super) fn template_kwargs(request: &ChatRequest) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = request.chat_template_kwargs.clone().unwrap_or_default();
     if let Some(effort) = request.reasoning_effort.as_deref() {
         let level = match effort {
@@ -87,24 +66,8 @@ fn template_kwargs(request: &ChatRequest) -> Result<Map<String, Value>, ApiError
     Ok(kwargs)
 }
 
-/// A chat generation under way, with what a dialect needs to render it.
-pub struct StartedChat {
-    /// The served model's id.
-    pub model: String,
-    pub stream: RequestStream,
-    /// Splits the generated text into text, reasoning and tool calls.
-    pub parser: AnswerParser,
-    pub mode: ToolMode,
-    pub tokenizer: Arc<Tokenizer>,
-    /// `Some(top)` when per-token log-probabilities were asked for.
-    pub logprobs: Option<usize>,
-    pub prompt_tokens: usize,
-}
-
 /// A chat request's prompt, rendered and tokenized, with what generation needs next.
 pub struct RenderedChat {
-    pub served: Served,
-    pub info: ModelInfo,
     pub text: String,
     pub prompt_ids: Vec<u32>,
     pub shape: AnswerShape<'static>,
@@ -157,21 +120,14 @@ fn system_prompt_end(
     (!ids.is_empty() && ids.len() + 1 < prompt_ids.len() && prompt_ids.starts_with(&ids)).then_some(ids.len())
 }
 
-/// Validates the messages and tools, renders the chat template and tokenizes (loading the
-/// model if it is not loaded).
-pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>) -> Result<RenderedChat, ApiError> {
-    let served = state.models.serve(state.resolve_model(model).as_deref()).await?;
-    let info = served.engine.model_info().clone();
-    let messages = normalize_messages(&request.messages, state.config.max_messages)?;
+/// Validates the messages and tools, renders `model`'s chat template and tokenizes.
+pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -> Result<RenderedChat, ApiError> {
+    let info = &model.info;
+    let messages = normalize_messages(&request.messages, config.max_messages)?;
     let template = info.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt")
     })?;
-    let format = tool_calls::ToolFormat::of_template(template.source());
-    let mut messages =
-        if template.source().contains("tool_calls") { messages } else { inline_tool_calls(messages, format) };
-    if template.source().contains("length != 9") {
-        nine_character_call_ids(&mut messages);
-    }
+    let mut messages = model.format.history(messages);
     let prefill = match request.continue_final_message {
         Some(true) => Some(final_assistant_text(&mut messages)?),
         _ => None,
@@ -184,8 +140,7 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
         response_format: request.response_format.as_ref(),
     };
     let special = |text: &str| info.tokenizer.token_to_id(text).filter(|&id| info.tokenizer.is_special(id));
-    let context =
-        ShapeContext { template_source: template.source(), special: &special, strict_tools: state.config.strict_tools };
+    let context = ShapeContext { format: &model.format, special: &special, strict_tools: config.strict_tools };
     let shape = answer_shape(shape_request, &context)?;
     let render = RenderRequest {
         messages: &messages,
@@ -203,64 +158,14 @@ pub async fn render(state: &AppState, request: &ChatRequest, model: Option<&str>
     let recurrent = info.kv_footprint.state_bytes > 0;
     let snapshot_at =
         recurrent.then(|| system_prompt_end(template, &render, &text, &prompt_ids, &info.tokenizer)).flatten();
-    Ok(RenderedChat { served, info, text, prompt_ids, shape, message_starts, snapshot_at })
-}
-
-/// Validates, renders the chat template, tokenizes and submits.
-pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
-    let RenderedChat { served, info, text, prompt_ids, shape, message_starts, snapshot_at } =
-        render(state, request, common.model.as_deref()).await?;
-    let template = info.chat_template.as_ref().expect("rendered with a template");
-    let prompt_tokens = prompt_ids.len();
-    let top = request.top_logprobs.unwrap_or(0) as usize;
-    if top > 20 {
-        return Err(ApiError::invalid("top_logprobs", "top_logprobs may be at most 20"));
-    }
-    let logprobs = request.logprobs.unwrap_or(false).then_some(top);
-    let mut engine_request = common.to_request(state, &info, prompt_ids, logprobs)?;
-    // Harmony (gpt-oss) marks reasoning and calls with special tokens, tools or not; a grammar
-    // decides the whole answer and then no channel is written.
-    let harmony = !shape.grammar_decides_answer() && harmony::is_harmony(template.source());
-    let markers = match (&shape.mode, &shape.call_format) {
-        _ if harmony => harmony::MARKERS.as_slice(),
-        (ToolMode::Auto(format), _) => format.marker_tokens(),
-        (_, Some(forced)) => forced.format.marker_tokens(),
-        _ => &[],
-    };
-    // A grammar decides the whole answer; a think block would break it.
-    let reasoning =
-        if shape.grammar_decides_answer() { None } else { ReasoningSplitter::for_template(template.source(), &text) };
-    let reasoning_markers = reasoning.as_ref().map(ReasoningSplitter::special_tokens).unwrap_or_default();
-    engine_request.special_text_tokens =
-        markers.iter().chain(reasoning_markers).filter_map(|t| info.tokenizer.token_to_id(t)).collect();
-    let parser = if harmony {
-        AnswerParser::harmony(&shape.mode)
-    } else {
-        AnswerParser::new(&shape.mode, reasoning)
-            .with_call_format(shape.call_format.as_ref())
-            .with_schemas(tool_calls::parameter_schemas(request.tools.as_deref().unwrap_or_default()))
-    };
-    engine_request.grammar = shape.grammar.clone();
-    engine_request.message_starts = message_starts;
-    engine_request.snapshot_at = snapshot_at;
-    engine_request.turn_boundary = turn_boundary(template, &info.tokenizer, template_kwargs(request)?);
-    let stream = served.engine.submit(engine_request)?;
-    Ok(StartedChat {
-        model: served.id,
-        stream,
-        parser,
-        mode: shape.mode,
-        tokenizer: info.tokenizer.clone(),
-        logprobs,
-        prompt_tokens,
-    })
+    Ok(RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at })
 }
 
 /// The tokens the chat template writes between an answer and the next user message, found by
 /// rendering a short conversation (for the engine to prefill once the answer is done). Trailing
 /// whitespace is left out: it may be written together with the message's first characters.
 /// Empty when the template does not render such a conversation as expected.
-fn turn_boundary(template: &ChatTemplate, tokenizer: &Tokenizer, extra: Map<String, Value>) -> Vec<u32> {
+pub(super) fn turn_boundary(template: &ChatTemplate, tokenizer: &Tokenizer, extra: Map<String, Value>) -> Vec<u32> {
     const ANSWER: &str = "Answer A.";
     const NEXT: &str = "Message B.";
     let messages = [
@@ -277,167 +182,6 @@ fn turn_boundary(template: &ChatTemplate, tokenizer: &Tokenizer, extra: Map<Stri
         ids.pop();
     }
     ids
-}
-
-/// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
-pub fn call_id() -> String {
-    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = crate::sampling::Rng::from_entropy();
-    let id: String = (0..9).map(|_| CHARS[(rng.next_u64() % CHARS.len() as u64) as usize] as char).collect();
-    format!("call_{id}")
-}
-
-/// Messages as the chat template expects them: `content` as one string (text parts joined),
-/// `developer` as `system`, tool-call arguments as objects (what the templates `tojson`).
-/// Anything malformed is a 400 naming the message.
-pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    if messages.len() > max {
-        return Err(ApiError::invalid("messages", format!("at most {max} messages are allowed")));
-    }
-    messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let mut m = m
-                .as_object()
-                .cloned()
-                .ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
-            let role = m
-                .get("role")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::invalid(&param, format!("{param}.role must be a string")))?;
-            let role = match role {
-                "system" | "user" | "assistant" | "tool" => role.to_string(),
-                "developer" => "system".to_string(),
-                other => {
-                    return Err(ApiError::invalid(
-                        &param,
-                        format!("{param}.role {other:?} is not one of system, user, assistant, tool"),
-                    ))
-                }
-            };
-            m.insert("role".into(), Value::String(role));
-            let content = match m.get("content") {
-                None | Some(Value::Null) => Value::Null,
-                Some(Value::String(s)) => Value::String(s.clone()),
-                Some(Value::Array(parts)) => Value::String(join_text_parts(parts, &param)?),
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        &param,
-                        format!("{param}.content must be a string or a list of text parts"),
-                    ))
-                }
-            };
-            m.insert("content".into(), content);
-            if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
-                for call in calls.iter_mut() {
-                    let args = call.pointer("/function/arguments").and_then(Value::as_str).map(str::to_string);
-                    if let Some(parsed) = args.and_then(|a| serde_json::from_str::<Value>(&a).ok()) {
-                        call["function"]["arguments"] = parsed;
-                    }
-                }
-            }
-            Ok(Value::Object(m))
-        })
-        .collect()
-}
-
-/// Takes off the final assistant message, to be continued: its text follows the generation prompt.
-fn final_assistant_text(messages: &mut Vec<Value>) -> Result<String, ApiError> {
-    let last = messages.last().filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none_or(Value::is_null));
-    if last.is_none() {
-        return Err(ApiError::invalid(
-            "continue_final_message",
-            "continue_final_message needs a final assistant message without tool calls",
-        ));
-    }
-    let last = messages.pop().expect("checked");
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "a conversation cannot be only the assistant message to continue"));
-    }
-    Ok(last["content"].as_str().unwrap_or_default().to_string())
-}
-
-/// Mistral's templates refuse tool-call ids that are not 9 characters: each id (the calls' and the
-/// tool results') maps to 9 alphanumerics derived from it, so calls and results still pair up.
-fn nine_character_call_ids(messages: &mut [Value]) {
-    fn nine(id: &str) -> String {
-        if id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()) {
-            return id.to_string();
-        }
-        // FNV-1a, written in base 62 (62^9 > 2^53: distinct ids stay distinct in practice).
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in id.bytes() {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-        (0..9)
-            .map(|_| {
-                let c = CHARS[(hash % 62) as usize] as char;
-                hash /= 62;
-                c
-            })
-            .collect()
-    }
-    for m in messages.iter_mut() {
-        if let Some(Value::String(id)) = m.get("tool_call_id") {
-            m["tool_call_id"] = Value::String(nine(id));
-        }
-        if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
-            for call in calls.iter_mut() {
-                if let Some(Value::String(id)) = call.get("id") {
-                    call["id"] = Value::String(nine(id));
-                }
-            }
-        }
-    }
-}
-
-/// For templates that know nothing of tool calls: an assistant turn's calls become its text (in
-/// the model's own format where it has one, as LFM2's; else the JSON list `tool_choice:
-/// "required"` has the model write), so that the model sees what it called before the `tool`
-/// turns that answer it.
-fn inline_tool_calls(messages: Vec<Value>, format: Option<tool_calls::ToolFormat>) -> Vec<Value> {
-    messages
-        .into_iter()
-        .map(|mut m| {
-            let Some(Value::Array(calls)) = m.get("tool_calls").cloned() else { return m };
-            let listed: Vec<Value> = calls
-                .iter()
-                .map(|c| json!({"name": c.pointer("/function/name").cloned().unwrap_or(Value::Null), "arguments": c.pointer("/function/arguments").cloned().unwrap_or(json!({}))}))
-                .collect();
-            let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-            let own_format = format == Some(tool_calls::ToolFormat::Pythonic);
-            let calls_text =
-                if own_format { super::pythonic_calls::write_calls(&calls) } else { Value::Array(listed).to_string() };
-            let separator = if own_format { "" } else { "\n" };
-            m["content"] =
-                Value::String(if text.is_empty() { calls_text } else { format!("{text}{separator}{calls_text}") });
-            m.as_object_mut().map(|o| o.remove("tool_calls"));
-            m
-        })
-        .collect()
-}
-
-fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for part in parts {
-        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(t)) => text.push_str(t),
-            (Some(kind), _) => {
-                return Err(ApiError::invalid(
-                    param,
-                    format!("{param}: content parts of type {kind:?} are not supported"),
-                ))
-            }
-            _ => return Err(ApiError::invalid(param, format!("{param}: each content part needs a type"))),
-        }
-    }
-    Ok(text)
 }
 
 #[cfg(test)]
@@ -478,30 +222,5 @@ mod tests {
         assert_eq!(system_prompt_end(&template, &render(&messages[..2]), &text, &ids, &tokenizer), None);
         // Tokens that do not split there (a different prompt): none either.
         assert_eq!(system_prompt_end(&template, &render(&messages), &text, &ids[1..], &tokenizer), None);
-    }
-
-    #[test]
-    fn call_ids_fit_mistral_and_still_pair() {
-        let mut messages = vec![
-            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_AbC123xyZ", "type": "function", "function": {"name": "w"}}, {"id": "ABCDEFGHI", "type": "function", "function": {"name": "w"}}]}),
-            json!({"role": "tool", "tool_call_id": "call_AbC123xyZ", "content": "sunny"}),
-            json!({"role": "tool", "tool_call_id": "ABCDEFGHI", "content": "rain"}),
-        ];
-        nine_character_call_ids(&mut messages);
-        let first = messages[0]["tool_calls"][0]["id"].as_str().unwrap().to_string();
-        assert!(first.len() == 9 && first.chars().all(|c| c.is_ascii_alphanumeric()), "{first}");
-        assert_eq!(messages[1]["tool_call_id"], first.as_str(), "the result still pairs with its call");
-        assert_eq!(messages[0]["tool_calls"][1]["id"], "ABCDEFGHI", "a valid id is kept");
-        assert_eq!(messages[2]["tool_call_id"], "ABCDEFGHI");
-    }
-
-    #[test]
-    fn a_final_assistant_message_is_continued() {
-        let mut messages =
-            vec![json!({"role": "user", "content": "JSON please"}), json!({"role": "assistant", "content": "{\"a\":"})];
-        assert_eq!(final_assistant_text(&mut messages).unwrap(), "{\"a\":");
-        assert_eq!(messages.len(), 1);
-        let mut user_last = vec![json!({"role": "user", "content": "hi"})];
-        assert_eq!(final_assistant_text(&mut user_last).unwrap_err().param.as_deref(), Some("continue_final_message"));
     }
 }

@@ -4,8 +4,9 @@
 
 use super::fim;
 use super::params::CommonParams;
+use super::stream::AnswerStream;
 use crate::constrain::Grammar;
-use crate::engine::{ModelInfo, RequestStream};
+use crate::engine::ModelInfo;
 use crate::server::{ApiError, AppState};
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ pub struct StartedRaw {
     /// The served model's id.
     pub model: String,
     pub info: ModelInfo,
-    pub stream: RequestStream,
+    pub answer: AnswerStream,
 }
 
 /// Why a raw prompt cannot be made.
@@ -66,5 +67,5 @@ pub async fn start(
     let mut request = common.to_request(state, &info, ids, logprobs)?;
     request.grammar = grammar;
     let stream = served.engine.submit(request).map_err(ApiError::from)?;
-    Ok(StartedRaw { model: served.id, info, stream })
+    Ok(StartedRaw { model: served.id, info, answer: AnswerStream::new(stream, None) })
 }

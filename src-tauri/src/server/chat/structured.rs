@@ -1,15 +1,14 @@
 //! What shape the answer must take, from `tools`, `tool_choice`, `parallel_tool_calls` and
-//! `response_format`: free text (tool calls parsed from it in the template's format), JSON or
+//! `response_format`: free text (tool calls parsed from it in the model's format), JSON or
 //! JSON valid against a schema, or tool calls the model is made to write (in its own format
-//! where [`super::call_grammar`] has it, else as JSON). The last two are enforced by a grammar
-//! (constrained decoding).
+//! where its [`super::format::ChatFormat`] has a grammar for them, else as JSON). The last two
+//! are enforced by a grammar (constrained decoding).
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::call_grammar::{forced_calls, strict_auto_calls, Function};
-use super::tool_calls::ToolFormat;
+use super::format::{CallSpec, Function, ModelFormat};
 use crate::constrain::Grammar;
 use crate::server::ApiError;
 
@@ -17,8 +16,8 @@ use crate::server::ApiError;
 pub enum ToolMode {
     /// No tools, or `tool_choice: "none"`, or a JSON `response_format`.
     Off,
-    /// `tool_choice: "auto"`: calls parsed from the text in the template's own format.
-    Auto(ToolFormat),
+    /// `tool_choice: "auto"`: calls read from the text in the model's own format.
+    Auto,
     /// A function named in `tool_choice`: the whole answer is its arguments.
     Named(String),
     /// `tool_choice: "required"`: the answer is a JSON list of `{"name", "arguments"}`.
@@ -37,7 +36,6 @@ pub struct AnswerShape<'a> {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallFormat {
-    pub format: ToolFormat,
     /// A named call's JSON arguments follow this text (a key, or Mistral's `[ARGS]`).
     pub arguments_after: Option<String>,
 }
@@ -50,10 +48,10 @@ pub struct ShapeRequest<'a, 'b> {
     pub response_format: Option<&'b Value>,
 }
 
-/// The model's side: its chat template, and a special token's id by its text (forced calls
-/// name their format's markers by id); `strict_tools`: the server's `--strict-tools`.
+/// The model's side: its format, and a special token's id by its text (forced calls name their
+/// format's markers by id); `strict_tools`: the server's `--strict-tools`.
 pub struct ShapeContext<'a> {
-    pub template_source: &'a str,
+    pub format: &'a ModelFormat,
     pub special: &'a (dyn Fn(&str) -> Option<u32> + Sync),
     pub strict_tools: bool,
 }
@@ -61,13 +59,14 @@ pub struct ShapeContext<'a> {
 impl<'a> AnswerShape<'a> {
     /// Whether a grammar decides the whole answer (no reasoning, no free text around it).
     pub fn grammar_decides_answer(&self) -> bool {
-        self.grammar.is_some() && !matches!(self.mode, ToolMode::Auto(_))
+        self.grammar.is_some() && self.mode != ToolMode::Auto
     }
 }
 
 pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -> Result<AnswerShape<'a>, ApiError> {
     let ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format } = request;
-    let ShapeContext { template_source, special, strict_tools } = *context;
+    let ShapeContext { format, special, strict_tools } = *context;
+    let calls = format.calls();
     let tools = tools.filter(|t| !t.is_empty());
     let functions = tools
         .map(|t| t.iter().enumerate().map(|(i, tool)| function_of(i, tool)).collect::<Result<Vec<_>, _>>())
@@ -88,8 +87,8 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
         grammar: grammar.map(Arc::new),
         call_format: None,
     };
-    let format = ToolFormat::of_template(template_source);
     let parallel = parallel_tool_calls != Some(false);
+    let spec = |functions, named| CallSpec { functions, named, parallel: parallel && !named, special };
     match choice {
         Choice::None => {
             Ok(AnswerShape { prompt_tools: None, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
@@ -97,18 +96,12 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
         Choice::Auto if format_grammar.is_some() => {
             Ok(AnswerShape { prompt_tools: tools, mode: ToolMode::Off, grammar: format_grammar, call_format: None })
         }
+        Choice::Auto if !format.writes_calls() => Ok(shape(ToolMode::Off, None)),
         Choice::Auto => {
             let all: Vec<&Function> = functions.iter().collect();
-            let strict = format.filter(|_| strict_tools).and_then(|format| {
-                strict_auto_calls(format, template_source, &all, parallel, special).map(|r| (format, r))
-            });
-            match strict {
-                Some((format, grammar)) => {
-                    let grammar = grammar.map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
-                    Ok(shape(ToolMode::Auto(format), Some(grammar)))
-                }
-                None => Ok(shape(format.map_or(ToolMode::Off, ToolMode::Auto), None)),
-            }
+            let strict = strict_tools.then(|| calls.strict_calls(&spec(&all, false))).flatten();
+            let grammar = strict.transpose().map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
+            Ok(shape(ToolMode::Auto, grammar))
         }
         Choice::Named(name) => {
             let function = functions.iter().find(|f| f.name == name).ok_or_else(|| {
@@ -117,12 +110,9 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
                     format!("tool_choice names the function {name:?}, which is not among the tools"),
                 )
             })?;
-            let own = format.and_then(|format| {
-                forced_calls(format, template_source, &[function], true, false, special).map(|r| (format, r))
-            });
-            if let Some((format, forced)) = own {
+            if let Some(forced) = calls.forced_calls(&spec(&[function], true)) {
                 let forced = forced.map_err(|e| schema_error(&function.name, e))?;
-                let call_format = CallFormat { format, arguments_after: forced.arguments_after };
+                let call_format = CallFormat { arguments_after: forced.arguments_after };
                 return Ok(AnswerShape {
                     call_format: Some(call_format),
                     ..shape(ToolMode::Named(name), Some(forced.grammar))
@@ -133,12 +123,9 @@ pub fn answer_shape<'a>(request: ShapeRequest<'a, '_>, context: &ShapeContext) -
         }
         Choice::Required => {
             let all: Vec<&Function> = functions.iter().collect();
-            let own = format.and_then(|format| {
-                forced_calls(format, template_source, &all, false, parallel, special).map(|r| (format, r))
-            });
-            if let Some((format, forced)) = own {
+            if let Some(forced) = calls.forced_calls(&spec(&all, false)) {
                 let forced = forced.map_err(|e| ApiError::invalid("tools", format!("tools: {e}")))?;
-                let call_format = CallFormat { format, arguments_after: None };
+                let call_format = CallFormat { arguments_after: None };
                 return Ok(AnswerShape {
                     call_format: Some(call_format),
                     ..shape(ToolMode::Required, Some(forced.grammar))
@@ -253,7 +240,8 @@ mod tests {
         template_source: &str,
     ) -> Result<AnswerShape<'a>, ApiError> {
         let request = ShapeRequest { tools, tool_choice, parallel_tool_calls, response_format };
-        answer_shape(request, &ShapeContext { template_source, special: &|_| None, strict_tools: false })
+        let format = ModelFormat::of_template(template_source);
+        answer_shape(request, &ShapeContext { format: &format, special: &|_| None, strict_tools: false })
     }
 
     fn tools() -> Vec<Value> {
@@ -267,7 +255,7 @@ mod tests {
         let t = tools();
         let hermes = "<tool_call>";
         let shape = |choice: Option<Value>| shape_of(Some(&t), choice.as_ref(), None, None, hermes);
-        assert_eq!(shape(None).unwrap().mode, ToolMode::Auto(ToolFormat::Hermes));
+        assert_eq!(shape(None).unwrap().mode, ToolMode::Auto);
         assert!(shape(Some(json!("none"))).unwrap().prompt_tools.is_none());
         let required = shape(Some(json!("required"))).unwrap();
         assert_eq!(required.mode, ToolMode::Required);
@@ -283,16 +271,16 @@ mod tests {
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
         let forced = shape_of(Some(&t), Some(&named), None, None, "<tool_call>").unwrap();
         let format = forced.call_format.as_ref().expect("Hermes calls");
-        assert_eq!(format.format, ToolFormat::Hermes);
         assert_eq!(format.arguments_after.as_deref(), Some("\"arguments\""));
         assert!(forced.grammar_decides_answer());
         // No format the server writes: the call is plain JSON, as before.
         assert!(shape_of(Some(&t), Some(&named), None, None, "plain").unwrap().call_format.is_none());
         let request =
             ShapeRequest { tools: Some(&t), tool_choice: None, parallel_tool_calls: None, response_format: None };
-        let context = ShapeContext { template_source: "<tool_call>", special: &|_| None, strict_tools: true };
+        let hermes = ModelFormat::of_template("<tool_call>");
+        let context = ShapeContext { format: &hermes, special: &|_| None, strict_tools: true };
         let strict = answer_shape(request, &context).unwrap();
-        assert_eq!(strict.mode, ToolMode::Auto(ToolFormat::Hermes));
+        assert_eq!(strict.mode, ToolMode::Auto);
         assert!(strict.grammar.is_some() && !strict.grammar_decides_answer(), "free text, reasoning and calls");
     }
 

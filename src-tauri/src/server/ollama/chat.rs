@@ -10,12 +10,13 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 
 use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp, Fallback};
-use crate::engine::{Event, Finish, FinishReason, RequestStream};
-use crate::server::chat::answer::{AnswerParser, Piece};
-use crate::server::chat::outcome::{collect, failure, text_beside_calls, with_server_timing};
+use crate::engine::{Finish, FinishReason};
+use crate::server::chat::format::ModelFormat;
+use crate::server::chat::outcome::{text_beside_calls, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
+use crate::server::chat::stream::{AnswerEvent, AnswerStream};
 use crate::server::chat::structured::{answer_shape, ShapeContext, ShapeRequest};
-use crate::server::chat::{start, ChatRequest};
+use crate::server::chat::{start, ChatRequest, Piece};
 use crate::server::dialect_errors::{envelope, Dialect};
 use crate::server::extract::ApiJson;
 use crate::server::priority::HeaderPriority;
@@ -52,8 +53,8 @@ pub async fn chat(
     common.header_priority = header;
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
     apply_keep_alive(&state, &started.model, keep);
-    let render = Render { name, kind: Kind::Chat, parser: Some(started.parser), began, load: began.elapsed() };
-    respond(render, started.stream, streaming).await
+    let render = Render { name, kind: Kind::Chat, began, load: began.elapsed() };
+    respond(render, started.answer, streaming).await
 }
 
 pub async fn generate(
@@ -109,7 +110,7 @@ pub async fn generate(
             parallel_tool_calls: None,
             response_format: format.as_ref(),
         };
-        let context = ShapeContext { template_source: "", special: &|_| None, strict_tools: false };
+        let context = ShapeContext { format: &ModelFormat::plain(), special: &|_| None, strict_tools: false };
         let grammar = answer_shape(request, &context)?.grammar;
         let started = raw::start(&state, Some(&id), prompt, &common, None, grammar).await.map_err(|e| match e {
             RawError::NoFim => ApiError::invalid(
@@ -119,8 +120,8 @@ pub async fn generate(
             RawError::Api(e) => named(e, &name, &id),
         })?;
         apply_keep_alive(&state, &started.model, keep);
-        let render = Render { name, kind: Kind::Generate, parser: None, began, load: began.elapsed() };
-        return respond(render, started.stream, streaming).await;
+        let render = Render { name, kind: Kind::Generate, began, load: began.elapsed() };
+        return respond(render, started.answer, streaming).await;
     }
     let mut messages = Vec::new();
     if !system.is_empty() {
@@ -136,8 +137,8 @@ pub async fn generate(
     };
     let started = start(&state, &request, &common).await.map_err(|e| named(e, &name, &id))?;
     apply_keep_alive(&state, &started.model, keep);
-    let render = Render { name, kind: Kind::Generate, parser: Some(started.parser), began, load: began.elapsed() };
-    respond(render, started.stream, streaming).await
+    let render = Render { name, kind: Kind::Generate, began, load: began.elapsed() };
+    respond(render, started.answer, streaming).await
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -283,7 +284,6 @@ struct Render {
     /// The name the client asked for, echoed back as Ollama does.
     name: String,
     kind: Kind,
-    parser: Option<AnswerParser>,
     began: Instant,
     load: Duration,
 }
@@ -317,17 +317,6 @@ impl Part {
 }
 
 impl Render {
-    fn pieces(&mut self, text: String) -> Vec<Piece> {
-        match &mut self.parser {
-            Some(p) => p.push(&text),
-            None => vec![Piece::Text(text)],
-        }
-    }
-
-    fn rest(&mut self) -> Vec<Piece> {
-        self.parser.as_mut().map(AnswerParser::finish).unwrap_or_default()
-    }
-
     fn line(&self, part: Part, done: bool) -> Value {
         let mut line = json!({"model": self.name, "created_at": timestamp(SystemTime::now())});
         match self.kind {
@@ -374,25 +363,22 @@ impl Render {
     }
 }
 
-async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> Result<Response, ApiError> {
+async fn respond(render: Render, answer: AnswerStream, streaming: bool) -> Result<Response, ApiError> {
     if !streaming {
-        let done = collect(stream).await?;
+        let done = answer.collect().await?;
         let mut part = Part::default();
-        let pieces = render.pieces(done.text);
-        part.add(pieces);
-        part.add(render.rest());
+        part.add(done.pieces);
         if !part.calls.is_empty() {
             part.content = text_beside_calls(&part.content).unwrap_or_default();
         }
         return Ok(with_server_timing(Json(render.done(part, &done.finish)).into_response(), &done.finish));
     }
     let lines = frames(
-        stream,
+        answer,
         Vec::new(),
         move |event| match event {
-            Event::Delta { text, .. } => {
+            AnswerEvent::Pieces { pieces, .. } => {
                 let mut part = Part::default();
-                let pieces = render.pieces(text);
                 part.add(pieces);
                 if part.is_empty() {
                     Vec::new()
@@ -400,15 +386,13 @@ async fn respond(mut render: Render, stream: RequestStream, streaming: bool) -> 
                     vec![render.line(part, false)]
                 }
             }
-            Event::Finish(finish) => match failure(&finish) {
-                Some(error) => vec![envelope(Dialect::Ollama, &error)],
-                None => {
-                    let mut part = Part::default();
-                    let rest = render.rest();
-                    part.add(rest);
-                    vec![render.done(part, &finish)]
-                }
-            },
+            AnswerEvent::Failed(error) => vec![envelope(Dialect::Ollama, &error)],
+            // What the parser held back goes into the last line.
+            AnswerEvent::Done { rest, finish } => {
+                let mut part = Part::default();
+                part.add(rest);
+                vec![render.done(part, &finish)]
+            }
         },
         Vec::new(),
     );
@@ -436,19 +420,13 @@ mod tests {
 
     #[test]
     fn parsed_calls_become_ollama_tool_calls_with_object_arguments() {
-        use crate::server::chat::tool_calls::ToolCall;
+        use crate::server::chat::ToolCall;
         let mut part = Part::default();
         part.add(vec![
             Piece::Reasoning("hm".into()),
             Piece::Call(ToolCall { name: "w".into(), arguments: "{\"city\":\"Oslo\"}".into() }),
         ]);
-        let render = Render {
-            name: "qwen3:8b".into(),
-            kind: Kind::Chat,
-            parser: None,
-            began: Instant::now(),
-            load: Duration::ZERO,
-        };
+        let render = Render { name: "qwen3:8b".into(), kind: Kind::Chat, began: Instant::now(), load: Duration::ZERO };
         let line = render.line(part, false);
         assert_eq!(line["model"], "qwen3:8b");
         assert_eq!(line["message"]["thinking"], "hm");

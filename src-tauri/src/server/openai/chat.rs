@@ -10,12 +10,11 @@ use super::types::{
     FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall, ToolCallDelta, TopLogprob,
 };
 use super::{finish_reason, to_json};
-use crate::engine::{Event, FinishReason, TokenLogprob as EngineLogprob};
-use crate::server::chat::answer::Piece;
-use crate::server::chat::outcome::{collect, failure, with_server_timing, Whole};
+use crate::engine::{FinishReason, TokenLogprob as EngineLogprob};
+use crate::server::chat::outcome::{with_server_timing, Whole};
+use crate::server::chat::stream::AnswerEvent;
 use crate::server::chat::structured::ToolMode;
-use crate::server::chat::tool_calls::ToolCall as ParsedCall;
-use crate::server::chat::{call_id, start, ChatRequest, CommonParams, StartedChat};
+use crate::server::chat::{call_id, start, ChatRequest, CommonParams, Piece, StartedChat, ToolCall as ParsedCall};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::priority::HeaderPriority;
 use crate::server::sse::stream_events;
@@ -30,9 +29,8 @@ pub async fn completions(
     let request: ChatRequest = parse(&body)?;
     let mut common: CommonParams = parse(&body)?;
     common.header_priority = header;
-    let StartedChat { model, stream, mut parser, mode, tokenizer, logprobs, .. } =
-        start(&state, &request, &common).await?;
-    let id = format!("chatcmpl-{}", stream.id);
+    let StartedChat { model, answer, mode, tokenizer, logprobs, .. } = start(&state, &request, &common).await?;
+    let id = format!("chatcmpl-{}", answer.id());
     let created = crate::server::unix_time();
     let forced = matches!(mode, ToolMode::Named(_));
     // A forced named call ends with "stop" (as OpenAI's); calls the model chose, with "tool_calls".
@@ -42,12 +40,10 @@ pub async fn completions(
     };
 
     if !common.streaming() {
-        let done = collect(stream).await?;
+        let done = answer.collect().await?;
         let logprobs = logprobs
             .map(|_| ChatLogprobs { content: done.logprobs.iter().map(|l| token_logprob(&tokenizer, l)).collect() });
-        let mut pieces = parser.push(&done.text);
-        pieces.extend(parser.finish());
-        let answer = Whole::from_pieces(pieces, &mode);
+        let answer = Whole::from_pieces(done.pieces, &mode);
         let finish = finish_of(done.finish.reason, !answer.calls.is_empty());
         let message = AssistantMessage {
             role: "assistant",
@@ -106,13 +102,13 @@ pub async fn completions(
             })
             .collect()
     };
-    let sse = stream_events(stream, first.iter().map(to_json).collect(), move |event| match event {
-        Event::Delta { text, logprob, .. } => {
+    let sse = stream_events(answer, first.iter().map(to_json).collect(), move |event| match event {
+        AnswerEvent::Pieces { pieces, logprob } => {
             let lp = logprob
                 .filter(|_| want_logprobs)
                 .map(|l| ChatLogprobs { content: vec![token_logprob(&tokenizer, &l)] });
             let mut out: Vec<ChatCompletionChunk> =
-                deltas(parser.push(&text), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+                deltas(pieces, &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             if let Some(lp) = lp {
                 match out.last_mut() {
                     Some(last) => last.choices[0].logprobs = Some(lp),
@@ -125,12 +121,10 @@ pub async fn completions(
             }
             out.iter().map(to_json).collect()
         }
-        Event::Finish(finish) => {
-            if let Some(error) = failure(&finish) {
-                return vec![error.body()];
-            }
+        AnswerEvent::Failed(error) => vec![error.body()],
+        AnswerEvent::Done { rest, finish } => {
             let mut out: Vec<ChatCompletionChunk> =
-                deltas(parser.finish(), &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
+                deltas(rest, &mut calls_sent).into_iter().map(|d| chunk(d, None, None)).collect();
             let mut last = chunk(ChatDelta::default(), Some(finish_of(finish.reason, calls_sent > 0)), None);
             last.timings = Some((&finish).into());
             if include_usage {

@@ -9,10 +9,10 @@ use serde_json::Value;
 
 use super::types::{Completion, CompletionChoice, CompletionLogprobs, Usage};
 use super::{finish_reason, to_json};
-use crate::engine::Event;
-use crate::server::chat::outcome::{collect, failure, with_server_timing};
+use crate::server::chat::outcome::with_server_timing;
 use crate::server::chat::raw::{self, RawError, RawPrompt, StartedRaw};
-use crate::server::chat::CommonParams;
+use crate::server::chat::stream::AnswerEvent;
+use crate::server::chat::{CommonParams, Piece};
 use crate::server::extract::{parse, ApiJson};
 use crate::server::priority::HeaderPriority;
 use crate::server::sse::stream_events;
@@ -71,14 +71,14 @@ pub async fn completions(
         _ => return Err(ApiError::invalid("prompt", "exactly one prompt is supported per request")),
     };
     let model = state.resolve_model(common.model.as_deref());
-    let StartedRaw { model, info, stream } =
+    let StartedRaw { model, info, answer } =
         raw::start(&state, model.as_deref(), prompt, &common, top, None).await.map_err(|e| match e {
             RawError::NoFim => {
                 ApiError::invalid("suffix", "this model has no fill-in-the-middle tokens, so suffix is not supported")
             }
             RawError::Api(e) => e,
         })?;
-    let id = format!("cmpl-{}", stream.id);
+    let id = format!("cmpl-{}", answer.id());
     let created = crate::server::unix_time();
     let tokenizer = info.tokenizer.clone();
     let legacy_logprobs = move |entries: &[crate::engine::TokenLogprob]| {
@@ -103,27 +103,28 @@ pub async fn completions(
     };
 
     if !common.streaming() {
-        let done = collect(stream).await?;
+        let done = answer.collect().await?;
         let logprobs = top.map(|_| legacy_logprobs(&done.logprobs));
         let reason = finish_reason(done.finish.reason);
-        let mut whole = completion(done.text, Some(reason), logprobs, Some(done.finish.usage.into()));
+        let mut whole = completion(done.text(), Some(reason), logprobs, Some(done.finish.usage.into()));
         whole.timings = Some((&done.finish).into());
         return Ok(with_server_timing(Json(whole).into_response(), &done.finish));
     }
 
     let include_usage = common.include_usage();
-    let sse = stream_events(stream, Vec::new(), move |event| match event {
-        Event::Delta { text, logprob, .. } => {
+    let sse = stream_events(answer, Vec::new(), move |event| match event {
+        AnswerEvent::Pieces { pieces, logprob } => {
+            let text: String =
+                pieces.into_iter().filter_map(|p| if let Piece::Text(t) = p { Some(t) } else { None }).collect();
             let lp = top.and(logprob).map(|l| legacy_logprobs(std::slice::from_ref(&l)));
             if text.is_empty() && lp.is_none() {
                 return Vec::new();
             }
             vec![to_json(&completion(text, None, lp, None))]
         }
-        Event::Finish(finish) => {
-            if let Some(error) = failure(&finish) {
-                return vec![error.body()];
-            }
+        AnswerEvent::Failed(error) => vec![error.body()],
+        // A raw answer holds nothing back.
+        AnswerEvent::Done { finish, .. } => {
             let mut last = completion(String::new(), Some(finish_reason(finish.reason)), None, None);
             last.timings = Some((&finish).into());
             let mut out = vec![to_json(&last)];

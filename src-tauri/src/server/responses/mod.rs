@@ -10,14 +10,15 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::blocks::{BlockEvent, BlockKind, Blocks, Content};
-use super::chat::outcome::{collect, failure, with_server_timing};
+use super::chat::outcome::with_server_timing;
+use super::chat::stream::AnswerEvent;
 use super::chat::{start, StartedChat};
 use super::extract::ApiJson;
 use super::priority::HeaderPriority;
 use super::sse::named_events;
 use super::unix_time as now;
 use super::{ApiError, AppState};
-use crate::engine::{Event, Finish, FinishReason};
+use crate::engine::{Finish, FinishReason};
 
 pub async fn create(
     State(state): State<AppState>,
@@ -26,14 +27,14 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let (chat, mut common, offered) = request::to_chat(&body)?;
     common.header_priority = header;
-    let StartedChat { model, stream, mut parser, mode, .. } = start(&state, &chat, &common).await?;
+    let StartedChat { model, answer, mode, .. } = start(&state, &chat, &common).await?;
     let (mut blocks, first_blocks) = Blocks::start(&mode);
     let mut response =
-        ResponseBuilder::new(format!("resp_{:016x}{:08x}", stream.id, now() as u32), model, &body, offered);
+        ResponseBuilder::new(format!("resp_{:016x}{:08x}", answer.id(), now() as u32), model, &body, offered);
 
     if !common.streaming() {
-        let done = collect(stream).await?;
-        for event in blocks.whole(first_blocks, &mut parser, &done.text) {
+        let done = answer.collect().await?;
+        for event in blocks.whole(first_blocks, done.pieces) {
             response.apply(event);
         }
         return Ok(with_server_timing(Json(response.finished(&done.finish)).into_response(), &done.finish));
@@ -47,17 +48,15 @@ pub async fn create(
     for event in first_blocks {
         first.extend(response.apply(event));
     }
-    let sse = named_events(stream, first, move |event| match event {
-        Event::Delta { text, .. } => {
-            blocks.push(parser.push(&text)).into_iter().flat_map(|e| response.apply(e)).collect()
+    let sse = named_events(answer, first, move |event| match event {
+        AnswerEvent::Pieces { pieces, .. } => blocks.push(pieces).into_iter().flat_map(|e| response.apply(e)).collect(),
+        AnswerEvent::Failed(error) => {
+            let mut failed = response.snapshot("failed");
+            failed["error"] = json!({"code": "server_error", "message": error.message});
+            vec![response.event("response.failed", json!({"response": failed}))]
         }
-        Event::Finish(finish) => {
-            if let Some(error) = failure(&finish) {
-                let mut failed = response.snapshot("failed");
-                failed["error"] = json!({"code": "server_error", "message": error.message});
-                return vec![response.event("response.failed", json!({"response": failed}))];
-            }
-            let mut events = blocks.push(parser.finish());
+        AnswerEvent::Done { rest, finish } => {
+            let mut events = blocks.push(rest);
             events.extend(blocks.finish());
             let mut out: Vec<(&'static str, Value)> = events.into_iter().flat_map(|e| response.apply(e)).collect();
             let last = response.finished(&finish);

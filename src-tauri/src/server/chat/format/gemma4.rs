@@ -1,23 +1,47 @@
 //! Gemma 4's tool-call syntax: `call:name{key:value,..}` between the special tokens
 //! `<|tool_call>` and `<tool_call|>`. Values are JSON-like, but keys are bare words and strings
 //! sit between `<|"|>` tokens (so a string may hold any character, quotes and braces included):
-//! `{location:<|"|>Paris, France<|"|>,days:3,tags:[<|"|>a<|"|>],where:{lat:59.9}}`.
+//! `{location:<|"|>Paris, France<|"|>,days:3,tags:[<|"|>a<|"|>],where:{lat:59.9}}`. Forced
+//! calls have no grammar here: they are plain JSON. (Gemma 4 thinks in its own channel,
+//! `<|channel>thought\n..<channel|>`: see `reasoning`.)
 
 use serde_json::{Map, Number, Value};
 
-use super::tool_calls::ToolCall;
+use super::paired::PairedCalls;
+use super::{CallReader, ChatFormat, ParameterSchemas};
+use crate::server::chat::piece::ToolCall;
 
-pub const OPEN: &str = "<|tool_call>";
-pub const CLOSE: &str = "<tool_call|>";
+const OPEN: &str = "<|tool_call>";
+const CLOSE: &str = "<tool_call|>";
 /// The string delimiter token.
 const QUOTE: &str = "<|\"|>";
 
-/// The special tokens whose text the parser must see.
-pub const MARKERS: [&str; 3] = [OPEN, CLOSE, QUOTE];
+/// The special tokens whose text the reader must see.
+const MARKERS: [&str; 3] = [OPEN, CLOSE, QUOTE];
+
+pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
+    (template.contains(OPEN) && template.contains(CLOSE)).then(|| Box::new(Gemma4) as Box<dyn ChatFormat>)
+}
+
+pub(super) struct Gemma4;
+
+impl ChatFormat for Gemma4 {
+    fn name(&self) -> &'static str {
+        "gemma4"
+    }
+
+    fn markers(&self) -> &'static [&'static str] {
+        &MARKERS
+    }
+
+    fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
+        Box::new(PairedCalls::new(OPEN, CLOSE, |body, _, _| parse_calls(body), schemas))
+    }
+}
 
 /// What is between the markers: one call, or (as models sometimes write) several in a row;
 /// `None` if it does not read as calls.
-pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
+fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
     let mut reader = Reader { rest: body, depth: 0 };
     let mut calls = Vec::new();
     while reader.eat("call:") {
@@ -150,8 +174,35 @@ fn number(word: &str) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{call, read};
     use super::*;
+    use crate::server::chat::piece::Piece;
     use serde_json::json;
+
+    #[test]
+    fn calls_split_across_tokens() {
+        let q = "<|\"|>";
+        let pieces = [
+            "Let me check.",
+            "<|tool_",
+            "call>call:get_weather{location:",
+            q,
+            "Paris, France",
+            q,
+            "}<tool_call|><|tool_call>call:noop{}<tool_",
+            "call|>",
+        ];
+        assert_eq!(
+            read(&Gemma4, &pieces),
+            [
+                Piece::Text("Let me check.".into()),
+                call("get_weather", r#"{"location":"Paris, France"}"#),
+                call("noop", "{}")
+            ]
+        );
+        // Cut short: text, markers and all.
+        assert_eq!(read(&Gemma4, &["<|tool_call>call:f{a:1"]), [Piece::Text("<|tool_call>call:f{a:1".into())]);
+    }
 
     fn parse_call(body: &str) -> Option<ToolCall> {
         parse_calls(body).filter(|c| c.len() == 1).map(|mut c| c.remove(0))

@@ -7,19 +7,50 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::tool_calls::ToolCall;
+use super::paired::PairedCalls;
+use super::{CallReader, ChatFormat, ParameterSchemas};
+use crate::server::chat::piece::ToolCall;
 
-pub const OPEN: &str = "<|tool_call_start|>";
-pub const CLOSE: &str = "<|tool_call_end|>";
+const OPEN: &str = "<|tool_call_start|>";
+const CLOSE: &str = "<|tool_call_end|>";
 
-/// The special tokens whose text the parser must see.
-pub const MARKERS: [&str; 2] = [OPEN, CLOSE];
+/// The special tokens whose text the reader must see.
+const MARKERS: [&str; 2] = [OPEN, CLOSE];
+
+pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
+    (template.contains("<|tool_list_start|>") || template.contains(OPEN))
+        .then(|| Box::new(Pythonic) as Box<dyn ChatFormat>)
+}
+
+pub(super) struct Pythonic;
+
+impl ChatFormat for Pythonic {
+    fn name(&self) -> &'static str {
+        "pythonic"
+    }
+
+    fn markers(&self) -> &'static [&'static str] {
+        &MARKERS
+    }
+
+    /// Cut short (no end marker: it is LFM2's stop token), a complete list still reads as the
+    /// calls it holds.
+    fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
+        Box::new(PairedCalls::new(OPEN, CLOSE, |body, _, _| parse_calls(body), schemas))
+    }
+
+    /// LFM2's template renders an assistant turn's content only: its earlier calls go back in
+    /// as it writes them, markers included.
+    fn calls_as_text(&self, content: &str, calls: &[Value]) -> String {
+        format!("{content}{}", write_calls(calls))
+    }
+}
 
 /// Values nest at most this deep: a model's runaway output must not overflow the stack.
 const MAX_DEPTH: usize = 128;
 
 /// What is between the markers: the calls, or `None` if it does not read as a list of calls.
-pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
+fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
     let mut reader = Reader { rest: body.trim(), depth: 0 };
     // A lone call without its list brackets, as small models sometimes write, reads too.
     let bracketed = reader.eat("[");
@@ -41,9 +72,8 @@ pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
 }
 
 /// Calls (`{"function": {"name", "arguments"}}`, arguments an object) as LFM2 writes them,
-/// markers included: how an earlier turn's calls go back into its prompt, since LFM2's template
-/// renders an assistant turn's content only.
-pub fn write_calls(calls: &[Value]) -> String {
+/// markers included.
+fn write_calls(calls: &[Value]) -> String {
     let listed: Vec<String> = calls
         .iter()
         .map(|call| {
@@ -304,7 +334,26 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{call, read};
     use super::*;
+    use crate::server::chat::piece::Piece;
+
+    #[test]
+    fn calls_split_across_tokens() {
+        let pieces =
+            ["Checking.", "<|tool_call_start|>", "[get_weather(location=\"Par", "is\", days=2)]", "<|tool_call_end|>"];
+        assert_eq!(
+            read(&Pythonic, &pieces),
+            [Piece::Text("Checking.".into()), call("get_weather", r#"{"location":"Paris","days":2}"#)]
+        );
+        // Generation stopped at the end marker (a stop token): the list still reads.
+        assert_eq!(read(&Pythonic, &["<|tool_call_start|>[f(a=1)]"]), [call("f", r#"{"a":1}"#)]);
+        // Not calls: the text, markers and all.
+        assert_eq!(
+            read(&Pythonic, &["<|tool_call_start|>[f(a=]<|tool_call_end|>"]),
+            [Piece::Text("<|tool_call_start|>[f(a=]<|tool_call_end|>".into())]
+        );
+    }
 
     fn args(call: &ToolCall) -> Value {
         serde_json::from_str(&call.arguments).unwrap()

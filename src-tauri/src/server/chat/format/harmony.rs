@@ -8,10 +8,13 @@
 //! `analysis` becomes reasoning, `final` (and `commentary` addressed to no one: a preamble the
 //! user sees) the answer, calls to `functions.*` tool calls. Bodies stream as they come; a
 //! marker cut across tokens is held back until it is whole. The markers are special tokens: the
-//! engine keeps their text for this parser ([`MARKERS`]).
+//! engine keeps their text for this reader ([`MARKERS`]). The reader splits the reasoning itself,
+//! so no reasoning splitter runs before it; where no tools were offered, a call is shown as text.
+//! Forced calls have no grammar here: they are plain JSON (and then no channel is written).
 
-use super::answer::Piece;
-use super::tool_calls::ToolCall;
+use super::reasoning::ReasoningTags;
+use super::{partial_len, CallReader, ChatFormat, ParameterSchemas};
+use crate::server::chat::piece::{Piece, ToolCall};
 
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";
@@ -21,12 +24,35 @@ const CALL: &str = "<|call|>";
 const RETURN: &str = "<|return|>";
 const CONSTRAIN: &str = "<|constrain|>";
 
-/// The special tokens whose text the parser must see.
-pub const MARKERS: [&str; 7] = [START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN];
+/// The special tokens whose text the reader must see.
+const MARKERS: [&str; 7] = [START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN];
 
-/// Whether a chat template writes Harmony.
-pub fn is_harmony(template_source: &str) -> bool {
-    template_source.contains(CHANNEL) && template_source.contains(MESSAGE)
+pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
+    (template.contains(CHANNEL) && template.contains(MESSAGE)).then(|| Box::new(Harmony) as Box<dyn ChatFormat>)
+}
+
+pub(super) struct Harmony;
+
+impl ChatFormat for Harmony {
+    fn name(&self) -> &'static str {
+        "harmony"
+    }
+
+    fn markers(&self) -> &'static [&'static str] {
+        &MARKERS
+    }
+
+    fn reader(&self, _schemas: ParameterSchemas) -> Box<dyn CallReader> {
+        Box::new(HarmonyParser::new())
+    }
+
+    fn reads_whole_answer(&self) -> bool {
+        true
+    }
+
+    fn reasoning_tags(&self, _template: &str) -> Option<ReasoningTags> {
+        None
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -37,25 +63,21 @@ enum Body {
     Call(String),
 }
 
-pub struct HarmonyParser {
+struct HarmonyParser {
     /// Reading a header (up to `<|message|>`), or a body of this kind.
     body: Option<Body>,
     pending: String,
 }
 
-impl Default for HarmonyParser {
-    fn default() -> Self {
-        Self::new()
+impl HarmonyParser {
+    /// Generation starts right after the prompt's `<|start|>assistant`: in a header.
+    fn new() -> HarmonyParser {
+        HarmonyParser { body: None, pending: String::new() }
     }
 }
 
-impl HarmonyParser {
-    /// Generation starts right after the prompt's `<|start|>assistant`: in a header.
-    pub fn new() -> HarmonyParser {
-        HarmonyParser { body: None, pending: String::new() }
-    }
-
-    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+impl CallReader for HarmonyParser {
+    fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -91,7 +113,7 @@ impl HarmonyParser {
     }
 
     /// The end of the generation (the stop token `<|return|>` or `<|call|>` is not in the text).
-    pub fn finish(&mut self) -> Vec<Piece> {
+    fn finish(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.pending);
         let mut out = Vec::new();
         match self.body.take() {
@@ -137,11 +159,6 @@ fn emit(out: &mut Vec<Piece>, kind: &Body, body: String, whole: bool) {
         }
         _ => {}
     }
-}
-
-/// The length of the longest suffix of `text` that begins `marker`.
-fn partial_len(text: &str, marker: &str) -> usize {
-    (1..marker.len()).rev().find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -223,7 +240,7 @@ mod tests {
         assert_eq!(out, vec![Piece::Text("Let me look.Done.".into())]);
         assert_eq!(run(&["<|channel|>analysis<|message|>cut sh"]), vec![Piece::Reasoning("cut sh".into())]);
         assert_eq!(run(&["<|channel|>fin"]), vec![Piece::Text("<|channel|>fin".into())]);
-        assert!(is_harmony("{{ '<|channel|>analysis<|message|>' }}"));
-        assert!(!is_harmony("{{ '<|im_start|>' }}"));
+        assert!(detect("{{ '<|channel|>analysis<|message|>' }}").is_some());
+        assert!(detect("{{ '<|im_start|>' }}").is_none());
     }
 }

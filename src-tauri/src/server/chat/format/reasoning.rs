@@ -5,7 +5,7 @@
 
 /// The tags around a family's reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Tags {
+pub struct ReasoningTags {
     open: &'static str,
     /// A newline right after `open` is the format's, not the thought's.
     newline_after_open: bool,
@@ -14,13 +14,27 @@ struct Tags {
     special: &'static [&'static str],
 }
 
-const THINK: Tags = Tags { open: "<think>", newline_after_open: false, close: "</think>", special: &[] };
-const GEMMA4: Tags = Tags {
+const THINK: ReasoningTags =
+    ReasoningTags { open: "<think>", newline_after_open: false, close: "</think>", special: &[] };
+const GEMMA4: ReasoningTags = ReasoningTags {
     open: "<|channel>thought",
     newline_after_open: true,
     close: "<channel|>",
     special: &["<|channel>", "<channel|>"],
 };
+
+/// The tags a chat template closes its model's reasoning with, if any (Gemma 4's thought
+/// channel, else `<think>`).
+pub fn tags_of(template: &str) -> Option<ReasoningTags> {
+    [GEMMA4, THINK].into_iter().find(|t| template.contains(t.close))
+}
+
+impl ReasoningTags {
+    /// The opening tag, as logs name the style.
+    pub fn name(&self) -> &'static str {
+        self.open
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part {
@@ -41,7 +55,7 @@ enum State {
 }
 
 pub struct ReasoningSplitter {
-    tags: Tags,
+    tags: ReasoningTags,
     state: State,
     pending: String,
 }
@@ -52,15 +66,14 @@ impl ReasoningSplitter {
         ReasoningSplitter::with_tags(THINK, thinking)
     }
 
-    fn with_tags(tags: Tags, thinking: bool) -> ReasoningSplitter {
+    fn with_tags(tags: ReasoningTags, thinking: bool) -> ReasoningSplitter {
         ReasoningSplitter { tags, state: if thinking { State::Thinking } else { State::Start }, pending: String::new() }
     }
 
-    /// Whether a chat template's model reasons in tags (which), and whether its rendered prompt
-    /// leaves the model inside them.
-    pub fn for_template(template_source: &str, prompt: &str) -> Option<ReasoningSplitter> {
-        let tags = [GEMMA4, THINK].into_iter().find(|t| template_source.contains(t.close))?;
-        Some(ReasoningSplitter::with_tags(tags, prompt.trim_end().ends_with(tags.open.trim_end())))
+    /// For an answer to `prompt`, which may already have opened a thought (templates that force
+    /// reasoning).
+    pub fn after_prompt(tags: ReasoningTags, prompt: &str) -> ReasoningSplitter {
+        ReasoningSplitter::with_tags(tags, prompt.trim_end().ends_with(tags.open.trim_end()))
     }
 
     /// Special tokens the tags are made of (the engine keeps their text for this parser).
@@ -185,34 +198,36 @@ mod tests {
         assert_eq!(run(false, &["<thi"]), (String::new(), "<thi".into()));
     }
 
+    /// A splitter for `template`'s tags after `prompt`.
+    fn for_template(template: &str, prompt: &str) -> Option<ReasoningSplitter> {
+        tags_of(template).map(|tags| ReasoningSplitter::after_prompt(tags, prompt))
+    }
+
     #[test]
     fn templates_that_reason() {
         let qwen3 = "{{ '<think>' }}{{ '</think>' }}";
-        assert!(ReasoningSplitter::for_template("{{ messages }}", "x").is_none());
-        assert_eq!(ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n").unwrap().state, State::Start);
-        assert_eq!(
-            ReasoningSplitter::for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state,
-            State::Thinking
-        );
+        assert!(for_template("{{ messages }}", "x").is_none());
+        assert_eq!(for_template(qwen3, "<|im_start|>assistant\n").unwrap().state, State::Start);
+        assert_eq!(for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state, State::Thinking);
     }
 
     #[test]
     fn gemma4_thought_channel() {
         let template = "{{ '<|channel>thought\\n<channel|>' }}";
-        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n").unwrap();
+        let mut s = for_template(template, "<|turn>model\n").unwrap();
         assert_eq!(s.special_tokens(), ["<|channel>", "<channel|>"]);
         let mut parts: Vec<Part> =
             ["<|chan", "nel>thought\nAdd", " them.<chan", "nel|>", "4."].iter().flat_map(|p| s.push(p)).collect();
         parts.extend(s.finish());
         assert_eq!(parts, [Part::Reasoning("Add".into()), Part::Reasoning(" them.".into()), Part::Answer("4.".into())]);
         // The newline after the opener is optional.
-        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n").unwrap();
+        let mut s = for_template(template, "<|turn>model\n").unwrap();
         let mut parts: Vec<Part> =
             ["<|channel>thought", "Sum.<channel|>", "4."].iter().flat_map(|p| s.push(p)).collect();
         parts.extend(s.finish());
         assert_eq!(parts, [Part::Reasoning("Sum.".into()), Part::Answer("4.".into())]);
         // With thinking off the prompt closes an empty thought: the answer is all answer.
-        let mut s = ReasoningSplitter::for_template(template, "<|turn>model\n<|channel>thought\n<channel|>").unwrap();
+        let mut s = for_template(template, "<|turn>model\n<|channel>thought\n<channel|>").unwrap();
         assert_eq!(s.state, State::Start);
         assert_eq!(s.push("Four."), [Part::Answer("Four.".into())]);
     }
