@@ -81,6 +81,13 @@ suite 300 "the web UI's type check" npm --prefix "$ROOT/ui" run --silent check
 # the tests' limit is theirs alone.
 cargo test --locked --features desktop-tests --no-run "$@"
 suite 1800 "the Rust tests" cargo test --locked --features desktop-tests "$@"
+# The disk-full tests mount a tmpfs, which needs root: run here as root (as CI is), and said to
+# be skipped otherwise (libtest lists them as ignored, with the reason, in the run above).
+if [[ "$(id -u)" == 0 ]]; then
+  suite 600 "the disk-full tests" cargo test --locked --features desktop-tests --test download -- --ignored
+else
+  echo "test.sh: SKIPPED: the disk-full tests of tests/download.rs (they mount a tmpfs: run as root)" >&2
+fi
 # The API through the official client libraries, against a running `fastmlx serve`.
 export FASTMLX_BIN="$ROOT/target/debug/fastmlx"
 # pytest-timeout: 300 s for each test, its fixtures included (the first starts the server).

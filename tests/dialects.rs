@@ -13,14 +13,6 @@ use fastmlx::engine::EngineConfig;
 use fastmlx::server::ServerConfig;
 use serde_json::{json, Value};
 
-fn delete(uri: &str, body: Value) -> Request<Body> {
-    Request::delete(uri)
-        .header(header::HOST, "localhost")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
 /// NDJSON lines as JSON.
 fn ndjson(body: &str) -> Vec<Value> {
     body.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))).collect()
@@ -238,7 +230,7 @@ async fn ollama_keep_alive_and_aliases_drive_the_model_store() {
     send_json(&h, post("/api/generate", json!({"model": h.id, "keep_alive": -1}).to_string())).await;
     assert_eq!(h.state.models.loaded()[0].expires_in_secs, None);
     // Delete refuses what FastMLX did not download; pull refuses library names.
-    let (status, error) = send_json(&h, delete("/api/delete", json!({"model": "nope"}))).await;
+    let (status, error) = send_json(&h, delete("/api/delete", Some(json!({"model": "nope"})))).await;
     assert_eq!(
         (status, error["error"].as_str()),
         (StatusCode::NOT_FOUND, Some("model \"nope\" not found, try pulling it first"))

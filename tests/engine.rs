@@ -4,9 +4,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::engine::{start, wait_idle};
 use fastmlx::engine::{EngineConfig, EngineHandle, Event, Finish, FinishReason, Request, RequestStream, SubmitError};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::{load_model, Arch};
@@ -38,17 +38,6 @@ fn collect(mut stream: RequestStream) -> Outcome {
         }
     }
     Outcome { tokens, text, finish: finish.expect("exactly one finish event"), events_after_finish }
-}
-
-fn start(dir: &Path, config: EngineConfig) -> EngineHandle {
-    let path = dir.to_path_buf();
-    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
-}
-
-/// The metrics once the engine has nothing left to do (the last finish event can arrive a
-/// moment before the step that sent it publishes its metrics).
-fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
-    common::wait_idle_within(engine, Duration::from_secs(20))
 }
 
 fn tiny_model(arch: Arch) -> tempfile::TempDir {

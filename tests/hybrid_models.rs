@@ -10,29 +10,15 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{collect, Outcome};
+use common::collect;
+use common::engine::{request, run};
 use fastmlx::engine::kv::prefix_cache::SNAPSHOT_TOKENS;
-use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
+use fastmlx::engine::{EngineConfig, EngineHandle, Request};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::{load_model, Arch};
 
 fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
-    start_with(dir, EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() })
-}
-
-fn start_with(dir: &Path, config: EngineConfig) -> EngineHandle {
-    let path = dir.to_path_buf();
-    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
-}
-
-fn request(prompt: &[u32], max_tokens: usize) -> Request {
-    Request { ignore_eos: true, ..Request::new(prompt.to_vec(), max_tokens) }
-}
-
-fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
-    let outcome = collect(engine.submit(request(prompt, max_tokens)).unwrap());
-    assert_eq!(outcome.finish.reason, FinishReason::Length, "{:?}", outcome.finish);
-    outcome
+    common::engine::start(dir, EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() })
 }
 
 fn tokens(seed: usize, len: usize) -> Vec<u32> {
@@ -99,7 +85,7 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
         let dir = tiny(arch, moe, 11, 8192);
         let disk = tempfile::tempdir().unwrap();
         let warm_config = || common::disk_config(disk.path());
-        let warm = start_with(dir.path(), warm_config());
+        let warm = common::engine::start(dir.path(), warm_config());
         let cold = start(dir.path(), 0, 48);
         let check_on = |engine: &EngineHandle, p: &[u32], n: usize, what: &str| {
             let w = run(engine, p, n);
@@ -139,7 +125,7 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
         assert!(m.prefix_cache_disk_enabled && m.prefix_cache_disk_blocks > 0, "{name}: {m:?}");
         warm.shutdown();
         // After a restart, from disk: the snapshots the files keep.
-        let restarted = start_with(dir.path(), warm_config());
+        let restarted = common::engine::start(dir.path(), warm_config());
         // First (nothing read back yet): a prompt that goes on along the third turn's whole
         // blocks (its answer's first tokens) past where that prompt ended, then elsewhere. It
         // resumes at the state kept where the third turn's prompt ended, a partial block the walk

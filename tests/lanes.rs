@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use fastmlx::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
 use fastmlx::fixtures::synthetic;
-use fastmlx::model::{load_model, Arch};
+use fastmlx::model::Arch;
 
 fn start(dir: &std::path::Path) -> EngineHandle {
-    let path = dir.to_path_buf();
     // Small chunks and no prefix cache: a long prompt takes many steps to prefill.
     let config = EngineConfig { prefill_chunk: 16, itl_budget: 0.0, prefix_cache_bytes: 0, ..Default::default() };
-    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
+    common::engine::start(dir, config)
 }
 
 fn request(seed: usize, len: usize, priority: i32) -> Request {

@@ -23,13 +23,6 @@ fn load_err(path: &Path) -> String {
     }
 }
 
-fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut config);
-    fs::write(path, config.to_string()).unwrap();
-}
-
 #[test]
 fn missing_path_and_missing_files() {
     let _mlx = common::mlx_lock();
@@ -55,7 +48,7 @@ fn missing_path_and_missing_files() {
 fn unknown_model_type_and_bad_config() {
     let _mlx = common::mlx_lock();
     let dir = tiny_dir(None);
-    edit_config(dir.path(), |c| c["model_type"] = "gpt_bigcode".into());
+    common::edit_config(dir.path(), |c| c["model_type"] = "gpt_bigcode".into());
     let err = load_err(dir.path());
     assert!(err.contains("config.json") && err.contains("gpt_bigcode") && err.contains("unsupported"), "{err}");
 
@@ -64,12 +57,12 @@ fn unknown_model_type_and_bad_config() {
     assert!(load_err(dir.path()).contains("invalid JSON"));
 
     let dir = tiny_dir(None);
-    edit_config(dir.path(), |c| c["num_key_value_heads"] = 3.into());
+    common::edit_config(dir.path(), |c| c["num_key_value_heads"] = 3.into());
     let err = load_err(dir.path());
     assert!(err.contains("num_key_value_heads"), "{err}");
 
     let dir = tiny_dir(None);
-    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "mystery", "factor": 2.0}));
+    common::edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "mystery", "factor": 2.0}));
     assert!(load_err(dir.path()).contains("mystery"));
 }
 
@@ -77,12 +70,12 @@ fn unknown_model_type_and_bad_config() {
 fn shape_mismatch_names_the_tensor() {
     let _mlx = common::mlx_lock();
     let dir = tiny_dir(None);
-    edit_config(dir.path(), |c| c["intermediate_size"] = 512.into());
+    common::edit_config(dir.path(), |c| c["intermediate_size"] = 512.into());
     let err = load_err(dir.path());
     assert!(err.contains("model.layers.0.mlp.gate_proj.weight") && err.contains("shape"), "{err}");
 
     let dir = tiny_dir(None);
-    edit_config(dir.path(), |c| c["num_hidden_layers"] = 3.into());
+    common::edit_config(dir.path(), |c| c["num_hidden_layers"] = 3.into());
     let err = load_err(dir.path());
     assert!(err.contains("model.layers.2") && err.contains("missing"), "{err}");
 }
@@ -109,12 +102,12 @@ fn truncated_and_corrupt_safetensors() {
 fn unsupported_quantization() {
     let _mlx = common::mlx_lock();
     let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
-    edit_config(dir.path(), |c| c["quantization"]["mode"] = "fp3".into());
+    common::edit_config(dir.path(), |c| c["quantization"]["mode"] = "fp3".into());
     let err = load_err(dir.path());
     assert!(err.contains("fp3") && err.contains("quantization") && err.contains("mxfp4"), "{err}");
 
     let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
-    edit_config(dir.path(), |c| {
+    common::edit_config(dir.path(), |c| {
         c.as_object_mut().unwrap().remove("quantization");
         c.as_object_mut().unwrap().remove("quantization_config");
     });
@@ -123,7 +116,7 @@ fn unsupported_quantization() {
 
     // A module said to be mxfp4 whose tensors are affine (float scales, biases): named, not garbage.
     let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
-    edit_config(dir.path(), |c| {
+    common::edit_config(dir.path(), |c| {
         c["quantization"]["lm_head"] = serde_json::json!({"group_size": 32, "bits": 4, "mode": "mxfp4"});
         c.as_object_mut().unwrap().remove("quantization_config");
     });
@@ -132,7 +125,7 @@ fn unsupported_quantization() {
 
     // A module said to be 8-bit whose tensors are packed 4-bit: a shape error.
     let dir = tiny_dir(Some(QuantSpec::affine(64, 4)));
-    edit_config(dir.path(), |c| {
+    common::edit_config(dir.path(), |c| {
         c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
         c.as_object_mut().unwrap().remove("quantization_config");
     });

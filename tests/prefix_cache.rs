@@ -12,27 +12,14 @@ use common::OutputWithin;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{collect, Outcome};
+use common::engine::{run, start_with, wait_idle};
+use common::{collect, walk, Outcome};
 use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request, RequestStream};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::{load_model, Arch};
 
 fn start(dir: &Path, prefix_cache_bytes: usize, prefill_chunk: usize) -> EngineHandle {
-    let path = dir.to_path_buf();
-    let config = EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() };
-    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
-}
-
-fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
-    let mut request = Request::new(prompt.to_vec(), max_tokens);
-    request.ignore_eos = true;
-    let outcome = collect(engine.submit(request).unwrap());
-    assert_eq!(outcome.finish.reason, FinishReason::Length, "{:?}", outcome.finish);
-    outcome
-}
-
-fn wait_idle(engine: &EngineHandle) -> fastmlx::engine::Metrics {
-    common::wait_idle_within(engine, Duration::from_secs(30))
+    common::engine::start(dir, EngineConfig { prefill_chunk, prefix_cache_bytes, ..Default::default() })
 }
 
 fn tokens(seed: usize, len: usize, vocab: usize) -> Vec<u32> {
@@ -374,33 +361,12 @@ fn clearing_empties_the_cache() {
     engine.shutdown();
 }
 
-fn start_with(dir: &Path, config: EngineConfig, options: fastmlx::model::LoadOptions) -> EngineHandle {
-    let path = dir.to_path_buf();
-    EngineHandle::start(config, move || {
-        fastmlx::model::load_model_with(&path, &fastmlx::mlx::Backend::init(), &options)
-    })
-    .unwrap()
-}
-
 /// The `.safetensors` files of the disk tier (one folder per model identity).
 fn cache_files(cache: &Path) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> =
         walk(cache).into_iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
     files.sort();
     files
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
 }
 
 #[test]

@@ -7,14 +7,12 @@
 #![allow(clippy::await_holding_lock)]
 
 mod common;
-#[path = "common/fake_hub.rs"]
-mod fake_hub;
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use fake_hub::{FakeHub, FakeRepo};
+use common::fake_hub::{FakeHub, FakeRepo};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::Arch;
 use fastmlx::server::{app, AppState, ServerConfig};

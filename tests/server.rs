@@ -578,10 +578,6 @@ async fn forced_tool_calls_from_a_random_model() {
     assert!(serde_json::from_str::<Value>(&args).unwrap()["on"].is_boolean(), "{args}");
 }
 
-fn delete(uri: &str) -> Request<Body> {
-    Request::delete(uri).header(header::HOST, "localhost").body(Body::empty()).unwrap()
-}
-
 /// The admin API over the models folder: list, load another model (a chat request naming it
 /// works at once), status, unload, and delete refused for models FastMLX did not download.
 #[tokio::test(flavor = "multi_thread")]
@@ -622,9 +618,9 @@ async fn admin_lists_loads_unloads_and_guards_deletes() {
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("model_not_found")));
     let (status, body) = send_json(&h, post("/admin/unload", json!({"model": "nope"}).to_string())).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    let (status, body) = send_json(&h, delete("/admin/models/tiny-llama")).await;
+    let (status, body) = send_json(&h, delete("/admin/models/tiny-llama", None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "not downloaded by FastMLX: {body}");
-    let (status, _) = send_json(&h, delete("/admin/models/tiny-llama?force=true")).await;
+    let (status, _) = send_json(&h, delete("/admin/models/tiny-llama?force=true", None)).await;
     assert_eq!(status, StatusCode::OK);
     let (_, list) = send_json(&h, get("/admin/models")).await;
     assert_eq!(list.as_array().unwrap().len(), 1, "deleted, and unloaded first");

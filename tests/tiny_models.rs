@@ -144,13 +144,6 @@ fn rewrite_weights(dir: &std::path::Path, edit: impl FnOnce(&mut std::collection
     Array::save_safetensors(tensors, None, &file).unwrap();
 }
 
-fn edit_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(path, config.to_string()).unwrap();
-}
-
 fn logits_of(model: &LoadedModel, ids: &[u32]) -> Vec<f32> {
     let t = &model.transformer;
     to_vec(&t.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), &mut t.new_cache()).unwrap())
@@ -167,7 +160,7 @@ fn bf16_checkpoint_loads_and_computes_in_the_device_dtype() {
             *v = v.as_dtype(Dtype::Bfloat16).unwrap();
         }
     });
-    edit_config(bf16_dir.path(), |c| c["torch_dtype"] = "bfloat16".into());
+    common::edit_config(bf16_dir.path(), |c| c["torch_dtype"] = "bfloat16".into());
     let bf16 = load_model(bf16_dir.path(), &common::backend()).unwrap();
     let expected = if common::backend().gpu { Dtype::Bfloat16 } else { Dtype::Float32 };
     assert_eq!(bf16.transformer.dtype, expected);
@@ -196,12 +189,14 @@ fn per_layer_quantization_override() {
     let inferred =
         load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed }).unwrap();
     // ...and an override that contradicts them is a shape error naming the layer.
-    edit_config(dir.path(), |c| c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 4}));
+    common::edit_config(dir.path(), |c| {
+        c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 4})
+    });
     let err = load_model_with(dir.path(), &common::backend(), &LoadOptions { weights: WeightFormat::Packed })
         .err()
         .expect("must not load");
     assert!(err.to_string().contains("lm_head"), "{err}");
-    edit_config(dir.path(), |c| {
+    common::edit_config(dir.path(), |c| {
         c["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
         c["quantization_config"] = c["quantization"].clone();
     });

@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::{collect, Outcome};
-use fastmlx::engine::{EngineConfig, EngineHandle, FinishReason, Request};
+use common::collect;
+use common::engine::{request, run, start};
+use fastmlx::engine::{EngineConfig, EngineHandle};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::cache::window_columns;
 use fastmlx::model::{load_model, Arch, KvCache, LoadedModel};
@@ -97,21 +97,6 @@ fn long_sequences_match_mlx_lm_and_windowed_caches_stay_bounded() {
             }
         }
     }
-}
-
-fn start(dir: &Path, config: EngineConfig) -> EngineHandle {
-    let path = dir.to_path_buf();
-    EngineHandle::start(config, move || load_model(&path, &fastmlx::mlx::Backend::init())).unwrap()
-}
-
-fn request(prompt: &[u32], max_tokens: usize) -> Request {
-    Request { ignore_eos: true, ..Request::new(prompt.to_vec(), max_tokens) }
-}
-
-fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
-    let outcome = collect(engine.submit(request(prompt, max_tokens)).unwrap());
-    assert_eq!(outcome.finish.reason, FinishReason::Length, "{:?}", outcome.finish);
-    outcome
 }
 
 #[test]

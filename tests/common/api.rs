@@ -51,6 +51,16 @@ pub fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
         .unwrap()
 }
 
+/// A `DELETE`, with a JSON body when given (Ollama's `/api/delete` takes one).
+pub fn delete(uri: &str, body: Option<Value>) -> Request<Body> {
+    let request = Request::delete(uri).header(header::HOST, "localhost");
+    match body {
+        Some(body) => request.header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())),
+        None => request.body(Body::empty()),
+    }
+    .unwrap()
+}
+
 pub fn get(uri: &str) -> Request<Body> {
     Request::get(uri).header(header::HOST, "127.0.0.1:8080").body(Body::empty()).unwrap()
 }

@@ -1,7 +1,10 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: the HTTP API over a tiny model (`api`), an engine on
+//! a model folder (`engine`), the fake Hugging Face Hub (`fake_hub`), and small file helpers.
 #![allow(dead_code)]
 
 pub mod api;
+pub mod engine;
+pub mod fake_hub;
 
 /// An engine with a prefix cache of 1 GiB in RAM and 1 GiB on disk in `cache`, prefilling in
 /// chunks of 48 tokens (so chunks cross the 64-token blocks' edges).
@@ -46,6 +49,28 @@ pub fn setup_file(relative: &str) -> PathBuf {
 
 pub fn smollm2_gguf() -> PathBuf {
     setup_file(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Changes a model folder's `config.json` in place.
+pub fn edit_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(path, config.to_string()).unwrap();
+}
+
+/// Every file under `dir`, in its subfolders too (none when it does not exist).
+pub fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
 }
 
 pub fn read_json(relative: &str) -> serde_json::Value {
