@@ -273,12 +273,12 @@ def test_grok_cli(session):
     check_turn("grok", server, work, done)
 
 
-def test_readme_shows_the_tested_configurations():
-    """The README's snippets are these files with its defaults filled in: they cannot drift."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_show_the_tested_configurations():
+    """docs/agents.md's snippets are these files with its defaults filled in: they cannot drift."""
+    page = (ROOT / "docs/agents.md").read_text()
     for name in sorted(p.name for p in CONFIGS.iterdir() if p.suffix != ".ts"):
         text = fill((CONFIGS / name).read_text(), "http://127.0.0.1:8080", "SmolLM2-135M-Instruct", 8192, "not-needed")
-        assert text in readme, f"README lacks the tested {name}:\n{text}"
+        assert text in page, f"docs/agents.md lacks the tested {name}:\n{text}"
 
 
 def test_agents_are_the_pinned_versions():

@@ -1,6 +1,6 @@
 // The coding agents' configurations, as tests/agents runs them against a real server: the
-// Server page fills in the placeholders, the README shows them with its defaults, and a test
-// checks that the README's copies are these files.
+// Server page fills in the placeholders, docs/agents.md shows them with its defaults, and a
+// test checks that the copies there are these files.
 import claudeCode from "./claude-code.sh?raw";
 import codex from "./codex.toml?raw";
 import continueYaml from "./continue.yaml?raw";
