@@ -200,10 +200,16 @@ fn invalid_requests_are_refused_at_submit() {
     let mut bad = greedy(vec![1], 1);
     bad.params = SamplingParams { top_p: 2.0, ..Default::default() };
     assert!(matches!(engine.submit(bad), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
-    // 400 tokens of KV for this model exceed a 256 KiB budget.
+    // A prompt whose KV alone exceeds a 256 KiB budget is refused with the figures; a request
+    // whose output would (400 tokens in all) is admitted on a horizon and ends at the budget.
     let per_token = engine.model_info().kv_bytes_per_token;
+    let too_long = (256 << 10) / per_token + 1;
+    assert!(too_long < ctx);
+    assert!(
+        matches!(engine.submit(greedy(vec![1; too_long], 1)), Err(SubmitError::TooLarge { needed, budget, .. }) if needed > budget)
+    );
     assert!(400 * per_token > 256 << 10);
-    assert!(matches!(engine.submit(greedy(vec![1; 10], 390)), Err(SubmitError::TooLarge { .. })));
+    assert!(engine.submit(greedy(vec![1; 10], 390)).is_ok());
     engine.shutdown();
     assert!(matches!(engine.submit(greedy(vec![1], 1)), Err(SubmitError::ShutDown)));
 }

@@ -296,11 +296,17 @@ async fn busy_engine_answers_429() {
     let first = app(h.state.clone()).oneshot(long()).await.unwrap();
     let mut first_body = first.into_body();
     let _ = first_body.frame().await; // running
-    let second = app(h.state.clone()).oneshot(long()).await.unwrap(); // queued
+    // Queued: a stream's headers are sent once it starts (so that a refusal can still be a 503).
+    let second = tokio::spawn(app(h.state.clone()).oneshot(long()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.engine.snapshot().queued == 0 {
+        assert!(Instant::now() < deadline, "the second request never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let (status, body) = send_json(&h, long()).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert_eq!(body["error"]["code"], "server_busy");
-    drop(second);
+    second.abort();
     drop(first_body);
 }
 
@@ -738,4 +744,53 @@ async fn ui_is_served_without_a_key() {
     assert_eq!(response.status(), StatusCode::OK, "{asset}");
     let (status, _) = send(&h, get("/admin/settings")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "the API behind it still needs the key");
+}
+
+/// A request that waits past `--max-queue-wait` without starting is answered 503 with
+/// `Retry-After`, before any stream begins, in each dialect's own envelope.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_waits_too_long_gets_503_with_retry_after_in_every_dialect() {
+    let _mlx = common::mlx_lock();
+    // Slow steps: the first request holds the only row for seconds.
+    let fault: fastmlx::engine::FaultInjector = std::sync::Arc::new(|_, _| {
+        std::thread::sleep(Duration::from_millis(20));
+        Ok(())
+    });
+    let engine_config = EngineConfig {
+        max_batch: 1,
+        max_queue_wait: Some(Duration::from_millis(300)),
+        fault_injector: Some(fault),
+        ..Default::default()
+    };
+    let h = harness(engine_config, ServerConfig::default()).await;
+    let blocker = h.engine.submit(fastmlx::engine::Request::new(vec![5, 6, 7], 400)).unwrap();
+    let model = h.id.clone();
+    let message = json!([{"role": "user", "content": "hello"}]);
+    let cases = [
+        ("/v1/chat/completions", json!({"model": model, "messages": message, "stream": true})),
+        ("/v1/messages", json!({"model": model, "messages": message, "max_tokens": 4, "stream": true})),
+        ("/api/chat", json!({"model": model, "messages": message})),
+        ("/v1/responses", json!({"model": model, "input": "hello"})),
+    ];
+    for (path, body) in cases {
+        let response = app(h.state.clone()).oneshot(post(path, body.to_string())).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(response.headers().get(header::RETRY_AFTER).is_some(), "{path}: no Retry-After");
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{path}: not JSON ({e})"));
+        let message = match path {
+            "/v1/messages" => {
+                assert_eq!(body["type"], "error", "{body}");
+                assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+                body["error"]["message"].as_str()
+            }
+            "/api/chat" => body["error"].as_str(),
+            _ => {
+                assert_eq!(body["error"]["code"], "server_overloaded", "{body}");
+                body["error"]["message"].as_str()
+            }
+        };
+        assert!(message.is_some_and(|m| m.contains("waited")), "{path}: {body}");
+    }
+    drop(blocker);
 }

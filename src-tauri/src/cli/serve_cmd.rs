@@ -20,9 +20,19 @@ pub struct ServeArgs {
     /// Unload a model after this many seconds without requests (default: keep it).
     #[arg(long, env = "FASTMLX_KEEP_ALIVE")]
     keep_alive: Option<u64>,
-    /// Memory (MB) all loaded models' weights and KV caches must fit in [default: 70% of RAM].
-    #[arg(long, env = "FASTMLX_MEMORY_BUDGET_MB")]
+    /// The most memory the server may hold, everything counted (weights of every loaded model,
+    /// KV caches, the prefix cache, each step's working memory, MLX's buffers): `12GB`,
+    /// `800MiB`, `60%` of the machine, or bytes [default: 70% of RAM, on Metal at most the GPU's
+    /// recommended working set]. Requests wait or are answered 503 rather than cross it.
+    #[arg(long, env = "FASTMLX_MEMORY_LIMIT")]
+    memory_limit: Option<String>,
+    /// The same ceiling in MiB (the older name of --memory-limit).
+    #[arg(long, env = "FASTMLX_MEMORY_BUDGET_MB", conflicts_with = "memory_limit")]
     memory_budget_mb: Option<u64>,
+    /// A request that has not started after this many seconds is answered 503 with
+    /// Retry-After (0: it waits as long as it takes).
+    #[arg(long, env = "FASTMLX_MAX_QUEUE_WAIT", default_value_t = crate::engine::DEFAULT_MAX_QUEUE_WAIT.as_secs())]
+    max_queue_wait: u64,
     /// Address to listen on; anything but loopback exposes the server to the network.
     #[arg(long, env = "FASTMLX_HOST", default_value = "127.0.0.1")]
     host: IpAddr,
@@ -85,13 +95,14 @@ impl ServeArgs {
         super::resolve_model_path(self.model.clone())
     }
 
-    pub fn residency_config(&self) -> ResidencyConfig {
+    pub fn residency_config(&self) -> anyhow::Result<ResidencyConfig> {
         let mut config = ResidencyConfig {
             engine: EngineConfig {
                 max_batch: self.max_batch,
                 max_queue: self.max_queue,
                 max_context: self.ctx,
                 itl_budget: self.itl_budget.max(0.0),
+                max_queue_wait: (self.max_queue_wait > 0).then(|| std::time::Duration::from_secs(self.max_queue_wait)),
                 prefix_cache_bytes: if self.no_prefix_cache { 0 } else { (self.prefix_cache_mb as usize) << 20 },
                 prefix_cache_disk: (self.prefix_cache_disk_gb > 0.0)
                     .then(crate::engine::kv::prefix_cache::default_disk_dir)
@@ -106,7 +117,16 @@ impl ServeArgs {
         if let Some(mb) = self.memory_budget_mb {
             config.memory_budget = mb << 20;
         }
-        config
+        if let Some(limit) = &self.memory_limit {
+            let machine = crate::mlx::machine_memory_bytes();
+            let bytes =
+                crate::mlx::parse_memory_size(limit, machine).map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?;
+            if bytes < 256 << 20 {
+                anyhow::bail!("--memory-limit: {limit} is below the 256 MiB a model and its caches need at least");
+            }
+            config.memory_budget = bytes;
+        }
+        Ok(config)
     }
 
     pub fn server_config(&self) -> ServerConfig {
@@ -136,7 +156,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
-    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config());
+    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config()?);
     let first =
         models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
     models.spawn_idle_reaper();

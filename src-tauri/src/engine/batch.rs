@@ -77,6 +77,8 @@ impl Batch {
                 return Err(e);
             }
         }
+        // Copied now, so the next step's memory is its own (the governor measures it).
+        mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays))?;
         Ok(())
     }
 

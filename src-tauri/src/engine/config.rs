@@ -26,6 +26,17 @@ pub struct EngineConfig {
     /// `None`: derived from the machine's memory and the model's size.
     pub kv_budget_bytes: Option<usize>,
     pub fault_injector: Option<FaultInjector>,
+    /// Bytes the whole process may hold (`None`: `mlx::default_ceiling`). Prefill steps narrow
+    /// to fit under it and the KV budget is derived from it (`engine::memory`).
+    pub memory_ceiling: Option<usize>,
+    /// A request not started after this long gets `FinishReason::Overloaded` (503 with
+    /// `Retry-After`) instead of waiting on (`None`: it waits).
+    pub max_queue_wait: Option<std::time::Duration>,
+    /// Output tokens a request reserves KV memory for ahead of what it has generated: requests
+    /// are admitted on this horizon, not on their whole `max_tokens`, and reserve more as they
+    /// go; when the budget has no more, the lowest-priority running row is parked
+    /// (`scheduler::park`) and resumes later with the same output.
+    pub kv_reserve_ahead: usize,
     /// Most bytes the prefix cache may hold (0: no prefix cache). It lives inside the KV budget
     /// and gives way to admitted requests.
     pub prefix_cache_bytes: usize,
@@ -38,6 +49,14 @@ pub struct EngineConfig {
 /// their ITL p95 568 ms instead of 2-3 s, for that prompt's first token 9.0 s instead of 5-7 s;
 /// bursts of short prompts are not paced (docs/benchmarks.md). 0 turns it off.
 pub const DEFAULT_ITL_BUDGET: f64 = 4.0;
+
+/// How long a request may wait to start before it is answered 503: long enough for a burst of
+/// agents to be served in turn, short enough that a client retries rather than hangs.
+pub const DEFAULT_MAX_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Enough output for most chat answers and tool calls to finish on their first reservation;
+/// short enough that a request asking for a huge `max_tokens` does not shut others out.
+pub const DEFAULT_KV_RESERVE_AHEAD: usize = 1024;
 
 /// The prefix cache's default cap; the KV budget bounds it further.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 4 << 30;
@@ -52,6 +71,9 @@ impl Default for EngineConfig {
             max_context: None,
             kv_budget_bytes: None,
             fault_injector: None,
+            memory_ceiling: None,
+            max_queue_wait: Some(DEFAULT_MAX_QUEUE_WAIT),
+            kv_reserve_ahead: DEFAULT_KV_RESERVE_AHEAD,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             prefix_cache_disk: None,
         }
@@ -72,6 +94,11 @@ pub struct ModelInfo {
     /// ...and what a sequence really takes (windowed layers hold a bounded number of tokens).
     pub kv_footprint: crate::model::KvFootprint,
     pub kv_budget_bytes: usize,
+    /// The longest sequence (prompt and output) the KV budget holds: a request asking for more
+    /// output is served up to it and ends with `length`, as at the end of the context.
+    pub kv_capacity_tokens: usize,
     /// Bytes the weights take in memory.
     pub weights_bytes: usize,
+    /// The process's memory ceiling the engine keeps under.
+    pub memory_ceiling: usize,
 }

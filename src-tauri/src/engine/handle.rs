@@ -10,7 +10,7 @@ use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
-use super::request::{Event, Request, RequestId};
+use super::request::{Event, Finish, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
 use crate::model::{LoadedModel, ModelError};
 
@@ -20,8 +20,10 @@ pub enum SubmitError {
     Busy { queued: usize },
     #[error("the prompt has {tokens} tokens; the context window is {limit}")]
     PromptTooLong { tokens: usize, limit: usize },
-    #[error("this request needs {needed} bytes of KV cache; the budget is {budget}")]
-    TooLarge { needed: usize, budget: usize },
+    #[error(
+        "the prompt alone needs {needed} bytes of KV cache; under this server's memory ceiling ({ceiling} bytes, the weights taking {weights}) at most {budget} are left for a request"
+    )]
+    TooLarge { needed: usize, budget: usize, ceiling: usize, weights: usize },
     #[error("{0}")]
     Invalid(String),
     #[error("the engine has shut down")]
@@ -32,21 +34,53 @@ pub enum SubmitError {
 pub struct RequestStream {
     pub id: RequestId,
     rx: tokio_mpsc::UnboundedReceiver<Event>,
+    /// Fires when the engine starts the request (admits it to prefill).
+    started: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// The finish read by `started` when the request ended before it started.
+    pending: Option<Event>,
 }
 
 impl RequestStream {
     pub async fn recv(&mut self) -> Option<Event> {
-        self.rx.recv().await
+        match self.pending.take() {
+            Some(event) => Some(event),
+            None => self.rx.recv().await,
+        }
     }
 
     /// For callers outside an async runtime.
     pub fn blocking_recv(&mut self) -> Option<Event> {
-        self.rx.blocking_recv()
+        match self.pending.take() {
+            Some(event) => Some(event),
+            None => self.rx.blocking_recv(),
+        }
     }
 
     /// The next event if one is already there.
     pub fn try_recv_now(&mut self) -> Option<Event> {
-        self.rx.try_recv().ok()
+        self.pending.take().or_else(|| self.rx.try_recv().ok())
+    }
+
+    /// Waits until the engine starts the request; its finish when it ended without starting
+    /// (it waited past `max_queue_wait`, or the engine shut down). A server answers that with
+    /// an error status before it sends any headers of a stream. The finish is also the stream's
+    /// next event.
+    pub async fn started(&mut self) -> Result<(), Finish> {
+        let Some(started) = self.started.take() else { return Ok(()) };
+        if started.await.is_ok() {
+            return Ok(());
+        }
+        // Ended first: its finish is the next event (or the engine is gone).
+        let finish = match self.rx.recv().await {
+            Some(Event::Finish(finish)) => finish,
+            Some(other) => {
+                self.pending = Some(other);
+                return Ok(());
+            }
+            None => return Ok(()),
+        };
+        self.pending = Some(Event::Finish(finish.clone()));
+        Err(finish)
     }
 }
 
@@ -115,11 +149,13 @@ impl EngineHandle {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio_mpsc::unbounded_channel();
-        if self.commands.send(Command::Submit { id, request: Box::new(request), events: tx }).is_err() {
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let command = Command::Submit { id, request: Box::new(request), events: tx, started: started_tx };
+        if self.commands.send(command).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }
-        Ok(RequestStream { id, rx })
+        Ok(RequestStream { id, rx, started: Some(started), pending: None })
     }
 
     fn validate(&self, r: &Request) -> Result<(), SubmitError> {
@@ -143,10 +179,15 @@ impl EngineHandle {
             return Err(SubmitError::Invalid("at most 20 top logprobs can be returned".into()));
         }
         r.params.validate().map_err(|e| SubmitError::Invalid(e.to_string()))?;
-        let tokens = (r.prompt_ids.len() + r.max_tokens).min(info.context_length);
-        let needed = info.kv_footprint.bytes(tokens);
+        // The prompt and its first token must fit; output past the budget ends with `length`.
+        let needed = info.kv_footprint.bytes(r.prompt_ids.len() + 1);
         if needed > info.kv_budget_bytes {
-            return Err(SubmitError::TooLarge { needed, budget: info.kv_budget_bytes });
+            return Err(SubmitError::TooLarge {
+                needed,
+                budget: info.kv_budget_bytes,
+                ceiling: info.memory_ceiling,
+                weights: info.weights_bytes,
+            });
         }
         Ok(())
     }

@@ -96,6 +96,18 @@ pub struct Metrics {
     pub mlx_active_bytes: usize,
     pub mlx_peak_bytes: usize,
     pub mlx_cache_bytes: usize,
+    /// The process's memory ceiling, what it holds now, and how the governor's predictions of
+    /// each step's memory compared with MLX's peak counter.
+    pub memory_ceiling_bytes: usize,
+    pub memory_held_bytes: usize,
+    pub memory: super::memory::Calibration,
+    /// Requests answered 503, by reason: they waited past `max_queue_wait`, or not one of
+    /// their prompt's tokens fitted under the memory ceiling for `MEMORY_PATIENCE`.
+    pub refused_waited_total: u64,
+    pub refused_memory_total: u64,
+    /// Running rows parked (to the prefix cache, resumed later) when the KV budget had no room
+    /// for their next tokens.
+    pub parked_total: u64,
     pub requests_total: u64,
     pub finished_total: u64,
     pub cancelled_total: u64,

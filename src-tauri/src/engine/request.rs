@@ -78,6 +78,9 @@ pub enum FinishReason {
     Cancelled,
     /// Something failed for this request; the others carry on.
     Error,
+    /// It waited longer than the queue allows (`max_queue_wait`) and never started: the server
+    /// is too busy, or the memory ceiling too tight, for it now. Nothing was generated.
+    Overloaded,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

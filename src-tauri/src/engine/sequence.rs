@@ -11,11 +11,14 @@ use crate::generate::{Continuation, ContinuationSpec, Ended};
 use crate::model::KvCache;
 use crate::tokenizer::Tokenizer;
 
-/// A request's KV reservation: what it needs for its whole sequence (prompt and most tokens),
-/// less what a shared segment holds for it.
+/// A request's KV reservation: what its sequence needs up to `tokens` positions (its prompt and
+/// the next `EngineConfig::kv_reserve_ahead` tokens of output, grown as it generates), less what a shared
+/// segment holds for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reservation {
     pub bytes: usize,
+    /// Positions the reservation covers.
+    pub tokens: usize,
     /// Whether `bytes` are counted against the budget now (from admission to its end).
     pub held: bool,
     /// Prompt tokens its row takes from the shared segment instead of holding them (0: none).
@@ -50,6 +53,17 @@ pub(crate) struct Sequence {
     pub warm: bool,
     /// Its figures, once it has ended.
     pub record: Option<RecentRequest>,
+    /// Times it was parked for memory while running.
+    pub parked: usize,
+    /// Told when it is first admitted (`RequestStream::started`); dropped unsent when it ends
+    /// before.
+    pub started: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Tokens of the caller's prompt (a parked row resumes with its output as part of its prompt).
+    prompt_len: usize,
+    /// Its whole sequence may take this many positions (prompt and most tokens).
+    max_len: usize,
+    /// Output tokens its reservation covers ahead of what it has generated.
+    reserve_ahead: usize,
     arrived: Instant,
     admitted: Option<Instant>,
     joined: Option<Instant>,
@@ -61,10 +75,17 @@ impl Sequence {
         id: RequestId,
         request: Request,
         events: UnboundedSender<Event>,
-        context_length: usize,
-        kv: crate::model::KvFootprint,
+        info: &super::config::ModelInfo,
+        reserve_ahead: usize,
     ) -> Sequence {
-        let max_tokens = request.max_tokens.min(context_length - request.prompt_ids.len());
+        // Output ends at the context window, or where the KV budget would be full (a request
+        // asking for a billion tokens is served as far as memory goes, then ends with `length`).
+        let room = info.context_length.min(info.kv_capacity_tokens.max(request.prompt_ids.len() + 1));
+        let max_tokens = request.max_tokens.min(room - request.prompt_ids.len());
+        let footprint = info.kv_footprint;
+        let max_len = request.prompt_ids.len() + max_tokens;
+        let reserve_ahead = reserve_ahead.max(1);
+        let reserved = max_len.min(request.prompt_ids.len() + reserve_ahead);
         let spec = ContinuationSpec {
             params: request.params.clone(),
             max_tokens,
@@ -78,7 +99,7 @@ impl Sequence {
         Sequence {
             id,
             continuation: Continuation::new(&request.prompt_ids, spec),
-            kv: Reservation { bytes: kv.bytes(request.prompt_ids.len() + max_tokens), held: false, shared_prefix: 0 },
+            kv: Reservation { bytes: footprint.bytes(reserved), tokens: reserved, held: false, shared_prefix: 0 },
             prefill: None,
             prefilled: 0,
             next_input: *request.prompt_ids.last().expect("validated non-empty"),
@@ -89,6 +110,11 @@ impl Sequence {
             finished: None,
             warm: false,
             record: None,
+            started: None,
+            parked: 0,
+            prompt_len: request.prompt_ids.len(),
+            max_len,
+            reserve_ahead,
             request,
             events,
             arrived: Instant::now(),
@@ -108,9 +134,36 @@ impl Sequence {
         self.events.is_closed()
     }
 
+    /// Positions its reservation must cover before the next decode step: the cache then holds
+    /// every token so far, the next one fed included; `None` while it covers them already.
+    pub fn kv_shortfall(&self) -> Option<usize> {
+        let needed = self.tokens().len();
+        (needed > self.kv.tokens).then(|| self.max_len.min(needed - 1 + self.reserve_ahead).max(needed))
+    }
+
+    /// Whether it has started (been admitted once): such a request is never refused for waiting.
+    pub fn has_started(&self) -> bool {
+        self.admitted.is_some()
+    }
+
+    /// A running row set aside for memory waits again, to resume where it stopped: what it has
+    /// generated becomes part of the prompt it prefills (restored from the prefix cache, where
+    /// its keys and values were stored), and its sampling, stops and grammar go on as they were.
+    pub fn park_for_memory(&mut self, footprint: crate::model::KvFootprint) {
+        self.request.prompt_ids = self.tokens().to_vec();
+        self.prefilled = 0;
+        self.prefill = None;
+        let tokens = self.max_len.min(self.request.prompt_ids.len() + self.reserve_ahead);
+        self.kv = Reservation { bytes: footprint.bytes(tokens), tokens, held: false, shared_prefix: 0 };
+        self.parked += 1;
+    }
+
     /// The first admission counts (a prefill pre-empted and resumed is admitted again).
     pub fn mark_admitted(&mut self) {
         self.admitted.get_or_insert_with(Instant::now);
+        if let Some(started) = self.started.take() {
+            let _ = started.send(());
+        }
     }
 
     /// Since it arrived.
@@ -167,6 +220,8 @@ impl Sequence {
             return;
         }
         self.finished = Some(reason);
+        // The stream's `started` wakes with this finish as the reason.
+        self.started = None;
         let now = Instant::now();
         let admitted = self.admitted.unwrap_or(now);
         let timings = Timings {
@@ -178,7 +233,7 @@ impl Sequence {
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
         };
         let usage = Usage {
-            prompt_tokens: self.request.prompt_ids.len(),
+            prompt_tokens: self.prompt_len,
             completion_tokens: self.continuation.generated(),
             cached_tokens: self.cached_tokens,
         };
@@ -206,6 +261,7 @@ impl Sequence {
                 FinishReason::Length => "length",
                 FinishReason::Cancelled => "cancelled",
                 FinishReason::Error => "error",
+                FinishReason::Overloaded => "overloaded",
             },
             cache_miss: self.cache_miss.take(),
         });

@@ -48,6 +48,13 @@ pub fn usable_memory_bytes() -> u64 {
     machine_memory_bytes() / 100 * USABLE_PERCENT
 }
 
+/// The memory ceiling when none is configured: [`USABLE_PERCENT`] of the machine, and on Metal
+/// never above the GPU's recommended working set (past it macOS pages GPU memory).
+pub fn default_ceiling() -> u64 {
+    let usable = usable_memory_bytes();
+    super::recommended_working_set().map_or(usable, |r| r.min(usable))
+}
+
 /// The KV-cache budget when none is configured: what is left of the usable memory after the
 /// weights, at least 256 MiB.
 pub fn default_kv_budget(weights_bytes: usize) -> usize {

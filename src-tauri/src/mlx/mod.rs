@@ -5,13 +5,18 @@
 //! CPU-only build can never touch a GPU stream (which would panic inside MLX).
 
 mod in_place;
+mod limits;
 mod memory;
 pub mod metal_kernel;
 
 pub use in_place::{exclusive_bytes, exclusive_f32};
+pub use limits::{
+    apply_limits, cache_limit_for, give_back, parse_memory_size, process_resident_bytes, recommended_working_set,
+    MlxLimits,
+};
 pub use memory::{
-    default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, FALLBACK_MEMORY_BYTES,
-    USABLE_PERCENT,
+    default_ceiling, default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes,
+    FALLBACK_MEMORY_BYTES, USABLE_PERCENT,
 };
 
 use mlx_rs::{Device, Dtype};

@@ -111,7 +111,7 @@ impl From<SubmitError> for ApiError {
                 ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
             },
             SubmitError::TooLarge { .. } => ApiError {
-                param: Some("max_tokens".into()),
+                param: Some("messages".into()),
                 ..ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message)
             },
             SubmitError::Invalid(_) => ApiError::bad_request(message),

@@ -46,7 +46,49 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     put("kv_reserved_bytes", "gauge", "KV bytes reserved by admitted requests.", &|m| m.kv_reserved_bytes as f64);
     put("kv_budget_bytes", "gauge", "KV bytes admitted requests may reserve.", &|m| m.kv_budget_bytes as f64);
     put("mlx_active_bytes", "gauge", "MLX memory in use (the whole process).", &|m| m.mlx_active_bytes as f64);
-    put("mlx_peak_bytes", "gauge", "MLX peak memory.", &|m| m.mlx_peak_bytes as f64);
+    put("mlx_peak_bytes", "gauge", "MLX peak memory since the last engine step began.", &|m| m.mlx_peak_bytes as f64);
+    put("memory_ceiling_bytes", "gauge", "The memory ceiling the process keeps under.", &|m| {
+        m.memory_ceiling_bytes as f64
+    });
+    put("memory_held_bytes", "gauge", "Memory the process holds (resident, or MLX's count if larger).", &|m| {
+        m.memory_held_bytes as f64
+    });
+    put("mlx_cache_bytes", "gauge", "MLX's buffer cache (freed buffers kept for reuse).", &|m| {
+        m.mlx_cache_bytes as f64
+    });
+    put("memory_step_predicted_bytes", "gauge", "The last measured step's predicted working memory.", &|m| {
+        m.memory.predicted_bytes as f64
+    });
+    put("memory_step_measured_bytes", "gauge", "The same step's working memory by MLX's peak counter.", &|m| {
+        m.memory.measured_bytes as f64
+    });
+    put(
+        "memory_prediction_worst_ratio",
+        "gauge",
+        "The largest measured / predicted ratio of a step's working memory (above 1: an underestimate).",
+        &|m| m.memory.worst_ratio,
+    );
+    put("memory_prefill_narrowed_total", "counter", "Prefill chunks narrowed to fit under the ceiling.", &|m| {
+        m.memory.narrowed as f64
+    });
+    put("memory_prefill_deferred_total", "counter", "Prefill steps that waited for memory.", &|m| {
+        m.memory.deferred as f64
+    });
+    put(
+        "requests_refused_waited_total",
+        "counter",
+        "Requests answered 503 after waiting past --max-queue-wait.",
+        &|m| m.refused_waited_total as f64,
+    );
+    put(
+        "requests_refused_memory_total",
+        "counter",
+        "Requests answered 503: not a prompt token fitted under the memory ceiling.",
+        &|m| m.refused_memory_total as f64,
+    );
+    put("requests_parked_total", "counter", "Running requests parked for KV memory, resumed later.", &|m| {
+        m.parked_total as f64
+    });
     put("requests_total", "counter", "Requests submitted.", &|m| m.requests_total as f64);
     put("requests_finished_total", "counter", "Requests ended, for any reason.", &|m| m.finished_total as f64);
     put("requests_cancelled_total", "counter", "Requests cancelled.", &|m| m.cancelled_total as f64);

@@ -36,7 +36,9 @@ pub enum ResidencyError {
 pub struct ResidencyConfig {
     pub engine: EngineConfig,
     pub load: LoadOptions,
-    /// Weights plus KV caches of all loaded models stay under this.
+    /// The process's memory ceiling (`--memory-limit`): the loaded models' weights and KV
+    /// budgets are planned within it, MLX's limits are set from it, and each engine keeps its
+    /// steps under it (`engine::memory`).
     pub memory_budget: u64,
     /// Unload a model unused for this long (`None`: never).
     pub keep_alive: Option<Duration>,
@@ -47,7 +49,7 @@ impl Default for ResidencyConfig {
         ResidencyConfig {
             engine: EngineConfig::default(),
             load: LoadOptions::default(),
-            memory_budget: crate::mlx::usable_memory_bytes(),
+            memory_budget: crate::mlx::default_ceiling(),
             keep_alive: None,
         }
     }
@@ -118,6 +120,7 @@ const KV_FLOOR: u64 = 256 << 20;
 impl Residency {
     pub fn new(catalog: Catalog, config: ResidencyConfig) -> Residency {
         let (changes, _) = watch::channel(0);
+        apply_ceiling(config.memory_budget);
         Residency {
             inner: Arc::new(Inner {
                 catalog,
@@ -149,6 +152,7 @@ impl Residency {
             change(&mut config);
             config.clone()
         };
+        apply_ceiling(config.memory_budget);
         for resident in self.residents().iter_mut() {
             resident.keep_alive = config.keep_alive;
         }
@@ -210,7 +214,11 @@ impl Residency {
         let config = self.config();
         let weights = estimated_weights_bytes(&model.summary, &config.load);
         let kv = self.make_room(&model.id, weights)?;
-        let engine_config = EngineConfig { kv_budget_bytes: Some(kv as usize), ..config.engine.clone() };
+        let engine_config = EngineConfig {
+            kv_budget_bytes: Some(kv as usize),
+            memory_ceiling: Some(config.memory_budget as usize),
+            ..config.engine.clone()
+        };
         let (path, options) = (model.path.clone(), config.load);
         let engine = tokio::task::spawn_blocking(move || {
             EngineHandle::start(engine_config, move || load_model_with(&path, &Backend::init(), &options))
@@ -378,6 +386,12 @@ impl Residency {
             let _ = self.unload(&id).await;
         }
     }
+}
+
+/// Sets MLX's own limits from the ceiling (process-wide).
+fn apply_ceiling(ceiling: u64) {
+    let limits = crate::mlx::apply_limits(ceiling, crate::mlx::gpu_available());
+    tracing::debug!("MLX limits: {limits:?}");
 }
 
 /// Memory the weights will take once loaded: on a CPU quantized weights are expanded to f32

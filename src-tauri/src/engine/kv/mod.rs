@@ -123,11 +123,14 @@ impl KvManager {
         seq.restore_time = began.elapsed();
         match restored {
             Ok(restored) => {
-                // The engine's own prefills (`warm`) are not requests: not in the hit figures.
-                if !seq.warm {
-                    prefix.count(restored.tokens);
+                // The engine's own prefills (`warm`) are not requests, and a parked row's resume
+                // is not a new prompt: neither is in the hit figures.
+                if seq.parked == 0 {
+                    if !seq.warm {
+                        prefix.count(restored.tokens);
+                    }
+                    seq.cached_tokens = restored.tokens;
                 }
-                seq.cached_tokens = restored.tokens;
                 seq.cache_miss = restored.divergence.and_then(|d| explain_miss(d, &seq.request, tokenizer));
                 if let Some(miss) = &seq.cache_miss {
                     tracing::debug!(
@@ -253,11 +256,49 @@ impl KvManager {
         }
     }
 
+    /// A running row's reservation grows to cover `tokens` positions, when the budget has room
+    /// (the prefix cache gives way) or `force` (the only row left, which its own reservation
+    /// bounds: its length was capped at what the budget holds). False: park a row first.
+    pub fn grow(&mut self, seq: &mut Sequence, tokens: usize, force: bool) -> bool {
+        let added = self.footprint.bytes(tokens).saturating_sub(self.footprint.bytes(seq.kv.tokens));
+        if self.reserved + added > self.budget && !force {
+            return false;
+        }
+        self.reserved += added;
+        seq.kv.bytes += added;
+        seq.kv.tokens = tokens;
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.shrink_to(self.budget.saturating_sub(self.reserved));
+        }
+        true
+    }
+
+    /// The footprint reservations are computed with.
+    pub fn footprint(&self) -> KvFootprint {
+        self.footprint
+    }
+
     /// Gives back a finished or abandoned sequence's reservation.
     pub fn release(&mut self, seq: &Sequence) {
         if seq.kv.held {
             self.reserved -= seq.kv.bytes;
         }
+    }
+
+    /// Key/value bytes admitted rows are owed and do not hold yet (their reservations less what
+    /// their buffers and the shared segment hold): what their decode steps will still allocate.
+    pub fn pending_growth(&self, group: &Batch, running: &Batch) -> usize {
+        let held: usize = group.cache.iter().chain(&running.cache).map(BatchKvCache::nbytes).sum();
+        self.reserved.saturating_sub(held + self.shared_segment_bytes())
+    }
+
+    /// The prefix cache's RAM tier gives up `bytes` (or all it holds) for a step that needs
+    /// them; returns what it gave.
+    pub fn give_way(&mut self, bytes: usize) -> usize {
+        let Some(prefix) = self.prefix.as_mut() else { return 0 };
+        let held = prefix.stats().bytes;
+        prefix.shrink_to(held.saturating_sub(bytes));
+        held - prefix.stats().bytes
     }
 
     /// The shared segment's layers, when there is one.

@@ -12,18 +12,19 @@ use mlx_rs::{Array, Dtype};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
+mod park;
 mod prefill;
 mod warm;
 
 use super::batch::Batch;
 use super::config::{EngineConfig, ModelInfo};
 use super::kv::KvManager;
+use super::memory::{self, CostModel, Governor};
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use crate::mlx;
-use crate::mlx::default_kv_budget;
 use crate::model::{BatchKvCache, LayerCache, LoadedModel};
 
 /// How often an idle engine republishes its metrics.
@@ -35,7 +36,12 @@ const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_millis(500);
 const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(150);
 
 pub(crate) enum Command {
-    Submit { id: RequestId, request: Box<Request>, events: UnboundedSender<Event> },
+    Submit {
+        id: RequestId,
+        request: Box<Request>,
+        events: UnboundedSender<Event>,
+        started: tokio::sync::oneshot::Sender<()>,
+    },
     ClearPrefixCache,
     Shutdown,
 }
@@ -56,6 +62,13 @@ pub(crate) struct Scheduler {
     warm: warm::NextTurn,
     /// How much prefill a step may do while rows decode.
     pacing: Pacing,
+    /// The memory ceiling: what each step may allocate, and how well that was predicted.
+    memory: Governor,
+    /// Prompts prefilled together at most now (`prefill::GROUP`, less while memory is short).
+    group_cap: usize,
+    /// The last step's prefill waited for memory; since when a lone prompt has.
+    memory_wait: bool,
+    memory_wait_since: Option<Instant>,
     queued: Arc<AtomicUsize>,
     metrics_tx: watch::Sender<Metrics>,
     metrics: Metrics,
@@ -70,25 +83,45 @@ impl Scheduler {
         queued: Arc<AtomicUsize>,
     ) -> Scheduler {
         let t = &model.transformer;
+        let context_length =
+            config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
+        let ceiling = config.memory_ceiling.unwrap_or_else(|| mlx::default_ceiling() as usize);
+        let act_bytes = if t.dtype == Dtype::Float32 { 4 } else { 2 };
+        let cost = CostModel::new(&t.config, act_bytes, mlx::gpu_available());
+        // What the process holds with this model loaded (other models, the weights, the rest),
+        // measured: the KV budget is what the ceiling leaves of it.
+        let held = Governor::held_now().max(model.weights_bytes);
+        let kv_budget =
+            memory::kv_budget(ceiling, held, 0, &cost, config.max_batch, context_length, config.kv_budget_bytes);
+        let kv_footprint = t.kv_footprint();
         let info = ModelInfo {
             name: model.name.clone(),
             tokenizer: model.tokenizer.clone(),
             chat_template: model.chat_template.clone(),
-            context_length: config
-                .max_context
-                .map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings)),
+            context_length,
             vocab_size: t.config.vocab_size,
             kv_bytes_per_token: t.kv_bytes_per_token(),
-            kv_footprint: t.kv_footprint(),
-            kv_budget_bytes: config.kv_budget_bytes.unwrap_or_else(|| default_kv_budget(model.weights_bytes)),
+            kv_footprint,
+            kv_budget_bytes: kv_budget,
+            kv_capacity_tokens: kv_footprint.tokens_within(kv_budget),
             weights_bytes: model.weights_bytes,
+            memory_ceiling: ceiling,
         };
+        tracing::info!(
+            "{}: memory ceiling {} MB, {} MB held with the model loaded, KV budget {} MB ({} tokens)",
+            info.name,
+            ceiling >> 20,
+            held >> 20,
+            kv_budget >> 20,
+            info.kv_capacity_tokens
+        );
         let layers = t.config.kv_cache_layers();
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
         let pacing = Pacing::new(config.itl_budget, config.prefill_chunk, pacing::depth_scale(linear_macs, q_dim));
         let kv = KvManager::new(&model, &config, &info);
+        let memory = Governor::new(ceiling, cost);
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
         Scheduler {
             model,
@@ -100,6 +133,10 @@ impl Scheduler {
             kv,
             warm: warm::NextTurn::default(),
             pacing,
+            memory,
+            group_cap: prefill::GROUP,
+            memory_wait: false,
+            memory_wait_since: None,
             queued,
             metrics_tx,
             metrics,
@@ -122,6 +159,7 @@ impl Scheduler {
                 // published rates fall back to zero. A finished answer's turn boundary is
                 // prefilled once nothing has come for a moment (`warm`).
                 self.publish_metrics(0, 0);
+                self.memory.idle();
                 let wait = if self.warm.is_pending() { WARM_AFTER } else { IDLE_REFRESH };
                 let command = match inbox.recv_timeout(wait) {
                     Err(RecvTimeoutError::Timeout) if self.start_next_turn() => break,
@@ -155,9 +193,10 @@ impl Scheduler {
     /// Returns false on shutdown.
     fn handle(&mut self, command: Command) -> bool {
         match command {
-            Command::Submit { id, request, events } => {
+            Command::Submit { id, request, events, started } => {
                 self.metrics.requests_total += 1;
-                let seq = Sequence::new(id, *request, events, self.info.context_length, self.info.kv_footprint);
+                let mut seq = Sequence::new(id, *request, events, &self.info, self.config.kv_reserve_ahead);
+                seq.started = Some(started);
                 // In arrival order; admission picks by priority (`lanes`).
                 self.waiting.push_back(seq);
                 true
@@ -172,6 +211,7 @@ impl Scheduler {
     }
 
     pub(crate) fn step(&mut self) {
+        self.memory_wait = false;
         self.reap_abandoned();
         let decoded = if self.running.is_empty() {
             0
@@ -182,13 +222,21 @@ impl Scheduler {
             rows
         };
         let prefilled = self.prefill_step();
+        if prefilled > 0 {
+            self.memory_wait_since = None;
+        }
         self.kv.drop_unused_shared(&self.group, &self.running);
+        if self.memory_wait && decoded == 0 {
+            // Nothing can run until memory frees (another engine's step): not a busy loop.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         self.metrics.step += 1;
         self.publish_metrics(prefilled, decoded);
     }
 
     /// Requests whose caller went away are dropped wherever they are.
     fn reap_abandoned(&mut self) {
+        self.refuse_overdue();
         let (gone, kept): (Vec<Sequence>, Vec<Sequence>) = self.waiting.drain(..).partition(Sequence::is_abandoned);
         self.waiting = kept.into();
         self.queued.fetch_sub(gone.len(), Ordering::SeqCst);
@@ -208,9 +256,42 @@ impl Scheduler {
         }
     }
 
+    /// Requests that waited past `max_queue_wait` without starting are refused (503 with
+    /// `Retry-After`), saying why they could not start.
+    fn refuse_overdue(&mut self) {
+        let Some(limit) = self.config.max_queue_wait else { return };
+        // Never one that has started (a parked row resumes, whatever it waits).
+        let overdue = |s: &Sequence| !s.has_started() && !s.warm && s.waited() > limit;
+        if !self.waiting.iter().any(overdue) {
+            return;
+        }
+        let (late, kept): (Vec<Sequence>, Vec<Sequence>) = self.waiting.drain(..).partition(overdue);
+        self.waiting = kept.into();
+        self.queued.fetch_sub(late.len(), Ordering::SeqCst);
+        let why = format!(
+            "the request waited {} s without starting (the limit is {} s): {} requests are running and {} waiting, \
+             with {} of {} MB of KV memory reserved under the memory ceiling; retry later",
+            limit.as_secs(),
+            limit.as_secs(),
+            self.running.len() + self.group.len(),
+            self.waiting.len(),
+            self.kv.report().reserved >> 20,
+            self.info.kv_budget_bytes >> 20,
+        );
+        for mut seq in late {
+            seq.finish(FinishReason::Overloaded, None, Some(why.clone()));
+            self.metrics.refused_waited_total += 1;
+            self.release(&seq);
+        }
+    }
+
     /// Decodes one token for every running row; returns how many rows it decoded.
     fn decode_step(&mut self) -> usize {
+        self.reserve_for_decode();
         let rows = self.running.len();
+        if rows == 0 {
+            return 0;
+        }
         let inputs: Vec<u32> = self.running.seqs.iter().map(|s| s.next_input).collect();
         let logits = match self.forward_batch(&inputs) {
             Ok(logits) => logits,
@@ -245,11 +326,16 @@ impl Scheduler {
     /// The batch forward pass for one token per row: logits `[rows * vocab]` on the host.
     fn forward_batch(&mut self, inputs: &[u32]) -> Result<Vec<f32>, String> {
         let ids = Array::from_slice(inputs, &[inputs.len() as i32, 1]);
+        let buffers = memory::buffers_of(&self.running.cache);
+        let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
+        let predicted = self.memory.cost().decode_bytes(inputs.len(), &buffers, shared);
+        let _in_flight = self.memory.begin_step(predicted);
         let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
         let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
         // Recurrent states too: left lazy they would hold the step's inputs.
         let states = self.running.cache.iter().flat_map(|c| c.states().iter());
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
+        self.memory.end_step();
         Ok(logits.as_slice::<f32>().to_vec())
     }
 
@@ -351,6 +437,9 @@ impl Scheduler {
         m.mlx_active_bytes = memory.active;
         m.mlx_peak_bytes = memory.peak;
         m.mlx_cache_bytes = memory.cache;
+        m.memory_ceiling_bytes = self.memory.ceiling();
+        m.memory_held_bytes = Governor::held_now();
+        m.memory = self.memory.calibration();
         self.metrics_tx.send_replace(self.metrics.clone());
     }
 

@@ -25,6 +25,10 @@ use crate::model::{KvCache, LayerCache, ModelError};
 /// agents at one server (c=16 short chats: TTFT p95 4.7 s with 16 against 5.3 s with 8, and more output).
 pub(super) const GROUP: usize = 16;
 
+/// How long a lone prompt waits for memory (nothing decoding, so nothing of this engine's will
+/// free) before it is refused: another model's engine may be in a long step.
+const MEMORY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Scheduler {
     /// Prompt tokens a member still has to prefill.
     fn remaining(seq: &Sequence) -> usize {
@@ -71,13 +75,29 @@ impl Scheduler {
                 }
                 None => n,
             };
+            // Under the memory ceiling: the chunk narrows until its predicted peak fits.
+            let wanted = n;
+            let Some((n, predicted)) = self.fit_in_memory(n) else {
+                if decoding || !self.make_room_for_prefill() {
+                    self.memory_wait = true;
+                    break;
+                }
+                continue;
+            };
+            if n == wanted {
+                self.group_cap = (self.group_cap * 2).min(GROUP);
+            }
+            let members = &self.group.seqs;
             let ids: Vec<u32> = members
                 .iter()
                 .flat_map(|s| s.request.prompt_ids[s.prefilled..s.prefilled + n].iter().copied())
                 .collect();
             let ids = Array::from_slice(&ids, &[rows as i32, n as i32]);
             let began = Instant::now();
+            let in_flight = self.memory.begin_step(predicted);
             let result = self.forward_group(&ids, n);
+            self.memory.end_step();
+            drop(in_flight);
             self.pacing.record_prefill(self.pacing.work(n, &depths), began.elapsed());
             tracing::debug!(
                 "prefill: {rows} rows x {n} tokens at depths {depths:?} (budget {left}, decoding {decoding}): {:.0} ms",
@@ -113,6 +133,74 @@ impl Scheduler {
             self.kv.prefilled(&self.group, n);
         }
         processed
+    }
+
+    /// The most of `n` tokens per member whose predicted peak fits under the memory ceiling,
+    /// with its prediction: the prefix cache's RAM tier gives way first, then the chunk
+    /// narrows; `None` when not a token fits (the step waits for memory to free).
+    fn fit_in_memory(&mut self, n: usize) -> Option<(usize, usize)> {
+        let rows = self.group.len();
+        let buffers = crate::engine::memory::buffers_of(&self.group.cache);
+        let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
+        let cost = |memory: &crate::engine::memory::Governor, n: usize| {
+            memory.cost().prefill_bytes(rows, n, &buffers, shared, rows)
+        };
+        let pending = self.kv.pending_growth(&self.group, &self.running);
+        let mut headroom = self.memory.headroom(pending);
+        // What nothing uses gives way first: MLX's buffer cache, then the prefix cache's RAM tier.
+        if cost(&self.memory, n) > headroom && crate::mlx::memory_stats().cache > 0 {
+            crate::mlx::give_back();
+            headroom = self.memory.headroom(pending);
+        }
+        if cost(&self.memory, n) > headroom && self.kv.give_way(cost(&self.memory, n) - headroom) > 0 {
+            crate::mlx::give_back();
+            headroom = self.memory.headroom(pending);
+        }
+        let fitted = self.memory.prefill_tokens(rows, &buffers, shared, n, headroom);
+        if fitted < n {
+            tracing::debug!(
+                "prefill: {rows} rows narrowed from {n} to {fitted} tokens to stay under the memory ceiling \
+                 ({} MB of headroom)",
+                headroom >> 20
+            );
+        }
+        (fitted > 0).then(|| (fitted, cost(&self.memory, fitted)))
+    }
+
+    /// Nothing decodes and not one token of the group's prefill fits under the ceiling: the group
+    /// halves (its newest members wait again, with what they prefilled); a lone member that
+    /// still does not fit for [`MEMORY_PATIENCE`] is refused with the figures. False when the
+    /// step should wait instead.
+    fn make_room_for_prefill(&mut self) -> bool {
+        if self.group.len() > 1 {
+            self.group_cap = (self.group.len() / 2).max(1);
+            while self.group.len() > self.group_cap {
+                let newest = (0..self.group.len()).min_by_key(|&r| self.group.seqs[r].waited()).expect("non-empty");
+                if !self.park(newest) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        let since = *self.memory_wait_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < MEMORY_PATIENCE {
+            return false;
+        }
+        self.memory_wait_since = None;
+        let needed = self.memory.cost().prefill_bytes(1, 1, &[], 0, 1);
+        let why = format!(
+            "not one prompt token fits under the memory ceiling ({} MB) now: the process holds {} MB and a step needs {} MB more; retry later",
+            self.memory.ceiling() >> 20,
+            crate::engine::memory::Governor::held_now() >> 20,
+            needed.div_ceil(1 << 20)
+        );
+        for mut seq in std::mem::take(&mut self.group.seqs) {
+            seq.finish(FinishReason::Overloaded, None, Some(why.clone()));
+            self.metrics.refused_memory_total += 1;
+            self.release(&seq);
+        }
+        self.group.clear_cache();
+        true
     }
 
     /// Prefills the next `n` tokens of every member (`ids`, `[rows, n]`); returns the logits of
@@ -157,7 +245,7 @@ impl Scheduler {
     fn fill_group(&mut self) {
         let mut admitted: Vec<(Sequence, Vec<KvCache>)> = Vec::new();
         while let Some(i) = self.best_waiting(&admitted) {
-            if self.group.len() + admitted.len() >= GROUP {
+            if self.group.len() + admitted.len() >= self.group_cap {
                 self.add_to_group(std::mem::take(&mut admitted));
                 let candidate = lanes::effective(self.waiting[i].request.priority, self.waiting[i].waited());
                 // The lowest (aged) priority, the newest among equals.

@@ -56,7 +56,7 @@ fn next_turn_start(seq: &Sequence) -> Option<Vec<u32>> {
             tokens.pop();
         }
         FinishReason::Length => {}
-        FinishReason::Cancelled | FinishReason::Error => return None,
+        FinishReason::Cancelled | FinishReason::Error | FinishReason::Overloaded => return None,
     }
     tokens.extend_from_slice(boundary);
     Some(tokens)
@@ -74,7 +74,7 @@ impl Scheduler {
         let (events, receiver) = unbounded_channel();
         // One token is sampled at the end of a prefill; it is not used.
         let request = Request::new(tokens, 1);
-        let mut seq = Sequence::new(0, request, events, self.info.context_length, self.info.kv_footprint);
+        let mut seq = Sequence::new(0, request, events, &self.info, 1);
         seq.warm = true;
         self.warm.events = Some(receiver);
         let admitted = self.admit(seq);

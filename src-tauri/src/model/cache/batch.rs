@@ -114,6 +114,17 @@ impl BatchKvCache {
         self.idx
     }
 
+    /// The arrays it holds (buffers and states), to evaluate rows just added: a step's memory
+    /// is then its own, not the lazy copies of rows that joined before it.
+    pub fn arrays(&self) -> Vec<&Array> {
+        self.buffers.keys.iter().chain(self.buffers.values.iter()).chain(self.states.iter()).collect()
+    }
+
+    /// Columns the key/value buffers have room for before they must grow (0: none yet).
+    pub fn capacity(&self) -> i32 {
+        self.buffers.keys.as_ref().map_or(0, |k| k.dim(2))
+    }
+
     /// Bytes of the rows' own buffers and states (the shared segment is counted by whoever
     /// holds it).
     pub fn nbytes(&self) -> usize {

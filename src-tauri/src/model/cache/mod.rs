@@ -14,7 +14,7 @@ use mlx_rs::Array;
 
 pub use batch::{BatchKvCache, SharedKv};
 pub use buffers::window_columns;
-pub(crate) use buffers::{spare_capacity, window_keep, Buffers};
+pub(crate) use buffers::{spare_capacity, window_drop, window_keep, Buffers};
 pub use footprint::KvFootprint;
 pub use mask::AttentionMask;
 pub use single::KvCache;

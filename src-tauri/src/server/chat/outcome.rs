@@ -18,6 +18,14 @@ pub fn failure(finish: &Finish) -> Option<ApiError> {
         FinishReason::Error => {
             Some(ApiError::internal(finish.error.clone().unwrap_or_else(|| "generation failed".into())))
         }
+        FinishReason::Overloaded => Some(ApiError {
+            code: Some("server_overloaded"),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                finish.error.clone().unwrap_or_else(|| "the server is too busy to start this request now".into()),
+            )
+        }),
         // The engine cancels what is still running when its model is unloaded or the server stops
         // (a client that went away reads nothing more).
         FinishReason::Cancelled => Some(ApiError::new(

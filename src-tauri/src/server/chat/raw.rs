@@ -66,6 +66,6 @@ pub async fn start(
     }
     let mut request = common.to_request(state, &info, ids, logprobs)?;
     request.grammar = grammar;
-    let stream = served.engine.submit(request).map_err(ApiError::from)?;
+    let stream = super::stream::started(served.engine.submit(request).map_err(ApiError::from)?).await?;
     Ok(StartedRaw { model: served.id, info, answer: AnswerStream::new(stream, None) })
 }

@@ -46,7 +46,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     engine_request.prompt_parts = message_starts;
     engine_request.snapshot_at = snapshot_at;
     engine_request.turn_boundary = turn_boundary(template, &info.tokenizer, template_kwargs(request)?);
-    let stream = served.engine.submit(engine_request)?;
+    let stream = super::stream::started(served.engine.submit(engine_request)?).await?;
     Ok(StartedChat {
         model: served.id,
         answer: AnswerStream::new(stream, Some(parser)),

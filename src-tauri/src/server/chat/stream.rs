@@ -36,6 +36,19 @@ pub struct WholeAnswer {
     pub finish: Finish,
 }
 
+/// Waits until the engine starts the request, so that one refused after waiting in the queue
+/// (or cancelled first) is answered with its error status, `Retry-After` included, before a
+/// streaming response has sent its headers.
+pub async fn started(mut stream: RequestStream) -> Result<RequestStream, ApiError> {
+    match stream.started().await {
+        Err(finish) => match failure(&finish) {
+            Some(error) => Err(error),
+            None => Ok(stream),
+        },
+        Ok(()) => Ok(stream),
+    }
+}
+
 impl AnswerStream {
     pub fn new(stream: RequestStream, parser: Option<AnswerParser>) -> AnswerStream {
         AnswerStream { stream, parser, ended: false }

@@ -1,0 +1,226 @@
+//! What one engine step needs beyond what the process already holds, from the model's shape:
+//! the prefill step's transient peak as a function of rows, chunk and context (the attention
+//! score matrix where the backend materialises it), the decode step's, and the key/value
+//! buffers the step adds. The governor admits a step when its prediction fits under the
+//! ceiling, and checks each prediction against MLX's own peak counter.
+
+use crate::model::ModelConfig;
+
+/// Key/value buffers grow by this many positions at a time (`model::cache`'s step).
+const KV_STEP: usize = 256;
+
+/// The shape of one forward pass: `rows` sequences, `tokens` new tokens each, attending to a
+/// shared segment of `shared` positions besides their own, `logits_rows` of them giving their
+/// next token's logits. `buffers`: each cache layer's key/value buffers before the step, columns
+/// used and room (rows are aligned on the right, so every row writes at the same column).
+#[derive(Debug, Clone, Copy)]
+pub struct StepShape<'a> {
+    pub rows: usize,
+    pub tokens: usize,
+    pub shared: usize,
+    pub logits_rows: usize,
+    pub buffers: &'a [Buffer],
+}
+
+/// One cache layer's key/value buffers: columns used, and columns allocated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Buffer {
+    pub width: usize,
+    pub capacity: usize,
+}
+
+/// One layer's sizes, as the step's transient sees them.
+#[derive(Debug, Clone, Copy)]
+enum LayerCost {
+    Attention {
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        keeps_kv: bool,
+    },
+    /// A linear-attention layer: its projections' width and its state per sequence.
+    Recurrent {
+        width: usize,
+        state_bytes: usize,
+    },
+}
+
+/// The model's memory shape, computed once at load.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    /// Bytes of one activation element (the compute dtype).
+    act: usize,
+    hidden: usize,
+    vocab: usize,
+    layers: Vec<(LayerCost, usize)>,
+    /// Whether attention writes the whole score matrix to memory (MLX's CPU device; on Metal
+    /// only for head sizes its fused kernels do not take).
+    materializes_scores: bool,
+}
+
+impl CostModel {
+    pub fn new(config: &ModelConfig, act_bytes: usize, gpu: bool) -> CostModel {
+        let layers = (0..config.num_layers)
+            .map(|i| {
+                let mlp = match &config.moe {
+                    Some(moe) if moe.is_sparse(i) => {
+                        // Each token's experts (their inputs gathered too), the router's scores, a
+                        // shared expert.
+                        moe.top_k * (moe.intermediate_size + config.hidden_size)
+                            + moe.num_experts
+                            + moe.shared_expert_size.unwrap_or(0)
+                    }
+                    _ => config.layer_intermediate_size(i),
+                };
+                let cost = match &config.hybrid {
+                    Some(h) if config.is_recurrent(i) => LayerCost::Recurrent {
+                        width: h.conv_channels() + h.value_heads * h.value_dim,
+                        state_bytes: h.state_bytes(act_bytes),
+                    },
+                    _ => {
+                        let a = config.layer_attention(i);
+                        LayerCost::Attention {
+                            q_heads: config.num_heads,
+                            kv_heads: a.kv_heads,
+                            head_dim: a.head_dim,
+                            window: config.layer_window(i),
+                            keeps_kv: a.kv_source.is_none() && i < config.kv_cache_layers(),
+                        }
+                    }
+                };
+                (cost, mlp)
+            })
+            .collect();
+        let fused_head = |d: usize| matches!(d, 64 | 80 | 96 | 128 | 256);
+        let materializes_scores = !gpu || !fused_head(config.head_dim);
+        CostModel { act: act_bytes, hidden: config.hidden_size, vocab: config.vocab_size, layers, materializes_scores }
+    }
+
+    /// Bytes a forward of `shape` allocates beyond what is held before it: the largest layer's
+    /// intermediates (MLX frees a layer's buffers as the next one runs), the logits, and the
+    /// key/value buffers that grow (old and new alive at once while one is copied).
+    pub fn step_bytes(&self, shape: StepShape<'_>) -> usize {
+        self.compute_bytes(shape) + self.growth_bytes(shape)
+    }
+
+    /// The step's intermediates and logits, its buffers' growth aside.
+    fn compute_bytes(&self, shape: StepShape<'_>) -> usize {
+        let StepShape { rows, tokens, shared, logits_rows, buffers } = shape;
+        let (r, n, a) = (rows, tokens, self.act);
+        let widest = buffers.iter().map(|b| b.width).max().unwrap_or(0);
+        let residual = r * n * self.hidden * a * 4;
+        let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
+            let mixer = match cost {
+                LayerCost::Attention { q_heads, kv_heads, head_dim, .. } => {
+                    // A layer sharing another's cache sees as many keys as that one.
+                    let width = buffers.get(i).map_or(widest, |b| b.width);
+                    let seen = shared + width + n;
+                    let projections = r * n * (2 * q_heads + 2 * kv_heads) * head_dim * a;
+                    // The scores, and the masked copy beside them while the mask applies.
+                    let scores = if self.materializes_scores { 2 * r * q_heads * n * seen * a.max(4) } else { 0 };
+                    projections + scores
+                }
+                // The recurrence in its ops form makes a state of each row per token, alive
+                // until the chunk is evaluated.
+                LayerCost::Recurrent { width, state_bytes } => 4 * r * n * width * a + (n + 3) * r * state_bytes,
+            };
+            // The mixer's output is still alive while the MLP's intermediates are made.
+            (matches!(cost, LayerCost::Recurrent { .. }), mixer + 3 * r * n * mlp * a)
+        });
+        // In a hybrid, a recurrent layer's buffers (its states) can still be alive while the next
+        // attention layer runs: the largest of each kind, together.
+        let (mut attention, mut recurrent) = (0, 0);
+        for (is_recurrent, bytes) in per_layer {
+            let largest = if is_recurrent { &mut recurrent } else { &mut attention };
+            *largest = (*largest).max(bytes);
+        }
+        let layer_peak = attention + recurrent;
+        // The last positions' logits in the compute dtype and in f32.
+        let logits = logits_rows * self.vocab * (a + 4);
+        residual + layer_peak + logits + STEP_OVERHEAD
+    }
+
+    /// Key/value bytes the step adds: nothing in a layer whose buffers have room, else its new
+    /// columns (buffers grow to the next multiple of [`KV_STEP`] past what they hold), plus
+    /// the largest growing layer's old buffers beside their copy.
+    fn growth_bytes(&self, shape: StepShape<'_>) -> usize {
+        use crate::model::cache::{spare_capacity, window_drop, window_keep};
+        let spare = |used: usize| spare_capacity(used as i32) as usize;
+        let mut added = 0;
+        // The largest layer's old buffers beside their copy (a grown or a trimmed one).
+        let mut largest_copy = 0;
+        for (i, &(cost, _)) in self.layers.iter().enumerate() {
+            let (LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, .. }, Some(b)) =
+                (cost, shape.buffers.get(i))
+            else {
+                continue;
+            };
+            let column = shape.rows * 2 * kv_heads * head_dim * self.act;
+            let (mut width, mut capacity) = (b.width, b.capacity);
+            // A windowed layer first drops the columns no token will see again, into new buffers.
+            if let Some(w) = window.filter(|&w| window_drop(width as i32, w) > 0) {
+                let kept = window_keep(w) as usize;
+                let trimmed = spare(kept + KV_STEP - 1);
+                largest_copy = largest_copy.max(column * (capacity + trimmed));
+                (width, capacity) = (kept, trimmed);
+            }
+            let needed = width + shape.tokens;
+            if needed > capacity {
+                added += column * (spare(needed) - capacity);
+                largest_copy = largest_copy.max(column * capacity);
+            }
+        }
+        added + largest_copy
+    }
+
+    /// What a decode step of up to `rows` rows at up to `context` positions may need when the
+    /// running batch holds `batch_kv` bytes of keys and values: its intermediates, a step's worth
+    /// of new columns, and one layer's buffer copied as it grows.
+    pub fn decode_reserve(&self, rows: usize, context: usize, batch_kv: usize) -> usize {
+        let buffers = vec![Buffer { width: context, capacity: context + 1 }; self.layers.len()];
+        let shape = StepShape { rows, tokens: 1, shared: 0, logits_rows: rows, buffers: &buffers };
+        let attention_layers = self.kv_layers().max(1);
+        self.compute_bytes(shape) + rows * self.kv_per_token() * KV_STEP + batch_kv / attention_layers
+    }
+
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layers that keep keys and values of their own.
+    pub fn kv_layers(&self) -> usize {
+        self.layers.iter().filter(|(c, _)| matches!(c, LayerCost::Attention { keeps_kv: true, .. })).count()
+    }
+
+    /// Key/value bytes one token adds in all layers.
+    pub fn kv_per_token(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|&(c, _)| match c {
+                LayerCost::Attention { kv_heads, head_dim, keeps_kv: true, .. } => 2 * kv_heads * head_dim * self.act,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// A prefill forward: `rows` prompts, `tokens` more each into `buffers` (and a shared
+    /// segment of `shared` they attend to), `ending` of them ending their prompt.
+    pub fn prefill_bytes(&self, rows: usize, tokens: usize, buffers: &[Buffer], shared: usize, ending: usize) -> usize {
+        self.step_bytes(StepShape { rows, tokens, shared, logits_rows: ending, buffers })
+    }
+
+    /// A decode step: one token for each of `rows` rows into `buffers`.
+    pub fn decode_bytes(&self, rows: usize, buffers: &[Buffer], shared: usize) -> usize {
+        self.step_bytes(StepShape { rows, tokens: 1, shared, logits_rows: rows, buffers })
+    }
+}
+
+/// What every step allocates whatever its size (masks, rotary tables, small per-op buffers),
+/// measured on the tiny models.
+const STEP_OVERHEAD: usize = 256 << 10;
+
+/// Each cache layer's buffers as a step sees them.
+pub fn buffers_of(cache: &[crate::model::BatchKvCache]) -> Vec<Buffer> {
+    cache.iter().map(|c| Buffer { width: c.width().max(0) as usize, capacity: c.capacity().max(0) as usize }).collect()
+}

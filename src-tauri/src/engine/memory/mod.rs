@@ -1,0 +1,195 @@
+//! The memory governor: one ceiling for everything the process holds, and the cost model that
+//! says what each step will need. Before a prefill forward it narrows the chunk until the
+//! step's predicted peak fits under the ceiling (the prefix cache's RAM tier gives way first);
+//! after each forward it compares the prediction with MLX's own peak counter, and the error is
+//! published. Idle, it gives MLX's buffer cache back to the system. (The KV budget admission
+//! reserves against is derived from the same ceiling: `kv_budget`.)
+
+pub mod cost;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use cost::{buffers_of, Buffer, CostModel, StepShape};
+
+use crate::mlx;
+
+/// Predicted transient bytes of the steps engines are running now, process-wide: two loaded
+/// models' engines must not both spend the same headroom.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// After this long idle an engine empties MLX's buffer cache, so resident memory falls back
+/// near its level before the burst.
+pub const GIVE_BACK_AFTER: Duration = Duration::from_secs(3);
+
+/// How well predictions held, as `/metrics` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Calibration {
+    /// The last measured step: predicted and measured transient bytes (MLX's peak counter,
+    /// reset before the step, less what was held before it).
+    pub predicted_bytes: usize,
+    pub measured_bytes: usize,
+    /// The largest measured / predicted ratio seen (above 1: an underestimate).
+    pub worst_ratio: f64,
+    pub steps: u64,
+    /// Prefill chunks narrowed to fit, and steps that waited for memory.
+    pub narrowed: u64,
+    pub deferred: u64,
+}
+
+pub struct Governor {
+    /// Bytes the whole process may hold.
+    ceiling: usize,
+    cost: CostModel,
+    calibration: Calibration,
+    /// The step being measured: its prediction and MLX's active bytes before it.
+    measuring: Option<(usize, usize)>,
+    idle_since: Option<Instant>,
+    given_back: bool,
+}
+
+/// Releases a step's share of [`IN_FLIGHT`] when it ends, however it ends.
+pub struct InFlight(usize);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(self.0, Ordering::SeqCst);
+    }
+}
+
+impl Governor {
+    pub fn new(ceiling: usize, cost: CostModel) -> Governor {
+        Governor {
+            ceiling,
+            cost,
+            calibration: Calibration::default(),
+            measuring: None,
+            idle_since: None,
+            given_back: true,
+        }
+    }
+
+    pub fn ceiling(&self) -> usize {
+        self.ceiling
+    }
+
+    pub fn cost(&self) -> &CostModel {
+        &self.cost
+    }
+
+    pub fn calibration(&self) -> Calibration {
+        self.calibration
+    }
+
+    /// What the process holds now: the system's count, or MLX's when it is larger (pages MLX
+    /// allocated are not all resident yet).
+    pub fn held_now() -> usize {
+        let stats = mlx::memory_stats();
+        let resident = mlx::process_resident_bytes().unwrap_or(0) as usize;
+        resident.max(stats.active + stats.cache)
+    }
+
+    /// Bytes a step may still allocate: the ceiling less what is held, the KV growth admitted
+    /// rows are owed (`pending_kv`), and the other engines' steps under way.
+    pub fn headroom(&self, pending_kv: usize) -> usize {
+        let others = IN_FLIGHT.load(Ordering::SeqCst);
+        self.ceiling.saturating_sub(Self::held_now() + pending_kv + others)
+    }
+
+    /// The most tokens per row (at most `wanted`) a prefill of `rows` prompts into `buffers`
+    /// (and a shared segment of `shared`) may take within `headroom`; 0 when not even one fits.
+    pub fn prefill_tokens(
+        &mut self,
+        rows: usize,
+        buffers: &[Buffer],
+        shared: usize,
+        wanted: usize,
+        headroom: usize,
+    ) -> usize {
+        let fits = |n: usize| self.cost.prefill_bytes(rows, n, buffers, shared, rows) <= headroom;
+        if fits(wanted) {
+            return wanted;
+        }
+        let (mut low, mut high) = (0, wanted);
+        while low < high {
+            let mid = (low + high).div_ceil(2);
+            if fits(mid) {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        if low == 0 {
+            self.calibration.deferred += 1;
+        } else {
+            self.calibration.narrowed += 1;
+        }
+        low
+    }
+
+    /// A forward predicted to need `predicted` bytes starts: MLX's peak counter is reset and
+    /// the prediction is held against the other engines until the returned guard drops.
+    pub fn begin_step(&mut self, predicted: usize) -> InFlight {
+        mlx::reset_peak_memory();
+        self.measuring = Some((predicted, mlx::memory_stats().active));
+        self.idle_since = None;
+        self.given_back = false;
+        IN_FLIGHT.fetch_add(predicted, Ordering::SeqCst);
+        InFlight(predicted)
+    }
+
+    /// The forward begun last has been evaluated: its measured transient against the prediction.
+    pub fn end_step(&mut self) {
+        let Some((predicted, before)) = self.measuring.take() else { return };
+        let measured = mlx::memory_stats().peak.saturating_sub(before);
+        let c = &mut self.calibration;
+        c.predicted_bytes = predicted;
+        c.measured_bytes = measured;
+        c.steps += 1;
+        if predicted > 0 {
+            c.worst_ratio = c.worst_ratio.max(measured as f64 / predicted as f64);
+        }
+    }
+
+    /// Called while the engine has nothing to do: once idle for [`GIVE_BACK_AFTER`], MLX's
+    /// buffer cache goes back to the system.
+    pub fn idle(&mut self) {
+        let since = *self.idle_since.get_or_insert_with(Instant::now);
+        if !self.given_back && since.elapsed() >= GIVE_BACK_AFTER {
+            mlx::give_back();
+            self.given_back = true;
+        }
+    }
+}
+
+/// The KV budget under a ceiling: what the ceiling leaves after the weights, what the process
+/// held before the model (`baseline`), MLX's buffer cache, and the steps the engine must always
+/// be able to run: a decode step of the whole batch (its growth scales with the KV it holds,
+/// at most this budget) and a small prefill chunk at full context. `wanted` caps it.
+pub fn kv_budget(
+    ceiling: usize,
+    weights: usize,
+    baseline: usize,
+    cost: &CostModel,
+    max_batch: usize,
+    context: usize,
+    wanted: Option<usize>,
+) -> usize {
+    const FLOOR: usize = 32 << 20;
+    let cache = mlx::cache_limit_for(ceiling as u64) as usize;
+    let at = context.saturating_sub(MIN_PREFILL);
+    let buffers = vec![Buffer { width: at, capacity: at }; cost.layer_count()];
+    let prefill = cost.prefill_bytes(1, MIN_PREFILL, &buffers, 0, 1);
+    let fixed = weights + baseline + cache + prefill.max(cost.decode_reserve(max_batch, context, 0));
+    // The decode reserve grows by budget / layers: solve budget + budget / layers = what is left.
+    let layers = cost.kv_layers().max(1);
+    let left = ceiling.saturating_sub(fixed) / (layers + 1) * layers;
+    // A configured budget is kept when the ceiling allows it (tests set tiny ones).
+    match wanted {
+        Some(w) => w.min(left.max(FLOOR)),
+        None => left.max(FLOOR),
+    }
+}
+
+/// The smallest prefill chunk the KV budget leaves room for at any depth.
+pub const MIN_PREFILL: usize = 64;
