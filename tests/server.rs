@@ -295,7 +295,8 @@ async fn busy_engine_answers_429() {
     let long = || post("/v1/completions", json!({"prompt": "ab", "max_tokens": 5000, "stream": true}).to_string());
     let first = app(h.state.clone()).oneshot(long()).await.unwrap();
     let mut first_body = first.into_body();
-    let _ = first_body.frame().await; // running
+    // Running.
+    let _ = first_body.frame().await;
     // Queued: a stream's headers are sent once it starts (so that a refusal can still be a 503).
     let second = tokio::spawn(app(h.state.clone()).oneshot(long()));
     let deadline = Instant::now() + Duration::from_secs(10);
