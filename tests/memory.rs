@@ -284,3 +284,47 @@ fn a_storm_of_long_prompts_stays_under_the_memory_ceiling() {
     assert!(m.memory.narrowed > 0, "the storm was meant to need narrowing: {:?}", m.memory);
     assert!(highest <= ceiling, "held {highest} bytes, over the ceiling of {ceiling}");
 }
+
+#[test]
+fn requests_arriving_together_are_admitted_only_as_far_as_the_kv_budget_holds() {
+    let _mlx = common::mlx_lock();
+    let dir = tiny(Arch::Llama);
+    // Slow tokens: the first request's one token holds the engine while the others queue, so
+    // that they are all waiting when it is free again, with nothing running.
+    let fault: fastmlx::engine::FaultInjector = std::sync::Arc::new(|_, _| {
+        std::thread::sleep(Duration::from_millis(20));
+        Ok(())
+    });
+    // Room for one 60-token prompt and its horizon, not two.
+    let config = EngineConfig {
+        kv_budget_bytes: Some(100 * KV_PER_TOKEN),
+        kv_reserve_ahead: 16,
+        prefix_cache_bytes: 0,
+        fault_injector: Some(fault),
+        ..Default::default()
+    };
+    let engine = start(dir.path(), config);
+    let first = engine.submit(request(&prompt(10, 0), 1)).unwrap();
+    let streams: Vec<RequestStream> = (1..5).map(|i| engine.submit(request(&prompt(60, i), 12)).unwrap()).collect();
+    let (mut most_reserved, mut most_running) = (0, 0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let watching = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let m = engine.snapshot();
+                most_reserved = most_reserved.max(m.kv_reserved_bytes);
+                most_running = most_running.max(m.running);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let outcomes: Vec<_> = std::iter::once(first).chain(streams).map(collect).collect();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        watcher.join().unwrap();
+        outcomes
+    });
+    for outcome in &watching {
+        assert_eq!(outcome.finish.reason, FinishReason::Length, "{:?}", outcome.finish);
+    }
+    assert!(most_reserved <= 100 * KV_PER_TOKEN, "reserved {most_reserved} bytes past the budget");
+    assert_eq!(most_running, 1, "one 60-token prompt at a time under this budget");
+}

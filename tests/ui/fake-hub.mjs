@@ -108,8 +108,9 @@ export async function startFakeHub(repos) {
   };
 }
 
-/** Element counts (bf16) whose weights need about `fraction` of this machine's memory. */
+/** Element counts (bf16) whose weights need about `fraction` of this machine's memory (the
+ * server's default ceiling is 70 % of it: "fits" up to four fifths of that, "tight" up to it). */
 export function bf16ParamsFor(fraction) {
-  // The server estimates memory as 1.2 × the storage size.
+  // The server estimates memory as 1.2 × the storage size (plus its own baseline).
   return { BF16: Math.round((totalmem() * fraction) / 1.2 / 2) };
 }

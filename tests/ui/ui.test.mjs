@@ -26,7 +26,7 @@ before(async () => {
   hub = await startFakeHub([
     { id: TINY_REPO, dir: makeTinyModel(path.join(hubFiles, "a"), "qwen2"), downloads: 1234, likes: 5, params: { F32: 362_000 } },
     { id: OTHER_REPO, dir: makeTinyModel(path.join(hubFiles, "b"), "qwen3"), downloads: 10, likes: 1, params: { F32: 362_000 } },
-    { id: TIGHT_REPO, downloads: 50_000, likes: 300, params: bf16ParamsFor(0.72) },
+    { id: TIGHT_REPO, downloads: 50_000, likes: 300, params: bf16ParamsFor(0.63) },
     { id: HUGE_REPO, downloads: 9_000, likes: 80, params: { BF16: 405_000_000_000 } },
   ]);
   server = await startServer({ tinyModels: ["tiny-llama", "tiny-doomed"], env: { HF_ENDPOINT: hub.url, HF_TOKEN: "" } });
@@ -74,7 +74,8 @@ describe("web UI", { concurrency: false }, () => {
       const cells = await row.locator("td").allTextContents();
       assert.match(cells.join(" | "), /llama/, "architecture shown");
       assert.match(cells[1], /\d+(\.\d+)? (KB|MB)/, "size in human bytes");
-      assert.match(cells[5], /FastMLX/, "source");
+      assert.match(cells[5], /^4 × [\d.]+k? ctx\s*fits$/, "the context four requests get here, and the fit");
+      assert.match(cells[6], /FastMLX/, "source");
       // The default model, loaded at start from outside the model folders, is listed as loaded.
       const smol = page.locator(`[data-testid=model-row][data-model="${SMOL}"]`);
       await smol.waitFor();
@@ -286,8 +287,15 @@ describe("web UI", { concurrency: false }, () => {
       assert.ok(sawDecode > 0, "decode tokens/s plotted above zero");
       assert.notDeepEqual(after[2], before[2], "the decode data changed");
       assert.ok(sawBatch >= 1, "a running batch plotted");
+      // held, MLX active, buffer cache, KV, step predicted, step measured, ceiling.
       const memory = await series("chart-memory");
-      assert.ok(memory[1].some((v) => v > 0), "MLX memory plotted");
+      assert.equal(memory.length, 8);
+      assert.ok(memory[1].some((v) => v > 0), "held memory plotted");
+      assert.ok(memory[2].some((v) => v > 0), "MLX memory plotted");
+      assert.ok(memory[6].some((v) => v > 0), "a measured step plotted");
+      const last = memory[0].length - 1;
+      assert.ok(memory[7][last] > 0 && memory[7][last] >= memory[1][last], "the ceiling above what is held");
+      assert.match(await text(page.getByTestId("memory-summary")), /ceiling [\d.]+ \w?B.*parked \d+.*refused \d+ waited · \d+ memory/s);
 
       await until(async () => (await page.getByTestId("recent-row").count()) >= Math.min(50, recentBefore + 4), "the recent requests");
       const rows = await page.getByTestId("recent-row").allTextContents();

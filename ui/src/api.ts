@@ -167,6 +167,22 @@ export interface LocalModel {
   context_length: number | null;
   size_bytes: number;
   unloadable_reason: string | null;
+  /** What it serves under the server's memory ceiling (null when its shape cannot be read). */
+  plan?: ServingPlan | null;
+}
+
+/** The memory planner's answer for a model on this machine (`fastmlx inspect` prints the same). */
+export interface ServingPlan {
+  ceiling_bytes: number;
+  weights_bytes: number;
+  kv_bytes_per_token: number;
+  kv_budget_bytes: number;
+  /** Requests at once the plan is for. */
+  rows: number;
+  /** Context each of them gets (at most the model's own). */
+  context_tokens: number;
+  max_context: number;
+  fit: "fits" | "tight" | "too big";
 }
 
 export interface LoadedModel {
@@ -259,6 +275,13 @@ export interface ModelMetrics {
   prefix_cache_tokens_reused: number;
   prefix_cache_bytes: number;
   prefix_cache_disk_bytes: number;
+  /** The memory governor's last measured step: predicted and measured transient bytes. */
+  step_predicted_bytes: number;
+  step_measured_bytes: number;
+  /** Rows parked for memory (resumed later), requests refused after waiting or for memory. */
+  parked_total: number;
+  refused_waited_total: number;
+  refused_memory_total: number;
 }
 
 /** Where a prompt left a cached sequence of the same conversation (see the Live page). */
@@ -292,7 +315,13 @@ export interface MetricsEvent {
   time_ms: number;
   mlx_active_bytes: number;
   mlx_cache_bytes: number;
+  /** The process's memory ceiling. */
   memory_budget_bytes: number | null;
+  /** What the process holds (resident, or MLX's count where larger). */
+  resident_bytes: number;
+  cache_limit_bytes: number;
+  /** Metal's wired limit as set (0: not set, as off Metal). */
+  wired_limit_bytes: number;
   models: ModelMetrics[];
   recent: FinishedRequest[];
 }

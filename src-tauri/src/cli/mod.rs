@@ -4,6 +4,7 @@ mod bench_cmd;
 mod bench_grammar_cmd;
 mod cache_cmd;
 mod generate_cmd;
+mod inspect_cmd;
 mod model_path;
 mod serve_cmd;
 mod store_cmd;
@@ -77,6 +78,8 @@ enum Command {
     Rm(store_cmd::RmArgs),
     /// Search the Hugging Face Hub for MLX models.
     Search(store_cmd::SearchArgs),
+    /// What a local model is and how much context it serves on this machine (without loading it).
+    Inspect(inspect_cmd::InspectArgs),
     /// The prefix cache on disk: `ls` (per model) or `clear`.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
         Command::Ls => store_cmd::ls(),
         Command::Rm(args) => store_cmd::rm(args),
         Command::Search(args) => store_cmd::search(args),
+        Command::Inspect(args) => inspect_cmd::run(args),
         Command::Cache(command) => cache_cmd::run(command),
         Command::Openapi => {
             print!("{}", crate::server::openapi::document_json());

@@ -134,11 +134,11 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 
 pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     let hits = runtime()?.block_on(HubClient::from_env().search(&args.text, args.limit, !args.all))?;
-    let machine = crate::mlx::machine_memory_bytes();
+    let ceiling = crate::mlx::default_ceiling();
     println!("{:<60} {:<14} {:>10} {:>9} {:<8}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT");
     for hit in hits {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);
-        let fit = hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), machine));
+        let fit = hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), ceiling));
         let quant = hit.quantization.as_deref().unwrap_or("-");
         println!("{:<60} {:<14} {:>10} {:>9} {:<8}", hit.id, quant, hit.downloads, size, fit);
     }

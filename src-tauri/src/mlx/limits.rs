@@ -99,7 +99,17 @@ pub fn apply_limits(ceiling: u64, gpu: bool) -> MlxLimits {
             Err(e) => tracing::warn!("MLX refused a wired limit of {wanted} bytes: {e}"),
         }
     }
-    MlxLimits { ceiling, memory_limit: ceiling, cache_limit, wired_limit }
+    let limits = MlxLimits { ceiling, memory_limit: ceiling, cache_limit, wired_limit };
+    *APPLIED.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+    limits
+}
+
+/// The limits last set (MLX's are process-wide, so this is too); all zero before any.
+static APPLIED: std::sync::Mutex<MlxLimits> =
+    std::sync::Mutex::new(MlxLimits { ceiling: 0, memory_limit: 0, cache_limit: 0, wired_limit: 0 });
+
+pub fn applied_limits() -> MlxLimits {
+    *APPLIED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Metal's recommended working set for this GPU (what it can keep resident without paging),

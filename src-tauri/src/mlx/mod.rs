@@ -11,8 +11,8 @@ pub mod metal_kernel;
 
 pub use in_place::{exclusive_bytes, exclusive_f32};
 pub use limits::{
-    apply_limits, cache_limit_for, give_back, parse_memory_size, process_resident_bytes, recommended_working_set,
-    MlxLimits,
+    applied_limits, apply_limits, cache_limit_for, give_back, parse_memory_size, process_resident_bytes,
+    recommended_working_set, MlxLimits,
 };
 pub use memory::{
     default_ceiling, default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes,

@@ -13,5 +13,7 @@ pub mod weights;
 pub use cache::{BatchKvCache, KvCache, KvFootprint, LayerCache, Positions};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
-pub use load::{inspect, load_model, load_model_with, LoadOptions, LoadedModel, ModelSummary, WeightFormat};
+pub use load::{
+    inspect, load_model, load_model_with, read_config, LoadOptions, LoadedModel, ModelSummary, WeightFormat,
+};
 pub use transformer::Transformer;

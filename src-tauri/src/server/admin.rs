@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::extract::{parse, ApiJson};
 use super::{ApiError, AppState};
+use crate::engine::memory::ServingPlan;
 use crate::store::fit::{fit, memory_needed};
 use crate::store::hub::SearchHit;
 use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
@@ -25,13 +26,23 @@ struct ModelEntry {
     #[serde(flatten)]
     model: LocalModel,
     loaded: bool,
+    /// What it serves under the server's ceiling: context for four requests at once, the badge.
+    plan: Option<ServingPlan>,
 }
 
 pub async fn list(State(state): State<AppState>) -> Json<Vec<Value>> {
     let loaded: Vec<String> = state.models.loaded().into_iter().map(|m| m.id).collect();
     let residency = state.models.clone();
-    let models = tokio::task::spawn_blocking(move || residency.local_models()).await.unwrap_or_default();
-    Json(models.into_iter().map(|m| json!(ModelEntry { loaded: loaded.contains(&m.id), model: m })).collect())
+    let entries = tokio::task::spawn_blocking(move || {
+        residency
+            .local_models()
+            .into_iter()
+            .map(|m| ModelEntry { loaded: loaded.contains(&m.id), plan: residency.plan_for(&m), model: m })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    Json(entries.into_iter().map(|e| json!(e)).collect())
 }
 
 pub async fn status(State(state): State<AppState>) -> Json<Value> {
@@ -110,7 +121,7 @@ pub struct SearchResult {
     hit: SearchHit,
     /// Memory it would take here, if the Hub reports its size.
     memory_needed_bytes: Option<u64>,
-    /// "fits", "tight" or "too big" on this machine.
+    /// "fits", "tight" or "too big" under the server's memory ceiling.
     fit: Option<&'static str>,
 }
 
@@ -120,12 +131,12 @@ pub async fn search(
 ) -> Result<Json<Vec<SearchResult>>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
-    let machine = crate::mlx::machine_memory_bytes();
+    let ceiling = state.models.memory_budget();
     let results = hits
         .into_iter()
         .map(|hit| {
             let needed = hit.storage_bytes.map(memory_needed);
-            SearchResult { memory_needed_bytes: needed, fit: needed.map(|n| fit(n, machine)), hit }
+            SearchResult { memory_needed_bytes: needed, fit: needed.map(|n| fit(n, ceiling)), hit }
         })
         .collect();
     Ok(Json(results))

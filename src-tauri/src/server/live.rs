@@ -75,6 +75,12 @@ struct ModelLive {
     prefix_cache_tokens_reused: u64,
     prefix_cache_bytes: usize,
     prefix_cache_disk_bytes: u64,
+    /// The governor's last measured step: its predicted and measured transient bytes.
+    step_predicted_bytes: usize,
+    step_measured_bytes: usize,
+    parked_total: u64,
+    refused_waited_total: u64,
+    refused_memory_total: u64,
 }
 
 #[derive(Serialize)]
@@ -89,7 +95,13 @@ pub struct LiveSnapshot {
     time_ms: u64,
     mlx_active_bytes: usize,
     mlx_cache_bytes: usize,
+    /// The process's memory ceiling (all models together).
     memory_budget_bytes: u64,
+    /// What the process holds (resident; MLX's count where larger), MLX's buffer-cache limit
+    /// and, on Metal, its wired limit (0: not set).
+    resident_bytes: usize,
+    cache_limit_bytes: u64,
+    wired_limit_bytes: u64,
     models: Vec<ModelLive>,
     /// Newest first, all models together.
     recent: Vec<RecentWithModel>,
@@ -119,14 +131,23 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
             prefix_cache_tokens_reused: m.prefix_cache_tokens_reused,
             prefix_cache_bytes: m.prefix_cache_bytes,
             prefix_cache_disk_bytes: m.prefix_cache_disk_bytes,
+            step_predicted_bytes: m.memory.predicted_bytes,
+            step_measured_bytes: m.memory.measured_bytes,
+            parked_total: m.parked_total,
+            refused_waited_total: m.refused_waited_total,
+            refused_memory_total: m.refused_memory_total,
         });
     }
     recent.sort_by_key(|r| std::cmp::Reverse(r.request.finished_ms));
     recent.truncate(crate::engine::RECENT_REQUESTS);
     let time_ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let limits = crate::mlx::applied_limits();
     LiveSnapshot {
         time_ms,
+        resident_bytes: crate::engine::memory::Governor::held_now(),
+        cache_limit_bytes: limits.cache_limit,
+        wired_limit_bytes: limits.wired_limit,
         mlx_active_bytes: memory.active,
         mlx_cache_bytes: memory.cache,
         memory_budget_bytes: state.models.memory_budget(),

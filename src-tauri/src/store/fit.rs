@@ -1,20 +1,61 @@
-//! Whether a model found on the Hub would fit this machine: the CLI's search and the dashboard's
-//! Discover page show the same badge.
+//! Whether a model fits this machine, under the memory ceiling the server enforces.
+//!
+//! A local model's shape is known (its `config.json` or GGUF header): the memory governor's
+//! planner says how much context four requests get at once, and the badge follows from that. A
+//! model found on the Hub is known only by its size: its weights plus a fifth for the KV cache
+//! and MLX's buffers, against the same ceiling. The CLI's search, `fastmlx inspect` and the
+//! dashboard's Models and Discover pages all show these.
+
+use std::path::Path;
+
+use crate::engine::memory::{plan, serving_plan, Fit, ServingPlan, PLAN_ROWS};
+use crate::model::{LoadOptions, ModelSummary};
 
 /// The weights as they sit in GPU memory (about their size on the Hub), plus a fifth for the KV
 /// cache and MLX's buffers. (On a CPU FastMLX expands quantized weights to f32 when they fit;
 /// the estimate is for the product's target, Apple Silicon.)
 pub fn memory_needed(storage_bytes: u64) -> u64 {
-    storage_bytes / 5 * 6
+    storage_bytes / 5 * 6 + plan::PROCESS_BASELINE
 }
 
-/// "fits" within 60% of the machine's memory, "tight" up to 85%, else "too big".
-pub fn fit(needed: u64, machine: u64) -> &'static str {
-    if needed <= machine / 100 * 60 {
-        "fits"
-    } else if needed <= machine / 100 * 85 {
-        "tight"
+/// A model known only by the memory it needs: "fits" within four fifths of the ceiling, "tight"
+/// up to the ceiling, else "too big".
+pub fn fit(needed: u64, ceiling: u64) -> &'static str {
+    if needed <= ceiling / 5 * 4 {
+        Fit::Fits.as_str()
+    } else if needed <= ceiling {
+        Fit::Tight.as_str()
     } else {
-        "too big"
+        Fit::TooBig.as_str()
+    }
+}
+
+/// The plan for the model at `path` under `ceiling`, for [`PLAN_ROWS`] requests at once on an
+/// engine batching `max_batch` rows; `None` when its shape cannot be read.
+pub fn plan_for(
+    path: &Path,
+    summary: &ModelSummary,
+    options: &LoadOptions,
+    ceiling: u64,
+    max_batch: usize,
+) -> Option<ServingPlan> {
+    let config = crate::model::read_config(path).ok()?;
+    let weights = super::estimated_weights_bytes(summary, options);
+    let gpu = crate::mlx::gpu_available();
+    // Keys and values are kept in the compute dtype: f32 on a CPU, the model's 16 bits on Metal.
+    let act_bytes = if gpu { 2 } else { 4 };
+    Some(serving_plan(&config, weights, ceiling, act_bytes, gpu, PLAN_ROWS, max_batch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_badge_follows_the_ceiling() {
+        let ceiling = 10 << 30;
+        assert_eq!(fit(4 << 30, ceiling), "fits");
+        assert_eq!(fit(9 << 30, ceiling), "tight");
+        assert_eq!(fit(11 << 30, ceiling), "too big");
     }
 }

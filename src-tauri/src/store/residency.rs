@@ -330,6 +330,12 @@ impl Residency {
 
     /// Every local model: the catalog's, then those loaded by path (`serve --model <file>`),
     /// which live outside the model folders. Reads the disk.
+    /// What `model` would serve here under the current ceiling and engine settings.
+    pub fn plan_for(&self, model: &LocalModel) -> Option<crate::engine::memory::ServingPlan> {
+        let config = self.config();
+        super::fit::plan_for(&model.path, &model.summary, &config.load, config.memory_budget, config.engine.max_batch)
+    }
+
     pub fn local_models(&self) -> Vec<LocalModel> {
         let loaded: Vec<(String, PathBuf)> = self.residents().iter().map(|r| (r.id.clone(), r.path.clone())).collect();
         let mut models = self.inner.catalog.list();

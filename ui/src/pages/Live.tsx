@@ -15,8 +15,12 @@ interface Sample {
   queued: number;
   prefill: number;
   decode: number;
+  held: number;
   active: number;
+  cache: number;
   kv: number;
+  predicted: number;
+  measured: number;
   budget: number | null;
 }
 
@@ -32,8 +36,12 @@ function sampleOf(e: MetricsEvent): Sample {
     queued: sum((m) => m.queued),
     prefill: sum((m) => m.prefill_tokens_per_sec),
     decode: sum((m) => m.decode_tokens_per_sec),
+    held: e.resident_bytes ?? e.mlx_active_bytes,
     active: e.mlx_active_bytes,
+    cache: e.mlx_cache_bytes,
     kv: sum((m) => m.kv_bytes),
+    predicted: sum((m) => m.step_predicted_bytes),
+    measured: sum((m) => m.step_measured_bytes),
     budget: e.memory_budget_bytes,
   };
 }
@@ -99,12 +107,23 @@ export function LivePage() {
   const load = useMemo(() => [x, column((s) => s.batch), column((s) => s.queued)] as uPlot.AlignedData, [tick]);
   const speed = useMemo(() => [x, column((s) => s.prefill), column((s) => s.decode)] as uPlot.AlignedData, [tick]);
   const memory = useMemo(
-    () => [x, column((s) => s.active), column((s) => s.kv), column((s) => s.budget)] as uPlot.AlignedData,
+    () =>
+      [
+        x,
+        column((s) => s.held),
+        column((s) => s.active),
+        column((s) => s.cache),
+        column((s) => s.kv),
+        column((s) => s.predicted),
+        column((s) => s.measured),
+        column((s) => s.budget),
+      ] as uPlot.AlignedData,
     [tick],
   );
 
   const models = latest?.models ?? [];
   const recent = latest?.recent ?? [];
+  const total = (f: (m: (typeof models)[number]) => number) => models.reduce((a, m) => a + (f(m) || 0), 0);
 
   return (
     <section>
@@ -114,15 +133,28 @@ export function LivePage() {
           {connected ? "streaming" : "connecting…"}
         </span>
         {latest && (
-          <div class="summary">
-            <span>
-              MLX active <b>{bytes(latest.mlx_active_bytes)}</b>
+          <div class="summary" data-testid="memory-summary">
+            <span title="What the process holds (resident memory)">
+              held <b>{bytes(latest.resident_bytes)}</b>
             </span>
-            <span>
-              cache <b>{bytes(latest.mlx_cache_bytes)}</b>
+            <span title="The memory ceiling: MLX's memory limit, and what admission keeps every step under">
+              ceiling <b>{bytes(latest.memory_budget_bytes)}</b>
             </span>
-            <span>
-              budget <b>{bytes(latest.memory_budget_bytes)}</b>
+            <span title="MLX's buffer cache (freed buffers kept for reuse) and its limit; emptied after a few seconds idle">
+              buffer cache <b>{bytes(latest.mlx_cache_bytes)}</b> / {bytes(latest.cache_limit_bytes)}
+            </span>
+            <span title="Metal's wired limit (memory kept resident for the GPU); not set off Metal">
+              wired <b>{latest.wired_limit_bytes ? bytes(latest.wired_limit_bytes) : "not set"}</b>
+            </span>
+            <span title="Running requests parked for memory (resumed later with the same output)" data-testid="parked">
+              parked <b>{total((m) => m.parked_total)}</b>
+            </span>
+            <span
+              title="Requests answered 503 + Retry-After: waited longer than --max-queue-wait / their prompt did not fit under the ceiling in time"
+              data-testid="refused"
+            >
+              refused <b>{total((m) => m.refused_waited_total)}</b> waited · <b>{total((m) => m.refused_memory_total)}</b>{" "}
+              memory
             </span>
           </div>
         )}
@@ -199,9 +231,13 @@ export function LivePage() {
           title="Memory"
           testid="chart-memory"
           series={[
-            { label: "MLX active", color: "#3b82f6" },
+            { label: "held", color: "#3b82f6" },
+            { label: "MLX active", color: "#6366f1" },
+            { label: "buffer cache", color: "#94a3b8" },
             { label: "KV cache", color: "#10b981" },
-            { label: "budget", color: "#ef4444", dash: [4, 4] },
+            { label: "step predicted", color: "#f59e0b", dash: [2, 3] },
+            { label: "step measured", color: "#d97706" },
+            { label: "ceiling", color: "#ef4444", dash: [4, 4] },
           ]}
           data={memory}
           axis={bytes}

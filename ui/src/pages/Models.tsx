@@ -94,8 +94,8 @@ export function ModelsPage() {
             <span>
               MLX memory <b>{bytes(status.mlx_active_bytes)}</b>
             </span>
-            <span>
-              budget <b>{bytes(status.memory_budget_bytes)}</b>
+            <span title="The memory ceiling: every loaded model, its caches and working memory stay under it">
+              ceiling <b>{bytes(status.memory_budget_bytes)}</b>
             </span>
             {status.machine_memory_bytes != null && (
               <span>
@@ -133,6 +133,9 @@ export function ModelsPage() {
                 <th class="num">Params</th>
                 <th>Quantization</th>
                 <th>Architecture</th>
+                <th title="Context each of four requests at once gets under the memory ceiling (as fastmlx inspect says)">
+                  Serves here
+                </th>
                 <th>Source</th>
                 <th class="actions"></th>
               </tr>
@@ -175,6 +178,9 @@ export function ModelsPage() {
                     <td class="num">{params(m.parameters)}</td>
                     <td>{m.quantization ?? "–"}</td>
                     <td>{m.architecture ?? "–"}</td>
+                    <td data-testid="serves-here">
+                      <PlanCell plan={m.plan} />
+                    </td>
                     <td>
                       {sourceNames[m.source] ?? m.source}
                       {m.format === "gguf" && <span class="muted"> · GGUF</span>}
@@ -213,5 +219,29 @@ export function ModelsPage() {
         </div>
       )}
     </section>
+  );
+}
+
+const fitKind: Record<string, "ok" | "warn" | "bad"> = { fits: "ok", tight: "warn", "too big": "bad" };
+
+/** "4 × 8.2k ctx" and the fit badge, with the arithmetic behind them in the tooltip. */
+function PlanCell({ plan }: { plan: LocalModel["plan"] }) {
+  if (!plan) return <span class="muted">–</span>;
+  const k = (n: number) => (n >= 1000 ? `${(n / 1000).toFixed(n >= 10_000 ? 0 : 1)}k` : String(n));
+  const title =
+    `weights ${bytes(plan.weights_bytes)}, KV ${bytes(plan.kv_bytes_per_token * 1000)} per 1k tokens, ` +
+    `KV budget ${bytes(plan.kv_budget_bytes)} under the ceiling of ${bytes(plan.ceiling_bytes)}; ` +
+    `the model takes up to ${k(plan.max_context)} tokens`;
+  return (
+    <span title={title}>
+      {plan.context_tokens > 0 && (
+        <span data-testid="plan-context">
+          {plan.rows} × {k(plan.context_tokens)} ctx{" "}
+        </span>
+      )}
+      <Badge kind={fitKind[plan.fit] ?? "muted"} testid="plan-fit">
+        {plan.fit}
+      </Badge>
+    </span>
   );
 }

@@ -237,7 +237,10 @@ print(reply.choices[0].message.content)`,
             <h2>Engine</h2>
             <label for="max-batch">Max batch (concurrent requests per model)</label>
             <input id="max-batch" type="number" min="1" step="1" {...field("max_batch")} data-testid="max-batch" />
-            <label for="memory-budget">Memory budget (MB; empty: the default)</label>
+            <label for="memory-budget">
+              Memory limit (MB; the ceiling for every loaded model, its caches and working memory; empty: the
+              default, 70 % of the machine and on a Mac at most the GPU's working set)
+            </label>
             <input id="memory-budget" type="number" min="0" step="1" {...field("memory_budget_mb")} data-testid="memory-budget" />
             <label for="prefix-cache">Prefix cache (MB per model; 0: off; models loaded from now on)</label>
             <input id="prefix-cache" type="number" min="0" step="1" {...field("prefix_cache_mb")} data-testid="prefix-cache-mb" />
@@ -249,7 +252,7 @@ print(reply.choices[0].message.content)`,
               </button>
               {saved && (
                 <span class="ok-text" data-testid="settings-saved">
-                  Applied: max batch {settings.max_batch}, budget{" "}
+                  Applied: max batch {settings.max_batch}, memory limit{" "}
                   {settings.memory_budget_mb == null ? "default" : `${settings.memory_budget_mb} MB`}, keep-alive{" "}
                   {settings.keep_alive_secs == null ? "never" : `${settings.keep_alive_secs} s`}, prefix cache{" "}
                   {settings.prefix_cache_mb ? `${settings.prefix_cache_mb} MB` : "off"}

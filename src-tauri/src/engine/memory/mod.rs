@@ -6,11 +6,13 @@
 //! reserves against is derived from the same ceiling: `kv_budget`.)
 
 pub mod cost;
+pub mod plan;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub use cost::{buffers_of, Buffer, CostModel, StepShape};
+pub use plan::{serving_plan, Fit, ServingPlan, PLAN_ROWS};
 
 use crate::mlx;
 
@@ -162,10 +164,21 @@ impl Governor {
     }
 }
 
+/// The KV budget under a ceiling, and the rows a decode step may run under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvBudget {
+    pub bytes: usize,
+    /// At most the configured batch; fewer when the ceiling cannot hold a step of key/value
+    /// columns for each row (a batch's buffers grow for every row at once).
+    pub max_rows: usize,
+}
+
 /// The KV budget under a ceiling: what the ceiling leaves after the weights, what the process
 /// held before the model (`baseline`), MLX's buffer cache, and the steps the engine must always
-/// be able to run: a decode step of the whole batch (its growth scales with the KV it holds,
-/// at most this budget) and a small prefill chunk at full context. `wanted` caps it.
+/// be able to run: a decode step of the whole batch (its growth scales with the rows and the KV
+/// it holds) and a small prefill chunk at full context. The batch is capped at the rows whose
+/// buffers' growth the budget can hold, so that a tight ceiling runs fewer rows instead of
+/// reserving for rows it could never hold. `wanted` caps the budget.
 pub fn kv_budget(
     ceiling: usize,
     weights: usize,
@@ -174,21 +187,36 @@ pub fn kv_budget(
     max_batch: usize,
     context: usize,
     wanted: Option<usize>,
-) -> usize {
+) -> KvBudget {
     const FLOOR: usize = 32 << 20;
     let cache = mlx::cache_limit_for(ceiling as u64) as usize;
     let at = context.saturating_sub(MIN_PREFILL);
     let buffers = vec![Buffer { width: at, capacity: at }; cost.layer_count()];
     let prefill = cost.prefill_bytes(1, MIN_PREFILL, &buffers, 0, 1);
-    let fixed = weights + baseline + cache + prefill.max(cost.decode_reserve(max_batch, context, 0));
     // The decode reserve grows by budget / layers: solve budget + budget / layers = what is left.
     let layers = cost.kv_layers().max(1);
-    let left = ceiling.saturating_sub(fixed) / (layers + 1) * layers;
+    let left = |rows: usize| {
+        let fixed = weights + baseline + cache + prefill.max(cost.decode_reserve(rows, context, 0));
+        ceiling.saturating_sub(fixed) / (layers + 1) * layers
+    };
+    // More rows leave less: the most rows whose step of growth fits in what they leave.
+    let fits = |rows: usize| rows * cost.growth_per_row() <= left(rows);
+    let (mut low, mut high) = (1, max_batch.max(1));
+    while low < high {
+        let mid = (low + high).div_ceil(2);
+        if fits(mid) {
+            low = mid;
+        } else {
+            high = mid - 1;
+        }
+    }
+    let left = left(low);
     // A configured budget is kept when the ceiling allows it (tests set tiny ones).
-    match wanted {
+    let bytes = match wanted {
         Some(w) => w.min(left.max(FLOOR)),
         None => left.max(FLOOR),
-    }
+    };
+    KvBudget { bytes, max_rows: low }
 }
 
 /// The smallest prefill chunk the KV budget leaves room for at any depth.

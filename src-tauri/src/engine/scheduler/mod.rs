@@ -91,8 +91,19 @@ impl Scheduler {
         // What the process holds with this model loaded (other models, the weights, the rest),
         // measured: the KV budget is what the ceiling leaves of it.
         let held = Governor::held_now().max(model.weights_bytes);
-        let kv_budget =
+        let budget =
             memory::kv_budget(ceiling, held, 0, &cost, config.max_batch, context_length, config.kv_budget_bytes);
+        if budget.max_rows < config.max_batch {
+            tracing::info!(
+                "{}: at most {} rows at once under the memory ceiling ({} MiB)",
+                model.name,
+                budget.max_rows,
+                ceiling >> 20
+            );
+        }
+        let mut config = config;
+        config.max_batch = budget.max_rows;
+        let kv_budget = budget.bytes;
         let kv_footprint = t.kv_footprint();
         let info = ModelInfo {
             name: model.name.clone(),

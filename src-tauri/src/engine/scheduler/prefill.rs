@@ -223,9 +223,10 @@ impl Scheduler {
         Ok(logits.as_slice::<f32>().chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
-    /// Whether `seq` can be admitted now: a batch slot, and its KV reservation within budget.
-    fn fits(&self, seq: &Sequence) -> bool {
-        let busy = self.running.len() + self.group.len();
+    /// Whether `seq` can be admitted now, beside `pending` rows admitted but not yet in the
+    /// group: a batch slot, and its KV reservation within budget (the first row always gets in).
+    fn fits(&self, seq: &Sequence, pending: usize) -> bool {
+        let busy = self.running.len() + self.group.len() + pending;
         busy < self.config.max_batch && self.kv.fits(seq, busy)
     }
 
@@ -261,7 +262,7 @@ impl Scheduler {
                 }
                 continue;
             }
-            if !self.fits(&self.waiting[i]) {
+            if !self.fits(&self.waiting[i], admitted.len()) {
                 break;
             }
             let seq = self.waiting.remove(i).expect("checked");

@@ -55,16 +55,7 @@ pub fn load(
         .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
     check_tensor_types(&header, path)?;
     let meta = Metadata { header: &header, path };
-
-    let arch_name = meta.string("general.architecture")?.unwrap_or_default();
-    let experts = meta.number(&format!("{arch_name}.expert_count"))?.unwrap_or(0.0) > 0.0;
-    let arch = gguf_arch(&arch_name, experts)
-        .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
-    let tok = tokenizer_metadata(&meta)?;
-    let mut hf = hf_config(&meta, &arch_name, tok.tokens.len())?;
-    hf.extra = expert_config(&meta, &arch_name, arch)?;
-    let config =
-        arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
+    let (arch_name, tok, config) = config_of(&meta)?;
 
     let expand = super::expand_quantized(options, backend, config.parameter_count());
     let tensors = gguf_tensors::read(path, &header, expand)?;
@@ -122,6 +113,28 @@ pub fn load(
 
 /// The architecture of a GGUF's `general.architecture` (llama.cpp's names; Mixtral is "llama"
 /// with experts).
+/// The model's shape from the GGUF header alone (no tensor data read).
+pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
+    let header = super::gguf_header::read_all(path)
+        .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(config_of(&Metadata { header: &header, path })?.2)
+}
+
+/// The architecture's name, the tokenizer's metadata and the model's configuration.
+fn config_of(meta: &Metadata) -> Result<(String, GgufTokenizerMetadata, crate::model::ModelConfig)> {
+    let path = meta.path;
+    let arch_name = meta.string("general.architecture")?.unwrap_or_default();
+    let experts = meta.number(&format!("{arch_name}.expert_count"))?.unwrap_or(0.0) > 0.0;
+    let arch = gguf_arch(&arch_name, experts)
+        .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
+    let tok = tokenizer_metadata(meta)?;
+    let mut hf = hf_config(meta, &arch_name, tok.tokens.len())?;
+    hf.extra = expert_config(meta, &arch_name, arch)?;
+    let config =
+        arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: path.to_path_buf(), message })?;
+    Ok((arch_name, tok, config))
+}
+
 pub fn gguf_arch(name: &str, experts: bool) -> Option<Arch> {
     match name {
         "llama" if experts => Some(Arch::Mixtral),

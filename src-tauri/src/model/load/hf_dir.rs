@@ -23,14 +23,7 @@ pub fn load(
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
     let config_path = dir.join("config.json");
-    let raw = arch::text_config(&read_json(&config_path)?);
-    let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
-    let arch = Arch::from_model_type(model_type)
-        .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;
-    let hf: HfConfig = serde_json::from_value(raw.clone())
-        .map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
-    let mut config =
-        arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: config_path.clone(), message })?;
+    let (raw, hf, mut config) = read_configs(dir)?;
 
     let tensors = read_safetensors(dir)?;
     let stored = stored_dtype(&raw, &tensors);
@@ -46,6 +39,24 @@ pub fn load(
 
     let (tokenizer, template) = load_tokenizer(dir, &raw)?;
     Ok((transformer, tokenizer, template))
+}
+
+/// The model's shape from `config.json` alone (no weights read): what the memory planner needs.
+pub fn read_config(dir: &Path) -> Result<crate::model::ModelConfig> {
+    Ok(read_configs(dir)?.2)
+}
+
+/// `config.json` (its text part, for multimodal checkpoints), as read and as understood.
+fn read_configs(dir: &Path) -> Result<(Value, HfConfig, crate::model::ModelConfig)> {
+    let config_path = dir.join("config.json");
+    let raw = arch::text_config(&read_json(&config_path)?);
+    let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
+    let arch = Arch::from_model_type(model_type)
+        .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;
+    let hf: HfConfig = serde_json::from_value(raw.clone())
+        .map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
+    let config = arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: config_path, message })?;
+    Ok((raw, hf, config))
 }
 
 fn read_json(path: &Path) -> Result<Value> {

@@ -87,6 +87,16 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
     })
 }
 
+/// The model's configuration (its shape) without reading its weights: a folder's
+/// `config.json` or a GGUF file's header.
+pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
+    if path.is_dir() {
+        hf_dir::read_config(path)
+    } else {
+        gguf::read_config(path)
+    }
+}
+
 /// Whether quantized weights of a model with `parameters` parameters will be expanded when
 /// loaded on this machine's device.
 pub fn expands_quantized(options: &LoadOptions, parameters: u64) -> bool {
