@@ -199,8 +199,8 @@ pub fn kv_budget(
         let fixed = weights + baseline + cache + prefill.max(cost.decode_reserve(rows, context, 0));
         ceiling.saturating_sub(fixed) / (layers + 1) * layers
     };
-    // More rows leave less: the most rows whose step of growth fits in what they leave.
-    let fits = |rows: usize| rows * cost.growth_per_row() <= left(rows);
+    // More rows leave less: the most rows whose step of growth fits in the budget they leave.
+    let fits = |rows: usize| rows * cost.growth_per_row() <= left(rows).max(FLOOR);
     let (mut low, mut high) = (1, max_batch.max(1));
     while low < high {
         let mid = (low + high).div_ceil(2);
