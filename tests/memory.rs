@@ -243,14 +243,25 @@ fn a_storm_of_long_prompts_stays_under_the_memory_ceiling() {
     let limits = mlx::apply_limits(ceiling as u64, false);
     // Whole prompts in one chunk if memory allowed: 16 rows x 4 heads x 440 x 440 scores in f32,
     // twice, are 99 MB alone.
+    // Slow tokens: the first request's token holds the engine while the storm queues, so that the
+    // sixteen arrive together (tiny models' steps are otherwise quicker than the submissions).
+    let fault: fastmlx::engine::FaultInjector = std::sync::Arc::new(|id, _| {
+        // Ids count from 1: the first request's.
+        if id == 1 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(())
+    });
     let config = EngineConfig {
         memory_ceiling: Some(ceiling),
         max_batch: 16,
         prefill_chunk: 16 * 512,
         itl_budget: 0.0,
+        fault_injector: Some(fault),
         ..Default::default()
     };
     let engine = start(dir.path(), config);
+    let first = engine.submit(request(&prompt(10, 99), 1)).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let stop = stop.clone();
@@ -265,7 +276,7 @@ fn a_storm_of_long_prompts_stays_under_the_memory_ceiling() {
     };
     let streams: Vec<RequestStream> =
         (0..16).map(|i| engine.submit(request(&prompt(440 + i, i), 8)).unwrap()).collect();
-    for s in streams {
+    for s in std::iter::once(first).chain(streams) {
         assert_eq!(collect(s).finish.reason, FinishReason::Length);
     }
     let m = wait_idle_within(&engine, Duration::from_secs(60));
