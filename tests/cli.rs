@@ -132,3 +132,35 @@ fn ls_and_rm_over_the_model_folders() {
     assert!(ok, "{text}");
     assert!(!hf.join("models--mlx-community--tiny").exists());
 }
+
+#[test]
+fn inspect_plans_the_context_a_model_serves_under_a_ceiling() {
+    let out = fastmlx()
+        .args(["inspect", "--memory-limit", "1.1GB", "--json"])
+        .arg(common::smollm2_gguf())
+        .output_within();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plans = json["plans"].as_array().unwrap();
+    let rows: Vec<u64> = plans.iter().map(|p| p["rows"].as_u64().unwrap()).collect();
+    assert_eq!(rows, [1, 4, 8, 16]);
+    // SmolLM2: 30 layers x keys and values x 3 heads x 64, in the compute dtype.
+    let element = if fastmlx::mlx::gpu_available() { 2 } else { 4 };
+    assert_eq!(plans[0]["kv_bytes_per_token"], 30 * 2 * 3 * 64 * element);
+    assert_eq!(plans[0]["ceiling_bytes"], 1_100_000_000u64);
+    let context: Vec<u64> = plans.iter().map(|p| p["context_tokens"].as_u64().unwrap()).collect();
+    assert!(context.windows(2).all(|w| w[0] >= w[1]), "more requests, less context each: {context:?}");
+    assert!(context[1] > 0 && context[1] < 8192, "1.1 GB is tight for four requests: {context:?}");
+    // What four requests are granted is what the KV budget holds.
+    let four = &plans[1];
+    let granted = 4 * four["kv_bytes_per_token"].as_u64().unwrap() * context[1];
+    assert!(granted <= four["kv_budget_bytes"].as_u64().unwrap(), "{four}");
+
+    let text = fastmlx().args(["inspect", "--memory-limit", "1.1GB"]).arg(common::smollm2_gguf()).output_within();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("serves {} tokens of context to 4 requests at once", context[1])), "{text}");
+
+    let missing = fastmlx().args(["inspect", "/no/such/model"]).output_within();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such/model"));
+}
