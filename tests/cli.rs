@@ -135,10 +135,8 @@ fn ls_and_rm_over_the_model_folders() {
 
 #[test]
 fn inspect_plans_the_context_a_model_serves_under_a_ceiling() {
-    let out = fastmlx()
-        .args(["inspect", "--memory-limit", "1.1GB", "--json"])
-        .arg(common::smollm2_gguf())
-        .output_within();
+    let out =
+        fastmlx().args(["inspect", "--memory-limit", "1.1GB", "--json"]).arg(common::smollm2_gguf()).output_within();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let plans = json["plans"].as_array().unwrap();
