@@ -126,6 +126,14 @@ fn prompt(n: usize, salt: usize) -> Vec<u32> {
     (0..n).map(|j| ((j * 13 + salt * 29 + j * j / 7) % (synthetic::VOCAB - 10) + 5) as u32).collect()
 }
 
+/// A fault injector that only slows every generated token by `ms` (a slow model, for timing).
+fn slow_tokens(ms: u64) -> fastmlx::engine::FaultInjector {
+    std::sync::Arc::new(move |_, _| {
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    })
+}
+
 /// The tiny models' keys and values take 1 KiB a token (2 layers x 2 x 2 heads x 32 x f32).
 const KV_PER_TOKEN: usize = 1 << 10;
 
@@ -184,10 +192,7 @@ fn a_request_that_cannot_start_in_time_is_refused_as_overloaded() {
     let _mlx = common::mlx_lock();
     let dir = tiny(Arch::Llama);
     // Slow steps: the first request holds the only row for seconds.
-    let fault: fastmlx::engine::FaultInjector = std::sync::Arc::new(|_, _| {
-        std::thread::sleep(Duration::from_millis(20));
-        Ok(())
-    });
+    let fault = slow_tokens(20);
     let config = EngineConfig {
         max_batch: 1,
         max_queue_wait: Some(Duration::from_millis(500)),
@@ -302,10 +307,7 @@ fn requests_arriving_together_are_admitted_only_as_far_as_the_kv_budget_holds() 
     let dir = tiny(Arch::Llama);
     // Slow tokens: the first request's one token holds the engine while the others queue, so
     // that they are all waiting when it is free again, with nothing running.
-    let fault: fastmlx::engine::FaultInjector = std::sync::Arc::new(|_, _| {
-        std::thread::sleep(Duration::from_millis(20));
-        Ok(())
-    });
+    let fault = slow_tokens(20);
     // Room for one 60-token prompt and its horizon, not two.
     let config = EngineConfig {
         kv_budget_bytes: Some(100 * KV_PER_TOKEN),

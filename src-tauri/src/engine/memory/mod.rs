@@ -118,15 +118,7 @@ impl Governor {
         if fits(wanted) {
             return wanted;
         }
-        let (mut low, mut high) = (0, wanted);
-        while low < high {
-            let mid = (low + high).div_ceil(2);
-            if fits(mid) {
-                low = mid;
-            } else {
-                high = mid - 1;
-            }
-        }
+        let low = largest_fitting(0, wanted, fits);
         if low == 0 {
             self.calibration.deferred += 1;
         } else {
@@ -207,7 +199,19 @@ pub fn kv_budget(
     };
     // More rows leave less: the most rows whose step of growth fits in the budget they leave.
     let fits = |rows: usize| rows * cost.growth_per_row() <= left(rows).max(FLOOR);
-    let (mut low, mut high) = (1, max_batch.max(1));
+    let low = largest_fitting(1, max_batch.max(1), fits);
+    let left = left(low);
+    // A configured budget is kept when the ceiling allows it (tests set tiny ones).
+    let bytes = match wanted {
+        Some(w) => w.min(left.max(FLOOR)),
+        None => left.max(FLOOR),
+    };
+    KvBudget { bytes, max_rows: low }
+}
+
+/// The largest `n` in `low..=high` for which `fits(n)` holds, `fits` holding up to some point and
+/// not past it (more memory never fits where less did not); `low` when none above it does.
+fn largest_fitting(mut low: usize, mut high: usize, fits: impl Fn(usize) -> bool) -> usize {
     while low < high {
         let mid = (low + high).div_ceil(2);
         if fits(mid) {
@@ -216,13 +220,7 @@ pub fn kv_budget(
             high = mid - 1;
         }
     }
-    let left = left(low);
-    // A configured budget is kept when the ceiling allows it (tests set tiny ones).
-    let bytes = match wanted {
-        Some(w) => w.min(left.max(FLOOR)),
-        None => left.max(FLOOR),
-    };
-    KvBudget { bytes, max_rows: low }
+    low
 }
 
 /// What [`Governor::headroom`] keeps free of the ceiling at least (a 64th of it above 1 GiB).

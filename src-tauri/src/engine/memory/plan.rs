@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::{kv_budget, CostModel};
+use super::{kv_budget, largest_fitting, CostModel};
 use crate::model::ModelConfig;
 
 /// What the process holds besides its models (MLX's runtime, OpenBLAS, the HTTP server):
@@ -95,15 +95,7 @@ pub fn serving_plan(
         held < ceiling && rows * cost.request_bytes_at(context) <= budget_at(context)
     };
     // The largest context that fits (more context never needs less memory).
-    let (mut low, mut high) = (0, max);
-    while low < high {
-        let mid = (low + high).div_ceil(2);
-        if fits(mid) {
-            low = mid;
-        } else {
-            high = mid - 1;
-        }
-    }
+    let low = largest_fitting(0, max, fits);
     ServingPlan {
         ceiling_bytes: ceiling,
         weights_bytes: weights,
