@@ -2,8 +2,8 @@
 //! every architecture's tiny model (hybrids, windowed layers, experts included), at several
 //! (rows, chunk, context) points, the predicted working memory of a prefill forward and of a
 //! decode step is never below what MLX measured (what keeps the ceiling safe) and never above
-//! 3 times it plus 1 MiB (how much it may waste); how many points are within the 1.5x aimed at is
-//! printed. Then the engine under a ceiling and a KV budget: parking, horizons, refusals, idle.
+//! twice it (how much it may waste); how many points are within the 1.5x aimed at is printed
+//! (91 of 96 when last measured; the rest are hybrids' small decode steps and Gemma 4's MoE). Then the engine under a ceiling and a KV budget: parking, horizons, refusals, idle.
 
 mod common;
 
@@ -74,7 +74,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
     let _mlx = common::mlx_lock();
     let backend = common::backend();
     // (rows, tokens per row, tokens already cached); one token: a decode step.
-    let points = [(1, 64, 0), (4, 32, 200), (8, 64, 384), (16, 16, 470), (8, 1, 300), (32, 1, 100)];
+    let points = [(1, 64, 0), (4, 48, 230), (8, 64, 384), (16, 16, 470), (24, 1, 1200), (64, 1, 400)];
     let mut failures = Vec::new();
     let (mut within, mut all) = (0, 0);
     println!(
@@ -95,7 +95,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
             within += usize::from(ratio <= 1.5);
-            if predicted < measured || predicted > 3 * measured + (1 << 20) {
+            if predicted < measured || predicted > 2 * measured {
                 failures.push(format!(
                     "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {measured}"
                 ));
@@ -103,7 +103,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         }
     }
     println!("{within} of {all} predictions within 1.5x of the measured peak");
-    assert!(failures.is_empty(), "predictions outside [measured, 3 x measured + 1 MiB]:\n{}", failures.join("\n"));
+    assert!(failures.is_empty(), "predictions outside [measured, 2 x measured]:\n{}", failures.join("\n"));
 }
 
 // --- The governor in the engine -------------------------------------------------------------

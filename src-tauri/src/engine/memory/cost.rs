@@ -39,10 +39,12 @@ enum LayerCost {
         window: Option<usize>,
         keeps_kv: bool,
     },
-    /// A linear-attention layer: its projections' width and its state per sequence.
+    /// A linear-attention layer: its projections' width, its state per sequence, and the width
+    /// of its output per token.
     Recurrent {
         width: usize,
         state_bytes: usize,
+        output: usize,
     },
 }
 
@@ -53,6 +55,7 @@ pub struct CostModel {
     act: usize,
     hidden: usize,
     vocab: usize,
+    /// Each layer: its mixer, and the elements per token its MLP holds at its peak.
     layers: Vec<(LayerCost, usize)>,
     /// Whether attention writes the whole score matrix to memory (MLX's CPU device; on Metal
     /// only for head sizes its fused kernels do not take).
@@ -61,22 +64,28 @@ pub struct CostModel {
 
 impl CostModel {
     pub fn new(config: &ModelConfig, act_bytes: usize, gpu: bool) -> CostModel {
+        // Gate, up and their product alive at once; gpt-oss's clamps and scaled sigmoid make
+        // two more (measured).
+        let copies =
+            if matches!(config.activation, crate::model::config::Activation::SwigluClamped { .. }) { 5 } else { 3 };
         let layers = (0..config.num_layers)
             .map(|i| {
                 let mlp = match &config.moe {
                     Some(moe) if moe.is_sparse(i) => {
-                        // Each token's experts (their inputs gathered too), the router's scores, a
-                        // shared expert.
-                        moe.top_k * (moe.intermediate_size + config.hidden_size)
+                        // Each token's experts and a shared expert, the experts' inputs
+                        // gathered, the router's scores; Gemma 4's dense MLP runs beside them.
+                        let beside = if config.gemma4.is_some() { config.layer_intermediate_size(i) } else { 0 };
+                        copies * (moe.top_k * moe.intermediate_size + moe.shared_expert_size.unwrap_or(0) + beside)
+                            + moe.top_k * config.hidden_size
                             + moe.num_experts
-                            + moe.shared_expert_size.unwrap_or(0)
                     }
-                    _ => config.layer_intermediate_size(i),
+                    _ => copies * config.layer_intermediate_size(i),
                 };
                 let cost = match &config.hybrid {
                     Some(h) if config.is_recurrent(i) => LayerCost::Recurrent {
                         width: h.conv_channels() + h.value_heads * h.value_dim,
                         state_bytes: h.state_bytes(act_bytes),
+                        output: h.value_heads * h.value_dim,
                     },
                     _ => {
                         let a = config.layer_attention(i);
@@ -101,7 +110,8 @@ impl CostModel {
     /// intermediates (MLX frees a layer's buffers as the next one runs), the logits, and the
     /// key/value buffers that grow (old and new alive at once while one is copied).
     pub fn step_bytes(&self, shape: StepShape<'_>) -> usize {
-        self.compute_bytes(shape) + self.growth_bytes(shape)
+        let (growth, trim) = self.buffer_bytes(shape);
+        (self.compute_bytes(shape) + growth).max(trim + STEP_OVERHEAD)
     }
 
     /// The step's intermediates and logits, its buffers' growth aside.
@@ -112,33 +122,44 @@ impl CostModel {
         let residual = r * n * self.hidden * a * 4;
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
             let mixer = match cost {
-                LayerCost::Attention { q_heads, kv_heads, head_dim, .. } => {
-                    // A layer sharing another's cache sees as many keys as that one.
+                LayerCost::Attention { q_heads, kv_heads, head_dim, window, .. } => {
+                    // A layer sharing another's cache sees as many keys as that one; a windowed
+                    // layer, what it keeps once it has dropped what no token sees again.
                     let width = buffers.get(i).map_or(widest, |b| b.width);
+                    let width = window_width(width, window);
                     let seen = shared + width + n;
                     let projections = r * n * (2 * q_heads + 2 * kv_heads) * head_dim * a;
                     // The scores, and the masked copy beside them while the mask applies. (One
                     // copy, counting on MLX donating the scores' buffer to the masked add, was
                     // measured under the peak by up to 11 % for models with q/k norms or fused
                     // projections: two copies are alive there.)
-                    let scores = if self.materializes_scores { 2 * r * q_heads * n * seen * a.max(4) } else { 0 };
+                    // A decode step's single query row was measured with one copy.
+                    let copies = if n == 1 { 1 } else { 2 };
+                    let scores = if self.materializes_scores { copies * r * q_heads * n * seen * a.max(4) } else { 0 };
                     projections + scores
                 }
-                // The recurrence in its ops form makes a state of each row per token, alive
-                // until the chunk is evaluated.
-                LayerCost::Recurrent { width, state_bytes } => 4 * r * n * width * a + (n + 3) * r * state_bytes,
+                // The projections and convolution; in the recurrence's ops form, the state of
+                // each row and the next one (MLX frees the older as it goes, measured), and every
+                // token's output until they are stacked.
+                LayerCost::Recurrent { width, state_bytes, output } => {
+                    4 * r * n * width * a + 2 * r * state_bytes + 2 * r * n * output * a
+                }
             };
             // The mixer's output is still alive while the MLP's intermediates are made.
-            (matches!(cost, LayerCost::Recurrent { .. }), mixer + 3 * r * n * mlp * a)
+            (cost, mixer, mixer + r * n * mlp * a)
         });
-        // In a hybrid, a recurrent layer's buffers (its states) can still be alive while the next
-        // attention layer runs: the largest of each kind, together.
-        let (mut attention, mut recurrent) = (0, 0);
-        for (is_recurrent, bytes) in per_layer {
-            let largest = if is_recurrent { &mut recurrent } else { &mut attention };
-            *largest = (*largest).max(bytes);
+        // MLX runs independent branches of the graph in its own order, so in a hybrid a recurrent
+        // mixer's intermediates (measured) can still be alive while an attention layer runs.
+        let (mut attention, mut recurrent, mut recurrent_mixer) = (0, 0, 0);
+        for (cost, mixer, bytes) in per_layer {
+            if matches!(cost, LayerCost::Recurrent { .. }) {
+                recurrent = recurrent.max(bytes);
+                recurrent_mixer = recurrent_mixer.max(mixer);
+            } else {
+                attention = attention.max(bytes);
+            }
         }
-        let layer_peak = attention + recurrent;
+        let layer_peak = recurrent.max(attention + recurrent_mixer);
         // The last positions' logits in the compute dtype and in f32.
         let logits = logits_rows * self.vocab * (a + 4);
         residual + layer_peak + logits + STEP_OVERHEAD
@@ -146,13 +167,15 @@ impl CostModel {
 
     /// Key/value bytes the step adds: nothing in a layer whose buffers have room, else its new
     /// columns (buffers grow to the next multiple of [`KV_STEP`] past what they hold), plus
-    /// the largest growing layer's old buffers beside their copy.
-    fn growth_bytes(&self, shape: StepShape<'_>) -> usize {
+    /// the largest growing layer's old buffers beside their copy. Second, the largest copy a
+    /// windowed layer makes as it drops its oldest columns: that copy is evaluated on its own,
+    /// before the step's compute, and frees the larger buffers it replaces.
+    fn buffer_bytes(&self, shape: StepShape<'_>) -> (usize, usize) {
         use crate::model::cache::{spare_capacity, window_drop, window_keep};
         let spare = |used: usize| spare_capacity(used as i32) as usize;
         let mut added = 0;
-        // The largest layer's old buffers beside their copy (a grown or a trimmed one).
-        let mut largest_copy = 0;
+        // The largest layer's old buffers beside their grown copy, and the largest trimmed copy.
+        let (mut largest_copy, mut largest_trim) = (0, 0);
         for (i, &(cost, _)) in self.layers.iter().enumerate() {
             let (LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, .. }, Some(b)) =
                 (cost, shape.buffers.get(i))
@@ -162,10 +185,11 @@ impl CostModel {
             let column = shape.rows * 2 * kv_heads * head_dim * self.act;
             let (mut width, mut capacity) = (b.width, b.capacity);
             // A windowed layer first drops the columns no token will see again, into new buffers.
+            // The old ones are already held; the copy is what is new, and the old are freed.
             if let Some(w) = window.filter(|&w| window_drop(width as i32, w) > 0) {
                 let kept = window_keep(w) as usize;
                 let trimmed = spare(kept + KV_STEP - 1);
-                largest_copy = largest_copy.max(column * (capacity + trimmed));
+                largest_trim = largest_trim.max(column * trimmed);
                 (width, capacity) = (kept, trimmed);
             }
             let needed = width + shape.tokens;
@@ -174,7 +198,7 @@ impl CostModel {
                 largest_copy = largest_copy.max(column * capacity);
             }
         }
-        added + largest_copy
+        (added + largest_copy, largest_trim)
     }
 
     /// What a decode step of up to `rows` rows at up to `context` positions may need when the
@@ -238,6 +262,16 @@ impl CostModel {
     /// A decode step: one token for each of `rows` rows into `buffers`.
     pub fn decode_bytes(&self, rows: usize, buffers: &[Buffer], shared: usize) -> usize {
         self.step_bytes(StepShape { rows, tokens: 1, shared, logits_rows: rows, buffers })
+    }
+}
+
+/// Columns a layer attends to in a step that starts with `width` of them: a windowed layer
+/// first drops the leading ones no token will see again.
+fn window_width(width: usize, window: Option<usize>) -> usize {
+    use crate::model::cache::{window_drop, window_keep};
+    match window {
+        Some(w) if window_drop(width as i32, w) > 0 => window_keep(w) as usize,
+        _ => width,
     }
 }
 

@@ -6,7 +6,7 @@
 //! writing in a ring).
 
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
 use crate::model::error::Result;
@@ -90,9 +90,7 @@ impl Buffers {
         let capacity = spare_capacity(kept + STEP - 1);
         let copy = |b: &Option<Array>| -> Result<Option<Array>> {
             let Some(b) = b else { return Ok(None) };
-            let s = b.shape();
-            let tail = zeros_dtype(&[s[0], s[1], capacity - kept, s[3]], b.dtype())?;
-            Ok(Some(concatenate(&[b.try_index((.., .., from..used, ..))?, tail], 2)?))
+            Ok(Some(copy_into_new(b, from..used, capacity)?))
         };
         let (keys, values) = (copy(&self.keys)?, copy(&self.values)?);
         mlx_rs::transforms::eval(keys.iter().chain(values.iter()))?;
@@ -108,10 +106,22 @@ impl Buffers {
 
 /// A buffer with `grow` more positions than `used`, keeping the first `used` of `old`.
 fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
-    let shape = like.shape();
-    let fresh = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?;
-    Ok(match old {
-        Some(old) => concatenate(&[old.try_index((.., .., ..used, ..))?, fresh], 2)?,
-        None => fresh,
-    })
+    match old {
+        Some(old) => copy_into_new(&old, 0..used, used + grow),
+        None => {
+            let shape = like.shape();
+            Ok(zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?)
+        }
+    }
+}
+
+/// A new `[B, H, capacity, D]` buffer starting with columns `columns` of `old`. Written into
+/// zeros in place (MLX gives the zeros' buffer to the update), so a copy costs one new buffer,
+/// not a zero tail and a concatenation besides.
+fn copy_into_new(old: &Array, columns: std::ops::Range<i32>, capacity: i32) -> Result<Array> {
+    let s = old.shape();
+    let kept = columns.end - columns.start;
+    let mut out = zeros_dtype(&[s[0], s[1], capacity, s[3]], old.dtype())?;
+    out.try_index_mut((.., .., ..kept, ..), old.try_index((.., .., columns, ..))?)?;
+    Ok(out)
 }
