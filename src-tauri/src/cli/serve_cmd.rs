@@ -87,6 +87,14 @@ pub struct ServeArgs {
     /// How quantized weights are held in memory.
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
     weights: super::WeightsArg,
+    /// Speculative decoding: `auto` drafts tokens by prompt lookup (what the prompt and the text
+    /// so far say comes next) and checks them in one step, wherever that is measured to pay;
+    /// `ngram` drafts whenever it can; `off` never. The output is the same either way.
+    #[arg(long, env = "FASTMLX_SPECULATIVE", default_value = "auto")]
+    speculative: crate::engine::speculative::Mode,
+    /// Tokens a request drafts per step at most.
+    #[arg(long, env = "FASTMLX_NUM_DRAFT_TOKENS", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS)]
+    num_draft_tokens: usize,
 }
 
 impl ServeArgs {
@@ -108,6 +116,10 @@ impl ServeArgs {
                     .then(crate::engine::kv::prefix_cache::default_disk_dir)
                     .flatten()
                     .map(|dir| (dir, (self.prefix_cache_disk_gb.min(1e6) * 1e9) as u64)),
+                speculative: crate::engine::speculative::SpeculativeConfig {
+                    mode: self.speculative,
+                    draft_tokens: self.num_draft_tokens,
+                },
                 ..Default::default()
             },
             load: self.weights.load_options(),

@@ -42,6 +42,8 @@ pub struct EngineConfig {
     pub prefix_cache_bytes: usize,
     /// The prefix cache's disk tier: its folder and most bytes (`None`: RAM only).
     pub prefix_cache_disk: Option<(std::path::PathBuf, u64)>,
+    /// Speculative decoding: how rows draft tokens that a step checks together.
+    pub speculative: super::speculative::SpeculativeConfig,
 }
 
 /// While streams decode, a long prompt's prefill is paced so that their inter-token latency stays
@@ -76,6 +78,7 @@ impl Default for EngineConfig {
             kv_reserve_ahead: DEFAULT_KV_RESERVE_AHEAD,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             prefix_cache_disk: None,
+            speculative: Default::default(),
         }
     }
 }

@@ -114,6 +114,10 @@ pub struct Metrics {
     pub errors_total: u64,
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
+    /// Speculative decoding: tokens drafted, and those the model accepted; verify steps run.
+    pub draft_tokens_total: u64,
+    pub draft_accepted_total: u64,
+    pub verify_steps_total: u64,
     /// The prefix cache: requests that reused a cached start and those that did not, tokens
     /// reused, bytes and blocks held, blocks evicted.
     pub prefix_cache_hits: u64,

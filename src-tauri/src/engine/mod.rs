@@ -15,6 +15,7 @@ mod pacing;
 mod request;
 mod scheduler;
 mod sequence;
+pub mod speculative;
 
 pub use config::{
     EngineConfig, FaultInjector, ModelInfo, DEFAULT_ITL_BUDGET, DEFAULT_KV_RESERVE_AHEAD, DEFAULT_MAX_QUEUE_WAIT,

@@ -44,6 +44,9 @@ pub struct Request {
     /// nothing else to do, it prefills them after the answer, so the conversation's next turn
     /// finds them in the prefix cache (empty: not a chat, or no such tokens).
     pub turn_boundary: Vec<u32>,
+    /// Whether its rows may draft tokens (speculative decoding, when the engine does): its
+    /// output is the same either way; off, it is never slowed by verifying drafts.
+    pub speculative: bool,
 }
 
 impl Request {
@@ -62,6 +65,7 @@ impl Request {
             prompt_parts: Vec::new(),
             snapshot_at: None,
             turn_boundary: Vec::new(),
+            speculative: true,
         }
     }
 }
@@ -105,6 +109,9 @@ pub struct Timings {
     pub time_to_first_token: Duration,
     /// From the first generated token to the end.
     pub decode: Duration,
+    /// Tokens drafted for it (speculative decoding), and how many of them the model accepted.
+    pub draft_tokens: usize,
+    pub draft_accepted: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -55,6 +55,8 @@ pub(crate) struct Sequence {
     pub record: Option<RecentRequest>,
     /// Times it was parked for memory while running.
     pub parked: usize,
+    /// Its proposer of drafted tokens, while it runs in an engine that drafts.
+    pub drafter: Option<super::speculative::RowDrafter>,
     /// Told when it is first admitted (`RequestStream::started`); dropped unsent when it ends
     /// before.
     pub started: Option<tokio::sync::oneshot::Sender<()>>,
@@ -112,6 +114,7 @@ impl Sequence {
             record: None,
             started: None,
             parked: 0,
+            drafter: None,
             prompt_len: request.prompt_ids.len(),
             max_len,
             reserve_ahead,
@@ -139,6 +142,13 @@ impl Sequence {
     pub fn kv_shortfall(&self) -> Option<usize> {
         let needed = self.tokens().len();
         (needed > self.kv.tokens).then(|| self.max_len.min(needed - 1 + self.reserve_ahead).max(needed))
+    }
+
+    /// Tokens it may draft for the next step: as many as its reservation holds past what it
+    /// has, and fewer than it may still generate.
+    pub fn draft_room(&self) -> usize {
+        let len = self.tokens().len();
+        self.kv.tokens.saturating_sub(len).min(self.max_len.saturating_sub(len + 1))
     }
 
     /// Whether it has started (been admitted once): such a request is never refused for waiting.
@@ -231,6 +241,8 @@ impl Sequence {
             prefill_chunks: self.prefill_chunks,
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrived)).unwrap_or_default(),
             decode: self.first_token.map(|t| now.duration_since(t)).unwrap_or_default(),
+            draft_tokens: self.drafter.as_ref().map_or(0, |d| d.drafted),
+            draft_accepted: self.drafter.as_ref().map_or(0, |d| d.accepted),
         };
         let usage = Usage {
             prompt_tokens: self.prompt_len,

@@ -70,6 +70,9 @@ struct ModelLive {
     kv_budget_bytes: usize,
     requests_total: u64,
     generated_tokens_total: u64,
+    /// Speculative decoding: tokens drafted and accepted so far.
+    draft_tokens_total: u64,
+    draft_accepted_total: u64,
     prefix_cache_hits: u64,
     prefix_cache_misses: u64,
     prefix_cache_tokens_reused: u64,
@@ -126,6 +129,8 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
             kv_budget_bytes: m.kv_budget_bytes,
             requests_total: m.requests_total,
             generated_tokens_total: m.generated_tokens_total,
+            draft_tokens_total: m.draft_tokens_total,
+            draft_accepted_total: m.draft_accepted_total,
             prefix_cache_hits: m.prefix_cache_hits,
             prefix_cache_misses: m.prefix_cache_misses,
             prefix_cache_tokens_reused: m.prefix_cache_tokens_reused,

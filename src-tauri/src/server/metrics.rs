@@ -95,6 +95,9 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     put("requests_failed_total", "counter", "Requests ended by an error.", &|m| m.errors_total as f64);
     put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &|m| m.prompt_tokens_total as f64);
     put("generated_tokens_total", "counter", "Tokens generated.", &|m| m.generated_tokens_total as f64);
+    put("draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", &|m| m.draft_tokens_total as f64);
+    put("draft_accepted_total", "counter", "Drafted tokens the model accepted.", &|m| m.draft_accepted_total as f64);
+    put("verify_steps_total", "counter", "Decode steps that checked drafted tokens.", &|m| m.verify_steps_total as f64);
     put("prefix_cache_hits_total", "counter", "Requests that reused a cached prompt start.", &|m| {
         m.prefix_cache_hits as f64
     });

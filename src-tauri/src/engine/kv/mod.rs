@@ -214,16 +214,19 @@ impl KvManager {
 
     /// The blocks a decode step completed go to the prefix cache now: a windowed layer will have
     /// dropped their keys by the time the sequence leaves.
-    pub fn decoded(&mut self, running: &Batch) {
+    pub fn decoded(&mut self, running: &Batch, advanced: &[usize]) {
         let Some(prefix) = self.prefix.as_mut() else { return };
         let lengths = running.lengths();
         for (row, seq) in running.seqs.iter().enumerate() {
             let Some(len) = lengths.get(row).map(|&l| l.max(0) as usize) else { continue };
-            let whole = len > 0 && len % BLOCK_TOKENS == 0 && len <= seq.tokens().len();
+            // A step that kept several tokens (drafts accepted) may have crossed a block's end.
+            let before = len.saturating_sub(advanced.get(row).copied().unwrap_or(1));
+            let len = len - len % BLOCK_TOKENS;
+            let whole = len > before && len > 0 && len <= seq.tokens().len();
             if !whole || seq.finished == Some(FinishReason::Error) {
                 continue;
             }
-            let snapshot = len % SNAPSHOT_TOKENS == 0;
+            let snapshot = len.is_multiple_of(SNAPSHOT_TOKENS);
             if let Err(e) = prefix.store_row(&seq.tokens()[..len], &running.cache, row, snapshot) {
                 tracing::warn!("prefix cache: cannot store a generated block: {e}");
             }

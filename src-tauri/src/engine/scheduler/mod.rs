@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 mod park;
 mod prefill;
+mod verify;
 mod warm;
 
 use super::batch::Batch;
@@ -73,6 +74,10 @@ pub(crate) struct Scheduler {
     metrics_tx: watch::Sender<Metrics>,
     metrics: Metrics,
     rates: RateWindow,
+    /// Whether the model's caches can take back rejected drafts (no recurrent layers).
+    can_draft: bool,
+    /// Whether drafting pays, per batch size, measured as steps run.
+    payoff: super::speculative::Payoff,
 }
 
 impl Scheduler {
@@ -127,6 +132,7 @@ impl Scheduler {
             info.kv_capacity_tokens
         );
         let layers = t.config.kv_cache_layers();
+        let can_draft = t.config.hybrid.is_none();
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
@@ -152,6 +158,8 @@ impl Scheduler {
             metrics_tx,
             metrics,
             rates: RateWindow::default(),
+            can_draft,
+            payoff: Default::default(),
         }
     }
 
@@ -296,23 +304,24 @@ impl Scheduler {
         }
     }
 
-    /// Decodes one token for every running row; returns how many rows it decoded.
+    /// Decodes one token for every running row, more where drafted tokens are accepted
+    /// (`verify`); returns how many rows it decoded.
     fn decode_step(&mut self) -> usize {
         self.reserve_for_decode();
         let rows = self.running.len();
         if rows == 0 {
             return 0;
         }
+        if let Some(drafts) = self.drafts() {
+            self.verify_step(drafts);
+            return rows;
+        }
+        let began = Instant::now();
         let inputs: Vec<u32> = self.running.seqs.iter().map(|s| s.next_input).collect();
         let logits = match self.forward_batch(&inputs) {
             Ok(logits) => logits,
             Err(message) => {
-                // The batch's state is unknown after a failed step: end every row, keep serving.
-                tracing::error!("decode step failed: {message}");
-                for seq in &mut self.running.seqs {
-                    seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
-                }
-                self.retain_rows(&[]);
+                self.fail_running(&message);
                 return 0;
             }
         };
@@ -327,10 +336,11 @@ impl Scheduler {
             }
         }
         self.metrics.generated_tokens_total += rows as u64;
-        self.kv.decoded(&self.running);
+        self.kv.decoded(&self.running, &vec![1; rows]);
         if keep.len() < rows {
             self.retain_rows(&keep);
         }
+        self.payoff.record(rows, rows, began.elapsed(), false);
         rows
     }
 

@@ -416,6 +416,43 @@ impl BatchKvCache {
         Ok(())
     }
 
+    /// After a step that wrote `written` columns for every row, row `r` keeps only the first
+    /// `kept[r]` of them (speculative decoding: the tokens the model agreed with). Rows end on
+    /// the same column again: a row that keeps fewer than the most is moved right by the
+    /// difference (one gather over the buffers; its padding grows by as much), so rejected
+    /// columns leave no trace; what lies past the last kept column is written over next step.
+    /// Layers with recurrent states cannot take back tokens this way.
+    pub fn keep_verified(&mut self, written: i32, kept: &[i32]) -> Result<()> {
+        if !self.states.is_empty() {
+            return Err(crate::model::ModelError::Mlx("a recurrent layer cannot take back tokens".into()));
+        }
+        if kept.len() != self.rows() || kept.iter().any(|&k| k < 1 || k > written) || written > self.idx {
+            return Err(crate::model::ModelError::Mlx(format!(
+                "cannot keep {kept:?} of {written} columns in a batch of {} rows at column {}",
+                self.rows(),
+                self.idx
+            )));
+        }
+        let most = kept.iter().copied().max().unwrap_or(written);
+        self.idx += most - written;
+        let shifts: Vec<i32> = kept.iter().map(|&k| most - k).collect();
+        if shifts.iter().all(|&s| s == 0) {
+            return Ok(());
+        }
+        if let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) {
+            let capacity = k.dim(2);
+            let from: Vec<i32> = shifts.iter().flat_map(|&s| (0..capacity).map(move |c| (c - s).max(0))).collect();
+            let index = Array::from_slice(&from, &[self.rows() as i32, 1, capacity, 1]);
+            let (k, v) = (k.take_along_axis(&index, 2)?, v.take_along_axis(&index, 2)?);
+            mlx_rs::transforms::eval([&k, &v])?;
+            (self.buffers.keys, self.buffers.values) = (Some(k), Some(v));
+        }
+        for (pad, s) in self.left_padding.iter_mut().zip(shifts) {
+            *pad += s;
+        }
+        Ok(())
+    }
+
     /// The mask over the rows' own columns.
     fn own_mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
         let no_padding = self.left_padding.iter().all(|&p| p == 0);

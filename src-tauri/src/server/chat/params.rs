@@ -58,6 +58,9 @@ pub struct CommonParams {
     pub n: Option<u32>,
     /// Token id (as a string) to a bias from -100 to 100 added to its logit.
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
+    /// `false`: no drafted tokens for this request (speculative decoding; its output is the same
+    /// either way). Default: as the server is configured.
+    pub speculative: Option<bool>,
     /// vLLM's request priority: lower runs sooner (default 0; `X-Priority` in every dialect).
     pub priority: Option<i64>,
     /// `X-Priority`, set by the handler.
@@ -155,6 +158,7 @@ impl CommonParams {
         request.params = params;
         request.stop = stop;
         request.logprobs = logprobs;
+        request.speculative = self.speculative.unwrap_or(true);
         Ok(request)
     }
 }

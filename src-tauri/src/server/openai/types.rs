@@ -52,6 +52,9 @@ pub struct Timings {
     /// Arrival to the first token.
     pub ttft_ms: f64,
     pub prefill_chunks: usize,
+    /// Tokens drafted for speculative decoding, and how many the model accepted.
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 impl From<&crate::engine::Finish> for Timings {
@@ -76,6 +79,8 @@ impl From<&crate::engine::Finish> for Timings {
             restore_ms: ms(t.restore),
             ttft_ms: ms(t.time_to_first_token),
             prefill_chunks: t.prefill_chunks,
+            draft_n: t.draft_tokens,
+            draft_n_accepted: t.draft_accepted,
         }
     }
 }

@@ -1,0 +1,140 @@
+//! The decode step with drafted tokens (`speculative`): each row feeds its next input and its
+//! draft, one forward pass gives logits at every position of every row, and each row samples
+//! position by position as a plain step would, keeping the drafted tokens while they are what
+//! it samples. Rows that keep fewer columns than others are realigned (`keep_verified`), so
+//! rejected positions leave nothing in the caches; the prefix cache then stores only what was
+//! kept. Models with recurrent layers do not draft: their state cannot take back tokens.
+
+use std::time::Instant;
+
+use mlx_rs::{Array, Dtype};
+
+use super::Scheduler;
+use crate::engine::memory;
+use crate::engine::request::FinishReason;
+use crate::engine::speculative::{Mode, RowDrafter};
+use crate::model::LayerCache;
+
+impl Scheduler {
+    /// Each running row's draft for this step, or `None` when the step decodes plainly (no
+    /// row has one, drafting is off or does not pay at this batch size).
+    pub(super) fn drafts(&mut self) -> Option<Vec<Vec<u32>>> {
+        let spec = self.config.speculative;
+        if !self.can_draft || spec.mode == Mode::Off || spec.draft_tokens == 0 {
+            return None;
+        }
+        let rows = self.running.len();
+        if !self.payoff.may_draft(rows, spec.mode == Mode::Ngram) {
+            return None;
+        }
+        // Every row has its next input; what is left of the step's positions goes to drafts.
+        let mut budget = self.payoff.positions().saturating_sub(rows);
+        let mut drafts = Vec::with_capacity(rows);
+        for seq in &mut self.running.seqs {
+            if !seq.request.speculative || budget == 0 {
+                drafts.push(Vec::new());
+                continue;
+            }
+            let room = seq.draft_room().min(budget);
+            let mut drafter = seq.drafter.take().unwrap_or_else(|| RowDrafter::new(spec.draft_tokens));
+            let draft = drafter.propose(seq.tokens(), room);
+            seq.drafter = Some(drafter);
+            budget -= draft.len();
+            drafts.push(draft);
+        }
+        drafts.iter().any(|d| !d.is_empty()).then_some(drafts)
+    }
+
+    /// One forward over each row's next input and draft; returns the tokens emitted.
+    pub(super) fn verify_step(&mut self, drafts: Vec<Vec<u32>>) -> usize {
+        let began = Instant::now();
+        let rows = self.running.len();
+        let width = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows * width);
+        for (seq, draft) in self.running.seqs.iter().zip(&drafts) {
+            ids.push(seq.next_input);
+            ids.extend_from_slice(draft);
+            // Shorter drafts are padded; those columns are never kept.
+            ids.extend(std::iter::repeat_n(seq.next_input, width - 1 - draft.len()));
+        }
+        let mut logits = match self.forward_positions(&ids, rows, width) {
+            Ok(logits) => logits,
+            Err(message) => {
+                self.fail_running(&message);
+                return 0;
+            }
+        };
+        let vocab = logits.len() / (rows * width);
+        let fault = self.config.fault_injector.clone();
+        let mut kept = Vec::with_capacity(rows);
+        let mut going = Vec::with_capacity(rows);
+        let mut emitted = 0;
+        for (row, draft) in drafts.iter().enumerate() {
+            let seq = &mut self.running.seqs[row];
+            let mut used = 0;
+            let alive = loop {
+                let at = (row * width + used) * vocab;
+                let alive = seq.on_logits(&mut logits[at..at + vocab], &self.model.tokenizer, fault.as_ref());
+                used += 1;
+                // The next position's logits hold only if the token just chosen is the one
+                // drafted there.
+                if !alive || used > draft.len() || draft[used - 1] != seq.next_input {
+                    break alive;
+                }
+            };
+            if !draft.is_empty() {
+                let accepted = used - 1;
+                if let Some(d) = seq.drafter.as_mut() {
+                    d.record(draft.len(), accepted);
+                }
+                self.metrics.draft_tokens_total += draft.len() as u64;
+                self.metrics.draft_accepted_total += accepted as u64;
+            }
+            kept.push(used as i32);
+            emitted += used;
+            if alive {
+                going.push(row);
+            }
+        }
+        for layer in &mut self.running.cache {
+            if let Err(e) = layer.keep_verified(width as i32, &kept) {
+                self.fail_running(&format!("cannot take back rejected drafts: {e}"));
+                return 0;
+            }
+        }
+        self.metrics.verify_steps_total += 1;
+        self.metrics.generated_tokens_total += emitted as u64;
+        let advanced: Vec<usize> = kept.iter().map(|&k| k as usize).collect();
+        self.kv.decoded(&self.running, &advanced);
+        if going.len() < rows {
+            self.retain_rows(&going);
+        }
+        self.payoff.record(rows, emitted, began.elapsed(), true);
+        emitted
+    }
+
+    /// The batch forward pass over `width` positions per row: logits `[rows * width * vocab]`
+    /// on the host.
+    fn forward_positions(&mut self, ids: &[u32], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+        let ids = Array::from_slice(ids, &[rows as i32, width as i32]);
+        let buffers = memory::buffers_of(&self.running.cache);
+        let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
+        let predicted = self.memory.cost().prefill_bytes(rows, width, &buffers, shared, rows * width);
+        let _in_flight = self.memory.begin_step(predicted);
+        let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
+        let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
+        let states = self.running.cache.iter().flat_map(|c| c.states().iter());
+        mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
+        self.memory.end_step();
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// After a failed step the batch's state is unknown: every row ends, the engine serves on.
+    pub(super) fn fail_running(&mut self, message: &str) {
+        tracing::error!("decode step failed: {message}");
+        for seq in &mut self.running.seqs {
+            seq.finish(FinishReason::Error, None, Some(format!("internal error: {message}")));
+        }
+        self.retain_rows(&[]);
+    }
+}
