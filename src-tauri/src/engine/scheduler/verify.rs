@@ -27,19 +27,22 @@ impl Scheduler {
         if !self.payoff.may_draft(rows, spec.mode == Mode::Ngram) {
             return None;
         }
-        // Every row has its next input; what is left of the step's positions goes to drafts.
-        let mut budget = self.payoff.positions().saturating_sub(rows);
+        // Every row computes as many positions as the longest draft needs (shorter ones are
+        // padded): the step's positions bound how long a draft may be.
+        let longest = (self.payoff.positions() / rows).saturating_sub(1);
+        if longest == 0 {
+            return None;
+        }
         let mut drafts = Vec::with_capacity(rows);
         for seq in &mut self.running.seqs {
-            if !seq.request.speculative || budget == 0 {
+            if !seq.request.speculative {
                 drafts.push(Vec::new());
                 continue;
             }
-            let room = seq.draft_room().min(budget);
+            let room = seq.draft_room().min(longest);
             let mut drafter = seq.drafter.take().unwrap_or_else(|| RowDrafter::new(spec.draft_tokens));
             let draft = drafter.propose(seq.tokens(), room);
             seq.drafter = Some(drafter);
-            budget -= draft.len();
             drafts.push(draft);
         }
         drafts.iter().any(|d| !d.is_empty()).then_some(drafts)
