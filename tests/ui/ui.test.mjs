@@ -29,7 +29,11 @@ before(async () => {
     { id: TIGHT_REPO, downloads: 50_000, likes: 300, params: bf16ParamsFor(0.63) },
     { id: HUGE_REPO, downloads: 9_000, likes: 80, params: { BF16: 405_000_000_000 } },
   ]);
-  server = await startServer({ tinyModels: ["tiny-llama", "tiny-doomed"], env: { HF_ENDPOINT: hub.url, HF_TOKEN: "" } });
+  // Drafting forced (speculative decoding, same output): the Live page's acceptance is then shown.
+  server = await startServer({
+    tinyModels: ["tiny-llama", "tiny-doomed"],
+    env: { HF_ENDPOINT: hub.url, HF_TOKEN: "", FASTMLX_SPECULATIVE: "ngram" },
+  });
   browser = await launchBrowser();
 });
 
@@ -315,6 +319,16 @@ describe("web UI", { concurrency: false }, () => {
       assert.ok(reused > 0, "a prefix-cache hit");
       await until(async () => (await text(page.getByTestId("recent-reused").first())).startsWith(String(reused)), "the reused tokens shown");
       assert.match(await text(summary.getByTestId("prefix-cache")), /\d+% · \d+ tok · [\d.]+ \w?B/);
+      // A prompt that repeats itself: tokens drafted, and the share accepted shown for the model.
+      const repeat = {
+        model: SMOL,
+        messages: [{ role: "user", content: "Repeat exactly: red green blue, red green blue, red green blue, red green blue" }],
+        max_tokens: 32,
+        temperature: 0,
+      };
+      const drafted = await api(server, "/v1/chat/completions", { method: "POST", json: repeat });
+      assert.ok(drafted.timings.draft_n > 0, `tokens drafted: ${JSON.stringify(drafted.timings)}`);
+      await until(async () => /^\d+ % of \d+$/.test(await text(summary.getByTestId("drafts"))), "the drafts' acceptance shown");
       assert.ok((await page.getByTestId("waterfall").count()) >= 1, "each request shows where its time went");
       await screenshot(page, "live");
 

@@ -270,6 +270,9 @@ export interface ModelMetrics {
   kv_budget_bytes: number;
   requests_total: number;
   generated_tokens_total: number;
+  /** Speculative decoding: tokens drafted, and those the model accepted. */
+  draft_tokens_total: number;
+  draft_accepted_total: number;
   prefix_cache_hits: number;
   prefix_cache_misses: number;
   prefix_cache_tokens_reused: number;

@@ -173,13 +173,14 @@ export function LivePage() {
               <th class="num">KV used / reserved / budget</th>
               <th class="num">Requests</th>
               <th class="num">Tokens out</th>
+              <th class="num" title="Speculative decoding: drafted tokens the model accepted">Drafts accepted</th>
               <th class="num">Prefix cache: hit rate · reused · RAM / disk</th>
             </tr>
           </thead>
           <tbody>
             {models.length === 0 && (
               <tr>
-                <td colSpan={10} class="muted">
+                <td colSpan={11} class="muted">
                   No model loaded.
                 </td>
               </tr>
@@ -197,6 +198,9 @@ export function LivePage() {
                 </td>
                 <td class="num">{m.requests_total}</td>
                 <td class="num">{m.generated_tokens_total}</td>
+                <td class="num" data-testid="drafts">
+                  {acceptance(m.draft_tokens_total, m.draft_accepted_total)}
+                </td>
                 <td class="num" data-testid="prefix-cache">
                   {hitRate(m.prefix_cache_hits, m.prefix_cache_misses)} · {m.prefix_cache_tokens_reused} tok ·{" "}
                   {bytes(m.prefix_cache_bytes)} / {bytes(m.prefix_cache_disk_bytes)}
@@ -302,6 +306,12 @@ export function LivePage() {
 }
 
 /** Hits over all lookups, as a percentage ("–" before any). */
+/** "62 % of 240": the share of drafted tokens accepted; "—" before any were drafted. */
+function acceptance(drafted: number, accepted: number): string {
+  if (!drafted) return "—";
+  return `${Math.round((100 * (accepted ?? 0)) / drafted)} % of ${drafted}`;
+}
+
 function hitRate(hits: number, misses: number): string {
   const all = (hits ?? 0) + (misses ?? 0);
   return all === 0 ? "–" : `${Math.round((100 * hits) / all)}%`;

@@ -225,6 +225,17 @@ impl CostModel {
         self.kv_per_token() * KV_STEP
     }
 
+    /// One row's recurrent states in all layers (0 for a model without recurrent layers).
+    pub fn recurrent_state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|&(c, _)| match c {
+                LayerCost::Recurrent { state_bytes, .. } => state_bytes,
+                LayerCost::Attention { .. } => 0,
+            })
+            .sum()
+    }
+
     /// Key/value bytes one token adds in all layers.
     pub fn kv_per_token(&self) -> usize {
         self.layers

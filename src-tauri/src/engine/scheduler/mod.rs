@@ -74,8 +74,6 @@ pub(crate) struct Scheduler {
     metrics_tx: watch::Sender<Metrics>,
     metrics: Metrics,
     rates: RateWindow,
-    /// Whether the model's caches can take back rejected drafts (no recurrent layers).
-    can_draft: bool,
     /// Whether drafting pays, per batch size, measured as steps run.
     payoff: super::speculative::Payoff,
 }
@@ -132,7 +130,6 @@ impl Scheduler {
             info.kv_capacity_tokens
         );
         let layers = t.config.kv_cache_layers();
-        let can_draft = t.config.hybrid.is_none();
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
@@ -158,7 +155,6 @@ impl Scheduler {
             metrics_tx,
             metrics,
             rates: RateWindow::default(),
-            can_draft,
             payoff: Default::default(),
         }
     }

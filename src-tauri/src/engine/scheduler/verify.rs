@@ -3,7 +3,8 @@
 //! position by position as a plain step would, keeping the drafted tokens while they are what
 //! it samples. Rows that keep fewer columns than others are realigned (`keep_verified`), so
 //! rejected positions leave nothing in the caches; the prefix cache then stores only what was
-//! kept. Models with recurrent layers do not draft: their state cannot take back tokens.
+//! kept. Recurrent layers keep their state after each position of the step and take each
+//! row's after its last kept token.
 
 use std::time::Instant;
 
@@ -20,7 +21,7 @@ impl Scheduler {
     /// row has one, drafting is off or does not pay at this batch size).
     pub(super) fn drafts(&mut self) -> Option<Vec<Vec<u32>>> {
         let spec = self.config.speculative;
-        if !self.can_draft || spec.mode == Mode::Off || spec.draft_tokens == 0 {
+        if spec.mode == Mode::Off || spec.draft_tokens == 0 {
             return None;
         }
         let rows = self.running.len();
@@ -122,8 +123,12 @@ impl Scheduler {
         let ids = Array::from_slice(ids, &[rows as i32, width as i32]);
         let buffers = memory::buffers_of(&self.running.cache);
         let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
-        let predicted = self.memory.cost().prefill_bytes(rows, width, &buffers, shared, rows * width);
+        let cost = self.memory.cost();
+        // Recurrent layers hold their state after every position until the step keeps one.
+        let predicted = cost.prefill_bytes(rows, width, &buffers, shared, rows * width)
+            + rows * width * cost.recurrent_state_bytes();
         let _in_flight = self.memory.begin_step(predicted);
+        self.running.cache.iter_mut().for_each(crate::model::BatchKvCache::set_verifying);
         let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
         let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
         let states = self.running.cache.iter().flat_map(|c| c.states().iter());

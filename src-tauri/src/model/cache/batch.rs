@@ -65,6 +65,10 @@ pub struct BatchKvCache {
     /// A recurrent layer's state, `[rows, ..]` each (it keeps no keys: `idx` and the padding
     /// only count tokens, as in the other layers).
     states: Vec<Array>,
+    /// While a step checks drafted tokens: set, and a recurrent layer's state after each of the
+    /// step's positions (`[rows, L, ..]` per state), from which `keep_verified` takes each row's.
+    verifying: bool,
+    step_states: Vec<Array>,
 }
 
 /// Rows to add to a batch: keys and values `[rows, H, width, D]` aligned on the right, each
@@ -250,6 +254,8 @@ impl BatchKvCache {
                     after_shared: vec![*after],
                     dropped: vec![row.start()],
                     states: row.states().to_vec(),
+                    verifying: false,
+                    step_states: Vec::new(),
                 };
                 Ok(())
             }
@@ -421,10 +427,28 @@ impl BatchKvCache {
     /// the same column again: a row that keeps fewer than the most is moved right by the
     /// difference (one gather over the buffers; its padding grows by as much), so rejected
     /// columns leave no trace; what lies past the last kept column is written over next step.
-    /// Layers with recurrent states cannot take back tokens this way.
+    /// A recurrent layer takes each row's state after its last kept token from the states the
+    /// step kept per position (it ran with [`BatchKvCache::set_verifying`]).
     pub fn keep_verified(&mut self, written: i32, kept: &[i32]) -> Result<()> {
+        self.verifying = false;
+        let steps = std::mem::take(&mut self.step_states);
         if !self.states.is_empty() {
-            return Err(crate::model::ModelError::Mlx("a recurrent layer cannot take back tokens".into()));
+            if steps.len() != self.states.len() {
+                return Err(crate::model::ModelError::Mlx(
+                    "a recurrent layer kept no state per position for the drafted tokens".into(),
+                ));
+            }
+            let rows = kept.len() as i32;
+            let picked: Vec<i32> = kept.iter().enumerate().map(|(r, &k)| r as i32 * written + k - 1).collect();
+            let index = Array::from_slice(&picked, &[rows]);
+            let mut states = Vec::with_capacity(steps.len());
+            for s in &steps {
+                let mut flat = vec![rows * written];
+                flat.extend_from_slice(&s.shape()[2..]);
+                states.push(s.reshape(&flat)?.take_axis(&index, 0)?);
+            }
+            mlx_rs::transforms::eval(&states)?;
+            self.states = states;
         }
         if kept.len() != self.rows() || kept.iter().any(|&k| k < 1 || k > written) || written > self.idx {
             return Err(crate::model::ModelError::Mlx(format!(
@@ -451,6 +475,12 @@ impl BatchKvCache {
             *pad += s;
         }
         Ok(())
+    }
+
+    /// The next forward checks drafted tokens (see [`LayerCache::verifying`]).
+    pub fn set_verifying(&mut self) {
+        self.verifying = true;
+        self.step_states.clear();
     }
 
     /// The mask over the rows' own columns.
@@ -538,6 +568,14 @@ impl LayerCache for BatchKvCache {
 
     fn set_states(&mut self, states: Vec<Array>) {
         self.states = states;
+    }
+
+    fn verifying(&self) -> bool {
+        self.verifying
+    }
+
+    fn set_step_states(&mut self, states: Vec<Array>) {
+        self.step_states = states;
     }
 
     fn advance(&mut self, n: i32) {

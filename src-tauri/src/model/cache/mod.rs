@@ -59,4 +59,12 @@ pub trait LayerCache {
     fn shared(&self) -> Option<&SharedKv> {
         None
     }
+    /// Whether this step checks drafted tokens (speculative decoding): a recurrent layer then
+    /// also gives its state after each position (`set_step_states`), so that the step can keep
+    /// only the tokens it accepts.
+    fn verifying(&self) -> bool {
+        false
+    }
+    /// A recurrent layer's states after each of this step's positions: per state, `[B, L, ..]`.
+    fn set_step_states(&mut self, _states: Vec<Array>) {}
 }

@@ -6,7 +6,9 @@
 //! GPUs, as mlx-lm's, the ops form elsewhere).
 
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, multiply, negative, sigmoid, split_at_indices, zeros_dtype};
+use mlx_rs::ops::{
+    concatenate, conv1d, exp, logaddexp, multiply, negative, sigmoid, split_at_indices, stack, zeros_dtype,
+};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
@@ -130,7 +132,26 @@ impl GatedDeltaNet {
             Some(state) => state.clone(),
             None => zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (y, state) = delta_rule(&q, &k, &v, &g, &beta, state)?;
+        let (y, state) = if cache.verifying() {
+            // Checking drafted tokens: the recurrence one position at a time, keeping the state
+            // after each (and the convolution's last inputs after each), so the step keeps the
+            // state after the last token it accepts.
+            let kernel = self.kernel - 1;
+            let (mut ys, mut states, mut convs) = (Vec::new(), Vec::new(), Vec::new());
+            let mut state = state;
+            for t in 0..s {
+                let at = |a: &Array| a.try_index((.., t..t + 1));
+                let (y, next) = delta_rule(&at(&q)?, &at(&k)?, &at(&v)?, &at(&g)?, &at(&beta)?, state)?;
+                ys.push(y);
+                states.push(next.clone());
+                convs.push(conv_input.try_index((.., t + 1..t + 1 + kernel, ..))?);
+                state = next;
+            }
+            cache.set_step_states(vec![stack(&convs, 1)?, stack(&states, 1)?]);
+            (concatenate(&ys, 1)?, state)
+        } else {
+            delta_rule(&q, &k, &v, &g, &beta, state)?
+        };
         cache.set_states(vec![next_conv, state]);
         cache.advance(s);
         // RMS norm per head, then the SiLU of z as a gate (in f32, as the reference).

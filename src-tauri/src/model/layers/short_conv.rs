@@ -47,6 +47,14 @@ impl ShortConv {
         if let Some(bias) = &self.conv_bias {
             conv = conv.add(bias)?;
         }
+        if cache.verifying() {
+            // Checking drafted tokens: the last inputs after each position, so the step keeps
+            // those after the last token it accepts.
+            let kernel = self.kernel - 1;
+            let after: Vec<Array> =
+                (1..=s).map(|t| input.try_index((.., t..t + kernel, ..))).collect::<std::result::Result<_, _>>()?;
+            cache.set_step_states(vec![mlx_rs::ops::stack(&after, 1)?]);
+        }
         cache.set_states(vec![next]);
         cache.advance(s);
         self.out.forward(&multiply(&parts[1], &conv)?)
