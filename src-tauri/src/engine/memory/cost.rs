@@ -270,6 +270,12 @@ impl CostModel {
         self.step_bytes(StepShape { rows, tokens, shared, logits_rows: ending, buffers })
     }
 
+    /// A verify step (speculative decoding): `width` positions for each of `rows` rows, logits
+    /// at every one, and recurrent layers' states after each position until the step keeps one.
+    pub fn verify_bytes(&self, rows: usize, width: usize, buffers: &[Buffer], shared: usize) -> usize {
+        self.prefill_bytes(rows, width, buffers, shared, rows * width) + rows * width * self.recurrent_state_bytes()
+    }
+
     /// A decode step: one token for each of `rows` rows into `buffers`.
     pub fn decode_bytes(&self, rows: usize, buffers: &[Buffer], shared: usize) -> usize {
         self.step_bytes(StepShape { rows, tokens: 1, shared, logits_rows: rows, buffers })

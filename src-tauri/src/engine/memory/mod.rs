@@ -127,6 +127,15 @@ impl Governor {
         low
     }
 
+    /// The most positions per row (at most `most`) a verify step of `rows` rows into `buffers`
+    /// may check within what is free under the ceiling now; 1 (no drafts) when not even two fit:
+    /// drafting is never worth crossing the ceiling.
+    pub fn verify_width(&self, rows: usize, buffers: &[Buffer], shared: usize, most: usize) -> usize {
+        let headroom = self.headroom(0);
+        let fits = |w: usize| self.cost.verify_bytes(rows, w, buffers, shared) <= headroom;
+        largest_fitting(1, most.max(1), fits)
+    }
+
     /// A forward predicted to need `predicted` bytes starts: MLX's peak counter is reset and
     /// the prediction is held against the other engines until the returned guard drops.
     pub fn begin_step(&mut self, predicted: usize) -> InFlight {
@@ -228,3 +237,36 @@ const MARGIN_FLOOR: usize = 16 << 20;
 
 /// The smallest prefill chunk the KV budget leaves room for at any depth.
 pub const MIN_PREFILL: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::synthetic;
+    use crate::model::config::Arch;
+
+    #[test]
+    fn verify_steps_narrow_to_what_is_free_under_the_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        synthetic::write_tiny_model(dir.path(), Arch::Qwen3Next, 1, None).unwrap();
+        let config = crate::model::read_config(dir.path()).unwrap();
+        let buffers = vec![Buffer { width: 100, capacity: 256 }; config.kv_cache_layers()];
+        let cost = || CostModel::new(&config, 4, false);
+        // Far above what the process holds: every width fits.
+        assert_eq!(Governor::new(64 << 30, cost()).verify_width(4, &buffers, 0, 9), 9);
+        // Below what it holds already: no drafting.
+        assert_eq!(Governor::new(1 << 20, cost()).verify_width(4, &buffers, 0, 9), 1);
+        // Raising the ceiling from what is held, the first that lets a step draft at all lets
+        // it check fewer positions than the most: it narrows to what fits.
+        let mut ceiling = Governor::held_now();
+        let (governor, width) = loop {
+            ceiling += 64 << 10;
+            let governor = Governor::new(ceiling, cost());
+            let width = governor.verify_width(4, &buffers, 0, 9);
+            if width > 1 {
+                break (governor, width);
+            }
+        };
+        assert!(width < 9, "{width}");
+        assert!(cost().verify_bytes(4, width, &buffers, 0) <= governor.headroom(0) + (64 << 10));
+    }
+}

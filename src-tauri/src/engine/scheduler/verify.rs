@@ -29,8 +29,11 @@ impl Scheduler {
             return None;
         }
         // Every row computes as many positions as the longest draft needs (shorter ones are
-        // padded): the step's positions bound how long a draft may be.
-        let longest = (self.payoff.positions() / rows).saturating_sub(1);
+        // padded): the step's positions, and the memory free under the ceiling, bound how long
+        // a draft may be.
+        let buffers = memory::buffers_of(&self.running.cache);
+        let most = self.payoff.positions() / rows;
+        let longest = self.memory.verify_width(rows, &buffers, self.shared_len(), most).saturating_sub(1);
         if longest == 0 {
             return None;
         }
@@ -122,11 +125,7 @@ impl Scheduler {
     fn forward_positions(&mut self, ids: &[u32], rows: usize, width: usize) -> Result<Vec<f32>, String> {
         let ids = Array::from_slice(ids, &[rows as i32, width as i32]);
         let buffers = memory::buffers_of(&self.running.cache);
-        let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
-        let cost = self.memory.cost();
-        // Recurrent layers hold their state after every position until the step keeps one.
-        let predicted = cost.prefill_bytes(rows, width, &buffers, shared, rows * width)
-            + rows * width * cost.recurrent_state_bytes();
+        let predicted = self.memory.cost().verify_bytes(rows, width, &buffers, self.shared_len());
         let _in_flight = self.memory.begin_step(predicted);
         self.running.cache.iter_mut().for_each(crate::model::BatchKvCache::set_verifying);
         let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
@@ -135,6 +134,11 @@ impl Scheduler {
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
         self.memory.end_step();
         Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// Positions of the shared segment the running rows attend to (0: none).
+    fn shared_len(&self) -> usize {
+        self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize)
     }
 
     /// After a failed step the batch's state is unknown: every row ends, the engine serves on.
