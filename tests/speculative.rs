@@ -239,3 +239,27 @@ fn grammar_rows_emit_only_what_the_grammar_allows() {
     assert!(value["name"].is_string() && value["id"].is_i64(), "{value}");
     println!("constrained: {:?}; drafted {}, accepted {}", got.text, on.draft_tokens_total, on.draft_accepted_total);
 }
+
+/// A caller that goes away while its row drafts: the row is dropped between steps with its
+/// reservation, nothing is left running, and the next request is answered as a fresh engine
+/// answers it.
+#[test]
+fn a_request_cancelled_while_drafting_frees_everything() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model_with(dir.path(), fastmlx::model::Arch::Qwen3, 7, &Default::default()).unwrap();
+    let prompt = bytes(PROMPTS[2]);
+    let drafting = engine(dir.path(), Mode::Ngram);
+    let mut stream = drafting.submit(greedy(&prompt)).unwrap();
+    for _ in 0..5 {
+        assert!(matches!(stream.blocking_recv(), Some(Event::Delta { .. })));
+    }
+    drop(stream);
+    let after = common::engine::wait_idle(&drafting);
+    assert_eq!((after.cancelled_total, after.running, after.kv_reserved_bytes), (1, 0, 0), "{after:?}");
+    assert!(after.draft_tokens_total > 0, "the cancelled row drafted");
+    let again = answer(&drafting, greedy(&bytes(PROMPTS[3])));
+    drop(drafting);
+    let fresh = engine(dir.path(), Mode::Off);
+    assert_eq!(again, answer(&fresh, greedy(&bytes(PROMPTS[3]))));
+}
