@@ -344,16 +344,26 @@ impl Scheduler {
     fn forward_batch(&mut self, inputs: &[u32]) -> Result<Vec<f32>, String> {
         let ids = Array::from_slice(inputs, &[inputs.len() as i32, 1]);
         let buffers = memory::buffers_of(&self.running.cache);
-        let shared = self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize);
-        let predicted = self.memory.cost().decode_bytes(inputs.len(), &buffers, shared);
+        let predicted = self.memory.cost().decode_bytes(inputs.len(), &buffers, self.shared_len());
+        self.forward_running(&ids, predicted)
+    }
+
+    /// One forward of the running batch over `ids` (`[rows, positions]`), predicted to need
+    /// `predicted` bytes: logits of every position, on the host.
+    fn forward_running(&mut self, ids: &Array, predicted: usize) -> Result<Vec<f32>, String> {
         let _in_flight = self.memory.begin_step(predicted);
-        let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
+        let logits = self.model.transformer.forward(ids, &mut self.running.cache).map_err(|e| e.to_string())?;
         let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
         // Recurrent states too: left lazy they would hold the step's inputs.
         let states = self.running.cache.iter().flat_map(|c| c.states().iter());
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
         self.memory.end_step();
         Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// Positions of the shared segment the running rows attend to (0: none).
+    fn shared_len(&self) -> usize {
+        self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize)
     }
 
     /// Keeps the running rows at `keep`; the others (finished or abandoned) leave the batch.

@@ -8,13 +8,12 @@
 
 use std::time::Instant;
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 use super::Scheduler;
 use crate::engine::memory;
 use crate::engine::request::FinishReason;
-use crate::engine::speculative::{Mode, RowDrafter};
-use crate::model::LayerCache;
+use crate::engine::speculative::{Mode, RowDrafter, STEP_POSITIONS};
 
 impl Scheduler {
     /// Each running row's draft for this step, or `None` when the step decodes plainly (no
@@ -32,7 +31,7 @@ impl Scheduler {
         // padded): the step's positions, and the memory free under the ceiling, bound how long
         // a draft may be.
         let buffers = memory::buffers_of(&self.running.cache);
-        let most = self.payoff.positions() / rows;
+        let most = STEP_POSITIONS / rows;
         let longest = self.memory.verify_width(rows, &buffers, self.shared_len(), most).saturating_sub(1);
         if longest == 0 {
             return None;
@@ -126,19 +125,8 @@ impl Scheduler {
         let ids = Array::from_slice(ids, &[rows as i32, width as i32]);
         let buffers = memory::buffers_of(&self.running.cache);
         let predicted = self.memory.cost().verify_bytes(rows, width, &buffers, self.shared_len());
-        let _in_flight = self.memory.begin_step(predicted);
         self.running.cache.iter_mut().for_each(crate::model::BatchKvCache::set_verifying);
-        let logits = self.model.transformer.forward(&ids, &mut self.running.cache).map_err(|e| e.to_string())?;
-        let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
-        let states = self.running.cache.iter().flat_map(|c| c.states().iter());
-        mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
-        self.memory.end_step();
-        Ok(logits.as_slice::<f32>().to_vec())
-    }
-
-    /// Positions of the shared segment the running rows attend to (0: none).
-    fn shared_len(&self) -> usize {
-        self.kv.shared_layers().and_then(|s| s.first()).map_or(0, |s| s.len().max(0) as usize)
+        self.forward_running(&ids, predicted)
     }
 
     /// After a failed step the batch's state is unknown: every row ends, the engine serves on.

@@ -67,7 +67,7 @@ pub const DEFAULT_DRAFT_TOKENS: usize = 8;
 
 /// Positions a verify step checks at most over all rows (rows x (1 + the longest draft)):
 /// beyond it a step is bound by compute and its logits by memory.
-const STEP_POSITIONS: usize = 64;
+pub const STEP_POSITIONS: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeculativeConfig {
@@ -186,11 +186,6 @@ impl Payoff {
                 }
             }
         }
-    }
-
-    /// Positions a verify step of `rows` rows may check at most.
-    pub fn positions(&self) -> usize {
-        STEP_POSITIONS
     }
 }
 
