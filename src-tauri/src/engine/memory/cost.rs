@@ -4,6 +4,7 @@
 //! buffers the step adds. The governor admits a step when its prediction fits under the
 //! ceiling, and checks each prediction against MLX's own peak counter.
 
+use crate::model::config::RecurrentKind;
 use crate::model::ModelConfig;
 
 /// Key/value buffers grow by this many positions at a time (`model::cache`'s step).
@@ -39,11 +40,12 @@ enum LayerCost {
         window: Option<usize>,
         keeps_kv: bool,
     },
-    /// A linear-attention layer: its projections' width, its state per sequence, and the width
-    /// of its output per token.
+    /// A linear-attention layer: its projections' width, its state per sequence (of which the
+    /// delta rule's matrices), and the width of its output per token.
     Recurrent {
         width: usize,
         state_bytes: usize,
+        matrix_bytes: usize,
         output: usize,
     },
 }
@@ -72,19 +74,33 @@ impl CostModel {
             .map(|i| {
                 let mlp = match &config.moe {
                     Some(moe) if moe.is_sparse(i) => {
-                        // Each token's experts and a shared expert, the experts' inputs
-                        // gathered, the router's scores; Gemma 4's dense MLP runs beside them.
-                        let beside = if config.gemma4.is_some() { config.layer_intermediate_size(i) } else { 0 };
-                        copies * (moe.top_k * moe.intermediate_size + moe.shared_expert_size.unwrap_or(0) + beside)
-                            + moe.top_k * config.hidden_size
-                            + moe.num_experts
+                        // Each token's experts and a shared expert, the router's scores, and the
+                        // experts' inputs gathered in expert order and their outputs before the
+                        // weighted sum (two copies of `top_k` rows, measured).
+                        let experts = copies
+                            * (moe.top_k * moe.intermediate_size + moe.shared_expert_size.unwrap_or(0))
+                            + 2 * moe.top_k * config.hidden_size
+                            + moe.num_experts;
+                        // Gemma 4's dense MLP runs beside them: MLX evaluates one branch to its
+                        // output before the other, so only that output is alive beside the
+                        // other's intermediates.
+                        match config.gemma4 {
+                            Some(_) => experts.max(copies * config.layer_intermediate_size(i)) + config.hidden_size,
+                            None => experts,
+                        }
                     }
                     _ => copies * config.layer_intermediate_size(i),
                 };
                 let cost = match &config.hybrid {
                     Some(h) if config.is_recurrent(i) => LayerCost::Recurrent {
-                        width: h.conv_channels() + h.value_heads * h.value_dim,
+                        // The input projections' width: the convolved channels and the output
+                        // gate (Gated DeltaNet), or the gates and the channels (a short convolution).
+                        width: match h.kind {
+                            RecurrentKind::ShortConv { channels, .. } => 3 * channels,
+                            RecurrentKind::GatedDelta => h.conv_channels() + h.value_heads * h.value_dim,
+                        },
                         state_bytes: h.state_bytes(act_bytes),
+                        matrix_bytes: h.state_bytes(act_bytes) - (h.conv_kernel - 1) * h.conv_channels() * act_bytes,
                         output: h.value_heads * h.value_dim,
                     },
                     _ => {
@@ -119,7 +135,12 @@ impl CostModel {
         let StepShape { rows, tokens, shared, logits_rows, buffers } = shape;
         let (r, n, a) = (rows, tokens, self.act);
         let widest = buffers.iter().map(|b| b.width).max().unwrap_or(0);
-        let residual = r * n * self.hidden * a * 4;
+        // A prefill step (several tokens a row) keeps about twice as many copies of each token's
+        // hidden state and projections alive as a decode step: the norms, the rotary, the
+        // residual adds and the attention's output (measured at 8 rows x 64 tokens, where the
+        // score matrix is small).
+        let prefill = if n > 1 { 2 } else { 1 };
+        let residual = r * n * self.hidden * a * 4 * prefill;
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
             let mixer = match cost {
                 LayerCost::Attention { q_heads, kv_heads, head_dim, window, .. } => {
@@ -128,33 +149,36 @@ impl CostModel {
                     let width = buffers.get(i).map_or(widest, |b| b.width);
                     let width = window_width(width, window);
                     let seen = shared + width + n;
-                    let projections = r * n * (2 * q_heads + 2 * kv_heads) * head_dim * a;
-                    // The scores, and the masked copy beside them while the mask applies. (One
-                    // copy, counting on MLX donating the scores' buffer to the masked add, was
-                    // measured under the peak by up to 11 % for models with q/k norms or fused
-                    // projections: two copies are alive there.)
-                    // A decode step's single query row was measured with one copy.
-                    let copies = if n == 1 { 1 } else { 2 };
-                    let scores = if self.materializes_scores { copies * r * q_heads * n * seen * a.max(4) } else { 0 };
+                    let projections = r * n * (2 * q_heads + 2 * kv_heads) * head_dim * a * prefill;
+                    // The score matrix, once: the masked scores and the probabilities are written
+                    // over it (the peak grows by one matrix per position of context, measured).
+                    let scores = if self.materializes_scores { r * q_heads * n * seen * a.max(4) } else { 0 };
                     projections + scores
                 }
                 // The projections and convolution; in the recurrence's ops form, the state of
                 // each row and the next one (MLX frees the older as it goes, measured), and every
                 // token's output until they are stacked.
-                LayerCost::Recurrent { width, state_bytes, output } => {
-                    4 * r * n * width * a + 2 * r * state_bytes + 2 * r * n * output * a
+                // (Per token, twice that in a prefill step: measured.)
+                LayerCost::Recurrent { width, state_bytes, output, .. } => {
+                    prefill * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes
                 }
             };
+            // What of the mixer is still alive while a later layer runs (below): in a decode
+            // step, not the delta rule's state matrices (measured).
+            let lingering = match cost {
+                LayerCost::Recurrent { matrix_bytes, .. } if n == 1 => mixer - 2 * r * matrix_bytes,
+                _ => mixer,
+            };
             // The mixer's output is still alive while the MLP's intermediates are made.
-            (cost, mixer, mixer + r * n * mlp * a)
+            (cost, lingering, mixer + r * n * mlp * a)
         });
         // MLX runs independent branches of the graph in its own order, so in a hybrid a recurrent
         // mixer's intermediates (measured) can still be alive while an attention layer runs.
         let (mut attention, mut recurrent, mut recurrent_mixer) = (0, 0, 0);
-        for (cost, mixer, bytes) in per_layer {
+        for (cost, lingering, bytes) in per_layer {
             if matches!(cost, LayerCost::Recurrent { .. }) {
                 recurrent = recurrent.max(bytes);
-                recurrent_mixer = recurrent_mixer.max(mixer);
+                recurrent_mixer = recurrent_mixer.max(lingering);
             } else {
                 attention = attention.max(bytes);
             }
