@@ -148,3 +148,48 @@ async fn failed_and_cancelled_pulls() {
     );
     assert!(s.models.catalog().find(REPO).is_ok());
 }
+
+/// Search results read each repo's `config.json` from the Hub: the model type, what the model
+/// would serve on this machine (the planner's context and badge, as for a model on disk), or why
+/// FastMLX cannot load it; GGUF repos (whose shape is in the weights) keep the size estimate.
+/// A second search reads no config again.
+#[tokio::test(flavor = "multi_thread")]
+async fn search_results_say_what_a_repo_would_serve_here() {
+    let unsupported = {
+        let config = json!({"model_type": "whisper", "d_model": 384}).to_string().into_bytes();
+        FakeRepo::new("test-org/tiny-whisper", vec![("config.json", config), (WEIGHTS, vec![0; 4096])])
+    };
+    let mut gguf = FakeRepo::new("test-org/tiny-gguf", vec![("model-Q4_K_M.gguf", vec![0; 4096])]);
+    gguf.library = Some("gguf".into());
+    let hub = FakeHub::start(vec![tiny_repo(), unsupported, gguf]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), &hub);
+
+    let (status, body) = send(&s, request("GET", "/admin/search?q=test-org&all=true", Value::Null)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let hits: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let hit = |id: &str| hits.iter().find(|h| h["id"] == id).unwrap_or_else(|| panic!("{id} in {body}")).clone();
+
+    let tiny = hit(REPO);
+    assert_eq!(tiny["model_type"], "llama");
+    assert!(tiny["unsupported"].is_null(), "{tiny}");
+    let plan = &tiny["plan"];
+    assert_eq!(plan["rows"], 4, "{tiny}");
+    assert!(plan["context_tokens"].as_u64().unwrap() > 0, "{tiny}");
+    assert_eq!(tiny["fit"], plan["fit"], "the badge is the planner's");
+
+    let whisper = hit("test-org/tiny-whisper");
+    assert_eq!(whisper["model_type"], "whisper");
+    assert_eq!(whisper["unsupported"], "FastMLX does not load the model type \"whisper\"");
+    assert!(whisper["plan"].is_null());
+    assert!(whisper["fit"].is_string(), "the size estimate stays: {whisper}");
+
+    let gguf = hit("test-org/tiny-gguf");
+    assert!(gguf["model_type"].is_null() && gguf["plan"].is_null(), "{gguf}");
+
+    let configs = |hub: &FakeHub| hub.requests().iter().filter(|r| r.path.ends_with("/config.json")).count();
+    assert_eq!(configs(&hub), 2, "one read per repo with safetensors, none for GGUF");
+    let (status, _) = send(&s, request("GET", "/admin/search?q=test-org&all=true", Value::Null)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(configs(&hub), 2, "kept from the first search");
+}

@@ -367,6 +367,10 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal(await text(hit(TINY_REPO).getByTestId("fit-badge")), "fits");
       assert.equal(await text(hit(TIGHT_REPO).getByTestId("fit-badge")), "tight");
       assert.equal(await text(hit(HUGE_REPO).getByTestId("fit-badge")), "too big");
+      // A repo with a config.json: its type and the context it would serve here, from the planner.
+      assert.equal(await text(hit(TINY_REPO).getByTestId("model-type")), "qwen2");
+      assert.match(await text(hit(TINY_REPO).getByTestId("plan-context")), /^4 × [\d.]+k? ctx\s*$/);
+      assert.equal(await hit(TIGHT_REPO).getByTestId("plan-context").count(), 0, "no config.json, no plan");
       assert.equal(await text(hit(TIGHT_REPO).getByTestId("quant-badge")), "BF16", "from the repo name");
       assert.equal(await text(hit(TINY_REPO).getByTestId("quant-badge")), "F32", "from the dtypes");
       assert.match(await text(hit(TINY_REPO)), /↓ 1\.2K/);

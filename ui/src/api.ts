@@ -242,7 +242,14 @@ export interface SearchHit {
   /** How the weights are stored, e.g. "4-bit", "BF16", "GGUF Q4_K_M, Q8_0". */
   quantization: string | null;
   memory_needed_bytes: number | null;
+  /** From `plan` when there is one, else from the size alone. */
   fit: "fits" | "tight" | "too big" | null;
+  /** From the repo's config.json, when the Hub has one. */
+  model_type: string | null;
+  /** Why FastMLX cannot load it, when its config says so. */
+  unsupported: string | null;
+  /** What it would serve on this machine (as for a model on disk). */
+  plan: ServingPlan | null;
 }
 
 export interface Settings {

@@ -133,14 +133,31 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 }
 
 pub fn search(args: SearchArgs) -> anyhow::Result<()> {
-    let hits = runtime()?.block_on(HubClient::from_env().search(&args.text, args.limit, !args.all))?;
+    let hub = HubClient::from_env();
+    let (hits, shapes) = runtime()?.block_on(async {
+        let hits = hub.search(&args.text, args.limit, !args.all).await?;
+        let shapes = crate::store::HubShapes::default().of(&hub, &hits).await;
+        anyhow::Ok((hits, shapes))
+    })?;
     let ceiling = crate::mlx::default_ceiling();
-    println!("{:<60} {:<14} {:>10} {:>9} {:<8}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT");
-    for hit in hits {
+    let max_batch = crate::engine::EngineConfig::default().max_batch;
+    println!("{:<60} {:<14} {:>10} {:>9} {:<8} {:<10}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT", "CONTEXT");
+    for (hit, shape) in hits.into_iter().zip(shapes) {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);
-        let fit = hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), ceiling));
+        let config = shape.as_ref().and_then(|s| s.config.as_ref().ok());
+        let plan = config.zip(hit.storage_bytes).map(|(c, w)| crate::store::fit::plan_from(c, w, ceiling, max_batch));
+        let fit = match &plan {
+            Some(plan) => plan.fit.as_str(),
+            None => hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), ceiling)),
+        };
+        // What it serves here, or why it cannot be loaded.
+        let context = match (&plan, shape.as_ref().map(|s| &s.config)) {
+            (Some(p), _) if p.context_tokens > 0 => format!("{} x {} tokens", p.rows, p.context_tokens),
+            (_, Some(Err(why))) => why.clone(),
+            _ => "-".into(),
+        };
         let quant = hit.quantization.as_deref().unwrap_or("-");
-        println!("{:<60} {:<14} {:>10} {:>9} {:<8}", hit.id, quant, hit.downloads, size, fit);
+        println!("{:<60} {:<14} {:>10} {:>9} {:<8} {:<10}", hit.id, quant, hit.downloads, size, fit, context);
     }
     Ok(())
 }

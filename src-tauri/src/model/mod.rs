@@ -14,6 +14,7 @@ pub use cache::{BatchKvCache, KvCache, KvFootprint, LayerCache, Positions};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use load::{
-    inspect, load_model, load_model_with, read_config, LoadOptions, LoadedModel, ModelSummary, WeightFormat,
+    config_from_json, inspect, load_model, load_model_with, read_config, LoadOptions, LoadedModel, ModelSummary,
+    WeightFormat,
 };
 pub use transformer::Transformer;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::extract::{parse, ApiJson};
 use super::{ApiError, AppState};
 use crate::engine::memory::ServingPlan;
-use crate::store::fit::{fit, memory_needed};
+use crate::store::fit::{self, fit, memory_needed};
 use crate::store::hub::SearchHit;
 use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
 
@@ -121,8 +121,15 @@ pub struct SearchResult {
     hit: SearchHit,
     /// Memory it would take here, if the Hub reports its size.
     memory_needed_bytes: Option<u64>,
-    /// "fits", "tight" or "too big" under the server's memory ceiling.
+    /// "fits", "tight" or "too big" under the server's memory ceiling: from `plan` when there
+    /// is one, else from the size alone.
     fit: Option<&'static str>,
+    /// Its `config.json`'s model type, when the Hub has the file.
+    model_type: Option<String>,
+    /// Why FastMLX cannot load it, when its config says so.
+    unsupported: Option<String>,
+    /// What it would serve here (as for a model on disk), from its config and size.
+    plan: Option<ServingPlan>,
 }
 
 pub async fn search(
@@ -131,12 +138,26 @@ pub async fn search(
 ) -> Result<Json<Vec<SearchResult>>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
+    let shapes = state.hub_shapes.of(state.pulls.hub(), &hits).await;
     let ceiling = state.models.memory_budget();
+    let max_batch = state.models.config().engine.max_batch;
     let results = hits
         .into_iter()
-        .map(|hit| {
+        .zip(shapes)
+        .map(|(hit, shape)| {
             let needed = hit.storage_bytes.map(memory_needed);
-            SearchResult { memory_needed_bytes: needed, fit: needed.map(|n| fit(n, ceiling)), hit }
+            let config = shape.as_ref().and_then(|s| s.config.as_ref().ok());
+            // The weights as they will sit in memory: about their size on the Hub (on Apple
+            // Silicon; see `store::fit`).
+            let plan = config.zip(hit.storage_bytes).map(|(c, weights)| fit::plan_from(c, weights, ceiling, max_batch));
+            SearchResult {
+                memory_needed_bytes: needed,
+                fit: plan.as_ref().map(|p| p.fit.as_str()).or(needed.map(|n| fit(n, ceiling))),
+                model_type: shape.as_ref().and_then(|s| s.model_type.clone()),
+                unsupported: shape.as_ref().and_then(|s| s.config.as_ref().err().cloned()),
+                plan,
+                hit,
+            }
         })
         .collect();
     Ok(Json(results))

@@ -105,6 +105,8 @@ pub struct AppState {
     pub history: live::History,
     /// Each loaded model's chat format, resolved on its first chat request.
     pub formats: Arc<chat::FormatCache>,
+    /// Hub models' configs, read for search results.
+    pub hub_shapes: crate::store::HubShapes,
 }
 
 impl AppState {
@@ -127,6 +129,7 @@ impl AppState {
             created: unix_time(),
             history: live::History::default(),
             formats: Arc::default(),
+            hub_shapes: Default::default(),
         }
     }
 }

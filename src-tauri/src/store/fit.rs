@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::engine::memory::{plan, serving_plan, Fit, ServingPlan, PLAN_ROWS};
-use crate::model::{LoadOptions, ModelSummary};
+use crate::model::{LoadOptions, ModelConfig, ModelSummary};
 
 /// The weights as they sit in GPU memory (about their size on the Hub), plus a fifth for the KV
 /// cache and MLX's buffers. (On a CPU FastMLX expands quantized weights to f32 when they fit;
@@ -40,11 +40,15 @@ pub fn plan_for(
     max_batch: usize,
 ) -> Option<ServingPlan> {
     let config = crate::model::read_config(path).ok()?;
-    let weights = super::estimated_weights_bytes(summary, options);
+    Some(plan_from(&config, super::estimated_weights_bytes(summary, options), ceiling, max_batch))
+}
+
+/// The plan for a model of shape `config` whose weights take `weights` bytes once loaded.
+pub fn plan_from(config: &ModelConfig, weights: u64, ceiling: u64, max_batch: usize) -> ServingPlan {
     let gpu = crate::mlx::gpu_available();
     // Keys and values are kept in the compute dtype: f32 on a CPU, the model's 16 bits on Metal.
     let act_bytes = if gpu { 2 } else { 4 };
-    Some(serving_plan(&config, weights, ceiling, act_bytes, gpu, PLAN_ROWS, max_batch))
+    serving_plan(config, weights, ceiling, act_bytes, gpu, PLAN_ROWS, max_batch)
 }
 
 #[cfg(test)]

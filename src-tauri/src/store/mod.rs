@@ -7,6 +7,7 @@ mod discover;
 pub mod download;
 pub mod fit;
 pub mod hub;
+mod hub_shape;
 mod human;
 mod layout;
 mod pull;
@@ -16,6 +17,7 @@ pub mod select;
 
 pub use catalog::{Catalog, CatalogError};
 pub use discover::{LocalModel, Source, MANIFEST};
+pub use hub_shape::{HubShape, HubShapes};
 pub use human::human_bytes;
 pub use layout::StorePaths;
 pub use pull::{PullRequest, PullState, PullStatus, PullWatch, Pulls};

@@ -1,10 +1,9 @@
 import { useEffect, useState } from "preact/hooks";
 import { getJson, type SearchHit } from "../api";
 import { Badge, ErrorBox, Spinner } from "../components/common";
+import { fitKind, PlanContext } from "../components/PlanCell";
 import { bytes, count, duration, params, percent } from "../format";
 import { attachRunning, cancelPull, startPull, usePulls, type PullView } from "../pulls";
-
-const fitKind: Record<string, string> = { fits: "ok", tight: "warn", "too big": "bad" };
 
 let lastQuery = "";
 let lastHits: SearchHit[] | null = null;
@@ -94,6 +93,17 @@ export function DiscoverPage() {
                   )}
                   {h.gated ? <Badge kind="muted">gated</Badge> : null}
                 </div>
+                {(h.plan || h.model_type || h.unsupported) && (
+                  <div class="hit-meta">
+                    {h.model_type && <span data-testid="model-type">{h.model_type}</span>}
+                    {h.plan && <PlanContext plan={h.plan} />}
+                    {h.unsupported && (
+                      <span class="warn-text" data-testid="unsupported">
+                        {h.unsupported}
+                      </span>
+                    )}
+                  </div>
+                )}
                 <div class="hit-meta muted">
                   <span title="downloads">↓ {count(h.downloads)}</span>
                   <span title="likes">♥ {count(h.likes)}</span>

@@ -1,6 +1,7 @@
 import { useCallback, useEffect, useState } from "preact/hooks";
 import { ApiError, getJson, modelPath, postJson, request, type LocalModel, type ServerStatus } from "../api";
 import { Badge, ErrorBox, Spinner } from "../components/common";
+import { PlanCell } from "../components/PlanCell";
 import { bytes, duration, params } from "../format";
 
 const sourceNames: Record<string, string> = { fastmlx: "FastMLX", "hf-cache": "HF cache", lmstudio: "LM Studio", folder: "model folder", path: "--model path" };
@@ -219,29 +220,5 @@ export function ModelsPage() {
         </div>
       )}
     </section>
-  );
-}
-
-const fitKind: Record<string, "ok" | "warn" | "bad"> = { fits: "ok", tight: "warn", "too big": "bad" };
-
-/** "4 × 8.2k ctx" and the fit badge, with the arithmetic behind them in the tooltip. */
-function PlanCell({ plan }: { plan: LocalModel["plan"] }) {
-  if (!plan) return <span class="muted">–</span>;
-  const k = (n: number) => (n >= 1000 ? `${(n / 1000).toFixed(n >= 10_000 ? 0 : 1)}k` : String(n));
-  const title =
-    `weights ${bytes(plan.weights_bytes)}, KV ${bytes(plan.kv_bytes_per_token * 1000)} per 1k tokens, ` +
-    `KV budget ${bytes(plan.kv_budget_bytes)} under the ceiling of ${bytes(plan.ceiling_bytes)}; ` +
-    `the model takes up to ${k(plan.max_context)} tokens`;
-  return (
-    <span title={title}>
-      {plan.context_tokens > 0 && (
-        <span data-testid="plan-context">
-          {plan.rows} × {k(plan.context_tokens)} ctx{" "}
-        </span>
-      )}
-      <Badge kind={fitKind[plan.fit] ?? "muted"} testid="plan-fit">
-        {plan.fit}
-      </Badge>
-    </span>
   );
 }

@@ -49,7 +49,17 @@ pub fn read_config(dir: &Path) -> Result<crate::model::ModelConfig> {
 /// `config.json` (its text part, for multimodal checkpoints), as read and as understood.
 fn read_configs(dir: &Path) -> Result<(Value, HfConfig, crate::model::ModelConfig)> {
     let config_path = dir.join("config.json");
-    let raw = arch::text_config(&read_json(&config_path)?);
+    understand_config(&read_json(&config_path)?, config_path)
+}
+
+/// A `config.json` read elsewhere (a Hub repo's, before it is downloaded), as understood;
+/// `origin` names it in errors.
+pub fn config_from_json(json: &Value, origin: &Path) -> Result<crate::model::ModelConfig> {
+    Ok(understand_config(json, origin.to_path_buf())?.2)
+}
+
+fn understand_config(json: &Value, config_path: PathBuf) -> Result<(Value, HfConfig, crate::model::ModelConfig)> {
+    let raw = arch::text_config(json);
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let arch = Arch::from_model_type(model_type)
         .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;

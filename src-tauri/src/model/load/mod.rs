@@ -87,6 +87,8 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
     })
 }
 
+pub use hf_dir::config_from_json;
+
 /// The model's configuration (its shape) without reading its weights: a folder's
 /// `config.json` or a GGUF file's header.
 pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
