@@ -39,15 +39,12 @@ enum LayerCost {
         head_dim: usize,
         window: Option<usize>,
         keeps_kv: bool,
+        /// Queries and keys normalised per head: one more copy of each.
+        qk_norm: bool,
     },
     /// A linear-attention layer: its projections' width, its state per sequence (of which the
     /// delta rule's matrices), and the width of its output per token.
-    Recurrent {
-        width: usize,
-        state_bytes: usize,
-        matrix_bytes: usize,
-        output: usize,
-    },
+    Recurrent { width: usize, state_bytes: usize, matrix_bytes: usize, output: usize },
 }
 
 /// The model's memory shape, computed once at load.
@@ -111,6 +108,7 @@ impl CostModel {
                             head_dim: a.head_dim,
                             window: config.layer_window(i),
                             keeps_kv: a.kv_source.is_none() && i < config.kv_cache_layers(),
+                            qk_norm: config.qk_norm,
                         }
                     }
                 };
@@ -143,13 +141,14 @@ impl CostModel {
         let residual = r * n * self.hidden * a * 4 * prefill;
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
             let mixer = match cost {
-                LayerCost::Attention { q_heads, kv_heads, head_dim, window, .. } => {
+                LayerCost::Attention { q_heads, kv_heads, head_dim, window, qk_norm, .. } => {
                     // A layer sharing another's cache sees as many keys as that one; a windowed
                     // layer, what it keeps once it has dropped what no token sees again.
                     let width = buffers.get(i).map_or(widest, |b| b.width);
                     let width = window_width(width, window);
                     let seen = shared + width + n;
-                    let projections = r * n * (2 * q_heads + 2 * kv_heads) * head_dim * a * prefill;
+                    let copies = 2 * prefill + usize::from(qk_norm);
+                    let projections = r * n * copies * (q_heads + kv_heads) * head_dim * a;
                     // The score matrix, once: the masked scores and the probabilities are written
                     // over it (the peak grows by one matrix per position of context, measured).
                     let scores = if self.materializes_scores { r * q_heads * n * seen * a.max(4) } else { 0 };
@@ -158,9 +157,11 @@ impl CostModel {
                 // The projections and convolution; in the recurrence's ops form, the state of
                 // each row and the next one (MLX frees the older as it goes, measured), and every
                 // token's output until they are stacked.
-                // (Per token, twice that in a prefill step: measured.)
-                LayerCost::Recurrent { width, state_bytes, output, .. } => {
-                    prefill * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes
+                // The delta rule (state matrices) keeps twice that per token in a prefill step; a
+                // short convolution does not (both measured).
+                LayerCost::Recurrent { width, state_bytes, matrix_bytes, output } => {
+                    let per_token = if matrix_bytes > 0 { prefill } else { 1 };
+                    per_token * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes
                 }
             };
             // What of the mixer is still alive while a later layer runs (below): in a decode
