@@ -133,12 +133,12 @@ impl CostModel {
         let StepShape { rows, tokens, shared, logits_rows, buffers } = shape;
         let (r, n, a) = (rows, tokens, self.act);
         let widest = buffers.iter().map(|b| b.width).max().unwrap_or(0);
-        // A prefill step (several tokens a row) keeps about twice as many copies of each token's
-        // hidden state and projections alive as a decode step: the norms, the rotary, the
-        // residual adds and the attention's output (measured at 8 rows x 64 tokens, where the
-        // score matrix is small).
-        let prefill = if n > 1 { 2 } else { 1 };
-        let residual = r * n * self.hidden * a * 4 * prefill;
+        // A prefill step (several tokens a row) keeps more copies of each token's hidden state
+        // and projections alive than a decode step: the norms, the rotary, the residual adds
+        // and the attention's output (measured at 8 rows x 64 and 128 tokens, where the score
+        // matrix is small).
+        let prefill = n > 1;
+        let residual = r * n * self.hidden * a * if prefill { 6 } else { 4 };
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
             let mixer = match cost {
                 LayerCost::Attention { q_heads, kv_heads, head_dim, window, qk_norm, .. } => {
@@ -147,7 +147,7 @@ impl CostModel {
                     let width = buffers.get(i).map_or(widest, |b| b.width);
                     let width = window_width(width, window);
                     let seen = shared + width + n;
-                    let copies = 2 * prefill + usize::from(qk_norm);
+                    let copies = if prefill { 4 } else { 2 } + usize::from(qk_norm);
                     let projections = r * n * copies * (q_heads + kv_heads) * head_dim * a;
                     // The score matrix, once: the masked scores and the probabilities are written
                     // over it (the peak grows by one matrix per position of context, measured).
@@ -160,7 +160,7 @@ impl CostModel {
                 // The delta rule (state matrices) keeps twice that per token in a prefill step; a
                 // short convolution does not (both measured).
                 LayerCost::Recurrent { width, state_bytes, matrix_bytes, output } => {
-                    let per_token = if matrix_bytes > 0 { prefill } else { 1 };
+                    let per_token = if matrix_bytes > 0 && prefill { 2 } else { 1 };
                     per_token * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes
                 }
             };
