@@ -3,8 +3,8 @@
 //! (rows, chunk, context) points, the predicted working memory of a prefill forward and of a
 //! decode step is never below what MLX measured (what keeps the ceiling safe) and never above
 //! twice it (how much it may waste); how many points are within the 1.5x aimed at is printed
-//! (153 of 160 when last measured, none below; the rest are prefill steps of Qwen3-Next, one row
-//! of Qwen3.5 and two steps of Gemma 4's MoE, at most 1.7x). Then the engine under a ceiling and a KV budget: parking, horizons, refusals, idle.
+//! (173 of 180 when last measured, none below; the rest are one-row steps, whose peak varies by
+//! a fifth between runs, three prefill steps of Qwen3-Next and two deep ones of Gemma 4's MoE). Then the engine under a ceiling and a KV budget: parking, horizons, refusals, idle.
 
 mod common;
 

@@ -80,6 +80,10 @@ MODELS = [
     ("qwen3_5_moe", "qwen3_5", None, ["--moe"]),
     ("lfm2", "lfm2", None, []),
     ("lfm2_moe", "lfm2", None, ["--moe"]),
+    ("smollm3", "smollm3", None, []),
+    ("smollm3-q4", "smollm3", 4, []),
+    ("seed_oss", "seed_oss", None, []),
+    ("seed_oss-q8", "seed_oss", 8, []),
 ]
 
 

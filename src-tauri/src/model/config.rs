@@ -23,10 +23,14 @@ pub enum Arch {
     Qwen35,
     /// LFM2: short-convolution blocks with attention layers among them.
     Lfm2,
+    /// SmolLM3: Llama's layers, every few of them without rotary positions.
+    SmolLm3,
+    /// Seed-OSS: Llama's layers with biases where its config puts them.
+    SeedOss,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 15] = [
+    pub const ALL: [Arch; 17] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -42,6 +46,8 @@ impl Arch {
         Arch::Qwen3Next,
         Arch::Qwen35,
         Arch::Lfm2,
+        Arch::SmolLm3,
+        Arch::SeedOss,
     ];
 
     /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
@@ -68,6 +74,8 @@ impl Arch {
             "qwen3_5" | "qwen3_5_text" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35,
             // LFM2 and LFM2-MoE (its first layers dense, experts after them).
             "lfm2" | "lfm2_moe" => Arch::Lfm2,
+            "smollm3" => Arch::SmolLm3,
+            "seed_oss" => Arch::SeedOss,
             _ => return None,
         })
     }
@@ -89,6 +97,8 @@ impl Arch {
             Arch::Qwen3Next => "qwen3_next",
             Arch::Qwen35 => "qwen3_5",
             Arch::Lfm2 => "lfm2",
+            Arch::SmolLm3 => "smollm3",
+            Arch::SeedOss => "seed_oss",
         }
     }
 }
@@ -305,6 +315,10 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// A bias on the attention output projection too (gpt-oss).
     pub o_bias: bool,
+    /// Biases on the MLP's projections (Seed-OSS's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Layers whose attention has no rotary positions (SmolLM3's NoPE layers).
+    pub nope_layers: Vec<usize>,
     /// A learned per-head logit in every attention softmax (gpt-oss's sinks).
     pub attention_sinks: bool,
     /// RMS norm on each head of q and k before rotary (Qwen3).

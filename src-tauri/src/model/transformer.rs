@@ -430,7 +430,11 @@ fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader
         q_norm,
         k_norm,
         v_norm: c.gemma4.as_ref().map(|_| c.rms_norm_eps),
-        rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
+        rope: if c.nope_layers.contains(&i) {
+            None
+        } else {
+            Some(Rope::new(&layer_rope(c, i), c.max_position_embeddings)?)
+        },
         num_heads: c.num_heads as i32,
         num_kv_heads: kv_heads,
         head_dim,
@@ -515,9 +519,9 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoa
             }
         } else {
             MlpProjections::Separate {
-                gate: weights.linear(&format!("{p}.gate_proj"), inter, hidden, false)?,
-                up: weights.linear(&format!("{p}.up_proj"), inter, hidden, false)?,
-                down: weights.linear(&format!("{p}.down_proj"), hidden, inter, false)?,
+                gate: weights.linear(&format!("{p}.gate_proj"), inter, hidden, c.mlp_bias)?,
+                up: weights.linear(&format!("{p}.up_proj"), inter, hidden, c.mlp_bias)?,
+                down: weights.linear(&format!("{p}.down_proj"), hidden, inter, c.mlp_bias)?,
             }
         };
         Ok(Mlp { projections, activation: c.activation })

@@ -16,6 +16,8 @@ mod qwen3;
 mod qwen3_5;
 mod qwen3_moe;
 mod qwen3_next;
+mod seed_oss;
+mod smollm3;
 mod wrapped;
 
 use serde::Deserialize;
@@ -120,6 +122,13 @@ pub struct HfExtras {
     pub num_dense_layers: Option<usize>,
     pub use_expert_bias: Option<bool>,
     pub routed_scaling_factor: Option<f32>,
+    /// SmolLM3: per layer, 1 where it uses rotary positions and 0 where not; else every n-th
+    /// layer has none.
+    pub no_rope_layers: Option<Vec<u8>>,
+    pub no_rope_layer_interval: Option<usize>,
+    /// Seed-OSS: a bias on the attention output and on the MLP's projections.
+    pub attention_out_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
@@ -156,6 +165,8 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Qwen3Next => qwen3_next::adapt(config, hf),
         Arch::Qwen35 => qwen3_5::adapt(config, hf),
         Arch::Lfm2 => lfm2::adapt(config, hf),
+        Arch::SmolLm3 => smollm3::adapt(config, hf),
+        Arch::SeedOss => seed_oss::adapt(config, hf),
     }
 }
 
@@ -202,6 +213,8 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         sliding_layers: Vec::new(),
         qkv_bias: hf.attention_bias,
         o_bias: false,
+        mlp_bias: false,
+        nope_layers: Vec::new(),
         attention_sinks: false,
         qk_norm: false,
         fused_projections: false,

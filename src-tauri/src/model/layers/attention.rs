@@ -57,7 +57,8 @@ pub struct Attention {
     pub k_norm: Option<RmsNorm>,
     /// An RMS norm without weights on the values (Gemma 4).
     pub v_norm: Option<f32>,
-    pub rope: Rope,
+    /// `None`: no rotary positions in this layer (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
     pub num_heads: i32,
     pub num_kv_heads: i32,
     pub head_dim: i32,
@@ -79,9 +80,18 @@ impl Attention {
         };
         out.extend(self.o.arrays());
         out.extend(self.q_norm.iter().chain(&self.k_norm).map(|n| &n.weight));
-        out.extend(self.rope.arrays());
+        out.extend(self.rope.iter().flat_map(Rope::arrays));
         out.extend(self.sinks.iter().map(|s| &s.array));
         out
+    }
+
+    /// Rotary positions, where this layer has them.
+    fn rotate(&self, x: Array, positions: &Positions) -> Result<Array> {
+        match &self.rope {
+            Some(rope) => rope.forward(&x, positions),
+            None if std::env::var("XC").is_ok() => Ok(x.contiguous()?),
+            None => Ok(x),
+        }
     }
 
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`, and the keys and values attended over (all
@@ -129,7 +139,7 @@ impl Attention {
             (q, None)
         };
         let q = normed(heads(q, self.num_heads)?, &self.q_norm)?;
-        let q = self.rope.forward(&q, positions)?;
+        let q = self.rotate(q, positions)?;
         // Ministral 3: queries scaled with their position (after the rotation, as the reference).
         let q = match query_scale {
             Some(s) => q.multiply(s)?,
@@ -138,7 +148,7 @@ impl Attention {
         let (k, v) = match (kv, kv_new) {
             (KeysValues::Reused(kv), _) => kv.clone(),
             (KeysValues::Own, Some((k, v))) => {
-                let k = self.rope.forward(&normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions)?;
+                let k = self.rotate(normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions)?;
                 let v = heads(v, self.num_kv_heads)?;
                 let v = match self.v_norm {
                     Some(eps) => mlx_rs::fast::rms_norm(&v, None, eps)?,
