@@ -43,9 +43,6 @@ pub fn attention(
     // evaluation order may keep both alive (measured: one more score matrix at the peak for
     // layers without rotary positions, and 3-10 % more for the others).
     mlx_rs::transforms::eval([q, k, v])?;
-    if std::env::var("EQ").is_ok() {
-        mlx_rs::transforms::eval([q, k, v])?;
-    }
     // Each key head's queries as one matrix: rows are (repeat, query).
     let q = q.multiply(Array::from_f32(scale))?.reshape(&[b, kv_heads, repeats * l, d])?;
     let mut scores = matmul(&q, k.swap_axes(-1, -2)?)?;

@@ -89,7 +89,6 @@ impl Attention {
     fn rotate(&self, x: Array, positions: &Positions) -> Result<Array> {
         match &self.rope {
             Some(rope) => rope.forward(&x, positions),
-            None if std::env::var("XC").is_ok() => Ok(x.contiguous()?),
             None => Ok(x),
         }
     }
