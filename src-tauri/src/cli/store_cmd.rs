@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Args;
 
-use crate::store::fit::{fit, memory_needed};
+use crate::store::fit::hub_estimate;
 use crate::store::hub::HubClient;
 use crate::store::human_bytes;
 use crate::store::{Catalog, PullRequest, PullState, Pulls, StorePaths};
@@ -144,14 +144,10 @@ pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     println!("{:<60} {:<14} {:>10} {:>9} {:<8} {:<10}", "REPO", "QUANT", "DOWNLOADS", "SIZE", "FIT", "CONTEXT");
     for (hit, shape) in hits.into_iter().zip(shapes) {
         let size = hit.storage_bytes.map_or("-".into(), human_bytes);
-        let config = shape.as_ref().and_then(|s| s.config.as_ref().ok());
-        let plan = config.zip(hit.storage_bytes).map(|(c, w)| crate::store::fit::plan_from(c, w, ceiling, max_batch));
-        let fit = match &plan {
-            Some(plan) => plan.fit.as_str(),
-            None => hit.storage_bytes.map_or("-", |b| fit(memory_needed(b), ceiling)),
-        };
+        let estimate = hub_estimate(hit.storage_bytes, shape.as_deref(), ceiling, max_batch);
+        let fit = estimate.fit.unwrap_or("-");
         // What it serves here, or why it cannot be loaded.
-        let context = match (&plan, shape.as_ref().map(|s| &s.config)) {
+        let context = match (&estimate.plan, shape.as_ref().map(|s| &s.config)) {
             (Some(p), _) if p.context_tokens > 0 => format!("{} x {} tokens", p.rows, p.context_tokens),
             (_, Some(Err(why))) => why.clone(),
             _ => "-".into(),

@@ -386,8 +386,12 @@ impl HybridStyle {
     /// Bytes of one sequence's state in one layer: the convolution's inputs (compute dtype)
     /// and the recurrence's matrices (f32).
     pub fn state_bytes(&self, dtype_bytes: usize) -> usize {
-        (self.conv_kernel - 1) * self.conv_channels() * dtype_bytes
-            + self.value_heads * self.value_dim * self.key_dim * 4
+        (self.conv_kernel - 1) * self.conv_channels() * dtype_bytes + self.matrix_bytes()
+    }
+
+    /// Bytes of the recurrence's matrices in one sequence's state (0 for a short convolution).
+    pub fn matrix_bytes(&self) -> usize {
+        self.value_heads * self.value_dim * self.key_dim * 4
     }
 
     /// The layer's parameters.

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::extract::{parse, ApiJson};
 use super::{ApiError, AppState};
 use crate::engine::memory::ServingPlan;
-use crate::store::fit::{self, fit, memory_needed};
+use crate::store::fit::hub_estimate;
 use crate::store::hub::SearchHit;
 use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
 
@@ -145,17 +145,13 @@ pub async fn search(
         .into_iter()
         .zip(shapes)
         .map(|(hit, shape)| {
-            let needed = hit.storage_bytes.map(memory_needed);
-            let config = shape.as_ref().and_then(|s| s.config.as_ref().ok());
-            // The weights as they will sit in memory: about their size on the Hub (on Apple
-            // Silicon; see `store::fit`).
-            let plan = config.zip(hit.storage_bytes).map(|(c, weights)| fit::plan_from(c, weights, ceiling, max_batch));
+            let estimate = hub_estimate(hit.storage_bytes, shape.as_deref(), ceiling, max_batch);
             SearchResult {
-                memory_needed_bytes: needed,
-                fit: plan.as_ref().map(|p| p.fit.as_str()).or(needed.map(|n| fit(n, ceiling))),
+                memory_needed_bytes: estimate.needed,
+                fit: estimate.fit,
                 model_type: shape.as_ref().and_then(|s| s.model_type.clone()),
                 unsupported: shape.as_ref().and_then(|s| s.config.as_ref().err().cloned()),
-                plan,
+                plan: estimate.plan,
                 hit,
             }
         })

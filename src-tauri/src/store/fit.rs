@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use super::HubShape;
 use crate::engine::memory::{plan, serving_plan, Fit, ServingPlan, PLAN_ROWS};
 use crate::model::{LoadOptions, ModelConfig, ModelSummary};
 
@@ -43,8 +44,33 @@ pub fn plan_for(
     Some(plan_from(&config, super::estimated_weights_bytes(summary, options), ceiling, max_batch))
 }
 
+/// What a Hub search result would take and serve here.
+pub struct HubEstimate {
+    /// Its weights plus a fifth, when the Hub reports their size.
+    pub needed: Option<u64>,
+    /// The planner's answer, when its config is known too.
+    pub plan: Option<ServingPlan>,
+    /// The plan's badge, else the size's.
+    pub fit: Option<&'static str>,
+}
+
+/// [`HubEstimate`] for a result whose weights take `storage_bytes` on the Hub (about what they
+/// take loaded, on Apple Silicon) and whose config is `shape`'s.
+pub fn hub_estimate(
+    storage_bytes: Option<u64>,
+    shape: Option<&HubShape>,
+    ceiling: u64,
+    max_batch: usize,
+) -> HubEstimate {
+    let needed = storage_bytes.map(memory_needed);
+    let config = shape.and_then(|s| s.config.as_ref().ok());
+    let plan = config.zip(storage_bytes).map(|(c, weights)| plan_from(c, weights, ceiling, max_batch));
+    let fit = plan.as_ref().map(|p| p.fit.as_str()).or(needed.map(|n| fit(n, ceiling)));
+    HubEstimate { needed, plan, fit }
+}
+
 /// The plan for a model of shape `config` whose weights take `weights` bytes once loaded.
-pub fn plan_from(config: &ModelConfig, weights: u64, ceiling: u64, max_batch: usize) -> ServingPlan {
+fn plan_from(config: &ModelConfig, weights: u64, ceiling: u64, max_batch: usize) -> ServingPlan {
     let gpu = crate::mlx::gpu_available();
     // Keys and values are kept in the compute dtype: f32 on a CPU, the model's 16 bits on Metal.
     let act_bytes = if gpu { 2 } else { 4 };

@@ -97,7 +97,7 @@ impl CostModel {
                             RecurrentKind::GatedDelta => h.conv_channels() + h.value_heads * h.value_dim,
                         },
                         state_bytes: h.state_bytes(act_bytes),
-                        matrix_bytes: h.state_bytes(act_bytes) - (h.conv_kernel - 1) * h.conv_channels() * act_bytes,
+                        matrix_bytes: h.matrix_bytes(),
                         output: h.value_heads * h.value_dim,
                     },
                     _ => {
