@@ -2,9 +2,8 @@
 //! every architecture's tiny model (hybrids, windowed layers, experts included), at several
 //! (rows, chunk, context) points, the predicted working memory of a prefill forward and of a
 //! decode step is never below what MLX measured (what keeps the ceiling safe) and never above
-//! twice it (how much it may waste); how many points are within the 1.5x aimed at is printed
-//! (173 of 180 when last measured, none below; the rest are one-row steps, whose peak varies by
-//! a fifth between runs, three prefill steps of Qwen3-Next and two deep ones of Gemma 4's MoE). Then the engine under a ceiling and a KV budget: parking, horizons, refusals, idle.
+//! 1.5 times it (how much it may waste). Then the engine under a ceiling and a KV budget:
+//! parking, horizons, refusals, idle.
 
 mod common;
 
@@ -93,7 +92,12 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         "{:<28} {:>5} {:>5} {:>5} {:>12} {:>12} {:>6}",
         "model", "rows", "n", "depth", "predicted", "measured", "ratio"
     );
-    for (arch, options) in synthetic::engine_variants() {
+    // The hybrids with experts too: how MLX orders a hybrid's layers differs with them.
+    let moe = synthetic::TinyOptions { moe: true, ..Default::default() };
+    let variants = synthetic::engine_variants()
+        .into_iter()
+        .chain([(fastmlx::model::config::Arch::Qwen35, moe), (fastmlx::model::config::Arch::Lfm2, moe)]);
+    for (arch, options) in variants {
         let dir = tempfile::tempdir().unwrap();
         synthetic::write_tiny_model_with(dir.path(), arch, 7, &options).unwrap();
         let model = load_model(dir.path(), &backend).unwrap();
@@ -107,7 +111,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
             within += usize::from(ratio <= 1.5);
-            if predicted < measured || predicted > 2 * measured {
+            if predicted < measured || 2 * predicted > 3 * measured {
                 failures.push(format!(
                     "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {measured}"
                 ));
@@ -115,7 +119,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         }
     }
     println!("{within} of {all} predictions within 1.5x of the measured peak");
-    assert!(failures.is_empty(), "predictions outside [measured, 2 x measured]:\n{}", failures.join("\n"));
+    assert!(failures.is_empty(), "predictions outside [measured, 1.5 x measured]:\n{}", failures.join("\n"));
 }
 
 // --- The governor in the engine -------------------------------------------------------------

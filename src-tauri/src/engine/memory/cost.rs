@@ -41,6 +41,13 @@ enum LayerCost {
         keeps_kv: bool,
         /// Queries and keys normalised per head: one more copy of each.
         qk_norm: bool,
+        /// A gate projected beside every query, applied to the output (the Qwen hybrids).
+        gated: bool,
+        /// The layer's MLP is dense (not experts).
+        dense_mlp: bool,
+        /// The score matrix is freed before the MLP's intermediates are made (Gemma 4's layers
+        /// with experts beside the dense MLP, measured: their peak barely grows with context).
+        scores_gone_by_mlp: bool,
     },
     /// A linear-attention layer: its projections' width, its state per sequence (of which the
     /// delta rule's matrices), and the width of its output per token.
@@ -77,17 +84,17 @@ impl CostModel {
                         let experts = copies
                             * (moe.top_k * moe.intermediate_size + moe.shared_expert_size.unwrap_or(0))
                             + 2 * moe.top_k * config.hidden_size
-                            + moe.num_experts;
-                        // Gemma 4's dense MLP runs beside them: MLX evaluates one branch to its
-                        // output before the other, so only that output is alive beside the
-                        // other's intermediates.
+                            + 3 * moe.num_experts;
+                        // Gemma 4's dense MLP runs beside them, both branches' intermediates alive
+                        // at once, and their sum.
                         match config.gemma4 {
-                            Some(_) => experts.max(copies * config.layer_intermediate_size(i)) + config.hidden_size,
+                            Some(_) => experts + copies * config.layer_intermediate_size(i) + config.hidden_size,
                             None => experts,
                         }
                     }
                     _ => copies * config.layer_intermediate_size(i),
                 };
+                let sparse = config.moe.as_ref().is_some_and(|m| m.is_sparse(i));
                 let cost = match &config.hybrid {
                     Some(h) if config.is_recurrent(i) => LayerCost::Recurrent {
                         // The input projections' width: the convolved channels and the output
@@ -109,6 +116,9 @@ impl CostModel {
                             window: config.layer_window(i),
                             keeps_kv: a.kv_source.is_none() && i < config.kv_cache_layers(),
                             qk_norm: config.qk_norm,
+                            gated: config.hybrid.as_ref().is_some_and(|h| h.gated_attention()),
+                            dense_mlp: !sparse,
+                            scores_gone_by_mlp: sparse && config.gemma4.is_some(),
                         }
                     }
                 };
@@ -140,8 +150,8 @@ impl CostModel {
         let prefill = n > 1;
         let residual = r * n * self.hidden * a * if prefill { 6 } else { 4 };
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
-            let mixer = match cost {
-                LayerCost::Attention { q_heads, kv_heads, head_dim, window, qk_norm, .. } => {
+            let (mixer, scores) = match cost {
+                LayerCost::Attention { q_heads, kv_heads, head_dim, window, qk_norm, gated, .. } => {
                     // A layer sharing another's cache sees as many keys as that one; a windowed
                     // layer, what it keeps once it has dropped what no token sees again.
                     let width = buffers.get(i).map_or(widest, |b| b.width);
@@ -149,19 +159,24 @@ impl CostModel {
                     let seen = shared + width + n;
                     let copies = if prefill { 4 } else { 2 } + usize::from(qk_norm);
                     let projections = r * n * copies * (q_heads + kv_heads) * head_dim * a;
+                    // The gate, its sigmoid and the gated output.
+                    let gate = if gated { 3 * r * n * q_heads * head_dim * a } else { 0 };
                     // The score matrix, once: the masked scores and the probabilities are written
                     // over it (the peak grows by one matrix per position of context, measured).
                     let scores = if self.materializes_scores { r * q_heads * n * seen * a.max(4) } else { 0 };
-                    projections + scores
+                    (projections + gate + scores, scores)
                 }
                 // The projections and convolution; in the recurrence's ops form, the state of
                 // each row and the next one (MLX frees the older as it goes, measured), and every
                 // token's output until they are stacked.
                 // The delta rule (state matrices) keeps twice that per token in a prefill step; a
-                // short convolution does not (both measured).
+                // short convolution does not (both measured). The convolution's window twice:
+                // concatenated with the new inputs, and copied out as the next state (measured in
+                // decode steps).
                 LayerCost::Recurrent { width, state_bytes, matrix_bytes, output } => {
                     let per_token = if matrix_bytes > 0 && prefill { 2 } else { 1 };
-                    per_token * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes
+                    let window = 2 * r * (state_bytes - matrix_bytes);
+                    (per_token * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes + window, 0)
                 }
             };
             // What of the mixer is still alive while a later layer runs (below): in a decode
@@ -170,24 +185,37 @@ impl CostModel {
                 LayerCost::Recurrent { matrix_bytes, .. } if n == 1 => mixer - 2 * r * matrix_bytes,
                 _ => mixer,
             };
-            // The mixer's output is still alive while the MLP's intermediates are made.
-            (cost, lingering, mixer + r * n * mlp * a)
+            // The mixer's intermediates are still alive while the MLP's are made, the score matrix
+            // among them (measured: counting it only before the MLP under-predicts every model
+            // with experts but Gemma 4).
+            let bytes = match cost {
+                LayerCost::Attention { scores_gone_by_mlp: true, .. } => mixer.max(mixer - scores + r * n * mlp * a),
+                _ => mixer + r * n * mlp * a,
+            };
+            (cost, lingering, bytes)
         });
-        // MLX runs independent branches of the graph in its own order, so in a hybrid a recurrent
-        // mixer's intermediates (measured) can still be alive while an attention layer runs.
-        let (mut attention, mut recurrent, mut recurrent_mixer) = (0, 0, 0);
+        // MLX runs independent branches of the graph in its own order: in a hybrid, a recurrent
+        // mixer's intermediates can still be alive while an attention layer and its dense MLP
+        // run (measured in Qwen3.5 and LFM2); not while one with experts does (measured in
+        // Qwen3-Next, Qwen3.5-MoE and LFM2-MoE).
+        let (mut attention, mut attention_dense, mut recurrent, mut recurrent_mixer) = (0, 0, 0, 0);
         for (cost, lingering, bytes) in per_layer {
-            if matches!(cost, LayerCost::Recurrent { .. }) {
-                recurrent = recurrent.max(bytes);
-                recurrent_mixer = recurrent_mixer.max(lingering);
-            } else {
-                attention = attention.max(bytes);
+            match cost {
+                LayerCost::Recurrent { .. } => {
+                    recurrent = recurrent.max(bytes);
+                    recurrent_mixer = recurrent_mixer.max(lingering);
+                }
+                LayerCost::Attention { dense_mlp: true, .. } => attention_dense = attention_dense.max(bytes),
+                LayerCost::Attention { .. } => attention = attention.max(bytes),
             }
         }
-        let layer_peak = recurrent.max(attention + recurrent_mixer);
+        let layer_peak = recurrent.max(attention).max(attention_dense + recurrent_mixer);
         // The last positions' logits in the compute dtype and in f32.
         let logits = logits_rows * self.vocab * (a + 4);
-        residual + layer_peak + logits + STEP_OVERHEAD
+        // Rows of different lengths (or a shared segment) need an explicit mask, one byte per
+        // score of a head, built by each layer as it runs; rows that all start together do not.
+        let mask = if widest + shared > 0 { r * n * (shared + widest + n) } else { 0 };
+        residual + layer_peak + logits + mask + STEP_OVERHEAD
     }
 
     /// Key/value bytes the step adds: nothing in a layer whose buffers have room, else its new
@@ -317,9 +345,9 @@ fn window_width(width: usize, window: Option<usize>) -> usize {
     }
 }
 
-/// What every step allocates whatever its size (masks, rotary tables, small per-op buffers),
-/// measured on the tiny models.
-const STEP_OVERHEAD: usize = 256 << 10;
+/// What every step allocates whatever its size (rotary tables, small per-op buffers), measured
+/// on the tiny models.
+const STEP_OVERHEAD: usize = 64 << 10;
 
 /// Each cache layer's buffers as a step sees them.
 pub fn buffers_of(cache: &[crate::model::BatchKvCache]) -> Vec<Buffer> {
