@@ -171,6 +171,9 @@ fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize,
         .collect();
     let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
     let m = wait_idle(&warm);
+    // Rows joining the segment and leaving the group are copied between steps, not inside the
+    // next one: every step stayed within its predicted memory.
+    assert!(m.memory.worst_ratio <= 1.0, "{label}: a step over its predicted memory: {:?}", m.memory);
     let per_token = warm.model_info().kv_bytes_per_token;
     // The cache's blocks of the system prompt became views of the segment: once it is gone they
     // are copies of their own again, counted in the cache's bytes, and still serve.

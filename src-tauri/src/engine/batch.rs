@@ -91,6 +91,10 @@ impl Batch {
                 failed = Err(e);
             }
         }
+        // Copied now (rows kept out of order are gathered), so the next step's memory is its own.
+        if let Err(e) = mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays)) {
+            failed = Err(e.into());
+        }
         failed
     }
 

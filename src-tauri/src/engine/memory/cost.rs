@@ -161,10 +161,13 @@ impl CostModel {
                     let projections = r * n * copies * (q_heads + kv_heads) * head_dim * a;
                     // The gate, its sigmoid and the gated output.
                     let gate = if gated { 3 * r * n * q_heads * head_dim * a } else { 0 };
+                    // Attention over a shared segment reorders the queries (one copy) and sums two
+                    // partial outputs (two more).
+                    let split = if shared > 0 { 3 * r * n * q_heads * head_dim * a } else { 0 };
                     // The score matrix, once: the masked scores and the probabilities are written
                     // over it (the peak grows by one matrix per position of context, measured).
                     let scores = if self.materializes_scores { r * q_heads * n * seen * a.max(4) } else { 0 };
-                    (projections + gate + scores, scores)
+                    (projections + gate + split + scores, scores)
                 }
                 // The projections and convolution; in the recurrence's ops form, the state of
                 // each row and the next one (MLX frees the older as it goes, measured), and every

@@ -34,6 +34,12 @@ pub fn attention(
     let (kv_heads, w, p) = (k.dim(1), k.dim(2), shared.len());
     let r = heads / kv_heads;
     let rows = b * r * l;
+    let on_host = host_softmax::applies(q.dtype());
+    if on_host {
+        // As in `host_softmax::attention`: what the layers before left pending (the previous
+        // layer's scores among them) is computed and freed before the scores are allocated.
+        mlx_rs::transforms::eval([q, k, v])?;
+    }
     // Each key head's queries as one matrix, rows ordered (batch, repeat, query).
     let q = q
         .multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?
@@ -62,7 +68,7 @@ pub fn attention(
         AttentionMask::None => false,
         AttentionMask::Shared { .. } => return Err(ModelError::Mlx("a shared segment inside a shared mask".into())),
     };
-    let (first, second) = if host_softmax::applies(q.dtype()) {
+    let (first, second) = if on_host {
         // Rows are (key head, batch, repeat, query): the query head is (key head, repeat).
         let host = sinks.map(|s| s.host.as_slice());
         let sink = |row: usize| {
