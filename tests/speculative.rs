@@ -4,7 +4,8 @@
 //! accept different numbers of drafted tokens (realigned each step); a stop string inside an
 //! accepted run ends it where plain decoding does; a next turn restored from blocks stored while
 //! drafting continues as without. The hybrids (Gated DeltaNet, short convolutions) included:
-//! their recurrent state is taken back to the last accepted token.
+//! their recurrent state is taken back to the last accepted token. Sampled tokens with drafts
+//! follow the model's distribution (a chi-square test that rejects two broken acceptance rules).
 
 mod common;
 
@@ -262,4 +263,123 @@ fn a_request_cancelled_while_drafting_frees_everything() {
     drop(drafting);
     let fresh = engine(dir.path(), Mode::Off);
     assert_eq!(again, answer(&fresh, greedy(&bytes(PROMPTS[3]))));
+}
+
+/// Sampling with drafts follows the model's distribution. On a tiny model, with a drafted token
+/// `d` (the second likeliest next token, so it is both accepted and rejected often), the first
+/// two tokens emitted are drawn 4,000 times by the engine's rule (`verify_row` over one
+/// two-position verify forward, then a plain step where the draft was rejected) and compared with
+/// the exact distribution p(t1) p(t2 | t1) by a chi-square test at the 0.1 % level. The same test
+/// rejects "always accept the draft" and "keep the second position's logits after a rejected
+/// draft", so it can fail.
+#[test]
+fn sampled_tokens_with_drafts_follow_the_models_distribution() {
+    use fastmlx::engine::speculative::verify_row;
+    use fastmlx::sampling::{Sampler, SamplingParams};
+    use std::collections::HashMap;
+
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), fastmlx::model::config::Arch::Llama, 3, None).unwrap();
+    let model = load_model(dir.path(), &common::backend()).unwrap();
+    let t = &model.transformer;
+    let layers = t.config.kv_cache_layers();
+    let after = |ids: &[u32]| {
+        let mut cache: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
+        last_logits(t, &Array::from_slice(ids, &[1, ids.len() as i32]), &mut cache)
+    };
+    let softmax = |logits: &[f32]| {
+        let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f64> = logits.iter().map(|&l| f64::from(l - top).exp()).collect();
+        let z: f64 = e.iter().sum();
+        e.into_iter().map(|x| x / z).collect::<Vec<f64>>()
+    };
+    let prompt = bytes("the cat sat on the mat. the cat");
+    let p0 = softmax(&after(&prompt));
+    let mut order: Vec<u32> = (0..p0.len() as u32).collect();
+    order.sort_by(|&a, &b| p0[b as usize].total_cmp(&p0[a as usize]));
+    let d = order[1];
+    assert!(p0[d as usize] > 0.05 && p0[d as usize] < 0.9, "a draft accepted only sometimes: p = {}", p0[d as usize]);
+
+    // The verify step's logits: one forward over the prompt's last token and the draft, the
+    // rest of the prompt cached, as the engine feeds a row.
+    let mut cache: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    last_logits(t, &Array::from_slice(head, &[1, head.len() as i32]), &mut cache);
+    let step = Array::from_slice(&[last[0], d], &[1, 2]);
+    let hidden = t.forward_hidden(&step, &mut cache).unwrap();
+    let logits = t.logits(&hidden).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    mlx_rs::transforms::eval([&logits]).unwrap();
+    let vocab = p0.len();
+    let verify: Vec<Vec<f32>> = logits.as_slice::<f32>().chunks(vocab).map(<[f32]>::to_vec).collect();
+
+    // The next token's logits after each first token (computed once each).
+    let mut next: HashMap<u32, Vec<f32>> = HashMap::new();
+    let mut next_logits =
+        |t1: u32| next.entry(t1).or_insert_with(|| after(&[prompt.as_slice(), &[t1]].concat())).clone();
+
+    const DRAWS: usize = 4000;
+    let params = SamplingParams { temperature: 1.0, seed: Some(11), ..SamplingParams::default() };
+    let mut engine_rule = HashMap::<(u32, u32), usize>::new();
+    let mut always_accept = HashMap::<(u32, u32), usize>::new();
+    let mut stale_logits = HashMap::<(u32, u32), usize>::new();
+    let mut sampler = Sampler::new(params.clone());
+    for _ in 0..DRAWS {
+        let mut emitted = Vec::new();
+        let mut positions = verify.clone();
+        let (used, _) = verify_row(&[d], |i| {
+            let token = sampler.sample(&mut positions[i], &[]).token;
+            emitted.push(token);
+            (token, true)
+        });
+        if used == 1 {
+            // The draft was rejected: the next token comes from a plain step.
+            emitted.push(sampler.sample(&mut next_logits(emitted[0]), &[]).token);
+        }
+        *engine_rule.entry((emitted[0], emitted[1])).or_default() += 1;
+        let t2 = sampler.sample(&mut verify[1].clone(), &[]).token;
+        *always_accept.entry((d, t2)).or_default() += 1;
+        let t1 = sampler.sample(&mut verify[0].clone(), &[]).token;
+        let t2 = sampler.sample(&mut verify[1].clone(), &[]).token;
+        *stale_logits.entry((t1, t2)).or_default() += 1;
+    }
+
+    // Exact pair probabilities for every first token worth a bucket; the rest in one bucket.
+    let mut buckets: Vec<((u32, u32), f64)> = Vec::new();
+    for t1 in 0..vocab as u32 {
+        if p0[t1 as usize] * DRAWS as f64 >= 5.0 {
+            let p1 = softmax(&next_logits(t1));
+            for (t2, &q) in p1.iter().enumerate() {
+                let p = p0[t1 as usize] * q;
+                if p * DRAWS as f64 >= 5.0 {
+                    buckets.push(((t1, t2 as u32), p));
+                }
+            }
+        }
+    }
+    let chi_square = |counts: &HashMap<(u32, u32), usize>| {
+        let mut stat = 0.0;
+        let (mut rest_expected, mut rest_seen) = (DRAWS as f64, DRAWS as f64);
+        for (pair, p) in &buckets {
+            let expected = p * DRAWS as f64;
+            let seen = *counts.get(pair).unwrap_or(&0) as f64;
+            stat += (seen - expected).powi(2) / expected;
+            rest_expected -= expected;
+            rest_seen -= seen;
+        }
+        stat + (rest_seen - rest_expected).powi(2) / rest_expected.max(1e-9)
+    };
+    // The 99.9th percentile of chi-square with `df` degrees of freedom (Wilson-Hilferty).
+    let df = buckets.len() as f64;
+    let critical = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
+    let (fair, broken, stale) = (chi_square(&engine_rule), chi_square(&always_accept), chi_square(&stale_logits));
+    println!(
+        "{} buckets: chi-square {fair:.1} (engine), {broken:.1} (always accept), {stale:.1} (stale logits), \
+         critical {critical:.1}",
+        buckets.len()
+    );
+    assert!(buckets.len() >= 5, "too few buckets to test: {}", buckets.len());
+    assert!(fair < critical, "drafting changed the distribution: chi-square {fair:.1} >= {critical:.1}");
+    assert!(broken > critical, "the test cannot tell 'always accept' apart: {broken:.1} <= {critical:.1}");
+    assert!(stale > critical, "the test cannot tell stale logits apart: {stale:.1} <= {critical:.1}");
 }

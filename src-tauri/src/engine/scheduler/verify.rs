@@ -13,7 +13,7 @@ use mlx_rs::Array;
 use super::Scheduler;
 use crate::engine::memory;
 use crate::engine::request::FinishReason;
-use crate::engine::speculative::{Mode, RowDrafter, STEP_POSITIONS};
+use crate::engine::speculative::{verify_row, Mode, RowDrafter, STEP_POSITIONS};
 
 impl Scheduler {
     /// Each running row's draft for this step, or `None` when the step decodes plainly (no
@@ -77,17 +77,11 @@ impl Scheduler {
         let mut emitted = 0;
         for (row, draft) in drafts.iter().enumerate() {
             let seq = &mut self.running.seqs[row];
-            let mut used = 0;
-            let alive = loop {
-                let at = (row * width + used) * vocab;
+            let (used, alive) = verify_row(draft, |i| {
+                let at = (row * width + i) * vocab;
                 let alive = seq.on_logits(&mut logits[at..at + vocab], &self.model.tokenizer, fault.as_ref());
-                used += 1;
-                // The next position's logits hold only if the token just chosen is the one
-                // drafted there.
-                if !alive || used > draft.len() || draft[used - 1] != seq.next_input {
-                    break alive;
-                }
-            };
+                (seq.next_input, alive)
+            });
             if !draft.is_empty() {
                 let accepted = used - 1;
                 if let Some(d) = seq.drafter.as_mut() {

@@ -189,6 +189,25 @@ impl Payoff {
     }
 }
 
+/// How a row takes a verify step: it samples position by position (`sample(i)`: the token chosen
+/// from position `i`'s logits, and whether the row goes on), going on to position `i + 1` only
+/// while the token chosen at `i` is the one drafted there. Position `i + 1`'s logits were computed
+/// with the draft's token at `i` as input, so they are the model's distribution only then. For a
+/// proposal that is a fixed token this is the standard acceptance rule (accept `d` with
+/// probability p(d), else sample from p without `d`), and the row's random numbers are drawn in
+/// the order plain decoding draws them. Returns the positions used (the tokens emitted) and
+/// whether the row goes on.
+pub fn verify_row(draft: &[u32], mut sample: impl FnMut(usize) -> (u32, bool)) -> (usize, bool) {
+    let mut used = 0;
+    loop {
+        let (token, alive) = sample(used);
+        used += 1;
+        if !alive || used > draft.len() || draft[used - 1] != token {
+            return (used, alive);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
