@@ -3,9 +3,13 @@
 give back with one name changed) and free prompts (open-ended writing), then 16 concurrent short
 chats, against a FastMLX server started with each --speculative mode in turn (one after the
 other, never at once). Prints decode tok/s per prompt and mode, the speed-up, whether the texts
-are identical, and drafted/accepted tokens.
+are identical, and drafted/accepted tokens. With --llama-server (llama.cpp's `llama-server`, built
+from the `llama-cpp-python` sdist) the same prompts go to llama.cpp on the same GGUF, without drafting
+and with `--spec-type ngram-mod`, after FastMLX's modes (modes `llama.cpp` and `llama.cpp:ngram-mod`;
+its texts are compared with its own run without drafting).
 
-    FASTMLX_BIN=target/release/fastmlx python3 scripts/bench_speculative.py [--modes off,auto]
+    FASTMLX_BIN=target/release/fastmlx python3 scripts/bench_speculative.py [--modes off,auto] \
+        [--llama-server PATH --gguf .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf]
 """
 import argparse, json, os, pathlib, subprocess, sys, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -56,8 +60,30 @@ def serve(binary, port, mode):
     sys.exit("server did not start")
 
 
-def run_mode(binary, port, mode, max_tokens):
-    proc = serve(binary, port, mode)
+def serve_llama_cpp(server, gguf, port, spec):
+    """llama.cpp's server on the same GGUF: 16 slots of 2,048 tokens (the edit prompts and their
+    answers fit one), as many threads as cores, drafting by `spec` (None: off)."""
+    args = [server, "-m", gguf, "--port", str(port), "-c", "32768", "-np", "16",
+            "-t", str(os.cpu_count()), "--no-webui"]
+    if spec:
+        args += ["--spec-type", spec]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except Exception:
+            time.sleep(0.2)
+    proc.kill()
+    sys.exit("llama-server did not start")
+
+
+def run_mode(binary, port, mode, max_tokens, llama=None):
+    if mode.startswith("llama.cpp"):
+        spec = mode.partition(":")[2] or None
+        proc = serve_llama_cpp(llama[0], llama[1], port, spec)
+    else:
+        proc = serve(binary, port, mode)
     try:
         chat(port, "Say hello.", 8)  # warm-up
         rows = {}
@@ -83,20 +109,29 @@ def main():
     ap.add_argument("--modes", default="off,auto")
     ap.add_argument("--port", type=int, default=8137)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    ap.add_argument("--gguf", default=str(ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     args = ap.parse_args()
     binary = os.environ.get("FASTMLX_BIN", str(ROOT / "target/release/fastmlx"))
     modes = args.modes.split(",")
-    results = {m: run_mode(binary, args.port, m, args.max_tokens) for m in modes}
-    base = results[modes[0]]
-    print(f"{'prompt':<10}" + "".join(f"{m + ' tok/s':>14}" for m in modes)
-          + "".join(f"{m + ' x':>9}{'same':>6}{'drafted':>9}{'accepted':>9}" for m in modes[1:]))
-    for key in base:
-        line = f"{key:<10}" + "".join(f"{results[m][key][1]:>14.1f}" for m in modes)
-        for m in modes[1:]:
-            text, rate, drafted, accepted = results[m][key]
-            line += f"{rate / max(base[key][1], 1e-9):>9.2f}{'yes' if text == base[key][0] else 'NO':>6}"
-            line += f"{drafted:>9}{accepted:>9}"
-        print(line)
+    if args.llama_server:
+        modes += ["llama.cpp", "llama.cpp:ngram-mod"]
+    llama = (args.llama_server, args.gguf)
+    results = {m: run_mode(binary, args.port, m, args.max_tokens, llama) for m in modes}
+    # Each server's runs against its own first mode (FastMLX's first, llama.cpp without drafting).
+    groups = [[m for m in modes if not m.startswith("llama.cpp")], [m for m in modes if m.startswith("llama.cpp")]]
+    for group in filter(None, groups):
+        base = results[group[0]]
+        print(f"{'prompt':<10}" + "".join(f"{m + ' tok/s':>22}" for m in group)
+              + "".join(f"{'x':>7}{'same':>6}{'drafted':>9}{'accepted':>9}" for m in group[1:]))
+        for key in base:
+            line = f"{key:<10}" + "".join(f"{results[m][key][1]:>22.1f}" for m in group)
+            for m in group[1:]:
+                text, rate, drafted, accepted = results[m][key]
+                line += f"{rate / max(base[key][1], 1e-9):>7.2f}{'yes' if text == base[key][0] else 'NO':>6}"
+                line += f"{drafted:>9}{accepted:>9}"
+            print(line)
+        print()
 
 
 if __name__ == "__main__":
