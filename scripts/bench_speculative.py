@@ -45,11 +45,8 @@ def edit_prompts():
     return out
 
 
-def serve(binary, port, mode):
-    env = dict(os.environ, FASTMLX_PORT=str(port), FASTMLX_SPECULATIVE=mode,
-               FASTMLX_PREFIX_CACHE_DISK_GB="0", FASTMLX_NO_PREFIX_CACHE="true")
-    proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def wait_healthy(proc, port, name):
+    """`proc` once its /health answers (both servers have one); exits if it never does."""
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -57,7 +54,15 @@ def serve(binary, port, mode):
         except Exception:
             time.sleep(0.2)
     proc.kill()
-    sys.exit("server did not start")
+    sys.exit(f"{name} did not start")
+
+
+def serve(binary, port, mode):
+    env = dict(os.environ, FASTMLX_PORT=str(port), FASTMLX_SPECULATIVE=mode,
+               FASTMLX_PREFIX_CACHE_DISK_GB="0", FASTMLX_NO_PREFIX_CACHE="true")
+    proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    return wait_healthy(proc, port, "server")
 
 
 def serve_llama_cpp(server, gguf, port, spec):
@@ -68,14 +73,7 @@ def serve_llama_cpp(server, gguf, port, spec):
     if spec:
         args += ["--spec-type", spec]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except Exception:
-            time.sleep(0.2)
-    proc.kill()
-    sys.exit("llama-server did not start")
+    return wait_healthy(proc, port, "llama-server")
 
 
 def run_mode(binary, port, mode, max_tokens, llama=None):

@@ -106,12 +106,22 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         let cost = CostModel::new(&t.config, act, backend.gpu);
         let name = format!("{}{}", arch.model_type(), if options.moe { " (moe)" } else { "" });
         for &(rows, n, depth) in &points {
-            let (predicted, measured) = measure(t, &cost, rows, n, depth);
+            let outside = |predicted: usize, measured: usize| predicted < measured || 2 * predicted > 3 * measured;
+            let (predicted, mut measured) = measure(t, &cost, rows, n, depth);
+            if outside(predicted, measured) {
+                // MLX's peak counter is process-wide: a stray allocation elsewhere in the process
+                // (about one full run in eight) moves a single reading. Judged on the median of
+                // three, so a prediction that is really off still fails.
+                let mut readings = [measured, measure(t, &cost, rows, n, depth).1, measure(t, &cost, rows, n, depth).1];
+                readings.sort_unstable();
+                println!("{name} at {rows} x {n} after {depth}: measured {readings:?}, judged on the median");
+                measured = readings[1];
+            }
             let ratio = predicted as f64 / measured.max(1) as f64;
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
             within += usize::from(ratio <= 1.5);
-            if predicted < measured || 2 * predicted > 3 * measured {
+            if outside(predicted, measured) {
                 failures.push(format!(
                     "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {measured}"
                 ));

@@ -77,9 +77,14 @@ impl Batch {
                 return Err(e);
             }
         }
-        // Copied now, so the next step's memory is its own (the governor measures it).
-        mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays))?;
-        Ok(())
+        self.settle_cache()
+    }
+
+    /// Evaluates the caches' buffers and states now: a relayout (rows joined, left, or moved onto
+    /// a shared segment) is lazy, and left so MLX would copy it inside the next step, whose
+    /// memory the governor measures against its prediction.
+    pub fn settle_cache(&self) -> Result<(), ModelError> {
+        Ok(mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays))?)
     }
 
     /// Keeps the caches' rows at `keep` (the sequences are the caller's to keep in step); the
@@ -91,9 +96,8 @@ impl Batch {
                 failed = Err(e);
             }
         }
-        // Copied now (rows kept out of order are gathered), so the next step's memory is its own.
-        if let Err(e) = mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays)) {
-            failed = Err(e.into());
+        if let Err(e) = self.settle_cache() {
+            failed = Err(e);
         }
         failed
     }

@@ -124,9 +124,7 @@ impl KvManager {
             match converted {
                 Ok(layers) => {
                     batch.cache = layers;
-                    // Rebuilt now, so the next step's memory is its own (the governor measures it).
-                    let arrays = batch.cache.iter().flat_map(crate::model::BatchKvCache::arrays);
-                    if let Err(e) = mlx_rs::transforms::eval(arrays) {
+                    if let Err(e) = batch.settle_cache() {
                         tracing::warn!("cannot rebuild the rows that share a prompt start: {e}");
                     }
                     for &r in &which {
