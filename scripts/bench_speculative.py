@@ -10,6 +10,7 @@ its texts are compared with its own run without drafting).
 
     FASTMLX_BIN=target/release/fastmlx python3 scripts/bench_speculative.py [--modes off,auto] \
         [--llama-server PATH --gguf .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        [--draft-model PATH]   (auto and draft modes draft with it; add `draft` to --modes)
 """
 import argparse, json, os, pathlib, subprocess, sys, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -57,9 +58,11 @@ def wait_healthy(proc, port, name):
     sys.exit(f"{name} did not start")
 
 
-def serve(binary, port, mode):
+def serve(binary, port, mode, draft=None):
     env = dict(os.environ, FASTMLX_PORT=str(port), FASTMLX_SPECULATIVE=mode,
                FASTMLX_PREFIX_CACHE_DISK_GB="0", FASTMLX_NO_PREFIX_CACHE="true")
+    if draft and mode in ("auto", "draft"):
+        env["FASTMLX_DRAFT_MODEL"] = draft
     proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     return wait_healthy(proc, port, "server")
@@ -76,12 +79,12 @@ def serve_llama_cpp(server, gguf, port, spec):
     return wait_healthy(proc, port, "llama-server")
 
 
-def run_mode(binary, port, mode, max_tokens, llama=None):
+def run_mode(binary, port, mode, max_tokens, llama=None, draft=None):
     if mode.startswith("llama.cpp"):
         spec = mode.partition(":")[2] or None
         proc = serve_llama_cpp(llama[0], llama[1], port, spec)
     else:
-        proc = serve(binary, port, mode)
+        proc = serve(binary, port, mode, draft)
     try:
         chat(port, "Say hello.", 8)  # warm-up
         rows = {}
@@ -109,13 +112,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary")
     ap.add_argument("--gguf", default=str(ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--draft-model", help="FastMLX's --draft-model for the auto and draft modes")
     args = ap.parse_args()
     binary = os.environ.get("FASTMLX_BIN", str(ROOT / "target/release/fastmlx"))
     modes = args.modes.split(",")
     if args.llama_server:
         modes += ["llama.cpp", "llama.cpp:ngram-mod"]
     llama = (args.llama_server, args.gguf)
-    results = {m: run_mode(binary, args.port, m, args.max_tokens, llama) for m in modes}
+    results = {m: run_mode(binary, args.port, m, args.max_tokens, llama, args.draft_model) for m in modes}
     # Each server's runs against its own first mode (FastMLX's first, llama.cpp without drafting).
     groups = [[m for m in modes if not m.startswith("llama.cpp")], [m for m in modes if m.startswith("llama.cpp")]]
     for group in filter(None, groups):

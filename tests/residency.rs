@@ -118,3 +118,33 @@ async fn idle_models_unload_after_their_keep_alive() {
     assert_eq!(loaded_ids(&r), vec!["tiny-qwen2"], "its own keep_alive keeps qwen2");
     r.unload_all().await;
 }
+
+/// A draft model paired with a model (`--draft-model`) loads with it, counts in its footprint,
+/// and goes with it; other models load without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_draft_model_loads_and_unloads_with_its_model() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let config = ResidencyConfig {
+        engine: EngineConfig { kv_budget_bytes: Some(256 << 20), ..Default::default() },
+        memory_budget: 4096 * MB,
+        drafts: vec![("tiny-qwen2".into(), "tiny-qwen3".into())],
+        ..Default::default()
+    };
+    let r = Residency::new(Catalog::new(StorePaths::only(&models(dir.path()))), config);
+    let before = fastmlx::mlx::memory_stats().active;
+    let served = r.serve(Some("tiny-qwen2")).await.unwrap();
+    let info = served.engine.model_info().clone();
+    assert_eq!(info.draft_model.as_deref(), Some("tiny-qwen3"));
+    let draft = r.serve(Some("tiny-qwen3")).await.unwrap();
+    assert_eq!(draft.engine.model_info().draft_model, None, "a model loaded alone drafts with nothing");
+    let draft_weights = draft.engine.model_info().weights_bytes;
+    drop((served, draft));
+    r.unload_all().await;
+    let after = fastmlx::mlx::memory_stats().active;
+    assert!(after <= before, "MLX active memory back with the draft unloaded: {before} -> {after}");
+    let alone = residency(&dir.path().join("models"), 4096, None);
+    let own = alone.serve(Some("tiny-qwen2")).await.unwrap().engine.model_info().weights_bytes;
+    assert_eq!(info.weights_bytes, own + draft_weights, "the draft's weights count in the model's");
+    alone.unload_all().await;
+}

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod drafting;
 pub mod engine;
 pub mod fake_hub;
 

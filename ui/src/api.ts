@@ -197,6 +197,8 @@ export interface LoadedModel {
   queued: number;
   /** The context window it serves (the model's own, or less under --ctx). */
   context_length: number;
+  /** The draft model loaded with it (--draft-model). */
+  draft_model?: string;
 }
 
 export interface PullProgress {

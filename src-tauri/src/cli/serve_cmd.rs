@@ -87,14 +87,20 @@ pub struct ServeArgs {
     /// How quantized weights are held in memory.
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
     weights: super::WeightsArg,
-    /// Speculative decoding: `auto` drafts tokens by prompt lookup (what the prompt and the text
-    /// so far say comes next) and checks them in one step, wherever that is measured to pay;
-    /// `ngram` drafts whenever it can; `off` never. The output is the same either way.
+    /// Speculative decoding: `auto` drafts tokens (with the draft model when one is given, else
+    /// by prompt lookup: what the prompt and the text so far say comes next) and checks them in
+    /// one step, wherever that is measured to pay; `ngram` drafts by prompt lookup whenever it
+    /// can, `draft` with the draft model whenever it can; `off` never. The output is the same
+    /// either way.
     #[arg(long, env = "FASTMLX_SPECULATIVE", default_value = "auto")]
     speculative: crate::engine::speculative::Mode,
     /// Tokens a request drafts per step at most.
     #[arg(long, env = "FASTMLX_NUM_DRAFT_TOKENS", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS)]
     num_draft_tokens: usize,
+    /// A small model with the same tokenizer (a local model id, a folder or a .gguf file) that
+    /// drafts tokens for the first model (`--model`), loaded beside it.
+    #[arg(long, env = "FASTMLX_DRAFT_MODEL")]
+    draft_model: Option<String>,
 }
 
 impl ServeArgs {
@@ -141,6 +147,25 @@ impl ServeArgs {
         Ok(config)
     }
 
+    /// The models' residency in the platform's model folders, with its settings and the draft
+    /// model (`--draft-model`) paired with the first model.
+    pub fn residency(&self) -> anyhow::Result<Residency> {
+        let catalog = Catalog::new(StorePaths::from_env());
+        let mut config = self.residency_config()?;
+        match &self.draft_model {
+            Some(draft) => {
+                let target = catalog.find_or_add_path(&self.first_model()?.to_string_lossy())?;
+                let draft = catalog.find_or_add_path(draft).with_context(|| format!("--draft-model {draft}"))?;
+                config.drafts.push((target.id, draft.id));
+            }
+            None if self.speculative == crate::engine::speculative::Mode::Draft => {
+                anyhow::bail!("--speculative draft needs a draft model (--draft-model NAME)")
+            }
+            None => {}
+        }
+        Ok(Residency::new(catalog, config))
+    }
+
     pub fn server_config(&self) -> ServerConfig {
         let mut config = ServerConfig {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
@@ -168,7 +193,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
-    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config()?);
+    let models = args.residency()?;
     let first =
         models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
     models.spawn_idle_reaper();

@@ -12,7 +12,7 @@ use super::control::Control;
 use super::tray::{self, model_label, Action, Item};
 use crate::cli::ServeArgs;
 use crate::store::hub::HubClient;
-use crate::store::{Catalog, Pulls, Residency, StorePaths};
+use crate::store::Pulls;
 
 const TRAY_ID: &str = "fastmlx";
 
@@ -35,7 +35,7 @@ impl Window {
 /// `hidden`, the dashboard).
 pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
     let runtime = Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build()?);
-    let models = Residency::new(Catalog::new(StorePaths::from_env()), args.residency_config()?);
+    let models = args.residency()?;
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let (host, port) = args.address();
     let control = Arc::new(Control {

@@ -104,4 +104,6 @@ pub struct ModelInfo {
     pub weights_bytes: usize,
     /// The process's memory ceiling the engine keeps under.
     pub memory_ceiling: usize,
+    /// The draft model proposing tokens for it (`--draft-model`), if one is loaded.
+    pub draft_model: Option<String>,
 }

@@ -12,6 +12,7 @@ use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
 use super::request::{Event, Finish, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
+use super::speculative::{check_vocabularies, DraftModel};
 use crate::model::{LoadedModel, ModelError};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +93,22 @@ pub(crate) struct Shared {
     pub info: ModelInfo,
 }
 
+/// Loads a draft model (on the engine thread).
+pub type DraftLoader = Box<dyn FnOnce() -> Result<LoadedModel, ModelError> + Send>;
+
+/// The draft model `load` gives, if its vocabulary is `model`'s.
+fn draft_for(model: &LoadedModel, load: DraftLoader) -> Result<DraftModel, ModelError> {
+    let draft = load()?;
+    if let Err(message) = check_vocabularies(&model.tokenizer, &draft.tokenizer) {
+        return Err(ModelError::Config {
+            path: draft.path.clone(),
+            message: format!("cannot draft for {}: {message}", model.name),
+        });
+    }
+    tracing::info!("{}: drafting with {}", model.name, draft.name);
+    Ok(DraftModel::new(draft, model.transformer.config.vocab_size, crate::mlx::gpu_available()))
+}
+
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
@@ -106,6 +123,16 @@ impl EngineHandle {
     pub fn start(
         config: EngineConfig,
         load: impl FnOnce() -> Result<LoadedModel, ModelError> + Send + 'static,
+    ) -> Result<EngineHandle, ModelError> {
+        Self::start_with_draft(config, load, None)
+    }
+
+    /// As [`EngineHandle::start`], with a draft model (`load_draft`) that proposes tokens for
+    /// the model: loaded after it, refused when its tokenizer is not the model's.
+    pub fn start_with_draft(
+        config: EngineConfig,
+        load: impl FnOnce() -> Result<LoadedModel, ModelError> + Send + 'static,
+        load_draft: Option<DraftLoader>,
     ) -> Result<EngineHandle, ModelError> {
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -124,7 +151,14 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let scheduler = Scheduler::new(model, engine_config, metrics_tx, engine_queued);
+                let draft = match load_draft.map(|load_draft| draft_for(&model, load_draft)).transpose() {
+                    Ok(draft) => draft,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let scheduler = Scheduler::new(model, draft, engine_config, metrics_tx, engine_queued);
                 let _ = ready_tx.send(Ok(scheduler.info()));
                 scheduler.run(inbox);
             })

@@ -21,6 +21,6 @@ pub use config::{
     EngineConfig, FaultInjector, ModelInfo, DEFAULT_ITL_BUDGET, DEFAULT_KV_RESERVE_AHEAD, DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PREFIX_CACHE_BYTES,
 };
-pub use handle::{EngineHandle, RequestStream, SubmitError};
+pub use handle::{DraftLoader, EngineHandle, RequestStream, SubmitError};
 pub use metrics::{CacheMiss, Histogram, Metrics, RecentRequest, LATENCY_BUCKETS, RECENT_REQUESTS};
 pub use request::{Event, Finish, FinishReason, Request, RequestId, Timings, TokenLogprob, Usage};

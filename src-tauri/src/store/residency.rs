@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::catalog::{Catalog, CatalogError};
 use super::discover::LocalModel;
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{DraftLoader, EngineConfig, EngineHandle};
 use crate::mlx::Backend;
 use crate::model::{load_model_with, LoadOptions, ModelSummary};
 
@@ -42,6 +42,9 @@ pub struct ResidencyConfig {
     pub memory_budget: u64,
     /// Unload a model unused for this long (`None`: never).
     pub keep_alive: Option<Duration>,
+    /// Draft models (`--draft-model`): a catalog id, and the catalog id of the model that drafts
+    /// tokens for it, loaded with it.
+    pub drafts: Vec<(String, String)>,
 }
 
 impl Default for ResidencyConfig {
@@ -51,6 +54,7 @@ impl Default for ResidencyConfig {
             load: LoadOptions::default(),
             memory_budget: crate::mlx::default_ceiling(),
             keep_alive: None,
+            drafts: Vec::new(),
         }
     }
 }
@@ -72,6 +76,9 @@ pub struct LoadedStatus {
     /// The context window it serves (prompt and output tokens): the model's own, or less under
     /// `--ctx`.
     pub context_length: usize,
+    /// The draft model loaded with it (`--draft-model`), whose weights count in its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
 }
 
 /// A model chosen to serve a request: its id (as the API reports it) and its engine.
@@ -212,7 +219,12 @@ impl Residency {
             return Err(ResidencyError::Unloadable { id: model.id, reason });
         }
         let config = self.config();
-        let weights = estimated_weights_bytes(&model.summary, &config.load);
+        let draft = match config.drafts.iter().find(|(target, _)| *target == model.id) {
+            Some((_, draft)) => Some(self.inner.catalog.find(draft)?),
+            None => None,
+        };
+        let weights = estimated_weights_bytes(&model.summary, &config.load)
+            + draft.as_ref().map_or(0, |d| estimated_weights_bytes(&d.summary, &config.load));
         let kv = self.make_room(&model.id, weights)?;
         let engine_config = EngineConfig {
             kv_budget_bytes: Some(kv as usize),
@@ -220,8 +232,11 @@ impl Residency {
             ..config.engine.clone()
         };
         let (path, options) = (model.path.clone(), config.load);
+        let load_draft =
+            draft.map(|d| -> DraftLoader { Box::new(move || load_model_with(&d.path, &Backend::init(), &options)) });
         let engine = tokio::task::spawn_blocking(move || {
-            EngineHandle::start(engine_config, move || load_model_with(&path, &Backend::init(), &options))
+            let load = move || load_model_with(&path, &Backend::init(), &options);
+            EngineHandle::start_with_draft(engine_config, load, load_draft)
         })
         .await
         .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?
@@ -323,6 +338,7 @@ impl Residency {
                     running: m.running,
                     queued: m.queued,
                     context_length: info.context_length,
+                    draft_model: info.draft_model.clone(),
                 }
             })
             .collect()

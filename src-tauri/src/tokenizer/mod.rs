@@ -97,6 +97,16 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The text of token `id` as the vocabulary spells it, if it has that id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Tokens in the vocabulary, the added (special) ones included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// Whether `id` is a special (control) token, never shown as text.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)

@@ -166,6 +166,7 @@ export function ModelsPage() {
                             {bytes(info.memory_bytes)} reserved
                             {info.running + info.queued > 0 && ` · ${info.running} running, ${info.queued} queued`}
                             {info.expires_in_secs != null && ` · unloads in ${duration(info.expires_in_secs)}`}
+                            {info.draft_model && ` · drafts with ${info.draft_model}`}
                           </span>
                         )}
                         {m.unloadable_reason && (

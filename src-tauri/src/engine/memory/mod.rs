@@ -171,6 +171,13 @@ impl Governor {
     }
 }
 
+/// A forward outside the measured steps (a draft model's) is predicted to need `predicted`
+/// bytes: held against the other engines' steps until the guard drops.
+pub fn hold(predicted: usize) -> InFlight {
+    IN_FLIGHT.fetch_add(predicted, Ordering::SeqCst);
+    InFlight(predicted)
+}
+
 /// The KV budget under a ceiling, and the rows a decode step may run under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvBudget {

@@ -25,6 +25,7 @@ use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
+use super::speculative::DraftModel;
 use crate::mlx;
 use crate::model::{BatchKvCache, LayerCache, LoadedModel};
 
@@ -76,11 +77,14 @@ pub(crate) struct Scheduler {
     rates: RateWindow,
     /// Whether drafting pays, per batch size, measured as steps run.
     payoff: super::speculative::Payoff,
+    /// The draft model proposing tokens (`--draft-model`), with its own batch of rows.
+    draft: Option<DraftModel>,
 }
 
 impl Scheduler {
     pub fn new(
         model: LoadedModel,
+        draft: Option<DraftModel>,
         config: EngineConfig,
         metrics_tx: watch::Sender<Metrics>,
         queued: Arc<AtomicUsize>,
@@ -106,7 +110,14 @@ impl Scheduler {
         }
         let mut config = config;
         config.max_batch = budget.max_rows;
-        let kv_budget = budget.bytes;
+        // A drafting row holds the draft model's keys and values for its tokens too.
+        let kv_budget = match &draft {
+            Some(d) => {
+                let (own, theirs) = (t.kv_bytes_per_token().max(1), d.kv_bytes_per_token());
+                (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize
+            }
+            None => budget.bytes,
+        };
         let kv_footprint = t.kv_footprint();
         let info = ModelInfo {
             name: model.name.clone(),
@@ -118,8 +129,9 @@ impl Scheduler {
             kv_footprint,
             kv_budget_bytes: kv_budget,
             kv_capacity_tokens: kv_footprint.tokens_within(kv_budget),
-            weights_bytes: model.weights_bytes,
+            weights_bytes: model.weights_bytes + draft.as_ref().map_or(0, DraftModel::weights_bytes),
             memory_ceiling: ceiling,
+            draft_model: draft.as_ref().map(|d| d.name().to_string()),
         };
         tracing::info!(
             "{}: memory ceiling {} MB, {} MB held with the model loaded, KV budget {} MB ({} tokens)",
@@ -156,6 +168,7 @@ impl Scheduler {
             metrics,
             rates: RateWindow::default(),
             payoff: Default::default(),
+            draft,
         }
     }
 
@@ -308,8 +321,10 @@ impl Scheduler {
         if rows == 0 {
             return 0;
         }
+        // Drafting's own work (a draft model's forwards) counts against what it gains.
+        let drafting = Instant::now();
         if let Some(drafts) = self.drafts() {
-            self.verify_step(drafts);
+            self.verify_step(drafts, drafting);
             return rows;
         }
         let began = Instant::now();
@@ -444,7 +459,8 @@ impl Scheduler {
         m.decode_tokens_per_sec = decode_rate;
         m.kv_tokens = self.running.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);
         m.kv_bytes = self.running.cache.iter().chain(&self.group.cache).map(BatchKvCache::nbytes).sum::<usize>()
-            + kv.shared_bytes;
+            + kv.shared_bytes
+            + self.draft.as_ref().map_or(0, DraftModel::nbytes);
         m.kv_shared_bytes = kv.shared_bytes;
         m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);
         m.kv_reserved_bytes = kv.reserved;
@@ -481,6 +497,7 @@ impl Scheduler {
         self.queued.store(0, Ordering::SeqCst);
         self.running.cache.clear();
         self.group.cache.clear();
+        self.draft = None;
         self.kv.shut_down();
         self.publish_metrics(0, 0);
         drop(self.model);

@@ -13,7 +13,7 @@ use mlx_rs::Array;
 use super::Scheduler;
 use crate::engine::memory;
 use crate::engine::request::FinishReason;
-use crate::engine::speculative::{verify_row, Mode, RowDrafter, STEP_POSITIONS};
+use crate::engine::speculative::{verify_row, Mode, RowDrafter, Want, STEP_POSITIONS};
 
 impl Scheduler {
     /// Each running row's draft for this step, or `None` when the step decodes plainly (no
@@ -24,7 +24,8 @@ impl Scheduler {
             return None;
         }
         let rows = self.running.len();
-        if !self.payoff.may_draft(rows, spec.mode == Mode::Ngram) {
+        let forced = matches!(spec.mode, Mode::Ngram | Mode::Draft);
+        if !self.payoff.may_draft(rows, forced) {
             return None;
         }
         // Every row computes as many positions as the longest draft needs (shorter ones are
@@ -36,7 +37,9 @@ impl Scheduler {
         if longest == 0 {
             return None;
         }
+        let by_model = self.draft.is_some() && spec.mode != Mode::Ngram;
         let mut drafts = Vec::with_capacity(rows);
+        let mut want = Vec::new();
         for seq in &mut self.running.seqs {
             if !seq.request.speculative {
                 drafts.push(Vec::new());
@@ -44,16 +47,35 @@ impl Scheduler {
             }
             let room = seq.draft_room().min(longest);
             let mut drafter = seq.drafter.take().unwrap_or_else(|| RowDrafter::new(spec.draft_tokens));
-            let draft = drafter.propose(seq.tokens(), room);
+            if by_model {
+                want.push((drafts.len(), drafter.length(room)));
+                drafts.push(Vec::new());
+            } else {
+                drafts.push(drafter.propose(seq.tokens(), room));
+            }
             seq.drafter = Some(drafter);
-            drafts.push(draft);
         }
-        drafts.iter().any(|d| !d.is_empty()).then_some(drafts)
+        if let Some(draft) = self.draft.as_mut().filter(|_| by_model) {
+            let seqs = &self.running.seqs;
+            let asked: Vec<Want> =
+                want.iter().map(|&(row, most)| Want { id: seqs[row].id, tokens: seqs[row].tokens(), most }).collect();
+            for ((row, _), proposal) in want.iter().zip(draft.propose(&asked, &self.memory)) {
+                drafts[*row] = proposal;
+            }
+        }
+        if drafts.iter().any(|d| !d.is_empty()) {
+            return Some(drafts);
+        }
+        // Nothing to check: the draft model's proposal (if any) is taken back whole.
+        if let Some(draft) = self.draft.as_mut() {
+            draft.verified(&[]);
+        }
+        None
     }
 
     /// One forward over each row's next input and draft; returns the tokens emitted.
-    pub(super) fn verify_step(&mut self, drafts: Vec<Vec<u32>>) -> usize {
-        let began = Instant::now();
+    /// `began`: when drafting for this step began (its proposals' cost counts).
+    pub(super) fn verify_step(&mut self, drafts: Vec<Vec<u32>>, began: Instant) -> usize {
         let rows = self.running.len();
         let width = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(rows * width);
@@ -67,12 +89,16 @@ impl Scheduler {
             Ok(logits) => logits,
             Err(message) => {
                 self.fail_running(&message);
+                if let Some(draft) = self.draft.as_mut() {
+                    draft.reset();
+                }
                 return 0;
             }
         };
         let vocab = logits.len() / (rows * width);
         let fault = self.config.fault_injector.clone();
         let mut kept = Vec::with_capacity(rows);
+        let mut accepted = Vec::with_capacity(rows);
         let mut going = Vec::with_capacity(rows);
         let mut emitted = 0;
         for (row, draft) in drafts.iter().enumerate() {
@@ -82,6 +108,7 @@ impl Scheduler {
                 let alive = seq.on_logits(&mut logits[at..at + vocab], &self.model.tokenizer, fault.as_ref());
                 (seq.next_input, alive)
             });
+            accepted.push((seq.id, used - 1));
             if !draft.is_empty() {
                 let accepted = used - 1;
                 if let Some(d) = seq.drafter.as_mut() {
@@ -101,6 +128,9 @@ impl Scheduler {
                 self.fail_running(&format!("cannot take back rejected drafts: {e}"));
                 return 0;
             }
+        }
+        if let Some(draft) = self.draft.as_mut() {
+            draft.verified(&accepted);
         }
         self.metrics.verify_steps_total += 1;
         self.metrics.generated_tokens_total += emitted as u64;

@@ -1,7 +1,7 @@
 //! Speculative decoding: a running row may carry a few drafted tokens, which one forward pass
-//! of the batch checks together with its next input (`scheduler::verify`). Drafts here come
-//! from prompt lookup (`ngram`); a draft model and MTP heads would propose through the same
-//! [`RowDrafter`].
+//! of the batch checks together with its next input (`scheduler::verify`). Drafts come from
+//! prompt lookup (`ngram`) or from a small draft model with the same tokenizer (`draft`), each
+//! row's length following its acceptance ([`RowDrafter`]).
 //!
 //! Why the output is unchanged: every proposal is a fixed token (no distribution of its own),
 //! so the standard acceptance rule (accept draft `d` with probability `p(d)`, else sample from
@@ -16,8 +16,10 @@
 //! tries again later) where verifying costs more than it gains: at high concurrency a step is
 //! bound by compute, not by reading the weights, and drafting backs off by itself.
 
+mod draft;
 mod ngram;
 
+pub use draft::{check_vocabularies, DraftModel, Want, CATCH_UP};
 pub use ngram::PromptLookup;
 
 use std::time::Duration;
@@ -27,11 +29,13 @@ use std::time::Duration;
 pub enum Mode {
     /// Never.
     Off,
-    /// Prompt lookup where the model can take back tokens, while it pays.
+    /// The draft model when one is loaded, else prompt lookup, while it pays.
     #[default]
     Auto,
     /// Prompt lookup on every step that has a proposal, whether it pays or not (to measure).
     Ngram,
+    /// The draft model on every step, whether it pays or not (a draft model must be given).
+    Draft,
 }
 
 impl std::str::FromStr for Mode {
@@ -42,11 +46,11 @@ impl std::str::FromStr for Mode {
             "off" | "none" | "false" => Ok(Mode::Off),
             "auto" | "on" | "true" => Ok(Mode::Auto),
             "ngram" | "prompt-lookup" | "prompt_lookup" => Ok(Mode::Ngram),
-            "draft" | "mtp" => Err(format!(
-                "speculative mode '{s}' is not available yet: this build drafts by prompt lookup \
-                 (use off, auto or ngram)"
-            )),
-            other => Err(format!("unknown speculative mode '{other}' (off, auto or ngram)")),
+            "draft" | "draft-model" | "draft_model" => Ok(Mode::Draft),
+            "mtp" => Err("speculative mode 'mtp' is not available yet: this build drafts by prompt lookup or a \
+                 draft model (use off, auto, ngram or draft)"
+                .into()),
+            other => Err(format!("unknown speculative mode '{other}' (off, auto, ngram or draft)")),
         }
     }
 }
@@ -57,6 +61,7 @@ impl std::fmt::Display for Mode {
             Mode::Off => "off",
             Mode::Auto => "auto",
             Mode::Ngram => "ngram",
+            Mode::Draft => "draft",
         })
     }
 }
@@ -101,6 +106,11 @@ impl RowDrafter {
     /// Up to `room` tokens to follow `tokens` (empty: nothing to propose).
     pub fn propose(&mut self, tokens: &[u32], room: usize) -> Vec<u32> {
         self.lookup.propose(tokens, self.length.min(room))
+    }
+
+    /// Tokens it drafts at most now, within `room`.
+    pub fn length(&self, room: usize) -> usize {
+        self.length.min(room)
     }
 
     /// `accepted` of `drafted` proposed tokens were what the model chose: a run accepted whole
@@ -277,7 +287,8 @@ mod tests {
         assert_eq!("auto".parse::<Mode>(), Ok(Mode::Auto));
         assert_eq!("OFF".parse::<Mode>(), Ok(Mode::Off));
         assert_eq!("ngram".parse::<Mode>(), Ok(Mode::Ngram));
-        assert!("draft".parse::<Mode>().unwrap_err().contains("not available yet"));
+        assert_eq!("draft".parse::<Mode>(), Ok(Mode::Draft));
+        assert!("mtp".parse::<Mode>().unwrap_err().contains("not available yet"));
         assert!("fast".parse::<Mode>().unwrap_err().contains("unknown"));
     }
 }

@@ -483,6 +483,16 @@ impl BatchKvCache {
         self.step_states.clear();
     }
 
+    /// The next forwards (one or several) write columns that [`BatchKvCache::keep_verified`]
+    /// may take back, the column written last before them included (a draft model's proposals:
+    /// one forward per drafted token). A recurrent layer's state now is the first position
+    /// kept, the states after each later position are appended to it.
+    pub fn continue_verifying(&mut self) -> Result<()> {
+        self.verifying = true;
+        self.step_states = self.states.iter().map(|s| s.expand_dims(1)).collect::<std::result::Result<_, _>>()?;
+        Ok(())
+    }
+
     /// The mask over the rows' own columns.
     fn own_mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask> {
         let no_padding = self.left_padding.iter().all(|&p| p == 0);
@@ -575,6 +585,19 @@ impl LayerCache for BatchKvCache {
     }
 
     fn set_step_states(&mut self, states: Vec<Array>) {
+        // After `continue_verifying`, each forward's positions follow those kept before it.
+        if self.step_states.len() == states.len() {
+            if let Ok(joined) = self
+                .step_states
+                .iter()
+                .zip(&states)
+                .map(|(before, now)| concatenate(&[before, now], 1))
+                .collect::<std::result::Result<Vec<_>, _>>()
+            {
+                self.step_states = joined;
+                return;
+            }
+        }
         self.step_states = states;
     }
 
