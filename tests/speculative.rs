@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::drafting::{answer, bytes, greedy, session, PROMPTS};
+use common::drafting::{answer, bytes, greedy, same_answers, session, stop_inside, PROMPTS};
 use fastmlx::engine::speculative::{Mode, SpeculativeConfig};
 use fastmlx::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
 use fastmlx::fixtures::synthetic;
@@ -30,19 +30,12 @@ fn drafting_changes_no_output_on_any_architecture() {
 
         let plain = engine(dir.path(), Mode::Off);
         let (first, _) = session(&plain, None);
-        // A stop string from the middle of the first answer, where drafts run.
-        let chars: Vec<char> = first[0].text.chars().collect();
-        let stop: Option<String> = (chars.len() >= 16).then(|| chars[10..13].iter().collect());
+        let stop = stop_inside(&first[0]);
         let (want, off) = session(&plain, stop.as_deref());
         drop(plain);
         assert_eq!(off.draft_tokens_total, 0, "{name}: drafted with speculative decoding off");
 
-        let drafting = engine(dir.path(), Mode::Ngram);
-        let (got, on) = session(&drafting, stop.as_deref());
-        drop(drafting);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "{name}: answer {i} differs with drafting on");
-        }
+        let on = same_answers(engine(dir.path(), Mode::Ngram), stop.as_deref(), &want, &format!("{name}, drafting"));
         println!(
             "{name:<20} drafted {:>4}, accepted {:>4}, verify steps {:>3}",
             on.draft_tokens_total, on.draft_accepted_total, on.verify_steps_total
@@ -55,7 +48,7 @@ fn drafting_changes_no_output_on_any_architecture() {
         }
         drafted += on.draft_tokens_total;
         accepted += on.draft_accepted_total;
-        if let (Some(stop), Some(last)) = (&stop, got.last()) {
+        if let (Some(stop), Some(last)) = (&stop, want.last()) {
             assert_eq!(last.reason, FinishReason::Stop, "{name}: the stop string {stop:?} did not end it");
             stops += 1;
         }

@@ -81,3 +81,20 @@ pub fn session(engine: &EngineHandle, stop: Option<&str>) -> (Vec<Answer>, Metri
     }
     (out, super::engine::wait_idle(engine))
 }
+
+/// A stop string from the middle of a first answer, where drafts run (none when it is short).
+pub fn stop_inside(first: &Answer) -> Option<String> {
+    let chars: Vec<char> = first.text.chars().collect();
+    (chars.len() >= 16).then(|| chars[10..13].iter().collect())
+}
+
+/// Runs [`session`] on `engine` (then shut down) and requires its answers to be `want`;
+/// returns its metrics.
+pub fn same_answers(engine: EngineHandle, stop: Option<&str>, want: &[Answer], what: &str) -> Metrics {
+    let (got, metrics) = session(&engine, stop);
+    drop(engine);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "{what}: answer {i} differs");
+    }
+    metrics
+}

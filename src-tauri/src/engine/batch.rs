@@ -80,11 +80,9 @@ impl Batch {
         self.settle_cache()
     }
 
-    /// Evaluates the caches' buffers and states now: a relayout (rows joined, left, or moved onto
-    /// a shared segment) is lazy, and left so MLX would copy it inside the next step, whose
-    /// memory the governor measures against its prediction.
+    /// Evaluates the caches' relayouts now (see [`BatchKvCache::settle`]).
     pub fn settle_cache(&self) -> Result<(), ModelError> {
-        Ok(mlx_rs::transforms::eval(self.cache.iter().flat_map(BatchKvCache::arrays))?)
+        BatchKvCache::settle(&self.cache)
     }
 
     /// Keeps the caches' rows at `keep` (the sequences are the caller's to keep in step); the

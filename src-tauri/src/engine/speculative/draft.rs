@@ -203,7 +203,7 @@ impl DraftModel {
         }
         let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
         self.rows = keep.iter().map(|&r| rows[r].take().expect("kept once")).collect();
-        settle(&self.cache)
+        BatchKvCache::settle(&self.cache)
     }
 
     /// One step of a joining row's catch-up (the first wanted row the draft does not hold, when
@@ -240,7 +240,7 @@ impl DraftModel {
             for (layer, row) in self.cache.iter_mut().zip(&joining.cache) {
                 layer.push_rows_of(row, &[0])?;
             }
-            settle(&self.cache)?;
+            BatchKvCache::settle(&self.cache)?;
             self.rows.push(Row { id: joining.id, fed: joining.fed });
         }
         Ok(())
@@ -303,11 +303,6 @@ impl DraftModel {
         mlx_rs::transforms::eval(std::iter::once(&tokens).chain(states))?;
         Ok(tokens.as_slice::<u32>().to_vec())
     }
-}
-
-/// Evaluates a relayout now, not inside the next forward (as `Batch::settle_cache`).
-fn settle(cache: &[BatchKvCache]) -> Result<(), ModelError> {
-    Ok(mlx_rs::transforms::eval(cache.iter().flat_map(BatchKvCache::arrays))?)
 }
 
 /// Whether `draft` may propose tokens for `target`: the same token at every id both have

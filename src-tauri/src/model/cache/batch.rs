@@ -124,6 +124,13 @@ impl BatchKvCache {
         self.buffers.keys.iter().chain(self.buffers.values.iter()).chain(self.states.iter()).collect()
     }
 
+    /// Evaluates every layer's buffers and states now: a relayout (rows joined, left, realigned)
+    /// is lazy, and left so MLX would copy it inside the next forward, whose memory the governor
+    /// measures against its prediction.
+    pub fn settle(layers: &[BatchKvCache]) -> Result<()> {
+        Ok(mlx_rs::transforms::eval(layers.iter().flat_map(BatchKvCache::arrays))?)
+    }
+
     /// Columns the key/value buffers have room for before they must grow (0: none yet).
     pub fn capacity(&self) -> i32 {
         self.buffers.keys.as_ref().map_or(0, |k| k.dim(2))
