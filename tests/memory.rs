@@ -106,24 +106,30 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         let cost = CostModel::new(&t.config, act, backend.gpu);
         let name = format!("{}{}", arch.model_type(), if options.moe { " (moe)" } else { "" });
         for &(rows, n, depth) in &points {
-            let outside = |predicted: usize, measured: usize| predicted < measured || 2 * predicted > 3 * measured;
-            let (predicted, mut measured) = measure(t, &cost, rows, n, depth);
-            if outside(predicted, measured) {
-                // MLX's peak counter is process-wide: a stray allocation elsewhere in the process
-                // (about one full run in eight) moves a single reading. Judged on the median of
-                // three, so a prediction that is really off still fails.
-                let mut readings = [measured, measure(t, &cost, rows, n, depth).1, measure(t, &cost, rows, n, depth).1];
+            let outside = |predicted: usize, low: usize, high: usize| predicted < low || 2 * predicted > 3 * high;
+            let (predicted, measured) = measure(t, &cost, rows, n, depth);
+            // One reading can mislead both ways. MLX's CPU worker frees a step's buffers on its
+            // own thread, so the peak varies from run to run (Qwen3.5, 1 row x 64 tokens: 1.07 to
+            // 1.32 MB over 16 runs); and its peak counter is process-wide, so a stray allocation
+            // elsewhere in the process moves one reading. Outside the bounds, five readings judge:
+            // the prediction must cover all but the highest (a stray), and is wasteful only past
+            // 1.5 times the highest (the peak it must be ready for).
+            let (mut low, mut high) = (measured, measured);
+            if outside(predicted, low, high) {
+                let mut readings: Vec<usize> =
+                    std::iter::once(measured).chain((0..4).map(|_| measure(t, &cost, rows, n, depth).1)).collect();
                 readings.sort_unstable();
-                println!("{name} at {rows} x {n} after {depth}: measured {readings:?}, judged on the median");
-                measured = readings[1];
+                println!("{name} at {rows} x {n} after {depth}: measured {readings:?}");
+                (low, high) = (readings[3], readings[4]);
             }
+            let measured = high;
             let ratio = predicted as f64 / measured.max(1) as f64;
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
             within += usize::from(ratio <= 1.5);
-            if outside(predicted, measured) {
+            if outside(predicted, low, high) {
                 failures.push(format!(
-                    "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {measured}"
+                    "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {low} to {high}"
                 ));
             }
         }
