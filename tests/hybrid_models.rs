@@ -34,8 +34,11 @@ const HYBRIDS: [(&str, Arch, bool); 4] = [
 ];
 
 fn tiny(arch: Arch, moe: bool, seed: u64, context: usize) -> tempfile::TempDir {
+    tiny_with(arch, synthetic::TinyOptions { moe, ..Default::default() }, seed, context)
+}
+
+fn tiny_with(arch: Arch, options: synthetic::TinyOptions, seed: u64, context: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let options = synthetic::TinyOptions { moe, ..Default::default() };
     synthetic::write_tiny_model_with(dir.path(), arch, seed, &options).unwrap();
     let config = dir.path().join("config.json");
     let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
@@ -194,7 +197,8 @@ fn a_prefill_cancelled_midway_frees_its_state() {
 
 /// Checkpoints as Hugging Face publishes them load as their MLX conversions: convolutions
 /// `[C, 1, K]`, the Qwen families' norms stored as `w` for `x * (1 + w)`, Qwen3.5's fused experts
-/// under `model.language_model.`, Qwen3-Next's experts one by one (LFM2: its convolutions only).
+/// under `model.language_model.`, Qwen3-Next's experts one by one (LFM2: its convolutions only);
+/// the Qwen families' multi-token-prediction head (`mtp.*`) with them.
 #[test]
 fn hugging_face_layouts_load_as_their_mlx_conversions() {
     use mlx_rs::ops::indexing::TryIndexOp;
@@ -210,8 +214,9 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
     // LFM2's names for the projections, as Hugging Face publishes LFM2-MoE.
     let lfm2_name = |n: &str| n.replace("gate_proj.", "w1.").replace("up_proj.", "w3.").replace("down_proj.", "w2.");
     for (name, arch, moe) in layouts {
-        let mlx_dir = tiny(arch, moe, 13, 2048);
-        let raw_dir = tiny(arch, moe, 13, 2048);
+        let options = synthetic::TinyOptions { moe, mtp: arch != Arch::Lfm2, ..Default::default() };
+        let mlx_dir = tiny_with(arch, options, 13, 2048);
+        let raw_dir = tiny_with(arch, options, 13, 2048);
         let file = raw_dir.path().join("model.safetensors");
         let tensors = Array::load_safetensors(&file).unwrap();
         mlx_rs::transforms::eval(tensors.values()).unwrap();
@@ -227,7 +232,9 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
                 ["input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight"]
                     .iter()
                     .any(|n| plain.ends_with(n))
-                    || plain == "model.norm.weight";
+                    || plain == "model.norm.weight"
+                    || ["mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"]
+                        .contains(&plain.as_str());
             if arch == Arch::Lfm2 && plain.contains(".switch_mlp.") {
                 // One tensor per expert, `w1`/`w3`/`w2`.
                 let (block, proj) = renamed.split_once(".switch_mlp.").unwrap();
@@ -274,11 +281,20 @@ fn hugging_face_layouts_load_as_their_mlx_conversions() {
         let logits = |dir: &Path| {
             let model = load_model(dir, &fastmlx::mlx::Backend::init()).unwrap();
             let t = &model.transformer;
-            let out = t.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut t.new_cache()).unwrap();
+            let ids = Array::from_slice(&ids, &[1, ids.len() as i32]);
+            let hidden = t.forward_hidden(&ids, &mut t.new_cache()).unwrap();
+            let mut out = t.logits(&hidden).unwrap();
+            if let Some(head) = &t.mtp {
+                // The head's predictions beside the model's.
+                let drafts = head.forward(t, &ids, &hidden, &mut fastmlx::model::KvCache::new()).unwrap();
+                out = mlx_rs::ops::concatenate(&[out, t.logits(&drafts).unwrap()], -1).unwrap();
+            }
             out.eval().unwrap();
             out.as_slice::<f32>().to_vec()
         };
         let (a, b) = (logits(mlx_dir.path()), logits(raw_dir.path()));
+        let heads = usize::from(options.mtp);
+        assert_eq!(a.len(), ids.len() * synthetic::VOCAB * (1 + heads), "{name}: the head loads in both layouts");
         let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "{name}: the Hugging Face layout's logits differ by {worst}");
     }

@@ -23,6 +23,7 @@ fn tiny_with(arch: Arch, seed: u64, bits: Option<i32>, flags: &[&str]) -> (tempf
         per_expert: flags.contains(&"--per-expert"),
         wrapped: flags.contains(&"--wrapped"),
         moe: flags.contains(&"--moe"),
+        mtp: false,
     };
     synthetic::write_tiny_model_with(dir.path(), arch, seed, &options).unwrap();
     let model =

@@ -151,6 +151,9 @@ pub struct MakeTestModelArgs {
     /// The family's mixture-of-experts variant (gemma4_text).
     #[arg(long)]
     moe: bool,
+    /// With a multi-token-prediction head (qwen3_5, qwen3_next).
+    #[arg(long)]
+    mtp: bool,
     /// Instead: a model that writes one tool call in this format (harmony, qwen-xml, qwen3.5,
     /// pythonic, gemma4, mistral), with --chat-template the family's template (tests of what clients
     /// receive); or `hermes`: --call, then --answer once the tool's result is in (agent tests).
@@ -207,11 +210,15 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
     }
     let name = args.arch.as_deref().context("--arch is required")?;
     let arch = Arch::from_model_type(name).with_context(|| format!("unknown architecture {name:?}"))?;
+    if args.mtp && !matches!(arch, Arch::Qwen35 | Arch::Qwen3Next) {
+        anyhow::bail!("--mtp goes with qwen3_5 or qwen3_next (the families whose checkpoints ship the head)");
+    }
     let options = synthetic::TinyOptions {
         quant: args.bits.map(|bits| synthetic::quant_spec(&args.mode, bits)).transpose().map_err(anyhow::Error::msg)?,
         per_expert: args.per_expert,
         wrapped: args.wrapped,
         moe: args.moe,
+        mtp: args.mtp,
     };
     synthetic::write_tiny_model_with(&args.out, arch, args.seed, &options)?;
     eprintln!("wrote a tiny {} model to {}", arch.model_type(), args.out.display());

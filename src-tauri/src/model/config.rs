@@ -292,6 +292,9 @@ pub struct LayerAttention {
     pub kv_source: Option<usize>,
 }
 
+/// Where a checkpoint keeps its multi-token-prediction head (`mtp.fc`, `mtp.layers.0`, ...).
+pub const MTP_PREFIX: &str = "mtp";
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -337,6 +340,9 @@ pub struct ModelConfig {
     pub query_scale: Option<QueryScale>,
     pub gemma4: Option<Gemma4Style>,
     pub hybrid: Option<HybridStyle>,
+    /// Multi-token-prediction layers the checkpoint may ship (`mtp.*`, Qwen3.5 and Qwen3-Next:
+    /// `mtp_num_hidden_layers`); 0: none.
+    pub mtp_layers: usize,
 }
 
 /// Hybrids: most layers keep a fixed-size state per sequence (Qwen3-Next's and Qwen3.5's Gated

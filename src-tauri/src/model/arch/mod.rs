@@ -113,6 +113,9 @@ pub struct HfExtras {
     pub linear_conv_kernel_dim: Option<usize>,
     /// ...and every n-th layer is full attention.
     pub full_attention_interval: Option<usize>,
+    /// Their multi-token-prediction layers (`num_nextn_predict_layers` in some re-saves).
+    #[serde(alias = "num_nextn_predict_layers")]
+    pub mtp_num_hidden_layers: Option<usize>,
     /// LFM2's short convolutions: their width (the state keeps one input less) and biases.
     #[serde(rename = "conv_L_cache")]
     pub conv_l_cache: Option<usize>,
@@ -227,6 +230,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         query_scale: None,
         gemma4: None,
         hybrid: None,
+        mtp_layers: 0,
     })
 }
 

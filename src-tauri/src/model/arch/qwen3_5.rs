@@ -11,6 +11,7 @@ use crate::model::config::{ModelConfig, MoeConfig, Routing};
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     config.qk_norm = true;
     config.hybrid = Some(super::qwen3_next::hybrid(&config, hf, false)?);
+    config.mtp_layers = hf.extra.mtp_num_hidden_layers.unwrap_or(0);
     let x = &hf.extra;
     let rope = x.rope_parameters.as_ref();
     let number = |key: &str| rope.and_then(|r| r.get(key)).and_then(serde_json::Value::as_f64);

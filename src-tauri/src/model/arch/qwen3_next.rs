@@ -11,6 +11,7 @@ use crate::model::weights::Weights;
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     config.qk_norm = true;
     config.hybrid = Some(hybrid(&config, hf, true)?);
+    config.mtp_layers = hf.extra.mtp_num_hidden_layers.unwrap_or(0);
     // Configs re-saved by newer transformers keep the rotary settings in `rope_parameters`.
     let rope = hf.extra.rope_parameters.as_ref();
     let number = |key: &str| rope.and_then(|r| r.get(key)).and_then(serde_json::Value::as_f64);
@@ -84,7 +85,7 @@ pub fn sanitize(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
     if !raw {
         return Ok(());
     }
-    let one = mlx_rs::Array::from_f32(1.0);
+    let mut norms = vec!["model.norm.weight".to_string()];
     for l in 0..config.num_layers {
         let p = format!("model.layers.{l}");
         if h.linear_layers[l] {
@@ -93,29 +94,42 @@ pub fn sanitize(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
                 weights.insert(name, w.swap_axes(1, 2)?);
             }
         }
-        let mut norms = vec![format!("{p}.input_layernorm.weight"), format!("{p}.post_attention_layernorm.weight")];
-        if !h.linear_layers[l] {
-            norms.extend([format!("{p}.self_attn.q_norm.weight"), format!("{p}.self_attn.k_norm.weight")]);
-        }
-        for name in norms {
-            if let Some(w) = weights.remove(&name) {
-                let shifted = mlx_rs::ops::add(&w, &one)?.as_dtype(w.dtype())?;
-                weights.insert(name, shifted);
-            }
-        }
+        norms.extend(layer_norms(&p, !h.linear_layers[l]));
     }
-    if let Some(w) = weights.remove("model.norm.weight") {
-        let shifted = mlx_rs::ops::add(&w, &one)?.as_dtype(w.dtype())?;
-        weights.insert("model.norm.weight".into(), shifted);
+    // The multi-token-prediction head's norms follow the model's convention.
+    let mtp = crate::model::config::MTP_PREFIX;
+    for name in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"] {
+        norms.push(format!("{mtp}.{name}.weight"));
+    }
+    for l in 0..config.mtp_layers {
+        norms.extend(layer_norms(&format!("{mtp}.layers.{l}"), true));
+    }
+    let one = mlx_rs::Array::from_f32(1.0);
+    for name in norms {
+        if let Some(w) = weights.remove(&name) {
+            let shifted = mlx_rs::ops::add(&w, &one)?.as_dtype(w.dtype())?;
+            weights.insert(name, shifted);
+        }
     }
     Ok(())
+}
+
+/// A layer's norms that compute `x * (1 + w)` in Hugging Face's layout.
+fn layer_norms(p: &str, attention: bool) -> Vec<String> {
+    let mut norms = vec![format!("{p}.input_layernorm.weight"), format!("{p}.post_attention_layernorm.weight")];
+    if attention {
+        norms.extend([format!("{p}.self_attn.q_norm.weight"), format!("{p}.self_attn.k_norm.weight")]);
+    }
+    norms
 }
 
 /// Qwen3.5/3.6-MoE as Hugging Face publishes it: each layer's experts fused in
 /// `mlp.experts.gate_up_proj` (`[E, 2I, H]`, gate rows first) and `mlp.experts.down_proj`.
 fn split_fused_experts(weights: &mut Weights, config: &ModelConfig) -> Result<()> {
-    for l in 0..config.num_layers {
-        let p = format!("model.layers.{l}.mlp");
+    let layers = (0..config.num_layers).map(|l| format!("model.layers.{l}"));
+    let mtp = (0..config.mtp_layers).map(|l| format!("{}.layers.{l}", crate::model::config::MTP_PREFIX));
+    for layer in layers.chain(mtp) {
+        let p = format!("{layer}.mlp");
         if let Some(fused) = weights.remove(&format!("{p}.experts.gate_up_proj")) {
             let mut halves = mlx_rs::ops::split_equal(&fused, 2, -2)?;
             let up = halves.pop().expect("split into 2");

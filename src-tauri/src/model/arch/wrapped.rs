@@ -119,9 +119,13 @@ fn unwrapped(raw: &Value) -> Value {
 /// The name a checkpoint tensor has in the shared transformer's layout, or `None` for a
 /// tensor nothing reads (precomputed rotary tables, vision weights).
 pub fn canonical_tensor_name(name: &str) -> Option<String> {
-    // Multi-token-prediction heads (Qwen3-Next, Qwen3.5) are not used for decoding.
-    if name.starts_with("mtp.") || name.contains(".mtp.") {
-        return None;
+    // A multi-token-prediction head (Qwen3-Next, Qwen3.5) keeps its own names, wherever a
+    // wrapper puts it.
+    if let Some(at) = name.find(".mtp.") {
+        return Some(name[at + 1..].to_string());
+    }
+    if name.starts_with("mtp.") {
+        return Some(name.to_string());
     }
     if name.contains("rotary_emb.inv_freq")
         || [
@@ -215,6 +219,11 @@ mod tests {
         assert_eq!(canonical_tensor_name("vision_tower.encoder.layers.0.mlp.fc1.weight"), None);
         assert_eq!(canonical_tensor_name("model.multi_modal_projector.linear_1.weight"), None);
         assert_eq!(canonical_tensor_name("model.layers.0.self_attn.rotary_emb.inv_freq"), None);
+        assert_eq!(
+            canonical_tensor_name("mtp.layers.0.mlp.gate.weight").as_deref(),
+            Some("mtp.layers.0.mlp.gate.weight")
+        );
+        assert_eq!(canonical_tensor_name("model.language_model.mtp.fc.weight").as_deref(), Some("mtp.fc.weight"));
     }
 
     #[test]

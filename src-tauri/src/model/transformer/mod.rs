@@ -19,6 +19,9 @@ use crate::model::layers::{
 };
 use crate::model::weights::Weights;
 
+pub mod mtp;
+use mtp::MtpHead;
+
 pub enum FeedForward {
     Dense(Mlp),
     Experts(Box<MoeBlock>),
@@ -91,6 +94,49 @@ struct LayerInputs<'a> {
 }
 
 impl DecoderLayer {
+    /// A full-attention layer of the model's kind from the tensors under `prefix` (the
+    /// multi-token-prediction head's): attention shaped as the model's full-attention layers,
+    /// and the feed-forward its layer 0 has (as the reference numbers the head's layer).
+    pub(crate) fn build_full_attention(
+        c: &ModelConfig,
+        prefix: &str,
+        weights: &mut Weights,
+        norm: &NormLoader,
+    ) -> Result<DecoderLayer> {
+        let hidden = c.hidden_size as i32;
+        let full = (0..c.num_layers).find(|&i| !c.is_recurrent(i) && c.layer_window(i).is_none()).unwrap_or(0);
+        Ok(DecoderLayer {
+            input_norm: norm(weights, &format!("{prefix}.input_layernorm"), hidden)?,
+            mixer: Mixer::Attention(Box::new(attention(c, full, prefix, weights, norm)?)),
+            post_attention_norm: norm(weights, &format!("{prefix}.post_attention_layernorm"), hidden)?,
+            sandwich: None,
+            feed_forward: feed_forward(c, 0, prefix, weights, norm)?,
+            per_layer_gate: None,
+            output_scale: None,
+        })
+    }
+
+    /// The layer run by itself over `h` with its own cache (an attention layer's mask and
+    /// positions from that cache).
+    pub(crate) fn forward_alone<C: LayerCache>(&self, h: &Array, cache: &mut C) -> Result<Array> {
+        let positions = cache.positions()?;
+        let mask = cache.mask(h.dim(1), None)?;
+        let inputs = LayerInputs { mask: &mask, positions: &positions, query_scale: None, per_layer: None };
+        Ok(self.forward(h, inputs, cache, KeysValues::Own)?.0)
+    }
+
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut out = vec![&self.input_norm.weight, &self.post_attention_norm.weight];
+        if let Some(s) = &self.sandwich {
+            out.extend([&s.pre_feedforward.weight, &s.post_feedforward.weight]);
+        }
+        out.extend(self.mixer.arrays());
+        out.extend(self.feed_forward.arrays());
+        out.extend(self.per_layer_gate.iter().flat_map(PerLayerGate::arrays));
+        out.extend(&self.output_scale);
+        out
+    }
+
     /// The layer's output and the keys and values its attention used (none for a recurrence).
     fn forward<C: LayerCache>(
         &self,
@@ -154,6 +200,8 @@ pub struct Transformer {
     /// Gemma multiplies the embeddings by sqrt(hidden) (as an array in the compute dtype).
     embed_scale: Option<Array>,
     per_layer_inputs: Option<PerLayerInputs>,
+    /// The checkpoint's multi-token-prediction head, where it ships one.
+    pub mtp: Option<MtpHead>,
 }
 
 impl Transformer {
@@ -201,14 +249,14 @@ impl Transformer {
             } else if c.is_recurrent(i) {
                 Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?))
             } else {
-                Mixer::Attention(Box::new(attention(c, i, weights, &norm)?))
+                Mixer::Attention(Box::new(attention(c, i, &p, weights, &norm)?))
             };
             layers.push(DecoderLayer {
                 input_norm: norm(weights, &format!("{p}.input_layernorm"), hidden)?,
                 mixer,
                 post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
                 sandwich,
-                feed_forward: feed_forward(c, i, weights, &norm)?,
+                feed_forward: feed_forward(c, i, &p, weights, &norm)?,
                 per_layer_gate,
                 output_scale,
             });
@@ -228,7 +276,8 @@ impl Transformer {
             }
             None => None,
         };
-        let norm = norm(weights, "model.norm", hidden)?;
+        let norm_loader = norm;
+        let norm = norm_loader(weights, "model.norm", hidden)?;
         let lm_head = if c.tie_word_embeddings || !weights.contains("lm_head.weight") {
             None
         } else {
@@ -240,23 +289,17 @@ impl Transformer {
             (None, Some(_)) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
             _ => None,
         };
-        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs })
+        let mtp = MtpHead::build(c, weights, &norm_loader)?;
+        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs, mtp })
     }
 
     /// Every array of the model.
     pub fn arrays(&self) -> Vec<&Array> {
         let mut out = self.embed.arrays();
         for layer in &self.layers {
-            out.push(&layer.input_norm.weight);
-            out.push(&layer.post_attention_norm.weight);
-            if let Some(s) = &layer.sandwich {
-                out.extend([&s.pre_feedforward.weight, &s.post_feedforward.weight]);
-            }
-            out.extend(layer.mixer.arrays());
-            out.extend(layer.feed_forward.arrays());
-            out.extend(layer.per_layer_gate.iter().flat_map(PerLayerGate::arrays));
-            out.extend(&layer.output_scale);
+            out.extend(layer.arrays());
         }
+        out.extend(self.mtp.iter().flat_map(MtpHead::arrays));
         out.extend(self.per_layer_inputs.iter().flat_map(PerLayerInputs::arrays));
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
@@ -302,10 +345,7 @@ impl Transformer {
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
     /// what `cache` holds (one cache per layer that keeps one, all with the same layout).
     pub fn forward_hidden<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
-        let mut h = self.embed.forward(ids)?;
-        if let Some(scale) = &self.embed_scale {
-            h = multiply(&h, scale)?;
-        }
+        let mut h = self.embed_tokens(ids)?;
         let per_layer = self.per_layer_inputs.as_ref().map(|p| p.forward(ids, &h)).transpose()?;
         let len = ids.dim(1);
         // Windowed layers let go of what no new token can see; all of them hold the same
@@ -361,6 +401,15 @@ impl Transformer {
         self.norm.forward(&h)
     }
 
+    /// The input embeddings of token ids `[B, L]` (scaled where the family scales them).
+    pub fn embed_tokens(&self, ids: &Array) -> Result<Array> {
+        let h = self.embed.forward(ids)?;
+        match &self.embed_scale {
+            Some(scale) => Ok(multiply(&h, scale)?),
+            None => Ok(h),
+        }
+    }
+
     /// Logits over the vocabulary for hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
@@ -392,11 +441,12 @@ fn layer_rope(c: &ModelConfig, i: usize) -> RopeConfig {
     }
 }
 
-type NormLoader<'a> = dyn Fn(&mut Weights, &str, i32) -> Result<RmsNorm> + 'a;
+pub(crate) type NormLoader<'a> = dyn Fn(&mut Weights, &str, i32) -> Result<RmsNorm> + 'a;
 
-/// Layer `i`'s attention, in the shape the config gives that layer.
-fn attention(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader) -> Result<Attention> {
-    let p = format!("model.layers.{i}.self_attn");
+/// Layer `i`'s attention, in the shape the config gives that layer, from the tensors under
+/// `layer` (`model.layers.{i}` but for the multi-token-prediction head's).
+fn attention(c: &ModelConfig, i: usize, layer: &str, weights: &mut Weights, norm: &NormLoader) -> Result<Attention> {
+    let p = format!("{layer}.self_attn");
     let shape = c.layer_attention(i);
     let hidden = c.hidden_size as i32;
     let (head_dim, kv_heads) = (shape.head_dim as i32, shape.kv_heads as i32);
@@ -507,9 +557,16 @@ fn gated_delta(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Gated
     })
 }
 
-/// Layer `i`'s feed-forward: experts where the config puts them, else a dense MLP.
-fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoader) -> Result<FeedForward> {
-    let p = format!("model.layers.{i}.mlp");
+/// Layer `i`'s feed-forward (from the tensors under `layer`): experts where the config puts
+/// them, else a dense MLP.
+fn feed_forward(
+    c: &ModelConfig,
+    i: usize,
+    layer: &str,
+    weights: &mut Weights,
+    norm: &NormLoader,
+) -> Result<FeedForward> {
+    let p = format!("{layer}.mlp");
     let hidden = c.hidden_size as i32;
     let dense = |weights: &mut Weights, p: &str, inter: i32| -> Result<Mlp> {
         let projections = if c.fused_projections {
@@ -531,7 +588,7 @@ fn feed_forward(c: &ModelConfig, i: usize, weights: &mut Weights, norm: &NormLoa
     };
     let (n, inter) = (moe.num_experts as i32, moe.intermediate_size as i32);
     if c.gemma4.is_some() {
-        let l = format!("model.layers.{i}");
+        let l = layer;
         let e = format!("{l}.experts.switch_glu");
         let scale = weights.take_float(&format!("{l}.router.scale"), &[hidden])?;
         return Ok(FeedForward::DenseAndExperts(Box::new(ParallelExperts {

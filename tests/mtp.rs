@@ -1,0 +1,103 @@
+//! A checkpoint's multi-token-prediction head (`mtp.*`, Qwen3.5 dense and with experts):
+//! loaded where the checkpoint ships it, it drafts what mlx-vlm 0.7.6's `qwen3_5_mtp` drafter
+//! drafts on the same weights (reference: `scripts/reference/mtp_drafts.py`), from the model's
+//! hidden states over a prompt; a conversion without it loads as before.
+
+mod common;
+
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::{load_model, Arch, KvCache, LoadedModel};
+use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
+use mlx_rs::Array;
+
+fn tiny(arch: Arch, moe: bool, mtp: bool, seed: u64) -> (tempfile::TempDir, LoadedModel) {
+    let dir = tempfile::tempdir().unwrap();
+    let options = synthetic::TinyOptions { moe, mtp, ..Default::default() };
+    synthetic::write_tiny_model_with(dir.path(), arch, seed, &options).unwrap();
+    let model = load_model(dir.path(), &common::backend()).unwrap();
+    (dir, model)
+}
+
+fn greedy(model: &LoadedModel, hidden: &Array) -> u32 {
+    let logits = model.transformer.logits(hidden).unwrap();
+    let token = argmax_axis(&logits, -1, None).unwrap();
+    token.as_dtype(mlx_rs::Dtype::Uint32).unwrap().as_slice::<u32>().to_vec().pop().unwrap()
+}
+
+/// As the reference: the model over `prompt` gives its next token; the head takes the prompt
+/// shifted by one (and that token) beside the model's hidden states, and its last output gives
+/// the first draft; then each draft and the head's own output give the next, `block - 1` in all.
+fn drafts(model: &LoadedModel, prompt: &[u32], block: usize) -> (u32, Vec<u32>) {
+    let t = &model.transformer;
+    let head = t.mtp.as_ref().expect("the checkpoint's head is loaded");
+    let mut cache = t.new_cache();
+    let ids = Array::from_slice(prompt, &[1, prompt.len() as i32]);
+    let hidden = t.forward_hidden(&ids, &mut cache).unwrap();
+    let next = greedy(model, &hidden.try_index((.., -1, ..)).unwrap());
+    let shifted: Vec<u32> = prompt[1..].iter().copied().chain([next]).collect();
+    let mut own = KvCache::new();
+    let shifted = Array::from_slice(&shifted, &[1, prompt.len() as i32]);
+    let out = head.forward(t, &shifted, &hidden, &mut own).unwrap();
+    let mut last = out.try_index((.., -1.., ..)).unwrap();
+    let mut drafted = vec![greedy(model, &last)];
+    while drafted.len() < block - 1 {
+        let token = Array::from_slice(&drafted[drafted.len() - 1..], &[1, 1]);
+        last = head.forward(t, &token, &last, &mut own).unwrap();
+        drafted.push(greedy(model, &last));
+    }
+    (next, drafted)
+}
+
+#[test]
+fn the_head_drafts_what_mlx_vlm_drafts() {
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/mtp_drafts.json");
+    let prompt = common::ids(&reference["prompt_ids"]);
+    let seed = reference["seed"].as_u64().unwrap();
+    let block = reference["block"].as_u64().unwrap() as usize;
+    for case in reference["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let moe = case["flags"].as_array().unwrap().iter().any(|f| f == "--moe");
+        let (_dir, model) = tiny(Arch::Qwen35, moe, true, seed);
+        let (next, drafted) = drafts(&model, &prompt, block);
+        assert_eq!(next as u64, case["next_token"].as_u64().unwrap(), "{name}: the model's next token");
+        assert_eq!(drafted, common::ids(&case["drafts"]), "{name}: the head's drafts differ from mlx-vlm's");
+    }
+}
+
+#[test]
+fn a_checkpoint_without_the_head_loads_as_before() {
+    let _mlx = common::mlx_lock();
+    // A conversion that dropped `mtp.*` (mlx-lm's do) while its config still counts the layer.
+    let (dir, with) = tiny(Arch::Qwen35, false, true, 7);
+    let weights = dir.path().join("model.safetensors");
+    let arrays = Array::load_safetensors(&weights).unwrap();
+    mlx_rs::transforms::eval(arrays.values()).unwrap();
+    let kept: std::collections::HashMap<String, Array> =
+        arrays.into_iter().filter(|(name, _)| !name.starts_with("mtp.")).collect();
+    let metadata = std::collections::HashMap::from([("format".to_string(), "mlx".to_string())]);
+    Array::save_safetensors(kept, &metadata, &weights).unwrap();
+    let without = load_model(dir.path(), &common::backend()).unwrap();
+    assert!(with.transformer.mtp.is_some() && without.transformer.mtp.is_none());
+    assert!(with.weights_bytes > without.weights_bytes, "the head's weights count where it is loaded");
+    // The model itself is the same either way.
+    let prompt: Vec<u32> = (5..40).collect();
+    let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
+    let logits = |m: &LoadedModel| {
+        let out = m.transformer.forward(&ids, &mut m.transformer.new_cache()).unwrap();
+        out.as_dtype(mlx_rs::Dtype::Float32).unwrap().as_slice::<f32>().to_vec()
+    };
+    assert_eq!(logits(&with), logits(&without));
+}
+
+#[test]
+fn qwen3_next_loads_its_head_with_experts() {
+    let _mlx = common::mlx_lock();
+    // No reference runs Qwen3-Next's head (mlx-vlm 0.7.6 has no drafter for it): it loads with
+    // its layer's experts and drafts tokens of the vocabulary.
+    let (_dir, model) = tiny(Arch::Qwen3Next, false, true, 7);
+    let prompt: Vec<u32> = (5..30).collect();
+    let (_, drafted) = drafts(&model, &prompt, 4);
+    assert_eq!(drafted.len(), 3);
+    assert!(drafted.iter().all(|&t| (t as usize) < synthetic::VOCAB));
+}
