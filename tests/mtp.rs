@@ -101,3 +101,113 @@ fn qwen3_next_loads_its_head_with_experts() {
     assert_eq!(drafted.len(), 3);
     assert!(drafted.iter().all(|&t| (t as usize) < synthetic::VOCAB));
 }
+
+// --- The head drafting in the engine ------------------------------------------------------
+
+use common::drafting::{same_answers, session, stop_inside};
+use fastmlx::engine::speculative::{Mode, MtpDrafter, SpeculativeConfig};
+use fastmlx::engine::{EngineConfig, FinishReason};
+
+fn config(mode: Mode) -> EngineConfig {
+    EngineConfig { speculative: SpeculativeConfig { mode, draft_tokens: 4 }, ..Default::default() }
+}
+
+/// The heads as tested: Qwen3.5 dense and with experts, Qwen3-Next.
+const HEADS: [(&str, Arch, bool); 3] =
+    [("qwen3_5", Arch::Qwen35, false), ("qwen3_5_moe", Arch::Qwen35, true), ("qwen3_next", Arch::Qwen3Next, false)];
+
+#[test]
+fn drafting_with_the_head_changes_no_output() {
+    let _mlx = common::mlx_lock();
+    for (name, arch, moe) in HEADS {
+        let (dir, _) = tiny(arch, moe, true, 7);
+        let plain = common::engine::start(dir.path(), config(Mode::Off));
+        let (first, _) = session(&plain, None);
+        let stop = stop_inside(&first[0]);
+        let (want, _) = session(&plain, stop.as_deref());
+        assert!(!plain.model_info().mtp_head, "{name}: the head drafts with drafting off");
+        drop(plain);
+        // `auto` drafts with the head where the checkpoint ships one.
+        assert!(common::engine::start(dir.path(), config(Mode::Auto)).model_info().mtp_head);
+        let drafting = common::engine::start(dir.path(), config(Mode::Mtp));
+        assert!(drafting.model_info().mtp_head);
+        let m = same_answers(drafting, stop.as_deref(), &want, &format!("{name}, drafting with its head"));
+        if let (Some(stop), Some(last)) = (&stop, want.last()) {
+            assert_eq!(last.reason, FinishReason::Stop, "{name}: the stop string {stop:?} did not end it");
+        }
+        println!("{name:<12} drafted {:>4}, accepted {:>3}", m.draft_tokens_total, m.draft_accepted_total);
+        // A random head's drafts are mostly rejected: what is checked is that they are many, and
+        // that verifying them changes nothing.
+        assert!(m.draft_tokens_total > 100, "{name}: the head drafted {}", m.draft_tokens_total);
+    }
+}
+
+#[test]
+fn mtp_mode_needs_a_head() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_tiny_model(dir.path(), Arch::Qwen35, 7, None).unwrap();
+    let path = dir.path().to_path_buf();
+    let err = fastmlx::engine::EngineHandle::start(config(Mode::Mtp), move || load_model(&path, &common::backend()))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("no multi-token-prediction head"), "{err}");
+}
+
+/// The head computed afresh: the model over `tokens[..end]` (all but the next input), the head
+/// over the pairs from position `from` (its cache starting there), then greedy drafts.
+fn fresh_drafts(model: &LoadedModel, tokens: &[u32], from: usize, end: usize, most: usize) -> Vec<u32> {
+    let t = &model.transformer;
+    let head = t.mtp.as_ref().unwrap();
+    let ids = Array::from_slice(&tokens[..end - 1], &[1, end as i32 - 1]);
+    let hidden = t.forward_hidden(&ids, &mut t.new_cache()).unwrap();
+    let hidden = hidden.try_index((.., from as i32.., ..)).unwrap();
+    let next = Array::from_slice(&tokens[from + 1..end], &[1, (end - from - 1) as i32]);
+    let mut own = KvCache::new().starting_at(from as i32);
+    let out = head.forward(t, &next, &hidden, &mut own).unwrap();
+    let mut last = out.try_index((.., -1.., ..)).unwrap();
+    let mut drafted = vec![greedy(model, &last)];
+    while drafted.len() < most {
+        let token = Array::from_slice(&drafted[drafted.len() - 1..], &[1, 1]);
+        last = head.forward(t, &token, &last, &mut own).unwrap();
+        drafted.push(greedy(model, &last));
+    }
+    drafted
+}
+
+/// The drafter fed as the engine feeds it (prompt chunks, then steps keeping one or several
+/// positions, a gap where positions went unfed) proposes what the head computes afresh from the
+/// row's tokens, every time: drafting leaves nothing in its cache.
+#[test]
+fn the_drafter_follows_the_rows_positions() {
+    let _mlx = common::mlx_lock();
+    let (_dir, model) = tiny(Arch::Qwen35, false, true, 7);
+    let t = &model.transformer;
+    let tokens: Vec<u32> = (0..48).map(|j| ((j * 37 + j * j) % 250 + 5) as u32).collect();
+    let mut cache = t.new_cache();
+    let mut drafter = MtpDrafter::default();
+    let id = 1;
+    // (positions the model runs next, whether the head is fed them): chunks of a prompt, decode
+    // steps, verify steps that kept 3 and 2, positions not fed (the head starts again after).
+    let pieces = [(16, true), (9, true), (1, true), (3, true), (1, true), (2, true), (4, false), (1, true), (3, true)];
+    let (mut at, mut from) = (0, 0);
+    for (n, fed) in pieces {
+        let ids = Array::from_slice(&tokens[at..at + n], &[1, n as i32]);
+        let hidden = t.forward_hidden(&ids, &mut cache).unwrap();
+        if fed {
+            let hidden = hidden.try_index((0, .., ..)).unwrap();
+            drafter.feed(t, id, at, &tokens[at + 1..at + n + 1], &hidden).unwrap();
+        } else {
+            from = at + n;
+        }
+        at += n;
+        if fed {
+            let want = fresh_drafts(&model, &tokens, from, at + 1, 3);
+            assert_eq!(drafter.propose(t, id, 3).unwrap(), want, "after {at} positions");
+            assert_eq!(drafter.propose(t, id, 3).unwrap(), want, "drafting again after {at} positions");
+        }
+    }
+    drafter.forget(id);
+    assert_eq!(drafter.nbytes(), 0);
+    assert!(drafter.propose(t, id, 3).unwrap().is_empty());
+}

@@ -199,6 +199,8 @@ export interface LoadedModel {
   context_length: number;
   /** The draft model loaded with it (--draft-model). */
   draft_model?: string;
+  /** Its own multi-token-prediction head drafts for it. */
+  mtp_head?: boolean;
 }
 
 export interface PullProgress {

@@ -88,10 +88,11 @@ pub struct ServeArgs {
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
     weights: super::WeightsArg,
     /// Speculative decoding: `auto` drafts tokens (with the draft model when one is given, else
-    /// by prompt lookup: what the prompt and the text so far say comes next) and checks them in
-    /// one step, wherever that is measured to pay; `ngram` drafts by prompt lookup whenever it
-    /// can, `draft` with the draft model whenever it can; `off` never. The output is the same
-    /// either way.
+    /// with the model's own multi-token-prediction head where the checkpoint ships one, else by
+    /// prompt lookup: what the prompt and the text so far say comes next) and checks them in one
+    /// step, wherever that is measured to pay; `ngram` drafts by prompt lookup whenever it can,
+    /// `draft` with the draft model whenever it can, `mtp` with the model's head whenever it
+    /// can; `off` never. The output is the same either way.
     #[arg(long, env = "FASTMLX_SPECULATIVE", default_value = "auto")]
     speculative: crate::engine::speculative::Mode,
     /// Tokens a request drafts per step at most.

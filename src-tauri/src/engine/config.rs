@@ -106,4 +106,6 @@ pub struct ModelInfo {
     pub memory_ceiling: usize,
     /// The draft model proposing tokens for it (`--draft-model`), if one is loaded.
     pub draft_model: Option<String>,
+    /// Whether its own multi-token-prediction head drafts (`mtp`, or `auto` without a draft model).
+    pub mtp_head: bool,
 }

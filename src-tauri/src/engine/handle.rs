@@ -12,7 +12,7 @@ use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
 use super::request::{Event, Finish, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
-use super::speculative::{check_vocabularies, DraftModel};
+use super::speculative::{check_vocabularies, DraftModel, Mode};
 use crate::model::{LoadedModel, ModelError};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,6 +145,16 @@ impl EngineHandle {
             .spawn(move || {
                 crate::mlx::Backend::init();
                 let model = match load() {
+                    Ok(model) if engine_config.speculative.mode == Mode::Mtp && model.transformer.mtp.is_none() => {
+                        let _ = ready_tx.send(Err(ModelError::Config {
+                            path: model.path.clone(),
+                            message: "--speculative mtp: the model ships no multi-token-prediction head (`mtp.*` \
+                                      tensors: Qwen3.5/3.6 and Qwen3-Next checkpoints as Hugging Face publishes \
+                                      them have one; MLX conversions usually drop it)"
+                                .into(),
+                        }));
+                        return;
+                    }
                     Ok(model) => model,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));

@@ -79,6 +79,9 @@ pub struct LoadedStatus {
     /// The draft model loaded with it (`--draft-model`), whose weights count in its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draft_model: Option<String>,
+    /// Whether its own multi-token-prediction head drafts for it (`mtp.*` in the checkpoint).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub mtp_head: bool,
 }
 
 /// A model chosen to serve a request: its id (as the API reports it) and its engine.
@@ -339,6 +342,7 @@ impl Residency {
                     queued: m.queued,
                     context_length: info.context_length,
                     draft_model: info.draft_model.clone(),
+                    mtp_head: info.mtp_head,
                 }
             })
             .collect()

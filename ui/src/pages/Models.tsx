@@ -167,6 +167,7 @@ export function ModelsPage() {
                             {info.running + info.queued > 0 && ` · ${info.running} running, ${info.queued} queued`}
                             {info.expires_in_secs != null && ` · unloads in ${duration(info.expires_in_secs)}`}
                             {info.draft_model && ` · drafts with ${info.draft_model}`}
+                            {info.mtp_head && ' · drafts with its MTP head'}
                           </span>
                         )}
                         {m.unloadable_reason && (

@@ -25,7 +25,7 @@ use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
-use super::speculative::DraftModel;
+use super::speculative::{DraftModel, Mode, MtpDrafter};
 use crate::mlx;
 use crate::model::{BatchKvCache, LayerCache, LoadedModel};
 
@@ -79,6 +79,10 @@ pub(crate) struct Scheduler {
     payoff: super::speculative::Payoff,
     /// The draft model proposing tokens (`--draft-model`), with its own batch of rows.
     draft: Option<DraftModel>,
+    /// The model's multi-token-prediction head proposing tokens, where the checkpoint ships one.
+    mtp: Option<MtpDrafter>,
+    /// The last forward's hidden states `[rows, positions, hidden]`, kept for the head to feed on.
+    step_hidden: Option<Array>,
 }
 
 impl Scheduler {
@@ -118,6 +122,13 @@ impl Scheduler {
             }
             None => budget.bytes,
         };
+        // The head drafts where the checkpoint ships one, unless a draft model or another mode does.
+        let mtp_wanted = match config.speculative.mode {
+            Mode::Mtp => true,
+            Mode::Auto => draft.is_none(),
+            _ => false,
+        };
+        let model_mtp = (mtp_wanted && model.transformer.mtp.is_some()).then(MtpDrafter::default);
         let kv_footprint = t.kv_footprint();
         let info = ModelInfo {
             name: model.name.clone(),
@@ -132,6 +143,7 @@ impl Scheduler {
             weights_bytes: model.weights_bytes + draft.as_ref().map_or(0, DraftModel::weights_bytes),
             memory_ceiling: ceiling,
             draft_model: draft.as_ref().map(|d| d.name().to_string()),
+            mtp_head: model_mtp.is_some(),
         };
         tracing::info!(
             "{}: memory ceiling {} MB, {} MB held with the model loaded, KV budget {} MB ({} tokens)",
@@ -168,6 +180,8 @@ impl Scheduler {
             metrics,
             rates: RateWindow::default(),
             payoff: Default::default(),
+            mtp: model_mtp,
+            step_hidden: None,
             draft,
         }
     }
@@ -347,6 +361,7 @@ impl Scheduler {
             }
         }
         self.metrics.generated_tokens_total += rows as u64;
+        self.feed_head(&vec![1; rows]);
         self.kv.decoded(&self.running, &vec![1; rows]);
         if keep.len() < rows {
             self.retain_rows(&keep);
@@ -367,8 +382,11 @@ impl Scheduler {
     /// `predicted` bytes: logits of every position, on the host.
     fn forward_running(&mut self, ids: &Array, predicted: usize) -> Result<Vec<f32>, String> {
         let _in_flight = self.memory.begin_step(predicted);
-        let logits = self.model.transformer.forward(ids, &mut self.running.cache).map_err(|e| e.to_string())?;
-        let logits = logits.as_dtype(Dtype::Float32).map_err(|e| e.to_string())?;
+        let t = &self.model.transformer;
+        let hidden = t.forward_hidden(ids, &mut self.running.cache).map_err(|e| e.to_string())?;
+        let logits = t.logits(&hidden).and_then(|l| Ok(l.as_dtype(Dtype::Float32)?)).map_err(|e| e.to_string())?;
+        // The head feeds on the step's hidden states once its tokens are sampled.
+        self.step_hidden = self.mtp.is_some().then_some(hidden);
         // Recurrent states too: left lazy they would hold the step's inputs.
         let states = self.running.cache.iter().flat_map(|c| c.states().iter());
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
@@ -416,6 +434,9 @@ impl Scheduler {
     /// Gives back a finished or abandoned sequence's reservation and counts how it ended.
     fn release(&mut self, seq: &Sequence) {
         self.kv.release(seq);
+        if let Some(mtp) = self.mtp.as_mut() {
+            mtp.forget(seq.id);
+        }
         if seq.warm {
             return;
         }
@@ -460,7 +481,8 @@ impl Scheduler {
         m.kv_tokens = self.running.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);
         m.kv_bytes = self.running.cache.iter().chain(&self.group.cache).map(BatchKvCache::nbytes).sum::<usize>()
             + kv.shared_bytes
-            + self.draft.as_ref().map_or(0, DraftModel::nbytes);
+            + self.draft.as_ref().map_or(0, DraftModel::nbytes)
+            + self.mtp.as_ref().map_or(0, MtpDrafter::nbytes);
         m.kv_shared_bytes = kv.shared_bytes;
         m.kv_peak_bytes = m.kv_peak_bytes.max(m.kv_bytes);
         m.kv_reserved_bytes = kv.reserved;
@@ -498,6 +520,7 @@ impl Scheduler {
         self.running.cache.clear();
         self.group.cache.clear();
         self.draft = None;
+        self.mtp = None;
         self.kv.shut_down();
         self.publish_metrics(0, 0);
         drop(self.model);

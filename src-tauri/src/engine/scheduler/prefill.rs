@@ -127,6 +127,7 @@ impl Scheduler {
                     self.metrics.generated_tokens_total += 1;
                 }
             }
+            self.feed_head_prompts(n);
             budget = Some(left.saturating_sub(rows * n));
             processed += rows * n;
             self.metrics.prompt_tokens_total += (rows * n) as u64;
@@ -207,6 +208,8 @@ impl Scheduler {
     /// the last position of each member whose prompt this chunk ends, in group order.
     fn forward_group(&mut self, ids: &Array, n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
         let hidden = self.model.transformer.forward_hidden(ids, &mut self.group.cache)?;
+        // The MTP head feeds on the chunk's hidden states once the tokens after them are known.
+        self.step_hidden = self.mtp.is_some().then(|| hidden.clone());
         let ending: Vec<i32> =
             (0..self.group.len()).filter(|&r| Self::remaining(&self.group.seqs[r]) == n).map(|r| r as i32).collect();
         // Recurrent states too: left lazy they would hold the chunk's whole inputs.
@@ -360,6 +363,28 @@ impl Scheduler {
                 }
                 // It ended at its first token.
                 (_, Some(_)) => self.release(&seq),
+            }
+        }
+    }
+
+    /// After a chunk of `n` prompt tokens per member (and the first token of those it ended):
+    /// the model's hidden states over the chunk, beside the tokens that follow each position,
+    /// feed the MTP head.
+    fn feed_head_prompts(&mut self, n: usize) {
+        let (Some(mtp), Some(hidden)) = (self.mtp.as_mut(), self.step_hidden.take()) else { return };
+        for (row, seq) in self.group.seqs.iter().enumerate() {
+            if seq.finished.is_some() || !seq.request.speculative {
+                continue;
+            }
+            let start = seq.prefilled - n;
+            let tokens = seq.tokens();
+            let fed = hidden
+                .try_index((row as i32, .., ..))
+                .map_err(ModelError::from)
+                .and_then(|h| mtp.feed(&self.model.transformer, seq.id, start, &tokens[start + 1..start + 1 + n], &h));
+            if let Err(e) = fed {
+                tracing::warn!("MTP head: {e}");
+                mtp.forget(seq.id);
             }
         }
     }

@@ -8,12 +8,13 @@
 
 use std::time::Instant;
 
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::Scheduler;
 use crate::engine::memory;
 use crate::engine::request::FinishReason;
-use crate::engine::speculative::{verify_row, Mode, RowDrafter, Want, STEP_POSITIONS};
+use crate::engine::speculative::{verify_row, Mode, RowDrafter, Want, AUTO_MOST_ROWS, STEP_POSITIONS};
 
 impl Scheduler {
     /// Each running row's draft for this step, or `None` when the step decodes plainly (no
@@ -24,7 +25,7 @@ impl Scheduler {
             return None;
         }
         let rows = self.running.len();
-        let forced = matches!(spec.mode, Mode::Ngram | Mode::Draft);
+        let forced = matches!(spec.mode, Mode::Ngram | Mode::Draft | Mode::Mtp);
         if !self.payoff.may_draft(rows, forced) {
             return None;
         }
@@ -38,6 +39,8 @@ impl Scheduler {
             return None;
         }
         let by_model = self.draft.is_some() && spec.mode != Mode::Ngram;
+        // The head drafts when it was made (`mtp`, or `auto` without a draft model).
+        let by_head = self.mtp.is_some() && spec.mode != Mode::Ngram;
         let mut drafts = Vec::with_capacity(rows);
         let mut want = Vec::new();
         for seq in &mut self.running.seqs {
@@ -50,6 +53,14 @@ impl Scheduler {
             if by_model {
                 want.push((drafts.len(), drafter.length(room)));
                 drafts.push(Vec::new());
+            } else if let Some(mtp) = self.mtp.as_mut().filter(|_| by_head) {
+                let proposal = mtp.propose(&self.model.transformer, seq.id, drafter.length(room));
+                drafts.push(proposal.unwrap_or_else(|e| {
+                    // Drafts only ever speed things up: the row goes on without.
+                    tracing::warn!("MTP head: {e}");
+                    mtp.forget(seq.id);
+                    Vec::new()
+                }));
             } else {
                 drafts.push(drafter.propose(seq.tokens(), room));
             }
@@ -132,6 +143,7 @@ impl Scheduler {
         if let Some(draft) = self.draft.as_mut() {
             draft.verified(&accepted);
         }
+        self.feed_head(&kept.iter().map(|&k| k as usize).collect::<Vec<_>>());
         self.metrics.verify_steps_total += 1;
         self.metrics.generated_tokens_total += emitted as u64;
         let advanced: Vec<usize> = kept.iter().map(|&k| k as usize).collect();
@@ -141,6 +153,34 @@ impl Scheduler {
         }
         self.payoff.record(rows, emitted, began.elapsed(), true);
         emitted
+    }
+
+    /// After a step whose row `r` kept `used[r]` positions (its tokens sampled): the model's
+    /// hidden states there, beside the tokens that follow each, feed the MTP head (rows that
+    /// ended or opted out are left; they leave the batch).
+    pub(super) fn feed_head(&mut self, used: &[usize]) {
+        let (Some(mtp), Some(hidden)) = (self.mtp.as_mut(), self.step_hidden.take()) else { return };
+        // Where no row may draft (`auto` beyond its batch size) the head is not fed: a row's
+        // head cache starts afresh when it drafts again.
+        if self.config.speculative.mode == Mode::Auto && used.len() > AUTO_MOST_ROWS {
+            return;
+        }
+        for (row, (seq, &u)) in self.running.seqs.iter().zip(used).enumerate() {
+            if seq.finished.is_some() || !seq.request.speculative || u == 0 {
+                continue;
+            }
+            let tokens = seq.tokens();
+            // The step's first position held the token before the `u` it emitted.
+            let start = tokens.len() - u - 1;
+            let fed = hidden
+                .try_index((row as i32, ..u as i32, ..))
+                .map_err(crate::model::ModelError::from)
+                .and_then(|h| mtp.feed(&self.model.transformer, seq.id, start, &tokens[start + 1..], &h));
+            if let Err(e) = fed {
+                tracing::warn!("MTP head: {e}");
+                mtp.forget(seq.id);
+            }
+        }
     }
 
     /// The batch forward pass over `width` positions per row: logits `[rows * width * vocab]`

@@ -1,0 +1,98 @@
+//! The model's own multi-token-prediction head as a proposer (`--speculative mtp`; `auto` uses
+//! it where the checkpoint ships one and no draft model is loaded). The head's cache column for
+//! position `i` holds the pair (token `i + 1`, the model's hidden state at `i`): after every
+//! forward of the model over a row (a prefill chunk, a decode or verify step), once the tokens
+//! that follow its positions are known, the head is fed the pairs of the positions the row kept,
+//! so its cache follows the row's. Its output at the last fed position gives the first draft;
+//! each draft beside the head's own output gives the next. Those drafting columns are taken back
+//! at once (they come from the head's hidden states, not the model's): the verify step's hidden
+//! states feed the accepted positions again. One row at a time (the head is one layer; drafting
+//! runs where a few rows decode).
+//!
+//! A row whose positions were not all fed (a prefix-cache hit, a row that resumes) starts its
+//! head cache afresh where it is: its drafts see less context, the output is the same (every
+//! draft is verified).
+
+use std::collections::HashMap;
+
+use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
+use mlx_rs::{Array, Dtype};
+
+use crate::engine::request::RequestId;
+use crate::model::{KvCache, ModelError, Transformer};
+
+struct Row {
+    cache: KvCache,
+    /// The head's output at the last fed position (`[1, 1, hidden]`): the first draft's source.
+    last: Option<Array>,
+}
+
+/// Per request, the head's cache and its last output.
+#[derive(Default)]
+pub struct MtpDrafter {
+    rows: HashMap<RequestId, Row>,
+}
+
+impl MtpDrafter {
+    /// Request `id`'s model hidden states `hidden` (`[n, hidden]`) at positions `start..start + n`,
+    /// and `next`, the tokens that follow each of them: the head takes these pairs.
+    pub fn feed(
+        &mut self,
+        model: &Transformer,
+        id: RequestId,
+        start: usize,
+        next: &[u32],
+        hidden: &Array,
+    ) -> Result<(), ModelError> {
+        let head = model.mtp.as_ref().ok_or_else(|| ModelError::Mlx("the model has no MTP head".into()))?;
+        let row = self.rows.entry(id).or_insert_with(|| Row { cache: KvCache::new(), last: None });
+        if row.cache.len() as usize != start {
+            // Positions it never saw (a prefix-cache hit, a row resumed): it starts here.
+            *row = Row { cache: KvCache::new().starting_at(start as i32), last: None };
+        }
+        let n = next.len() as i32;
+        let ids = Array::from_slice(next, &[1, n]);
+        let hidden = hidden.reshape(&[1, n, -1])?;
+        let out = head.forward(model, &ids, &hidden, &mut row.cache)?;
+        let last = out.try_index((.., n - 1.., ..))?;
+        let buffers = row.cache.buffers();
+        mlx_rs::transforms::eval(std::iter::once(&last).chain(buffers.keys.iter()).chain(buffers.values.iter()))?;
+        row.last = Some(last);
+        Ok(())
+    }
+
+    /// Up to `most` greedy drafts for request `id` (none before it was fed).
+    pub fn propose(&mut self, model: &Transformer, id: RequestId, most: usize) -> Result<Vec<u32>, ModelError> {
+        let (Some(head), Some(row)) = (model.mtp.as_ref(), self.rows.get_mut(&id)) else { return Ok(Vec::new()) };
+        let Some(mut hidden) = row.last.clone() else { return Ok(Vec::new()) };
+        if most == 0 {
+            return Ok(Vec::new());
+        }
+        let fed = row.cache.len();
+        let greedy = |h: &Array| -> Result<u32, ModelError> {
+            let token = argmax_axis(&model.logits(h)?, -1, None)?.as_dtype(Dtype::Uint32)?;
+            token.eval()?;
+            Ok(token.as_slice::<u32>()[0])
+        };
+        let mut drafts = vec![greedy(&hidden)?];
+        while drafts.len() < most {
+            let ids = Array::from_slice(&drafts[drafts.len() - 1..], &[1, 1]);
+            hidden = head.forward(model, &ids, &hidden, &mut row.cache)?;
+            drafts.push(greedy(&hidden)?);
+        }
+        // The drafting columns go: the verify step's hidden states feed what it accepts.
+        row.cache.truncate(fed);
+        let vocab = model.config.vocab_size as u32;
+        Ok(drafts.into_iter().take_while(|&t| t < vocab).collect())
+    }
+
+    /// Request `id` ended: its head cache goes.
+    pub fn forget(&mut self, id: RequestId) {
+        self.rows.remove(&id);
+    }
+
+    /// Bytes of the rows' head caches.
+    pub fn nbytes(&self) -> usize {
+        self.rows.values().map(|r| r.cache.nbytes()).sum()
+    }
+}
