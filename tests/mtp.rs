@@ -126,11 +126,15 @@ fn drafting_with_the_head_changes_no_output() {
         let stop = stop_inside(&first[0]);
         let (want, _) = session(&plain, stop.as_deref());
         assert!(!plain.model_info().mtp_head, "{name}: the head drafts with drafting off");
+        let plain_budget = plain.model_info().kv_budget_bytes;
         drop(plain);
         // `auto` drafts with the head where the checkpoint ships one.
         assert!(common::engine::start(dir.path(), config(Mode::Auto)).model_info().mtp_head);
         let drafting = common::engine::start(dir.path(), config(Mode::Mtp));
         assert!(drafting.model_info().mtp_head);
+        // The head's keys and values share the KV budget (one layer beside the model's two).
+        let budget = drafting.model_info().kv_budget_bytes;
+        assert!(budget < plain_budget * 3 / 4, "{name}: KV budget {budget} with the head, {plain_budget} without");
         let m = same_answers(drafting, stop.as_deref(), &want, &format!("{name}, drafting with its head"));
         if let (Some(stop), Some(last)) = (&stop, want.last()) {
             assert_eq!(last.reason, FinishReason::Stop, "{name}: the stop string {stop:?} did not end it");

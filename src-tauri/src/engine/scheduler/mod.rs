@@ -114,14 +114,6 @@ impl Scheduler {
         }
         let mut config = config;
         config.max_batch = budget.max_rows;
-        // A drafting row holds the draft model's keys and values for its tokens too.
-        let kv_budget = match &draft {
-            Some(d) => {
-                let (own, theirs) = (t.kv_bytes_per_token().max(1), d.kv_bytes_per_token());
-                (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize
-            }
-            None => budget.bytes,
-        };
         // The head drafts where the checkpoint ships one, unless a draft model or another mode does.
         let mtp_wanted = match config.speculative.mode {
             Mode::Mtp => true,
@@ -129,6 +121,14 @@ impl Scheduler {
             _ => false,
         };
         let model_mtp = (mtp_wanted && model.transformer.mtp.is_some()).then(MtpDrafter::default);
+        // A drafting row holds the draft model's (or the head's) keys and values for its tokens too.
+        let theirs = match (&draft, &model_mtp) {
+            (Some(d), _) => d.kv_bytes_per_token(),
+            (None, Some(_)) => t.mtp_kv_bytes_per_token(),
+            (None, None) => 0,
+        };
+        let own = t.kv_bytes_per_token().max(1);
+        let kv_budget = (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize;
         let kv_footprint = t.kv_footprint();
         let info = ModelInfo {
             name: model.name.clone(),

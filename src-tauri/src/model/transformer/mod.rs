@@ -319,6 +319,11 @@ impl Transformer {
         self.config.kv_elements_per_token() * self.dtype_bytes()
     }
 
+    /// Key/value cache bytes per token of one sequence in the MTP head's layer (0 without one).
+    pub fn mtp_kv_bytes_per_token(&self) -> usize {
+        self.mtp.as_ref().map_or(0, |h| h.kv_elements_per_token() * self.dtype_bytes())
+    }
+
     /// What a sequence's key/value caches take (windowed layers hold a bounded number).
     pub fn kv_footprint(&self) -> KvFootprint {
         self.config.kv_footprint(self.dtype_bytes())

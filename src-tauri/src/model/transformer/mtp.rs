@@ -25,6 +25,7 @@ pub struct MtpHead {
     fc: Linear,
     layer: DecoderLayer,
     norm: RmsNorm,
+    kv_elements: usize,
 }
 
 impl MtpHead {
@@ -42,7 +43,13 @@ impl MtpHead {
             fc: weights.linear(&format!("{p}.fc"), hidden, 2 * hidden, false)?,
             layer: DecoderLayer::build_full_attention(c, &format!("{p}.layers.0"), weights, norm)?,
             norm: norm(weights, &format!("{p}.norm"), hidden)?,
+            kv_elements: 2 * c.num_kv_heads * c.head_dim,
         }))
+    }
+
+    /// Key and value elements its layer caches per token.
+    pub fn kv_elements_per_token(&self) -> usize {
+        self.kv_elements
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
