@@ -38,14 +38,21 @@ fn drafts(model: &LoadedModel, prompt: &[u32], block: usize) -> (u32, Vec<u32>) 
     let mut own = KvCache::new();
     let shifted = Array::from_slice(&shifted, &[1, prompt.len() as i32]);
     let out = head.forward(t, &shifted, &hidden, &mut own).unwrap();
+    (next, draft_on(model, &mut own, &out, block - 1))
+}
+
+/// `count` greedy drafts from the head's output `out` (its last position), each draft beside
+/// the head's own output giving the next.
+fn draft_on(model: &LoadedModel, own: &mut KvCache, out: &Array, count: usize) -> Vec<u32> {
+    let (t, head) = (&model.transformer, model.transformer.mtp.as_ref().unwrap());
     let mut last = out.try_index((.., -1.., ..)).unwrap();
     let mut drafted = vec![greedy(model, &last)];
-    while drafted.len() < block - 1 {
+    while drafted.len() < count {
         let token = Array::from_slice(&drafted[drafted.len() - 1..], &[1, 1]);
-        last = head.forward(t, &token, &last, &mut own).unwrap();
+        last = head.forward(t, &token, &last, own).unwrap();
         drafted.push(greedy(model, &last));
     }
-    (next, drafted)
+    drafted
 }
 
 #[test]
@@ -169,14 +176,7 @@ fn fresh_drafts(model: &LoadedModel, tokens: &[u32], from: usize, end: usize, mo
     let next = Array::from_slice(&tokens[from + 1..end], &[1, (end - from - 1) as i32]);
     let mut own = KvCache::new().starting_at(from as i32);
     let out = head.forward(t, &next, &hidden, &mut own).unwrap();
-    let mut last = out.try_index((.., -1.., ..)).unwrap();
-    let mut drafted = vec![greedy(model, &last)];
-    while drafted.len() < most {
-        let token = Array::from_slice(&drafted[drafted.len() - 1..], &[1, 1]);
-        last = head.forward(t, &token, &last, &mut own).unwrap();
-        drafted.push(greedy(model, &last));
-    }
-    drafted
+    draft_on(model, &mut own, &out, most)
 }
 
 /// The drafter fed as the engine feeds it (prompt chunks, then steps keeping one or several
@@ -199,19 +199,18 @@ fn the_drafter_follows_the_rows_positions() {
         let ids = Array::from_slice(&tokens[at..at + n], &[1, n as i32]);
         let hidden = t.forward_hidden(&ids, &mut cache).unwrap();
         if fed {
-            let hidden = hidden.try_index((0, .., ..)).unwrap();
-            drafter.feed(t, id, at, &tokens[at + 1..at + n + 1], &hidden).unwrap();
+            drafter.feed(t, id, at, &tokens[at + 1..at + n + 1], &hidden, 0);
         } else {
             from = at + n;
         }
         at += n;
         if fed {
             let want = fresh_drafts(&model, &tokens, from, at + 1, 3);
-            assert_eq!(drafter.propose(t, id, 3).unwrap(), want, "after {at} positions");
-            assert_eq!(drafter.propose(t, id, 3).unwrap(), want, "drafting again after {at} positions");
+            assert_eq!(drafter.propose(t, id, 3), want, "after {at} positions");
+            assert_eq!(drafter.propose(t, id, 3), want, "drafting again after {at} positions");
         }
     }
     drafter.forget(id);
     assert_eq!(drafter.nbytes(), 0);
-    assert!(drafter.propose(t, id, 3).unwrap().is_empty());
+    assert!(drafter.propose(t, id, 3).is_empty());
 }

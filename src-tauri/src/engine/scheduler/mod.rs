@@ -361,8 +361,9 @@ impl Scheduler {
             }
         }
         self.metrics.generated_tokens_total += rows as u64;
-        self.feed_head(&vec![1; rows]);
-        self.kv.decoded(&self.running, &vec![1; rows]);
+        let advanced = vec![1; rows];
+        self.feed_head(&advanced);
+        self.kv.decoded(&self.running, &advanced);
         if keep.len() < rows {
             self.retain_rows(&keep);
         }

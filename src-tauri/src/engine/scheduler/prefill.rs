@@ -377,15 +377,8 @@ impl Scheduler {
                 continue;
             }
             let start = seq.prefilled - n;
-            let tokens = seq.tokens();
-            let fed = hidden
-                .try_index((row as i32, .., ..))
-                .map_err(ModelError::from)
-                .and_then(|h| mtp.feed(&self.model.transformer, seq.id, start, &tokens[start + 1..start + 1 + n], &h));
-            if let Err(e) = fed {
-                tracing::warn!("MTP head: {e}");
-                mtp.forget(seq.id);
-            }
+            let next = &seq.tokens()[start + 1..start + 1 + n];
+            mtp.feed(&self.model.transformer, seq.id, start, next, &hidden, row);
         }
     }
 

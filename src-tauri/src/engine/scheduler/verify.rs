@@ -8,7 +8,6 @@
 
 use std::time::Instant;
 
-use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::Scheduler;
@@ -39,8 +38,6 @@ impl Scheduler {
             return None;
         }
         let by_model = self.draft.is_some() && spec.mode != Mode::Ngram;
-        // The head drafts when it was made (`mtp`, or `auto` without a draft model).
-        let by_head = self.mtp.is_some() && spec.mode != Mode::Ngram;
         let mut drafts = Vec::with_capacity(rows);
         let mut want = Vec::new();
         for seq in &mut self.running.seqs {
@@ -53,14 +50,9 @@ impl Scheduler {
             if by_model {
                 want.push((drafts.len(), drafter.length(room)));
                 drafts.push(Vec::new());
-            } else if let Some(mtp) = self.mtp.as_mut().filter(|_| by_head) {
-                let proposal = mtp.propose(&self.model.transformer, seq.id, drafter.length(room));
-                drafts.push(proposal.unwrap_or_else(|e| {
-                    // Drafts only ever speed things up: the row goes on without.
-                    tracing::warn!("MTP head: {e}");
-                    mtp.forget(seq.id);
-                    Vec::new()
-                }));
+            } else if let Some(mtp) = self.mtp.as_mut() {
+                // The head exists only where it drafts (`mtp`, or `auto` without a draft model).
+                drafts.push(mtp.propose(&self.model.transformer, seq.id, drafter.length(room)));
             } else {
                 drafts.push(drafter.propose(seq.tokens(), room));
             }
@@ -143,10 +135,10 @@ impl Scheduler {
         if let Some(draft) = self.draft.as_mut() {
             draft.verified(&accepted);
         }
-        self.feed_head(&kept.iter().map(|&k| k as usize).collect::<Vec<_>>());
         self.metrics.verify_steps_total += 1;
         self.metrics.generated_tokens_total += emitted as u64;
         let advanced: Vec<usize> = kept.iter().map(|&k| k as usize).collect();
+        self.feed_head(&advanced);
         self.kv.decoded(&self.running, &advanced);
         if going.len() < rows {
             self.retain_rows(&going);
@@ -172,14 +164,7 @@ impl Scheduler {
             let tokens = seq.tokens();
             // The step's first position held the token before the `u` it emitted.
             let start = tokens.len() - u - 1;
-            let fed = hidden
-                .try_index((row as i32, ..u as i32, ..))
-                .map_err(crate::model::ModelError::from)
-                .and_then(|h| mtp.feed(&self.model.transformer, seq.id, start, &tokens[start + 1..], &h));
-            if let Err(e) = fed {
-                tracing::warn!("MTP head: {e}");
-                mtp.forget(seq.id);
-            }
+            mtp.feed(&self.model.transformer, seq.id, start, &tokens[start + 1..], &hidden, row);
         }
     }
 

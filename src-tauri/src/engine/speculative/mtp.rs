@@ -34,15 +34,34 @@ pub struct MtpDrafter {
 }
 
 impl MtpDrafter {
-    /// Request `id`'s model hidden states `hidden` (`[n, hidden]`) at positions `start..start + n`,
-    /// and `next`, the tokens that follow each of them: the head takes these pairs.
-    pub fn feed(
+    /// Request `id`'s positions `start..start + n` and `next`, the `n` tokens that follow them:
+    /// the head takes these tokens beside the model's hidden states there, the first `n` of
+    /// batch row `row` of a forward's `hidden` (`[rows, positions, hidden]`). On a failure the
+    /// request's head cache goes (drafts only ever speed things up; it starts again later).
+    pub fn feed(&mut self, model: &Transformer, id: RequestId, start: usize, next: &[u32], hidden: &Array, row: usize) {
+        if let Err(e) = self.try_feed(model, id, start, next, hidden, row) {
+            tracing::warn!("MTP head: {e}; request {id} drafts without it for now");
+            self.forget(id);
+        }
+    }
+
+    /// Up to `most` greedy drafts for request `id` (none before it was fed, or on a failure).
+    pub fn propose(&mut self, model: &Transformer, id: RequestId, most: usize) -> Vec<u32> {
+        self.try_propose(model, id, most).unwrap_or_else(|e| {
+            tracing::warn!("MTP head: {e}; request {id} drafts without it for now");
+            self.forget(id);
+            Vec::new()
+        })
+    }
+
+    fn try_feed(
         &mut self,
         model: &Transformer,
         id: RequestId,
         start: usize,
         next: &[u32],
         hidden: &Array,
+        batch_row: usize,
     ) -> Result<(), ModelError> {
         let head = model.mtp.as_ref().ok_or_else(|| ModelError::Mlx("the model has no MTP head".into()))?;
         let row = self.rows.entry(id).or_insert_with(|| Row { cache: KvCache::new(), last: None });
@@ -52,7 +71,8 @@ impl MtpDrafter {
         }
         let n = next.len() as i32;
         let ids = Array::from_slice(next, &[1, n]);
-        let hidden = hidden.reshape(&[1, n, -1])?;
+        let b = batch_row as i32;
+        let hidden = hidden.try_index((b..b + 1, ..n, ..))?;
         let out = head.forward(model, &ids, &hidden, &mut row.cache)?;
         let last = out.try_index((.., n - 1.., ..))?;
         let buffers = row.cache.buffers();
@@ -61,8 +81,7 @@ impl MtpDrafter {
         Ok(())
     }
 
-    /// Up to `most` greedy drafts for request `id` (none before it was fed).
-    pub fn propose(&mut self, model: &Transformer, id: RequestId, most: usize) -> Result<Vec<u32>, ModelError> {
+    fn try_propose(&mut self, model: &Transformer, id: RequestId, most: usize) -> Result<Vec<u32>, ModelError> {
         let (Some(head), Some(row)) = (model.mtp.as_ref(), self.rows.get_mut(&id)) else { return Ok(Vec::new()) };
         let Some(mut hidden) = row.last.clone() else { return Ok(Vec::new()) };
         if most == 0 {

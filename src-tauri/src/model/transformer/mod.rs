@@ -276,8 +276,8 @@ impl Transformer {
             }
             None => None,
         };
-        let norm_loader = norm;
-        let norm = norm_loader(weights, "model.norm", hidden)?;
+        let mtp = MtpHead::build(c, weights, &norm)?;
+        let norm = norm(weights, "model.norm", hidden)?;
         let lm_head = if c.tie_word_embeddings || !weights.contains("lm_head.weight") {
             None
         } else {
@@ -289,7 +289,6 @@ impl Transformer {
             (None, Some(_)) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
             _ => None,
         };
-        let mtp = MtpHead::build(c, weights, &norm_loader)?;
         Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs, mtp })
     }
 
