@@ -2,7 +2,7 @@
 //! every architecture's tiny model (hybrids, windowed layers, experts included), at several
 //! (rows, chunk, context) points, the predicted working memory of a prefill forward and of a
 //! decode step is never below what MLX measured (what keeps the ceiling safe) and never above
-//! 1.5 times it (how much it may waste). Then the engine under a ceiling and a KV budget:
+//! 1.5 times it and half a MiB (how much it may waste). Then the engine under a ceiling and a KV budget:
 //! parking, horizons, refusals, idle.
 
 mod common;
@@ -27,22 +27,34 @@ fn eval_with_states(outputs: &[&Array], caches: &[BatchKvCache]) {
 }
 
 /// The caches of `rows` rows, row `r` holding `depth - 3r` tokens (rows of different lengths,
-/// aligned on the right, as the engine's batches are), built as the engine builds them: each
-/// row prefilled alone, then pushed into the batch.
+/// aligned on the right, as the engine's batches are), built as the engine builds them: each row's
+/// cache on its own, then pushed into the batch. The rows are one prefill of the longest, cut
+/// short (a recurrent state taken whole: its size does not depend on the tokens): a step's memory
+/// depends on the buffers' shapes, not on what they hold, and a prefill for every row was most
+/// of what this file's grid of points cost (24 rows of 1,200 tokens).
 fn batch_at(t: &Transformer, rows: usize, depth: usize) -> Vec<BatchKvCache> {
     let layers = t.config.kv_cache_layers();
-    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
-    let mut singles = Vec::new();
-    for r in 0..rows {
-        let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
-        let len = depth.saturating_sub(3 * r);
-        if len > 0 {
-            let hidden = t.forward_hidden(&ids(1, len, r), &mut caches).unwrap();
-            let states: Vec<&Array> = caches.iter().flat_map(|c| c.states().iter()).collect();
-            mlx_rs::transforms::eval(std::iter::once(&hidden).chain(states)).unwrap();
-        }
-        singles.push(caches);
+    let mut longest: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
+    if depth > 0 {
+        let hidden = t.forward_hidden(&ids(1, depth, 0), &mut longest).unwrap();
+        let states: Vec<&Array> = longest.iter().flat_map(|c| c.states().iter()).collect();
+        mlx_rs::transforms::eval(std::iter::once(&hidden).chain(states)).unwrap();
     }
+    let row = |len: i32| -> Vec<KvCache> {
+        (0..layers)
+            .map(|i| match (len, t.config.is_recurrent(i)) {
+                (0, _) => KvCache::new(),
+                (_, true) => KvCache::recurrent(longest[i].states().to_vec(), len),
+                (_, false) => {
+                    let mut cache = longest[i].clone();
+                    cache.truncate(len);
+                    cache
+                }
+            })
+            .collect()
+    };
+    let singles: Vec<Vec<KvCache>> = (0..rows).map(|r| row(depth.saturating_sub(3 * r) as i32)).collect();
+    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
     for (i, layer) in batch.iter_mut().enumerate() {
         let row_caches: Vec<&KvCache> = singles.iter().map(|c| &c[i]).collect();
         layer.push_rows(&row_caches).unwrap();
@@ -67,6 +79,18 @@ fn measure(t: &Transformer, cost: &CostModel, rows: usize, n: usize, depth: usiz
     let predicted =
         if n == 1 { cost.decode_bytes(rows, &buffers, 0) } else { cost.prefill_bytes(rows, n, &buffers, 0, rows) };
     (predicted, measured)
+}
+
+/// How far a prediction may exceed the peak: 1.5 times, and half a MiB on top. The allowance is
+/// for the smallest steps (about 1 MB on the tiny models), where how far MLX's CPU worker lets a
+/// hybrid's layers overlap decides a few hundred KB: Qwen3.5 at 1 row x 64 tokens measured 1.07
+/// to 1.32 MB here and never above 1.07 MB in five readings on a CI machine, against a prediction
+/// of 1.75 MB that must cover the overlap. On a real model's steps (hundreds of MB) it is nothing.
+const WASTE: f64 = 1.5;
+const WASTE_ALLOWANCE: usize = 512 << 10;
+
+fn waste_bound(measured: usize) -> usize {
+    (measured as f64 * WASTE) as usize + WASTE_ALLOWANCE
 }
 
 #[test]
@@ -106,14 +130,14 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         let cost = CostModel::new(&t.config, act, backend.gpu);
         let name = format!("{}{}", arch.model_type(), if options.moe { " (moe)" } else { "" });
         for &(rows, n, depth) in &points {
-            let outside = |predicted: usize, low: usize, high: usize| predicted < low || 2 * predicted > 3 * high;
+            let outside = |predicted: usize, low: usize, high: usize| predicted < low || predicted > waste_bound(high);
             let (predicted, measured) = measure(t, &cost, rows, n, depth);
             // One reading can mislead both ways. MLX's CPU worker frees a step's buffers on its
             // own thread, so the peak varies from run to run (Qwen3.5, 1 row x 64 tokens: 1.07 to
             // 1.32 MB over 16 runs); and its peak counter is process-wide, so a stray allocation
             // elsewhere in the process moves one reading. Outside the bounds, five readings judge:
             // the prediction must cover all but the highest (a stray), and is wasteful only past
-            // 1.5 times the highest (the peak it must be ready for).
+            // the waste bound of the highest (the peak it must be ready for).
             let (mut low, mut high) = (measured, measured);
             if outside(predicted, low, high) {
                 let mut readings: Vec<usize> =
@@ -126,7 +150,7 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
             let ratio = predicted as f64 / measured.max(1) as f64;
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
-            within += usize::from(ratio <= 1.5);
+            within += usize::from(ratio <= WASTE);
             if outside(predicted, low, high) {
                 failures.push(format!(
                     "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {low} to {high}"
@@ -134,8 +158,12 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
             }
         }
     }
-    println!("{within} of {all} predictions within 1.5x of the measured peak");
-    assert!(failures.is_empty(), "predictions outside [measured, 1.5 x measured]:\n{}", failures.join("\n"));
+    println!("{within} of {all} predictions within {WASTE}x of the measured peak");
+    assert!(
+        failures.is_empty(),
+        "predictions outside [measured, {WASTE} x measured + {WASTE_ALLOWANCE} B]:\n{}",
+        failures.join("\n")
+    );
 }
 
 // --- The governor in the engine -------------------------------------------------------------

@@ -11,7 +11,7 @@ use super::{AttentionMask, LayerCache, Positions};
 use crate::model::error::Result;
 
 /// The key/value cache of one sequence (batch of 1), for one layer.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct KvCache {
     buffers: Buffers,
     /// Columns written so far.
