@@ -74,12 +74,13 @@ trap 'stop_suite TERM 143' TERM
 
 # The gate: formatting (rustfmt.toml) and lints, warnings as errors, on every target.
 suite 300 "the format check" cargo fmt --check
-suite 1800 "clippy" cargo clippy --locked --all-targets --features desktop-tests -- -D warnings
 # The web UI's TypeScript, type-checked (Vite's build does not).
 suite 300 "the web UI's type check" npm --prefix "$ROOT/ui" run --silent check
+# Clippy, warnings as errors, in the test build itself (scripts/clippy_env.sh).
+source "$ROOT/scripts/clippy_env.sh"
 # `desktop-tests`: the desktop commands also run on Tauri's mock runtime. The build first, so that
 # the tests' limit is theirs alone.
-cargo test --locked --features desktop-tests --no-run "$@"
+suite 3600 "the test build (with clippy)" cargo test --locked --features desktop-tests --no-run "$@"
 suite 1800 "the Rust tests" cargo test --locked --features desktop-tests "$@"
 # The disk-full tests mount a tmpfs, which needs root: run here as root (as CI is), and said to
 # be skipped otherwise (libtest lists them as ignored, with the reason, in the run above).
