@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fast gate to run before each commit (a few minutes on a warm build): formatting, clippy
 # with warnings as errors (in the build of every target), the library's unit tests and the
-# layering rules (no model, no server), and the web UI's type check. The full suite is scripts/test.sh (what CI runs).
+# layering rules (no model, no server), and the web UI's type check. The full suite is
+# scripts/test.sh (what CI runs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -2,8 +2,8 @@
 //! every architecture's tiny model (hybrids, windowed layers, experts included), at several
 //! (rows, chunk, context) points, the predicted working memory of a prefill forward and of a
 //! decode step is never below what MLX measured (what keeps the ceiling safe) and never above
-//! 1.5 times it and half a MiB (how much it may waste). Then the engine under a ceiling and a KV budget:
-//! parking, horizons, refusals, idle.
+//! 1.5 times it and half a MiB (how much it may waste). Then the engine under a ceiling and a
+//! KV budget: parking, horizons, refusals, idle.
 
 mod common;
 
