@@ -501,7 +501,7 @@ fn batch_cache_rows_keep_their_contents_however_they_join() {
     let contents = |batch: &BatchKvCache, r: usize| -> Contents {
         let (k, v) = batch.row_contents(r).unwrap()?;
         let flat = |a: Array| a.flatten(None, None).unwrap().as_slice::<f32>().to_vec();
-        Some((flat(k), flat(v)))
+        Some((flat(k.dense().unwrap()), flat(v.dense().unwrap())))
     };
     let rows: Vec<_> = [(5, 100.0), (0, 200.0), (9, 300.0), (2, 400.0)].iter().map(|&(l, s)| row(l, s)).collect();
 
@@ -547,7 +547,7 @@ fn batch_cache_rows_keep_their_contents_however_they_join() {
     assert_eq!(one_by_one.lengths(), vec![3, 6, 1]);
     for r in 0..3 {
         let (k, _) = one_by_one.row_contents(r).unwrap().unwrap();
-        let last = k.try_index((.., .., -1.., ..)).unwrap().flatten(None, None).unwrap();
+        let last = k.dense().unwrap().try_index((.., .., -1.., ..)).unwrap().flatten(None, None).unwrap();
         let expected = step.try_index((r as i32..r as i32 + 1, .., .., ..)).unwrap().flatten(None, None).unwrap();
         assert_eq!(last.as_slice::<f32>(), expected.as_slice::<f32>(), "row {r}'s new token");
     }
@@ -557,7 +557,7 @@ fn batch_cache_rows_keep_their_contents_however_they_join() {
 fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
     use fastmlx::model::cache::AttentionMask;
     use fastmlx::model::cache::SharedKv;
-    use fastmlx::model::{BatchKvCache, KvCache, LayerCache, Positions};
+    use fastmlx::model::{BatchKvCache, KvCache, KvTensor, LayerCache, Positions};
     use mlx_rs::ops::concatenate;
     use mlx_rs::Array;
 
@@ -577,7 +577,7 @@ fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
     let flat = |a: &Array| a.flatten(None, None).unwrap().as_slice::<f32>().to_vec();
     let joined = |a: &Array, b: &Array| flat(&concatenate(&[a.clone(), b.clone()], 2).unwrap());
     let (sk, sv) = block(4, 10.0);
-    let shared = SharedKv { id: 7, keys: sk.clone(), values: sv.clone() };
+    let shared = SharedKv { id: 7, keys: KvTensor::Dense(sk.clone()), values: KvTensor::Dense(sv.clone()) };
     // Row 0 holds the shared tokens itself, then 3 of its own; row 1 is another sequence; row 2
     // follows the segment with 2 tokens of its own.
     let (ak, av) = block(3, 100.0);
@@ -595,6 +595,7 @@ fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
     assert_eq!(batch.lengths(), vec![7, 5, 6]);
     assert_eq!(batch.width(), 7);
     let (k2, v2) = batch.row_contents(2).unwrap().unwrap();
+    let (k2, v2) = (k2.dense().unwrap(), v2.dense().unwrap());
     assert_eq!((flat(&k2), flat(&v2)), (joined(&sk, &bk), joined(&sv, &bv)), "the segment, then its own");
 
     // Row 0 drops its copy: same sequence, the buffers only as wide as the longest own part.
@@ -606,9 +607,10 @@ fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
     assert_eq!(batch.width(), 5, "the shared columns are gone from the buffers");
     assert_eq!(batch.held_tokens(), 3 + 5 + 2 + 4, "the segment counted once");
     let (k0, v0) = batch.row_contents(0).unwrap().unwrap();
+    let (k0, v0) = (k0.dense().unwrap(), v0.dense().unwrap());
     assert_eq!((flat(&k0), flat(&v0)), (joined(&sk, &ak), joined(&sv, &av)));
     let (k1, _) = batch.row_contents(1).unwrap().unwrap();
-    assert_eq!(flat(&k1), flat(&ck));
+    assert_eq!(flat(&k1.dense().unwrap()), flat(&ck));
 
     // Positions and masks: rows 0 and 2 see the segment, row 1 does not.
     match batch.positions().unwrap() {
@@ -630,5 +632,5 @@ fn batch_cache_rows_that_share_a_segment_hold_only_their_own_part() {
     assert!(batch.shared().is_none());
     assert!(matches!(batch.mask(1, None).unwrap(), AttentionMask::None));
     let (k1, _) = batch.row_contents(0).unwrap().unwrap();
-    assert_eq!(flat(&k1), flat(&ck));
+    assert_eq!(flat(&k1.dense().unwrap()), flat(&ck));
 }

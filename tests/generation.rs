@@ -3,7 +3,7 @@
 mod common;
 
 use fastmlx::generate::{generate, FinishReason, GenerateError, GenerateRequest};
-use fastmlx::model::{load_model, LoadedModel};
+use fastmlx::model::{load_model, KvFormat, LoadedModel};
 use fastmlx::sampling::SamplingParams;
 use fastmlx::tokenizer::chat_template::RenderRequest;
 use serde_json::json;
@@ -30,6 +30,7 @@ fn request(prompt_ids: Vec<u32>, max_tokens: usize, stop: &[&str]) -> GenerateRe
         max_tokens,
         stop: stop.iter().map(|s| s.to_string()).collect(),
         ignore_eos: false,
+        kv_format: KvFormat::FULL,
     }
 }
 

@@ -197,7 +197,13 @@ fn gpt_oss_configs() {
         let half = layers / 2 * (2 * 8 * 64 * 2);
         assert_eq!(
             c.kv_footprint(2),
-            KvFootprint { full_per_token: half, windowed_per_token: half, windowed_tokens: 640, state_bytes: 0 }
+            KvFootprint {
+                full_per_token: half,
+                windowed_per_token: half,
+                windowed_tokens: 640,
+                state_bytes: 0,
+                quantized: None
+            }
         );
         assert!(matches!(
             c.rope.scaling,

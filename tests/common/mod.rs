@@ -86,8 +86,14 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
 
 /// Greedy decoding of exactly `max_tokens` tokens (EOS does not stop it).
 pub fn greedy(model: &LoadedModel, prompt_ids: Vec<u32>, max_tokens: usize) -> Generation {
-    let request =
-        GenerateRequest { prompt_ids, params: SamplingParams::greedy(), max_tokens, stop: vec![], ignore_eos: true };
+    let request = GenerateRequest {
+        prompt_ids,
+        params: SamplingParams::greedy(),
+        max_tokens,
+        stop: vec![],
+        ignore_eos: true,
+        kv_format: fastmlx::model::KvFormat::FULL,
+    };
     generate(model, &request, |_| {}).expect("generation")
 }
 

@@ -183,6 +183,9 @@ export interface ServingPlan {
   context_tokens: number;
   max_context: number;
   fit: "fits" | "tight" | "too big";
+  /** Context each request gets with the KV cache quantized (`--kv-bits 8` / `4`; null where the model's heads cannot be). */
+  context_tokens_kv8?: number | null;
+  context_tokens_kv4?: number | null;
 }
 
 export interface LoadedModel {
@@ -267,6 +270,10 @@ export interface Settings {
   prefix_cache_mb: number;
   keep_alive_secs: number | null;
   models_dir: string;
+  /** KV-cache quantization for models loaded from now on: 0 (off), 8 or 4 bits, from `kv_start` tokens on. */
+  kv_bits: number;
+  kv_group_size: number;
+  kv_start: number;
 }
 
 export interface ModelMetrics {

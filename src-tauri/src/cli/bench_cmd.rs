@@ -37,6 +37,8 @@ pub struct BenchArgs {
     /// With --concurrency: every answer must be JSON valid against this JSON Schema (a file).
     #[arg(long)]
     schema: Option<PathBuf>,
+    #[command(flatten)]
+    kv: super::KvArgs,
 }
 
 /// Prompt ids the Python side (scripts/reference/bench_mlx_lm.py) builds the same way;
@@ -57,30 +59,42 @@ fn single_stream(args: &BenchArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
     let model = load_model_with(&path, &backend, &args.weights.load_options())?;
+    let kv_format = args.kv.format()?;
+    model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     let request = GenerateRequest {
         prompt_ids: bench_prompt(args.prompt_tokens, 0),
         params: SamplingParams::greedy(),
         max_tokens: args.gen_tokens,
         stop: vec![],
         ignore_eos: true,
+        kv_format,
     };
     generate(&model, &request, |_| {})?; // warm-up
     let mut prompt_tps = Vec::new();
     let mut decode_tps = Vec::new();
-    let mut peak = 0;
+    let mut ttft = Vec::new();
+    let (mut peak, mut kv_bytes) = (0, 0);
     for _ in 0..args.runs.max(1) {
         let g = generate(&model, &request, |_| {})?;
         prompt_tps.push(g.stats.prompt_tokens_per_sec());
         decode_tps.push(g.stats.generation_tokens_per_sec());
+        ttft.push(g.stats.prefill_time.as_secs_f64() * 1e3);
         peak = peak.max(g.stats.peak_memory);
+        kv_bytes = g.stats.kv_bytes;
     }
+    let kv = match kv_format.quant {
+        Some(q) => format!("kv {}-bit g{} from {}", q.bits, q.group_size, kv_format.start),
+        None => "kv full".to_string(),
+    };
     println!(
-        "fastmlx  {:<40} prompt {:>5} tok: {:>8.1} tok/s | decode {:>4} tok: {:>7.1} tok/s | peak {:.0} MB | {}",
+        "fastmlx  {:<40} prompt {:>5} tok: {:>8.1} tok/s, TTFT {:>7.0} ms | decode {:>4} tok: {:>7.1} tok/s | KV {:.1} MB ({kv}) | peak {:.0} MB | {}",
         model.name,
         args.prompt_tokens,
         percentile(&mut prompt_tps, 50.0),
+        percentile(&mut ttft, 50.0),
         args.gen_tokens,
         percentile(&mut decode_tps, 50.0),
+        kv_bytes as f64 / 1e6,
         peak as f64 / 1e6,
         backend.name(),
     );
@@ -107,9 +121,10 @@ fn concurrent(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let max_batch = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let options = args.weights.load_options();
-    let engine = EngineHandle::start(EngineConfig { max_batch, ..Default::default() }, move || {
-        load_model_with(&path, &Backend::init(), &options)
-    })?;
+    let engine = EngineHandle::start(
+        EngineConfig { max_batch, kv_format: args.kv.format()?, ..Default::default() },
+        move || load_model_with(&path, &Backend::init(), &options),
+    )?;
     println!(
         "engine   {} | prompt {} tok, {} generated tok per request, {} requests per client",
         engine.model_info().name,

@@ -53,14 +53,18 @@ pub struct GenerateArgs {
     /// Do not stop at the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    kv: super::KvArgs,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let kv_format = args.kv.format()?;
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model)?;
     let load_started = Instant::now();
     let model = load_model_with(&path, &backend, &args.weights.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
+    model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(
         "loaded {} ({:?}, {} layers) on {} in {:.2}s",
         model.name,
@@ -102,6 +106,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         max_tokens: args.max_tokens,
         stop: args.stop,
         ignore_eos: args.ignore_eos,
+        kv_format,
     };
     let mut stdout = std::io::stdout().lock();
     let generation = generate(&model, &request, |text| {

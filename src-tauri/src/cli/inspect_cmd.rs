@@ -81,14 +81,20 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     println!("weights       {} in memory", human_bytes(weights));
     println!("KV cache      {} per 1k tokens of context", human_bytes(kv_1k));
     println!();
-    println!("{:>9}  {:>18}  {:>10}  FIT", "REQUESTS", "CONTEXT EACH", "KV BUDGET");
+    println!(
+        "{:>9}  {:>18}  {:>10}  {:<8}  {:>14}  {:>14}",
+        "REQUESTS", "CONTEXT EACH", "KV BUDGET", "FIT", "WITH 8-BIT KV", "WITH 4-BIT KV"
+    );
+    let tokens = |t: Option<usize>| t.map_or("-".to_string(), |t| format!("{t} tokens"));
     for plan in &plans {
         println!(
-            "{:>9}  {:>18}  {:>10}  {}",
+            "{:>9}  {:>18}  {:>10}  {:<8}  {:>14}  {:>14}",
             plan.rows,
             format!("{} tokens", plan.context_tokens),
             human_bytes(plan.kv_budget_bytes),
-            plan.fit.as_str()
+            plan.fit.as_str(),
+            tokens(plan.context_tokens_kv8),
+            tokens(plan.context_tokens_kv4)
         );
     }
     let four = &plans[1];

@@ -5,6 +5,7 @@ mod bench_grammar_cmd;
 mod cache_cmd;
 mod generate_cmd;
 mod inspect_cmd;
+mod kv_args;
 mod model_path;
 mod serve_cmd;
 mod store_cmd;
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub use kv_args::KvArgs;
 pub use model_path::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE};
 pub use serve_cmd::ServeArgs;
 

@@ -102,6 +102,8 @@ pub struct ServeArgs {
     /// drafts tokens for the first model (`--model`), loaded beside it.
     #[arg(long, env = "FASTMLX_DRAFT_MODEL")]
     draft_model: Option<String>,
+    #[command(flatten)]
+    kv: super::KvArgs,
 }
 
 impl ServeArgs {
@@ -127,6 +129,7 @@ impl ServeArgs {
                     mode: self.speculative,
                     draft_tokens: self.num_draft_tokens,
                 },
+                kv_format: self.kv.format()?,
                 ..Default::default()
             },
             load: self.weights.load_options(),

@@ -3,7 +3,7 @@
 //! together, aligned on the right like the batch, before they join it).
 
 use super::sequence::Sequence;
-use crate::model::{BatchKvCache, KvCache, LayerCache, ModelError};
+use crate::model::{BatchKvCache, KvCache, KvFormat, LayerCache, ModelError};
 
 pub(crate) struct Batch {
     pub seqs: Vec<Sequence>,
@@ -11,9 +11,9 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    /// An empty batch of a model with `layers` cache layers.
-    pub fn new(layers: usize) -> Batch {
-        Batch { seqs: Vec::new(), cache: (0..layers).map(|_| BatchKvCache::new()).collect() }
+    /// An empty batch of a model with `layers` cache layers, storing keys and values in `format`.
+    pub fn new(layers: usize, format: KvFormat) -> Batch {
+        Batch { seqs: Vec::new(), cache: (0..layers).map(|_| BatchKvCache::with_format(format)).collect() }
     }
 
     pub fn len(&self) -> usize {
@@ -41,7 +41,7 @@ impl Batch {
 
     /// Every layer emptied (its rows' state is unknown after a failure).
     pub fn clear_cache(&mut self) {
-        self.cache.iter_mut().for_each(|c| *c = BatchKvCache::new());
+        self.cache.iter_mut().for_each(|c| *c = BatchKvCache::with_format(c.format()));
     }
 
     /// Row `row` as a cache of its own (shared when it is the only row, else a copy).
@@ -53,8 +53,8 @@ impl Batch {
                     return Ok(only);
                 }
                 let own = match layer.row_contents(row)? {
-                    Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0)?,
-                    None => KvCache::new(),
+                    Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0, layer.format())?,
+                    None => KvCache::with_format(layer.format()),
                 };
                 layer.row_cache(own, row)
             })

@@ -44,6 +44,10 @@ pub struct EngineConfig {
     pub prefix_cache_disk: Option<(std::path::PathBuf, u64)>,
     /// Speculative decoding: how rows draft tokens that a step checks together.
     pub speculative: super::speculative::SpeculativeConfig,
+    /// How the model's keys and values are stored: at full precision, or quantized (8 or 4
+    /// bits) from a position on (`model::cache::KvFormat`). A draft model's and an MTP head's
+    /// stay at full precision (they are small).
+    pub kv_format: crate::model::KvFormat,
 }
 
 /// While streams decode, a long prompt's prefill is paced so that their inter-token latency stays
@@ -79,6 +83,7 @@ impl Default for EngineConfig {
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             prefix_cache_disk: None,
             speculative: Default::default(),
+            kv_format: crate::model::KvFormat::FULL,
         }
     }
 }

@@ -155,7 +155,13 @@ impl EngineHandle {
                         }));
                         return;
                     }
-                    Ok(model) => model,
+                    Ok(model) => match model.transformer.config.check_kv_format(engine_config.kv_format) {
+                        Ok(()) => model,
+                        Err(message) => {
+                            let _ = ready_tx.send(Err(ModelError::Config { path: model.path.clone(), message }));
+                            return;
+                        }
+                    },
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;

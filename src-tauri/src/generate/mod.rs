@@ -12,7 +12,7 @@ mod continuation;
 pub use continuation::{Continuation, ContinuationError, ContinuationSpec, Ended, Produced, TokenLogprob};
 
 use crate::mlx;
-use crate::model::{KvCache, LoadedModel, ModelError};
+use crate::model::{KvCache, KvFormat, LoadedModel, ModelError};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TokenizerError;
 
@@ -28,6 +28,8 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past EOS tokens (benchmarks, reference comparisons).
     pub ignore_eos: bool,
+    /// How keys and values are stored (`KvFormat::FULL`: at full precision).
+    pub kv_format: KvFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +47,8 @@ pub struct GenerationStats {
     pub prefill_time: Duration,
     pub decode_time: Duration,
     pub peak_memory: usize,
+    /// Bytes the key/value caches hold at the end (their buffers, spare room included).
+    pub kv_bytes: usize,
 }
 
 impl GenerationStats {
@@ -111,14 +115,18 @@ pub fn generate(
     }
     mlx::reset_peak_memory();
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
-    let mut cache = transformer.new_cache();
+    let mut cache = transformer.new_cache_in(request.kv_format);
 
-    // Prefill all but the last prompt token; the last one runs as the first decode step.
+    // Prefill all but the last prompt token; the last one runs as the first decode step. A
+    // chunk also ends where keys and values are quantized from (see `KvFormat`).
     let started = Instant::now();
     let (head, last) = prompt.split_at(prompt.len() - 1);
-    for chunk in head.chunks(PREFILL_CHUNK) {
-        let hidden = transformer.forward_hidden(&token_array(chunk), &mut cache)?;
+    let mut done = 0;
+    while done < head.len() {
+        let n = request.kv_format.chunk_before_start(done as i32, PREFILL_CHUNK.min(head.len() - done));
+        let hidden = transformer.forward_hidden(&token_array(&head[done..done + n]), &mut cache)?;
         hidden.eval()?;
+        done += n;
     }
     let mut logits = next_logits(model, last[0], &mut cache)?;
     stats.prefill_time = started.elapsed();
@@ -151,6 +159,7 @@ pub fn generate(
     stats.generated_tokens = tokens.len();
     stats.decode_time = decode_started.elapsed();
     stats.peak_memory = mlx::memory_stats().peak;
+    stats.kv_bytes = cache.iter().map(KvCache::nbytes).sum();
     Ok(Generation { tokens, text, finish, stats })
 }
 

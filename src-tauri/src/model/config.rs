@@ -477,18 +477,45 @@ impl ModelConfig {
     /// What one sequence's key/value caches take with `dtype_bytes`-byte elements: windowed
     /// layers hold a bounded number of tokens.
     pub fn kv_footprint(&self, dtype_bytes: usize) -> crate::model::KvFootprint {
-        let per_layer = |i: usize| {
+        self.kv_footprint_in(dtype_bytes, crate::model::KvFormat::FULL)
+    }
+
+    /// [`Self::kv_footprint`] with keys and values stored in `format`.
+    pub fn kv_footprint_in(&self, dtype_bytes: usize, format: crate::model::KvFormat) -> crate::model::KvFootprint {
+        let vector = |head_dim: usize, quant: Option<crate::model::KvQuant>| match quant {
+            Some(q) => q.vector_bytes(head_dim, dtype_bytes),
+            None => head_dim * dtype_bytes,
+        };
+        let per_layer = |i: usize, quant| {
             let a = self.layer_attention(i);
-            2 * a.kv_heads * a.head_dim * dtype_bytes
+            2 * a.kv_heads * vector(a.head_dim, quant)
         };
         let layers = || (0..self.kv_cache_layers()).filter(|&i| !self.is_recurrent(i));
+        let full = |quant| layers().filter(|&i| self.layer_window(i).is_none()).map(|i| per_layer(i, quant)).sum();
+        let windowed = |quant| layers().filter(|&i| self.layer_window(i).is_some()).map(|i| per_layer(i, quant)).sum();
         let recurrent = (0..self.num_layers).filter(|&i| self.is_recurrent(i)).count();
         crate::model::KvFootprint {
-            full_per_token: layers().filter(|&i| self.layer_window(i).is_none()).map(per_layer).sum(),
-            windowed_per_token: layers().filter(|&i| self.layer_window(i).is_some()).map(per_layer).sum(),
+            full_per_token: full(None),
+            windowed_per_token: windowed(None),
             windowed_tokens: self.sliding_window.map_or(0, crate::model::cache::window_columns),
             state_bytes: self.hybrid.as_ref().map_or(0, |h| recurrent * h.state_bytes(dtype_bytes)),
+            quantized: format.quant.map(|q| crate::model::cache::QuantizedFootprint {
+                full_per_token: full(Some(q)),
+                windowed_per_token: windowed(Some(q)),
+                from: format.start.max(0) as usize,
+            }),
         }
+    }
+
+    /// Why keys and values cannot be stored in `format` in this model (a group size that does
+    /// not divide a layer's head size), if they cannot.
+    pub fn check_kv_format(&self, format: crate::model::KvFormat) -> Result<(), String> {
+        let Some(quant) = format.quant else { return Ok(()) };
+        let layers = (0..self.kv_cache_layers()).filter(|&i| !self.is_recurrent(i));
+        for head_dim in layers.map(|i| self.layer_attention(i).head_dim).collect::<std::collections::BTreeSet<_>>() {
+            quant.check(head_dim as i32).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     /// A rough parameter count (embeddings + layers, every expert), for listings and memory

@@ -24,6 +24,9 @@ pub enum ModelError {
     Tokenizer { path: PathBuf, message: String },
     #[error("MLX: {0}")]
     Mlx(String),
+    /// A setting this model cannot run with.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl From<mlx_rs::error::Exception> for ModelError {

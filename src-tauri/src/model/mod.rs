@@ -10,7 +10,7 @@ pub mod load;
 pub mod transformer;
 pub mod weights;
 
-pub use cache::{BatchKvCache, KvCache, KvFootprint, LayerCache, Positions};
+pub use cache::{BatchKvCache, KvCache, KvFootprint, KvFormat, KvQuant, KvTensor, LayerCache, Positions};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use load::{

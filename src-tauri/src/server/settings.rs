@@ -1,6 +1,6 @@
 //! `GET/POST /admin/settings`: what the dashboard shows and may change while serving. Changes
-//! apply at once (max batch, memory budget and prefix cache size to models loaded from now on,
-//! keep-alive to all)
+//! apply at once (max batch, memory budget, prefix cache size and KV quantization to models
+//! loaded from now on, keep-alive to all)
 //! and are saved to the config file for the next start.
 
 use std::time::Duration;
@@ -27,11 +27,17 @@ pub struct Settings {
     /// `None`: loaded models stay until evicted.
     keep_alive_secs: Option<u64>,
     models_dir: String,
+    /// KV-cache quantization: bits (0: off, 8 or 4), elements per scale, and the sequence
+    /// length from which it applies.
+    kv_bits: i32,
+    kv_group_size: i32,
+    kv_start: i32,
 }
 
 fn current(state: &AppState) -> Settings {
     let config = state.models.config();
     let listen = state.config.listen;
+    let (kv_bits, kv_group_size, kv_start) = config.engine.kv_format.settings();
     Settings {
         api_url: listen.map(|a| format!("http://{a}/v1")),
         host: listen.map(|a| a.ip().to_string()),
@@ -42,6 +48,9 @@ fn current(state: &AppState) -> Settings {
         prefix_cache_mb: (config.engine.prefix_cache_bytes >> 20) as u64,
         keep_alive_secs: config.keep_alive.map(|k| k.as_secs()),
         models_dir: state.models.catalog().paths().models_dir.display().to_string(),
+        kv_bits,
+        kv_group_size,
+        kv_start,
     }
 }
 
@@ -59,6 +68,10 @@ struct Change {
     /// `null` or 0: never unload for idleness.
     #[serde(default, deserialize_with = "some_or_null")]
     keep_alive_secs: Option<Option<u64>>,
+    /// 0 turns KV quantization off (for models loaded from now on).
+    kv_bits: Option<i32>,
+    kv_group_size: Option<i32>,
+    kv_start: Option<i32>,
 }
 
 /// Tells a field sent as `null` from one not sent.
@@ -78,7 +91,16 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
             "memory_budget_mb must be at least 256 and at most the machine's memory",
         ));
     }
+    let kv_change = change.kv_bits.is_some() || change.kv_group_size.is_some() || change.kv_start.is_some();
+    let (bits, group_size, start) = state.models.config().engine.kv_format.settings();
+    let kv_format = crate::model::KvFormat::from_settings(
+        change.kv_bits.unwrap_or(bits),
+        change.kv_group_size.unwrap_or(group_size),
+        change.kv_start.unwrap_or(start),
+    )
+    .map_err(|message| ApiError::invalid("kv_bits", &message))?;
     let config = state.models.update_config(|c| {
+        c.engine.kv_format = kv_format;
         if let Some(b) = change.max_batch {
             c.engine.max_batch = b;
         }
@@ -102,6 +124,12 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         ];
         if change.prefix_cache_mb.is_some() {
             changes.push(("prefix_cache_mb", int((config.engine.prefix_cache_bytes >> 20) as u64)));
+        }
+        if kv_change {
+            let (bits, group_size, start) = config.engine.kv_format.settings();
+            changes.push(("kv_bits", int(bits as u64)));
+            changes.push(("kv_group_size", int(group_size as u64)));
+            changes.push(("kv_start", int(start as u64)));
         }
         crate::config_file::save(path, &changes)
             .map_err(|e| ApiError::internal(format!("the settings apply now but could not be saved: {e:#}")))?;

@@ -9,6 +9,8 @@ interface Form {
   memory_budget_mb: string;
   prefix_cache_mb: string;
   keep_alive_secs: string;
+  kv_bits: string;
+  kv_start: string;
 }
 
 function formOf(s: Settings): Form {
@@ -17,6 +19,8 @@ function formOf(s: Settings): Form {
     memory_budget_mb: s.memory_budget_mb == null ? "" : String(s.memory_budget_mb),
     prefix_cache_mb: String(s.prefix_cache_mb ?? ""),
     keep_alive_secs: s.keep_alive_secs == null ? "" : String(s.keep_alive_secs),
+    kv_bits: String(s.kv_bits ?? 0),
+    kv_start: String(s.kv_start ?? 0),
   };
 }
 
@@ -77,6 +81,8 @@ export function ServerPage() {
       memory_budget_mb: int(form.memory_budget_mb),
       prefix_cache_mb: int(form.prefix_cache_mb),
       keep_alive_secs: int(form.keep_alive_secs),
+      kv_bits: int(form.kv_bits),
+      kv_start: int(form.kv_start),
     };
     for (const [name, value] of Object.entries(wanted)) {
       if (value !== null && (!Number.isInteger(value) || value < 0)) {
@@ -244,6 +250,17 @@ print(reply.choices[0].message.content)`,
             <input id="memory-budget" type="number" min="0" step="1" {...field("memory_budget_mb")} data-testid="memory-budget" />
             <label for="prefix-cache">Prefix cache (MB per model; 0: off; models loaded from now on)</label>
             <input id="prefix-cache" type="number" min="0" step="1" {...field("prefix_cache_mb")} data-testid="prefix-cache-mb" />
+            <label for="kv-bits">
+              KV cache quantization (models loaded from now on): 8 bits take about half the memory of 16-bit keys and
+              values with answers barely changed, 4 bits a quarter
+            </label>
+            <select id="kv-bits" {...field("kv_bits")} data-testid="kv-bits">
+              <option value="0">off (full precision)</option>
+              <option value="8">8 bits</option>
+              <option value="4">4 bits</option>
+            </select>
+            <label for="kv-start">Quantize from (tokens; shorter conversations stay at full precision)</label>
+            <input id="kv-start" type="number" min="0" step="1" {...field("kv_start")} data-testid="kv-start" />
             <label for="keep-alive">Keep-alive (seconds idle before a model unloads; empty: never)</label>
             <input id="keep-alive" type="number" min="0" step="1" placeholder="never" {...field("keep_alive_secs")} data-testid="keep-alive" />
             <div class="row">
@@ -255,7 +272,8 @@ print(reply.choices[0].message.content)`,
                   Applied: max batch {settings.max_batch}, memory limit{" "}
                   {settings.memory_budget_mb == null ? "default" : `${settings.memory_budget_mb} MB`}, keep-alive{" "}
                   {settings.keep_alive_secs == null ? "never" : `${settings.keep_alive_secs} s`}, prefix cache{" "}
-                  {settings.prefix_cache_mb ? `${settings.prefix_cache_mb} MB` : "off"}
+                  {settings.prefix_cache_mb ? `${settings.prefix_cache_mb} MB` : "off"}, KV cache{" "}
+                  {settings.kv_bits ? `${settings.kv_bits}-bit from ${settings.kv_start} tokens` : "full precision"}
                 </span>
               )}
             </div>

@@ -20,7 +20,7 @@ use super::metrics::CacheMiss;
 use super::request::{FinishReason, Request};
 use super::sequence::Sequence;
 use crate::model::cache::SharedKv;
-use crate::model::{BatchKvCache, KvCache, KvFootprint, LoadedModel};
+use crate::model::{BatchKvCache, KvCache, KvFootprint, KvFormat, LoadedModel};
 use crate::tokenizer::Tokenizer;
 
 pub(crate) struct KvManager {
@@ -37,6 +37,8 @@ pub(crate) struct KvManager {
     prefix: Option<PrefixCache>,
     /// A prompt start the rows that begin with it share, held once (`shared`).
     shared: Option<SharedPrefix>,
+    /// How the caches it restores store keys and values.
+    format: KvFormat,
 }
 
 /// The rows an admission may look at and change: a shared segment made for a request is taken
@@ -62,12 +64,13 @@ impl KvManager {
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
         let prefix = (prefix_budget > 0).then(|| {
             PrefixCache::new(
-                model_identity(model, info.context_length),
+                model_identity(model, info.context_length, config.kv_format),
                 prefix_budget,
                 disk,
                 &model.path.display().to_string(),
                 t.cache_windows(),
                 (0..layers).map(|i| t.config.is_recurrent(i)).collect(),
+                config.kv_format,
             )
         });
         KvManager {
@@ -78,6 +81,7 @@ impl KvManager {
             recurrent: t.config.hybrid.is_some(),
             prefix,
             shared: None,
+            format: config.kv_format,
         }
     }
 
@@ -103,8 +107,8 @@ impl KvManager {
     }
 
     fn restore(&mut self, seq: &mut Sequence, mut rows: Rows<'_>, tokenizer: &Tokenizer) -> (Vec<KvCache>, usize) {
-        let layers = self.layers;
-        let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
+        let (layers, format) = (self.layers, self.format);
+        let empty = || (0..layers).map(|_| KvCache::with_format(format)).collect::<Vec<_>>();
         let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
         // Admitted requests come first: the cache gives up what they reserved.
         prefix.shrink_to(self.budget.saturating_sub(self.reserved));

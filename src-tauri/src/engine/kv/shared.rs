@@ -105,7 +105,7 @@ impl KvManager {
             })
             .collect();
         // Windowed layers hold their window either way: only the full layers are spared.
-        let saved = n * self.footprint.full_per_token;
+        let saved = self.footprint.full_layers_bytes(n);
         let mut released = 0;
         for (batch, which) in [(&mut *rows.group, group), (&mut *rows.running, running)] {
             if which.is_empty() {
@@ -143,7 +143,7 @@ impl KvManager {
 
     /// A request that takes the segment reserves only what follows it.
     pub(super) fn reserve_after_shared(&mut self, seq: &mut Sequence, tokens: usize) {
-        let saved = (tokens * self.footprint.full_per_token).min(seq.kv.bytes);
+        let saved = self.footprint.full_layers_bytes(tokens).min(seq.kv.bytes);
         seq.kv.bytes -= saved;
         self.reserved -= saved;
         seq.kv.shared_prefix = tokens;
@@ -152,7 +152,7 @@ impl KvManager {
     /// A prefill set aside waits with a copy of its whole sequence (shared start included), so it
     /// reserves all of it again.
     pub fn set_aside(&mut self, seq: &mut Sequence) {
-        let added = seq.kv.shared_prefix * self.footprint.full_per_token;
+        let added = self.footprint.full_layers_bytes(seq.kv.shared_prefix);
         seq.kv.bytes += added;
         self.reserved += added;
         seq.kv.shared_prefix = 0;

@@ -5,7 +5,7 @@
 //! ceiling, and checks each prediction against MLX's own peak counter.
 
 use crate::model::config::RecurrentKind;
-use crate::model::ModelConfig;
+use crate::model::{KvQuant, ModelConfig};
 
 /// Key/value buffers grow by this many positions at a time (`model::cache`'s step).
 const KV_STEP: usize = 256;
@@ -23,11 +23,14 @@ pub struct StepShape<'a> {
     pub buffers: &'a [Buffer],
 }
 
-/// One cache layer's key/value buffers: columns used, and columns allocated.
+/// One cache layer's key/value buffers: columns used, and columns allocated; how they are held
+/// (quantized or not), and whether the step quantizes them first (a batch reaching its start).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Buffer {
     pub width: usize,
     pub capacity: usize,
+    pub quant: Option<KvQuant>,
+    pub converting: Option<KvQuant>,
 }
 
 /// One layer's sizes, as the step's transient sees them.
@@ -64,8 +67,11 @@ pub struct CostModel {
     /// Each layer: its mixer, and the elements per token its MLP holds at its peak.
     layers: Vec<(LayerCost, usize)>,
     /// Whether attention writes the whole score matrix to memory (MLX's CPU device; on Metal
-    /// only for head sizes its fused kernels do not take).
+    /// only for head sizes its fused kernels do not take, and over quantized keys).
     materializes_scores: bool,
+    /// How every sequence's keys and values are held from its first token (`None`: at full
+    /// precision, or quantized only from a later start: reservations count them unquantized).
+    kv_quant: Option<KvQuant>,
 }
 
 impl CostModel {
@@ -127,7 +133,31 @@ impl CostModel {
             .collect();
         let fused_head = |d: usize| matches!(d, 64 | 80 | 96 | 128 | 256);
         let materializes_scores = !gpu || !fused_head(config.head_dim);
-        CostModel { act: act_bytes, hidden: config.hidden_size, vocab: config.vocab_size, layers, materializes_scores }
+        CostModel {
+            act: act_bytes,
+            hidden: config.hidden_size,
+            vocab: config.vocab_size,
+            layers,
+            materializes_scores,
+            kv_quant: None,
+        }
+    }
+
+    /// The same model with keys and values quantized as `quant` says from every sequence's first
+    /// token (the per-token figures of reservations and growth).
+    pub fn with_kv_quant(mut self, quant: Option<KvQuant>) -> CostModel {
+        self.kv_quant = quant;
+        self
+    }
+
+    /// How every sequence's keys and values are held from its first token (`None`: see the field).
+    pub fn kv_quant(&self) -> Option<KvQuant> {
+        self.kv_quant
+    }
+
+    /// Bytes of one key or value vector of `head_dim` elements held as `quant` says.
+    fn vector_bytes(&self, head_dim: usize, quant: Option<KvQuant>) -> usize {
+        quant.map_or(head_dim * self.act, |q| q.vector_bytes(head_dim, self.act))
     }
 
     /// Bytes a forward of `shape` allocates beyond what is held before it: the largest layer's
@@ -166,7 +196,10 @@ impl CostModel {
                     let split = if shared > 0 { 3 * r * n * q_heads * head_dim * a } else { 0 };
                     // The score matrix, once: the masked scores and the probabilities are written
                     // over it (the peak grows by one matrix per position of context, measured).
-                    let scores = if self.materializes_scores { r * q_heads * n * seen * a.max(4) } else { 0 };
+                    // Attention over quantized keys is composed of ops: it writes them everywhere.
+                    let quantized = buffers.get(i).is_some_and(|b| b.quant.or(b.converting).is_some());
+                    let materialized = self.materializes_scores || quantized;
+                    let scores = if materialized { r * q_heads * n * seen * a.max(4) } else { 0 };
                     (projections + gate + split + scores, scores)
                 }
                 // The projections and convolution; in the recurrence's ops form, the state of
@@ -238,7 +271,12 @@ impl CostModel {
             else {
                 continue;
             };
-            let column = shape.rows * 2 * kv_heads * head_dim * self.act;
+            let column = shape.rows * 2 * kv_heads * self.vector_bytes(head_dim, b.quant.or(b.converting));
+            // Quantized first: the quantized copy beside the full-precision buffers it replaces.
+            if let Some(q) = b.converting {
+                largest_copy =
+                    largest_copy.max(shape.rows * 2 * kv_heads * self.vector_bytes(head_dim, Some(q)) * b.capacity);
+            }
             let (mut width, mut capacity) = (b.width, b.capacity);
             // A windowed layer first drops the columns no token will see again, into new buffers.
             // The old ones are already held; the copy is what is new, and the old are freed.
@@ -261,7 +299,10 @@ impl CostModel {
     /// running batch holds `batch_kv` bytes of keys and values: its intermediates, a step's worth
     /// of new columns, and one layer's buffer copied as it grows.
     pub fn decode_reserve(&self, rows: usize, context: usize, batch_kv: usize) -> usize {
-        let buffers = vec![Buffer { width: context, capacity: context + 1 }; self.layers.len()];
+        let buffers = vec![
+            Buffer { width: context, capacity: context + 1, quant: self.kv_quant, converting: None };
+            self.layers.len()
+        ];
         let shape = StepShape { rows, tokens: 1, shared: 0, logits_rows: rows, buffers: &buffers };
         let attention_layers = self.kv_layers().max(1);
         self.compute_bytes(shape) + rows * self.kv_per_token() * KV_STEP + batch_kv / attention_layers
@@ -297,7 +338,9 @@ impl CostModel {
         self.layers
             .iter()
             .map(|&(c, _)| match c {
-                LayerCost::Attention { kv_heads, head_dim, keeps_kv: true, .. } => 2 * kv_heads * head_dim * self.act,
+                LayerCost::Attention { kv_heads, head_dim, keeps_kv: true, .. } => {
+                    2 * kv_heads * self.vector_bytes(head_dim, self.kv_quant)
+                }
                 _ => 0,
             })
             .sum()
@@ -312,7 +355,7 @@ impl CostModel {
             .map(|&(c, _)| match c {
                 LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, .. } => {
                     let held = window.map_or(context, |w| context.min(window_keep(w) as usize + KV_STEP));
-                    2 * kv_heads * head_dim * self.act * held
+                    2 * kv_heads * self.vector_bytes(head_dim, self.kv_quant) * held
                 }
                 LayerCost::Attention { .. } => 0,
                 LayerCost::Recurrent { state_bytes, .. } => state_bytes,
@@ -354,5 +397,13 @@ const STEP_OVERHEAD: usize = 64 << 10;
 
 /// Each cache layer's buffers as a step sees them.
 pub fn buffers_of(cache: &[crate::model::BatchKvCache]) -> Vec<Buffer> {
-    cache.iter().map(|c| Buffer { width: c.width().max(0) as usize, capacity: c.capacity().max(0) as usize }).collect()
+    cache
+        .iter()
+        .map(|c| Buffer {
+            width: c.width().max(0) as usize,
+            capacity: c.capacity().max(0) as usize,
+            quant: c.held_quant(),
+            converting: c.converts_next(),
+        })
+        .collect()
 }

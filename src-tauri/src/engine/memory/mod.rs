@@ -205,7 +205,8 @@ pub fn kv_budget(
     const FLOOR: usize = 32 << 20;
     let cache = mlx::cache_limit_for(ceiling as u64) as usize;
     let at = context.saturating_sub(MIN_PREFILL);
-    let buffers = vec![Buffer { width: at, capacity: at }; cost.layer_count()];
+    let buffers =
+        vec![Buffer { width: at, capacity: at, quant: cost.kv_quant(), converting: None }; cost.layer_count()];
     let prefill = cost.prefill_bytes(1, MIN_PREFILL, &buffers, 0, 1);
     // The decode reserve grows by budget / layers: solve budget + budget / layers = what is left.
     let layers = cost.kv_layers().max(1);
@@ -256,7 +257,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         synthetic::write_tiny_model(dir.path(), Arch::Qwen3Next, 1, None).unwrap();
         let config = crate::model::read_config(dir.path()).unwrap();
-        let buffers = vec![Buffer { width: 100, capacity: 256 }; config.kv_cache_layers()];
+        let buffers = vec![Buffer { width: 100, capacity: 256, ..Default::default() }; config.kv_cache_layers()];
         let cost = || CostModel::new(&config, 4, false);
         // Far above what the process holds: every width fits.
         assert_eq!(Governor::new(64 << 30, cost()).verify_width(4, &buffers, 0, 9), 9);

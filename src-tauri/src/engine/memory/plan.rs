@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::{kv_budget, largest_fitting, CostModel};
-use crate::model::ModelConfig;
+use crate::model::{KvQuant, ModelConfig};
 
 /// What the process holds besides its models (MLX's runtime, OpenBLAS, the HTTP server):
 /// `fastmlx serve` held 254 MiB resident after unloading SmolLM2 (Linux, debug build).
@@ -64,6 +64,10 @@ pub struct ServingPlan {
     pub context_tokens: usize,
     pub max_context: usize,
     pub fit: Fit,
+    /// Tokens of context each request can hold with keys and values quantized to 8 and to 4 bits
+    /// (`--kv-bits`; `None` where the model's heads cannot be).
+    pub context_tokens_kv8: Option<usize>,
+    pub context_tokens_kv4: Option<usize>,
 }
 
 /// The plan for a model of shape `config` whose weights take `weights` bytes once loaded,
@@ -78,11 +82,38 @@ pub fn serving_plan(
     rows: usize,
     max_batch: usize,
 ) -> ServingPlan {
-    let cost = CostModel::new(config, act_bytes, gpu);
+    let full = CostModel::new(config, act_bytes, gpu);
     let max = config.max_position_embeddings.max(1);
+    let plan = |cost: &CostModel| plan_with(cost, max, weights, ceiling, rows, max_batch);
+    let (low, budget) = plan(&full);
+    // 64 elements per scale where the heads allow it (mlx-lm's default), else 32.
+    let quantized = |bits: i32| {
+        let quant = [64, 32]
+            .into_iter()
+            .map(|group_size| KvQuant { bits, group_size })
+            .find(|&q| config.check_kv_format(crate::model::KvFormat { quant: Some(q), start: 0 }).is_ok())?;
+        Some(plan(&full.clone().with_kv_quant(Some(quant))).0)
+    };
+    ServingPlan {
+        ceiling_bytes: ceiling,
+        weights_bytes: weights,
+        kv_bytes_per_token: full.kv_per_token() as u64,
+        kv_budget_bytes: budget,
+        rows,
+        context_tokens: low,
+        max_context: max,
+        fit: Fit::of(low, max),
+        context_tokens_kv8: quantized(8),
+        context_tokens_kv4: quantized(4),
+    }
+}
+
+/// The largest context each of `rows` requests gets under `ceiling` with `cost`'s keys and
+/// values, and the KV budget at that context.
+fn plan_with(cost: &CostModel, max: usize, weights: u64, ceiling: u64, rows: usize, max_batch: usize) -> (usize, u64) {
     let budget_at = |context: usize| {
         let budget =
-            kv_budget(ceiling as usize, weights as usize, PROCESS_BASELINE as usize, &cost, max_batch, context, None);
+            kv_budget(ceiling as usize, weights as usize, PROCESS_BASELINE as usize, cost, max_batch, context, None);
         // Fewer rows than asked for run at once under this ceiling: none of the plan's context.
         if budget.max_rows < rows.min(max_batch) {
             0
@@ -96,16 +127,7 @@ pub fn serving_plan(
     };
     // The largest context that fits (more context never needs less memory).
     let low = largest_fitting(0, max, fits);
-    ServingPlan {
-        ceiling_bytes: ceiling,
-        weights_bytes: weights,
-        kv_bytes_per_token: cost.kv_per_token() as u64,
-        kv_budget_bytes: if low > 0 { budget_at(low) as u64 } else { 0 },
-        rows,
-        context_tokens: low,
-        max_context: max,
-        fit: Fit::of(low, max),
-    }
+    (low, if low > 0 { budget_at(low) as u64 } else { 0 })
 }
 
 #[cfg(test)]
@@ -131,6 +153,11 @@ mod tests {
         // What the plan grants is what the budget at that context holds.
         assert!(large.rows as u64 * large.kv_bytes_per_token * large.context_tokens as u64 <= large.kv_budget_bytes);
         assert_eq!(huge.fit, Fit::Fits);
+        // Quantized keys and values hold more context in the same memory: 8-bit f32 ones take 3.2x
+        // fewer bytes (a scale and a bias per 32 elements), less what does not shrink (the step's
+        // score matrix, which grows with the context too); 4-bit more again.
+        let (kv8, kv4) = (large.context_tokens_kv8.unwrap(), large.context_tokens_kv4.unwrap());
+        assert!(kv8 >= 2 * large.context_tokens && kv4 > kv8, "{large:?}");
     }
 
     #[test]

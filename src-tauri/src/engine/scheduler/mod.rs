@@ -98,7 +98,9 @@ impl Scheduler {
             config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
         let ceiling = config.memory_ceiling.unwrap_or_else(|| mlx::default_ceiling() as usize);
         let act_bytes = if t.dtype == Dtype::Float32 { 4 } else { 2 };
-        let cost = CostModel::new(&t.config, act_bytes, mlx::gpu_available());
+        let kv = config.kv_format;
+        let cost = CostModel::new(&t.config, act_bytes, mlx::gpu_available())
+            .with_kv_quant(kv.quant.filter(|_| kv.start == 0));
         // What the process holds with this model loaded (other models, the weights, the rest),
         // measured: the KV budget is what the ceiling leaves of it.
         let held = Governor::held_now().max(model.weights_bytes);
@@ -129,7 +131,7 @@ impl Scheduler {
         };
         let own = t.kv_bytes_per_token().max(1);
         let kv_budget = (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize;
-        let kv_footprint = t.kv_footprint();
+        let kv_footprint = t.kv_footprint_in(config.kv_format);
         let info = ModelInfo {
             name: model.name.clone(),
             tokenizer: model.tokenizer.clone(),
@@ -154,6 +156,7 @@ impl Scheduler {
             info.kv_capacity_tokens
         );
         let layers = t.config.kv_cache_layers();
+        let kv_format = config.kv_format;
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
@@ -166,8 +169,8 @@ impl Scheduler {
             config,
             info,
             waiting: VecDeque::new(),
-            group: Batch::new(layers),
-            running: Batch::new(layers),
+            group: Batch::new(layers, kv_format),
+            running: Batch::new(layers, kv_format),
             kv,
             warm: warm::NextTurn::default(),
             pacing,

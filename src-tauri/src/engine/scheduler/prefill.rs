@@ -75,6 +75,10 @@ impl Scheduler {
                 }
                 None => n,
             };
+            // A chunk ends where the deepest row reaches the position keys and values are quantized
+            // from: which format a token reads depends on its position only (see `KvFormat`).
+            let deepest = members.iter().map(|s| s.prefilled).max().unwrap_or(0);
+            let n = self.config.kv_format.chunk_before_start(deepest as i32, n);
             // Under the memory ceiling: the chunk narrows until its predicted peak fits.
             let wanted = n;
             let Some((n, predicted)) = self.fit_in_memory(n) else {

@@ -76,7 +76,8 @@ impl MtpDrafter {
         let out = head.forward(model, &ids, &hidden, &mut row.cache)?;
         let last = out.try_index((.., n - 1.., ..))?;
         let buffers = row.cache.buffers();
-        mlx_rs::transforms::eval(std::iter::once(&last).chain(buffers.keys.iter()).chain(buffers.values.iter()))?;
+        let held = buffers.keys.iter().chain(buffers.values.iter()).flat_map(|t| t.parts());
+        mlx_rs::transforms::eval(std::iter::once(&last).chain(held))?;
         row.last = Some(last);
         Ok(())
     }

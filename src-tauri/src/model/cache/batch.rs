@@ -17,21 +17,23 @@
 //! In a layer with an attention window, all rows drop the columns no later token can see
 //! together (see `buffers`), each row counting the tokens it dropped (`dropped`).
 
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use super::buffers::{spare_capacity, window_drop, Buffers};
+use super::kv_tensor::{KvFormat, KvQuant, KvTensor};
 use super::{AttentionMask, KvCache, LayerCache, Positions};
 use crate::model::error::Result;
 
-/// The keys and values of a prompt start shared by rows, `[1, H, P, D]` each, held once.
+/// The keys and values of a prompt start shared by rows, `[1, H, P, D]` each, held once (in the
+/// format of the batches that use it).
 #[derive(Clone)]
 pub struct SharedKv {
     /// Tells one segment from another (the same segment is set on every batch that uses it).
     pub id: u64,
-    pub keys: Array,
-    pub values: Array,
+    pub keys: KvTensor,
+    pub values: KvTensor,
 }
 
 impl SharedKv {
@@ -52,6 +54,10 @@ impl SharedKv {
 #[derive(Default, Clone)]
 pub struct BatchKvCache {
     buffers: Buffers,
+    /// How the rows' keys and values are stored (see [`KvFormat`]): one format for all rows,
+    /// so the longest row decides when they are quantized; a row joining a quantized batch is
+    /// quantized, a quantized row joining quantizes the batch. (`buffers.quant`: the one now.)
+    format: KvFormat,
     /// Columns written so far; every row's next token goes to column `idx`.
     idx: i32,
     /// Per row: the columns before its first token.
@@ -75,7 +81,7 @@ pub struct BatchKvCache {
 /// row's left padding within them (`None`: rows that hold nothing yet), and whether each row's
 /// own columns follow the shared segment.
 struct Part {
-    contents: Option<(Array, Array)>,
+    contents: Option<(KvTensor, KvTensor)>,
     padding: Vec<i32>,
     after_shared: Vec<bool>,
     dropped: Vec<i32>,
@@ -87,6 +93,27 @@ struct Part {
 impl BatchKvCache {
     pub fn new() -> BatchKvCache {
         BatchKvCache::default()
+    }
+
+    /// An empty batch storing keys and values in `format`.
+    pub fn with_format(format: KvFormat) -> BatchKvCache {
+        BatchKvCache { format, ..BatchKvCache::default() }
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// How the keys and values are held now (`None`: at full precision).
+    pub fn held_quant(&self) -> Option<KvQuant> {
+        self.buffers.quant
+    }
+
+    /// The quantization the next forward converts the held keys and values to, if it does (its
+    /// longest row has reached the format's start).
+    pub fn converts_next(&self) -> Option<KvQuant> {
+        let longest = self.lengths().into_iter().max().unwrap_or(0);
+        self.format.due(longest).filter(|_| self.buffers.quant.is_none() && self.buffers.keys.is_some())
     }
 
     pub fn rows(&self) -> usize {
@@ -121,7 +148,8 @@ impl BatchKvCache {
     /// The arrays it holds (buffers and states), to evaluate rows just added: a step's memory
     /// is then its own, not the lazy copies of rows that joined before it.
     pub fn arrays(&self) -> Vec<&Array> {
-        self.buffers.keys.iter().chain(self.buffers.values.iter()).chain(self.states.iter()).collect()
+        let kv = self.buffers.keys.iter().chain(self.buffers.values.iter()).flat_map(KvTensor::parts);
+        kv.chain(self.states.iter()).collect()
     }
 
     /// Evaluates every layer's buffers and states now: a relayout (rows joined, left, realigned)
@@ -171,20 +199,34 @@ impl BatchKvCache {
         }
     }
 
+    /// The format rows join in when one of them (or the batch) is held as `held`: the batch's
+    /// quantization if any is quantized; a row quantized otherwise than the batch stores is an
+    /// error (it comes from another engine's cache).
+    fn join_quant(&self, held: Option<KvQuant>) -> Result<Option<KvQuant>> {
+        match held {
+            Some(q) if self.format.quant != Some(q) => Err(crate::model::ModelError::Mlx(format!(
+                "keys and values quantized as {q:?} join a batch that stores them as {:?}",
+                self.format.quant
+            ))),
+            held => Ok(held),
+        }
+    }
+
     /// Row `row`'s own keys and values, `[1, H, length, D]` each (`None` while it holds none).
-    fn own_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
+    fn own_contents(&self, row: usize) -> Result<Option<(KvTensor, KvTensor)>> {
         let (Some(k), Some(v)) = (&self.buffers.keys, &self.buffers.values) else { return Ok(None) };
-        let (r, pad) = (row as i32, self.left_padding[row]);
-        if pad >= self.idx {
+        let (r, pad, idx) = (row as i32, self.left_padding[row], self.idx);
+        if pad >= idx {
             return Ok(None);
         }
-        Ok(Some((k.try_index((r..r + 1, .., pad..self.idx, ..))?, v.try_index((r..r + 1, .., pad..self.idx, ..))?)))
+        let own = |t: &KvTensor| t.map(|a| Ok(a.try_index((r..r + 1, .., pad..idx, ..))?));
+        Ok(Some((own(k)?, own(v)?)))
     }
 
     /// Row `row`'s keys and values in order, `[1, H, n, D]` each: the shared segment (when the
     /// row follows it and has dropped none of its own tokens), then its own columns; they
     /// begin at position [`Self::row_start`]. No copy.
-    pub fn row_segments(&self, row: usize) -> Result<Vec<(Array, Array)>> {
+    pub fn row_segments(&self, row: usize) -> Result<Vec<(KvTensor, KvTensor)>> {
         let mut out = Vec::with_capacity(2);
         if let Some(shared) = self.shared.as_ref().filter(|_| self.after_shared[row] && self.dropped[row] == 0) {
             out.push((shared.keys.clone(), shared.values.clone()));
@@ -203,13 +245,13 @@ impl BatchKvCache {
 
     /// Row `row`'s keys and values, `[1, H, length, D]` each (`None` while it holds nothing);
     /// a copy when the row follows the shared segment.
-    pub fn row_contents(&self, row: usize) -> Result<Option<(Array, Array)>> {
+    pub fn row_contents(&self, row: usize) -> Result<Option<(KvTensor, KvTensor)>> {
         let segments = self.row_segments(row)?;
         if segments.len() < 2 {
             return Ok(segments.into_iter().next());
         }
-        let (keys, values): (Vec<Array>, Vec<Array>) = segments.into_iter().unzip();
-        Ok(Some((concatenate(&keys, 2)?, concatenate(&values, 2)?)))
+        let (keys, values): (Vec<KvTensor>, Vec<KvTensor>) = segments.into_iter().unzip();
+        Ok(Some((KvTensor::concatenate(&keys, 2)?, KvTensor::concatenate(&values, 2)?)))
     }
 
     /// The batch's only row as a cache of its own, sharing the buffers (no copy); `None` when
@@ -217,7 +259,7 @@ impl BatchKvCache {
     /// shared segment.
     pub fn only_row(&self) -> Option<KvCache> {
         (self.rows() == 1 && self.left_padding[0] == 0 && !self.after_shared[0])
-            .then(|| self.row_cache(KvCache::from_buffers(self.buffers.clone(), self.idx), 0))
+            .then(|| self.row_cache(KvCache::from_buffers(self.buffers.clone(), self.idx, self.format), 0))
             .transpose()
             .ok()
             .flatten()
@@ -253,8 +295,15 @@ impl BatchKvCache {
         match rows {
             [] => Ok(()),
             [(row, after)] if self.rows() == 0 => {
+                let mut buffers = row.buffers().clone();
+                if let Some(q) = self.join_quant(buffers.quant)? {
+                    if buffers.quant != Some(q) {
+                        buffers.quantize(q)?;
+                    }
+                }
                 *self = BatchKvCache {
-                    buffers: row.buffers().clone(),
+                    buffers,
+                    format: self.format,
                     idx: row.offset(),
                     left_padding: vec![0],
                     shared: self.shared.take(),
@@ -292,7 +341,7 @@ impl BatchKvCache {
         if rows.is_empty() {
             return Ok(());
         }
-        if self.rows() == 0 && rows.iter().copied().eq(0..other.rows()) {
+        if self.rows() == 0 && rows.iter().copied().eq(0..other.rows()) && self.format == other.format {
             *self = other.clone();
             return Ok(());
         }
@@ -344,10 +393,10 @@ impl BatchKvCache {
     /// row has is left out.
     fn extend(&mut self, parts: Vec<Part>) -> Result<()> {
         let trim = self.left_padding.iter().copied().min().unwrap_or(0).min(self.idx);
+        let idx = self.idx;
+        let used = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., trim..idx, ..))?));
         let contents = match (&self.buffers.keys, &self.buffers.values) {
-            (Some(k), Some(v)) if self.idx > trim => {
-                Some((k.try_index((.., .., trim..self.idx, ..))?, v.try_index((.., .., trim..self.idx, ..))?))
-            }
+            (Some(k), Some(v)) if self.idx > trim => Some((used(k)?, used(v)?)),
             _ => None,
         };
         let current = Part {
@@ -358,26 +407,40 @@ impl BatchKvCache {
             states: Some(self.states.clone()).filter(|s| !s.is_empty()),
             width: self.idx - trim,
         };
-        let parts: Vec<Part> = std::iter::once(current).chain(parts).collect();
+        // All rows in one format: quantized if any of them is.
+        let mut quant = self.buffers.quant;
+        for held in parts.iter().filter_map(|p| p.contents.as_ref()).map(|(k, _)| k.quant()) {
+            quant = self.join_quant(quant.or(held))?;
+        }
+        let parts: Vec<Part> = std::iter::once(current)
+            .chain(parts)
+            .map(|mut p| {
+                p.contents = match p.contents.take() {
+                    Some((k, v)) => Some((k.in_format(quant)?, v.in_format(quant)?)),
+                    None => None,
+                };
+                Ok(p)
+            })
+            .collect::<Result<_>>()?;
         let idx = parts.iter().map(|p| p.width).max().unwrap_or(0);
         let rows: i32 = parts.iter().map(|p| p.padding.len() as i32).sum();
-        let shape = parts.iter().find_map(|p| p.contents.as_ref()).map(|(k, _)| (k.shape().to_vec(), k.dtype()));
-        let mut buffers = Buffers::default();
-        if let Some((shape, dtype)) = shape {
+        let like = parts.iter().find_map(|p| p.contents.clone());
+        let mut buffers = Buffers::new(quant);
+        if let Some((like_k, like_v)) = like {
             let capacity = spare_capacity(idx);
-            let mut k = zeros_dtype(&[rows, shape[1], capacity, shape[3]], dtype)?;
-            let mut v = zeros_dtype(&[rows, shape[1], capacity, shape[3]], dtype)?;
+            let mut k = KvTensor::zeros(&like_k, rows, like_k.dim(1), capacity)?;
+            let mut v = KvTensor::zeros(&like_v, rows, like_v.dim(1), capacity)?;
             let mut row = 0;
             for part in &parts {
                 let n = part.padding.len() as i32;
                 if let Some((pk, pv)) = &part.contents {
                     let from = idx - part.width;
-                    k.try_index_mut((row..row + n, .., from..idx, ..), pk)?;
-                    v.try_index_mut((row..row + n, .., from..idx, ..), pv)?;
+                    k.write_at(row..row + n, from, pk)?;
+                    v.write_at(row..row + n, from, pv)?;
                 }
                 row += n;
             }
-            buffers = Buffers { keys: Some(k), values: Some(v) };
+            (buffers.keys, buffers.values) = (Some(k), Some(v));
         }
         // Everything that can fail is done: the batch changes all at once or not at all.
         let states = merge_states(&parts)?;
@@ -393,7 +456,7 @@ impl BatchKvCache {
     /// Keeps the rows at `keep` (in that order) and trims the padding they all share.
     pub fn retain(&mut self, keep: &[usize]) -> Result<()> {
         if keep.is_empty() {
-            *self = BatchKvCache::new();
+            *self = BatchKvCache::with_format(self.format);
             return Ok(());
         }
         let padding: Vec<i32> = keep.iter().map(|&r| self.left_padding[r]).collect();
@@ -403,14 +466,16 @@ impl BatchKvCache {
             // Trimmed first (a view), so the gather below copies only what stays, spare
             // columns included.
             let (mut k, mut v) = if trim > 0 {
-                (k.try_index((.., .., trim.., ..))?, v.try_index((.., .., trim.., ..))?)
+                let trimmed = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., trim.., ..))?));
+                (trimmed(k)?, trimmed(v)?)
             } else {
                 (k.clone(), v.clone())
             };
             if !all_in_order {
                 let index =
                     Array::from_slice(&keep.iter().map(|&r| r as i32).collect::<Vec<_>>(), &[keep.len() as i32]);
-                (k, v) = (k.take_axis(&index, 0)?, v.take_axis(&index, 0)?);
+                let kept = |t: &KvTensor| t.map(|a| Ok(a.take_axis(&index, 0)?));
+                (k, v) = (kept(&k)?, kept(&v)?);
             }
             self.buffers.keys = Some(k);
             self.buffers.values = Some(v);
@@ -474,8 +539,9 @@ impl BatchKvCache {
             let capacity = k.dim(2);
             let from: Vec<i32> = shifts.iter().flat_map(|&s| (0..capacity).map(move |c| (c - s).max(0))).collect();
             let index = Array::from_slice(&from, &[self.rows() as i32, 1, capacity, 1]);
-            let (k, v) = (k.take_along_axis(&index, 2)?, v.take_along_axis(&index, 2)?);
-            mlx_rs::transforms::eval([&k, &v])?;
+            let shifted = |t: &KvTensor| t.map(|a| Ok(a.take_along_axis(&index, 2)?));
+            let (k, v) = (shifted(k)?, shifted(v)?);
+            mlx_rs::transforms::eval(k.parts().into_iter().chain(v.parts()))?;
             (self.buffers.keys, self.buffers.values) = (Some(k), Some(v));
         }
         for (pad, s) in self.left_padding.iter_mut().zip(shifts) {
@@ -573,7 +639,12 @@ impl LayerCache for BatchKvCache {
         self.active_shared()
     }
 
-    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    /// Quantizes the rows first when the longest is due (see [`KvFormat`]).
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(KvTensor, KvTensor)> {
+        let longest = self.lengths().into_iter().max().unwrap_or(0);
+        if let (Some(quant), None) = (self.format.due(longest), self.buffers.quant) {
+            self.buffers.quantize(quant)?;
+        }
         let out = self.buffers.write(self.idx, keys, values)?;
         self.idx += keys.dim(2);
         Ok(out)

@@ -5,11 +5,11 @@
 //! costs such a layer a bounded amount of memory (mlx-lm's `RotatingKVCache` does the same by
 //! writing in a ring).
 
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
-use mlx_rs::ops::zeros_dtype;
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use crate::model::error::Result;
+use super::kv_tensor::{KvQuant, KvTensor};
+use crate::model::error::{ModelError, Result};
 
 /// Buffers grow by this many positions at a time (as mlx-lm's `KVCache.step`).
 const STEP: i32 = 256;
@@ -46,17 +46,30 @@ pub fn window_columns(window: usize) -> usize {
     (window_keep(window) + 2 * STEP) as usize
 }
 
-/// Key and value buffers `[B, H, capacity, D]` that grow in steps of [`STEP`] columns.
+/// Key and value buffers `[B, H, capacity, D]` that grow in steps of [`STEP`] columns, at full
+/// precision or quantized ([`KvTensor`]).
 #[derive(Default, Clone)]
 pub(crate) struct Buffers {
-    pub keys: Option<Array>,
-    pub values: Option<Array>,
+    pub keys: Option<KvTensor>,
+    pub values: Option<KvTensor>,
+    /// How new keys and values are stored (`None`: as they come).
+    pub quant: Option<KvQuant>,
 }
 
 impl Buffers {
-    /// Writes `keys`/`values` (`[B, H, L, D]`) at columns `at..at + L`, growing the buffers if
-    /// needed, and returns columns `..at + L`.
-    pub fn write(&mut self, at: i32, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    pub fn new(quant: Option<KvQuant>) -> Buffers {
+        Buffers { keys: None, values: None, quant }
+    }
+
+    /// Writes `keys`/`values` (`[B, H, L, D]`, full precision) at columns `at..at + L`, stored in
+    /// the buffers' format, growing them if needed, and returns columns `..at + L`.
+    pub fn write(&mut self, at: i32, keys: &Array, values: &Array) -> Result<(KvTensor, KvTensor)> {
+        let (keys, values) = (KvTensor::new(keys, self.quant)?, KvTensor::new(values, self.quant)?);
+        self.write_stored(at, &keys, &values)
+    }
+
+    /// As [`Self::write`], for keys and values already in the buffers' format.
+    pub fn write_stored(&mut self, at: i32, keys: &KvTensor, values: &KvTensor) -> Result<(KvTensor, KvTensor)> {
         let new = keys.dim(2);
         let needed = at + new;
         let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
@@ -68,16 +81,34 @@ impl Buffers {
         let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
             unreachable!("buffers allocated above");
         };
-        k.try_index_mut((.., .., at..needed, ..), keys)?;
-        v.try_index_mut((.., .., at..needed, ..), values)?;
-        Ok((k.try_index((.., .., ..needed, ..))?, v.try_index((.., .., ..needed, ..))?))
+        k.write_columns(at, keys)?;
+        v.write_columns(at, values)?;
+        let used = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., ..needed, ..))?));
+        Ok((used(k)?, used(v)?))
+    }
+
+    /// Quantizes what the buffers hold and everything written after (mlx-lm's `to_quantized`:
+    /// the whole buffers, each column on its own, so where it happens changes no column).
+    pub fn quantize(&mut self, quant: KvQuant) -> Result<()> {
+        let convert = |t: &Option<KvTensor>| -> Result<Option<KvTensor>> {
+            match t {
+                Some(KvTensor::Dense(a)) => Ok(Some(KvTensor::new(a, Some(quant))?)),
+                Some(t) if t.quant() == Some(quant) => Ok(Some(t.clone())),
+                Some(_) => Err(ModelError::Mlx("keys and values quantized twice, in two formats".into())),
+                None => Ok(None),
+            }
+        };
+        (self.keys, self.values) = (convert(&self.keys)?, convert(&self.values)?);
+        self.quant = Some(quant);
+        Ok(())
     }
 
     /// Columns `..len` of both buffers (`None` while empty).
-    pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
+    pub fn prefix(&self, len: i32) -> Result<Option<(KvTensor, KvTensor)>> {
         match (&self.keys, &self.values) {
             (Some(k), Some(v)) if len > 0 => {
-                Ok(Some((k.try_index((.., .., ..len, ..))?, v.try_index((.., .., ..len, ..))?)))
+                let cut = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., ..len, ..))?));
+                Ok(Some((cut(k)?, cut(v)?)))
             }
             _ => Ok(None),
         }
@@ -88,40 +119,36 @@ impl Buffers {
     pub fn drop_front(&mut self, from: i32, used: i32) -> Result<()> {
         let kept = used - from;
         let capacity = spare_capacity(kept + STEP - 1);
-        let copy = |b: &Option<Array>| -> Result<Option<Array>> {
+        let copy = |b: &Option<KvTensor>| -> Result<Option<KvTensor>> {
             let Some(b) = b else { return Ok(None) };
             Ok(Some(copy_into_new(b, from..used, capacity)?))
         };
         let (keys, values) = (copy(&self.keys)?, copy(&self.values)?);
-        mlx_rs::transforms::eval(keys.iter().chain(values.iter()))?;
+        let arrays: Vec<&Array> = keys.iter().chain(values.iter()).flat_map(KvTensor::parts).collect();
+        mlx_rs::transforms::eval(arrays)?;
         (self.keys, self.values) = (keys, values);
         Ok(())
     }
 
     /// Allocated bytes (capacity, not just the used part).
     pub fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+        self.keys.as_ref().map_or(0, KvTensor::nbytes) + self.values.as_ref().map_or(0, KvTensor::nbytes)
     }
 }
 
 /// A buffer with `grow` more positions than `used`, keeping the first `used` of `old`.
-fn grow_buffer(old: Option<Array>, like: &Array, used: i32, grow: i32) -> Result<Array> {
+fn grow_buffer(old: Option<KvTensor>, like: &KvTensor, used: i32, grow: i32) -> Result<KvTensor> {
     match old {
         Some(old) => copy_into_new(&old, 0..used, used + grow),
-        None => {
-            let shape = like.shape();
-            Ok(zeros_dtype(&[shape[0], shape[1], grow, shape[3]], like.dtype())?)
-        }
+        None => KvTensor::zeros(like, like.dim(0), like.dim(1), grow),
     }
 }
 
 /// A new `[B, H, capacity, D]` buffer starting with columns `columns` of `old`. Written into
 /// zeros in place (MLX gives the zeros' buffer to the update), so a copy costs one new buffer,
 /// not a zero tail and a concatenation besides.
-fn copy_into_new(old: &Array, columns: std::ops::Range<i32>, capacity: i32) -> Result<Array> {
-    let s = old.shape();
-    let kept = columns.end - columns.start;
-    let mut out = zeros_dtype(&[s[0], s[1], capacity, s[3]], old.dtype())?;
-    out.try_index_mut((.., .., ..kept, ..), old.try_index((.., .., columns, ..))?)?;
+fn copy_into_new(old: &KvTensor, columns: std::ops::Range<i32>, capacity: i32) -> Result<KvTensor> {
+    let mut out = KvTensor::zeros(old, old.dim(0), old.dim(1), capacity)?;
+    out.write_columns(0, &old.map(|a| Ok(a.try_index((.., .., columns.clone(), ..))?))?)?;
     Ok(out)
 }

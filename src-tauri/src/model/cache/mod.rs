@@ -7,6 +7,7 @@
 mod batch;
 mod buffers;
 mod footprint;
+mod kv_tensor;
 mod mask;
 mod single;
 
@@ -15,7 +16,8 @@ use mlx_rs::Array;
 pub use batch::{BatchKvCache, SharedKv};
 pub use buffers::window_columns;
 pub(crate) use buffers::{spare_capacity, window_drop, window_keep, Buffers};
-pub use footprint::KvFootprint;
+pub use footprint::{KvFootprint, QuantizedFootprint};
+pub use kv_tensor::{KvFormat, KvQuant, KvTensor, DEFAULT_KV_GROUP_SIZE};
 pub use mask::AttentionMask;
 pub use single::KvCache;
 
@@ -45,8 +47,8 @@ pub trait LayerCache {
     /// attention window `window`.
     fn mask(&self, new_tokens: i32, window: Option<usize>) -> Result<AttentionMask>;
     /// Appends `[B, H, L, D]` keys/values and returns everything cached so far (after the
-    /// shared segment, when there is one).
-    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// shared segment, when there is one), in the format the cache stores them in.
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(KvTensor, KvTensor)>;
     /// In a layer with attention window `window`, before new tokens: lets go of the keys and
     /// values no later token can see (all rows together), or keeps them a while longer.
     fn drop_outside(&mut self, window: usize) -> Result<()>;

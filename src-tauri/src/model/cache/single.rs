@@ -2,11 +2,10 @@
 //! before it joins the batch, what the prefix cache restores into, and the single-stream
 //! generator's cache. A windowed layer counts the tokens it dropped (`start`).
 
-use mlx_rs::ops::concatenate;
-use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
 use super::buffers::{spare_capacity, window_drop, window_keep, Buffers};
+use super::kv_tensor::{KvFormat, KvTensor};
 use super::{AttentionMask, LayerCache, Positions};
 use crate::model::error::Result;
 
@@ -21,6 +20,8 @@ pub struct KvCache {
     start: i32,
     /// A recurrent layer's state (it keeps no keys: `offset` counts its tokens).
     states: Vec<Array>,
+    /// How keys and values are stored (the buffers say which format they are in now).
+    format: KvFormat,
 }
 
 impl KvCache {
@@ -28,24 +29,38 @@ impl KvCache {
         KvCache::default()
     }
 
-    /// A cache holding `keys`/`values` (`[1, H, L, D]`, built by one concatenation of
-    /// `pieces`), with room for at least `room_for` tokens in all before it has to grow.
-    pub fn from_pieces(keys: &[Array], values: &[Array], room_for: i32) -> Result<KvCache> {
-        let (Some(first), true) = (keys.first(), keys.len() == values.len()) else { return Ok(KvCache::new()) };
-        let len: i32 = keys.iter().map(|k| k.dim(2)).sum();
-        let capacity = spare_capacity(len.max(room_for));
-        let s = first.shape();
-        let tail = |a: &[Array]| -> Result<Array> {
-            let pad = zeros_dtype(&[s[0], s[1], capacity - len, s[3]], first.dtype())?;
-            Ok(concatenate(&a.iter().cloned().chain([pad]).collect::<Vec<_>>(), 2)?)
-        };
-        let buffers = Buffers { keys: Some(tail(keys)?), values: Some(tail(values)?) };
-        Ok(KvCache { buffers, offset: len, start: 0, states: Vec::new() })
+    /// An empty cache that stores keys and values in `format`.
+    pub fn with_format(format: KvFormat) -> KvCache {
+        KvCache { format, ..KvCache::default() }
     }
 
-    /// A cache over `buffers` whose first `offset` columns are written.
-    pub(crate) fn from_buffers(buffers: Buffers, offset: i32) -> KvCache {
-        KvCache { buffers, offset, start: 0, states: Vec::new() }
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// A cache in `format` holding `keys`/`values` (`[1, H, L, D]`, built by one concatenation
+    /// of `pieces`), quantized when it is due to be or a piece already is (a row of a batch
+    /// that its longest row made quantize early stays so), with room for at least `room_for`
+    /// tokens in all before it has to grow.
+    pub fn from_pieces(keys: &[KvTensor], values: &[KvTensor], room_for: i32, format: KvFormat) -> Result<KvCache> {
+        let (Some(first), true) = (keys.first(), keys.len() == values.len()) else {
+            return Ok(KvCache::with_format(format));
+        };
+        let len: i32 = keys.iter().map(|k| k.dim(2)).sum();
+        let quant = format.due(len).or_else(|| keys.iter().find_map(KvTensor::quant));
+        let capacity = spare_capacity(len.max(room_for));
+        let tail = |pieces: &[KvTensor]| -> Result<KvTensor> {
+            let mut all = pieces.iter().map(|p| p.in_format(quant)).collect::<Result<Vec<_>>>()?;
+            all.push(KvTensor::zeros(&all[0], first.dim(0), first.dim(1), capacity - len)?);
+            KvTensor::concatenate(&all, 2)
+        };
+        let buffers = Buffers { keys: Some(tail(keys)?), values: Some(tail(values)?), quant };
+        Ok(KvCache { buffers, offset: len, start: 0, states: Vec::new(), format })
+    }
+
+    /// A cache in `format` over `buffers` whose first `offset` columns are written.
+    pub(crate) fn from_buffers(buffers: Buffers, offset: i32, format: KvFormat) -> KvCache {
+        KvCache { buffers, offset, start: 0, states: Vec::new(), format }
     }
 
     /// A recurrent layer's cache: `len` tokens summed up in `states`.
@@ -127,15 +142,19 @@ impl KvCache {
         Ok(())
     }
 
-    /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything cached so far.
-    pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything cached so far. A cache
+    /// due to be quantized (see [`KvFormat`]) converts first: the forward reads it quantized.
+    pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(KvTensor, KvTensor)> {
+        if let (Some(quant), None) = (self.format.due(self.len()), self.buffers.quant) {
+            self.buffers.quantize(quant)?;
+        }
         let out = self.buffers.write(self.offset, keys, values)?;
         self.offset += keys.dim(2);
         Ok(out)
     }
 
     /// The cached keys and values, `[1, H, offset, D]` each (`None` while empty).
-    pub fn contents(&self) -> Result<Option<(Array, Array)>> {
+    pub fn contents(&self) -> Result<Option<(KvTensor, KvTensor)>> {
         self.buffers.prefix(self.offset)
     }
 
@@ -159,7 +178,7 @@ impl LayerCache for KvCache {
         }
     }
 
-    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(KvTensor, KvTensor)> {
         KvCache::update(self, keys, values)
     }
 

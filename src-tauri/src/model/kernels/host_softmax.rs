@@ -8,10 +8,11 @@
 //! host: a polynomial `exp` the compiler vectorises, rows split across the cores. On a GPU MLX's
 //! fused kernel is used instead (`Attention::forward`).
 
-use mlx_rs::ops::{matmul, select};
+use mlx_rs::ops::select;
 use mlx_rs::{Array, Dtype};
 
-use crate::model::cache::AttentionMask;
+use super::kv_matmul::kv_matmul;
+use crate::model::cache::{AttentionMask, KvTensor};
 use crate::model::error::Result;
 
 /// Whether attention in `dtype` should take this path: on MLX's CPU device, for f32 (the only
@@ -25,12 +26,13 @@ pub fn applies(dtype: Dtype) -> bool {
 }
 
 /// Scaled dot-product attention: `q` `[B, Hq, L, D]`, `k`/`v` `[B, Hkv, S, D]` (Hq a multiple of
-/// Hkv, query head `h` using key head `h / (Hq / Hkv)`); returns `[B, Hq, L, D]`. `sinks`: one
+/// Hkv, query head `h` using key head `h / (Hq / Hkv)`; at full precision or quantized, see
+/// [`kv_matmul`]); returns `[B, Hq, L, D]`. `sinks`: one
 /// logit per query head that joins every softmax with a zero value (gpt-oss).
 pub fn attention(
     q: &Array,
-    k: &Array,
-    v: &Array,
+    k: &KvTensor,
+    v: &KvTensor,
     scale: f32,
     mask: &AttentionMask,
     sinks: Option<&[f32]>,
@@ -42,10 +44,10 @@ pub fn attention(
     // and freed before the scores, the step's largest buffer, are allocated: otherwise MLX's
     // evaluation order may keep both alive (measured: one more score matrix at the peak for
     // layers without rotary positions, and 3-10 % more for the others).
-    mlx_rs::transforms::eval([q, k, v])?;
+    mlx_rs::transforms::eval(std::iter::once(q).chain(k.parts()).chain(v.parts()))?;
     // Each key head's queries as one matrix: rows are (repeat, query).
     let q = q.multiply(Array::from_f32(scale))?.reshape(&[b, kv_heads, repeats * l, d])?;
-    let mut scores = matmul(&q, k.swap_axes(-1, -2)?)?;
+    let mut scores = kv_matmul(&q, k, true)?;
     if let AttentionMask::Explicit(allowed) = mask {
         // `allowed`: [B or 1, 1, L, S] or [L, S]; scores seen as [B, Hkv, repeats, L, S].
         let allowed = if allowed.ndim() == 4 { allowed.expand_dims(1)? } else { allowed.clone() };
@@ -70,7 +72,7 @@ pub fn attention(
     // Rows are (batch, key head, repeat, query): the query head is the row's (key head, repeat).
     let sink = |row: usize| sinks.map_or(f32::NEG_INFINITY, |s| s[(row / l as usize) % heads as usize]);
     softmax_rows(data, s as usize, visible, sink);
-    Ok(matmul(&scores, v)?.reshape(&[b, heads, l, d])?)
+    Ok(kv_matmul(&scores, v, false)?.reshape(&[b, heads, l, d])?)
 }
 
 /// Softmax of each `width`-long row of `scores`, in place; row `r` uses its first `visible(r)`
@@ -396,7 +398,8 @@ mod tests {
             } else {
                 (AttentionMask::None, mlx_rs::fast::ScaledDotProductAttentionMask::Array(&Array::from_bool(true)))
             };
-            let got = attention(&q, &k, &v, 0.35, &mask, Some(&sinks)).unwrap();
+            let (kt, vt) = (KvTensor::Dense(k.clone()), KvTensor::Dense(v.clone()));
+            let got = attention(&q, &kt, &vt, 0.35, &mask, Some(&sinks)).unwrap();
             let want =
                 mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, 0.35, mlx_mask, Some(&sink_array)).unwrap();
             let diff = mlx_rs::ops::abs(mlx_rs::ops::subtract(&got, &want).unwrap()).unwrap().max(None).unwrap();

@@ -1,11 +1,13 @@
 //! Compute paths written by hand beside MLX's ops, where MLX's own are slow on a device: the
 //! attention softmax on the host for MLX's CPU device (`host_softmax`), and the gated delta
 //! rule's recurrence as one Metal kernel on Apple GPUs (`gated_delta_metal`, checked against
-//! the ops form, `delta_rule`, on first use). The layers call them; they call no layer.
+//! the ops form, `delta_rule`, on first use), and products with quantized keys and values
+//! (`kv_matmul`). The layers call them; they call no layer.
 
 mod delta_rule;
 mod gated_delta_metal;
 pub(crate) mod host_softmax;
+pub(crate) mod kv_matmul;
 
 use mlx_rs::Array;
 

@@ -5,9 +5,9 @@ use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::split_at_indices;
 use mlx_rs::Array;
 
-use crate::model::cache::{AttentionMask, LayerCache, Positions};
+use crate::model::cache::{AttentionMask, KvTensor, LayerCache, Positions};
 use crate::model::error::Result;
-use crate::model::kernels::host_softmax;
+use crate::model::kernels::{host_softmax, kv_matmul};
 use crate::model::layers::{shared_attention, Linear, RmsNorm, Rope};
 
 /// One logit per query head that joins every softmax with a zero value, so a head can attend
@@ -47,7 +47,7 @@ pub enum QkvProjection {
 /// earlier layer produced this step (Gemma 4's KV sharing), with that layer's cache.
 pub enum KeysValues<'a> {
     Own,
-    Reused(&'a (Array, Array)),
+    Reused(&'a (KvTensor, KvTensor)),
 }
 
 pub struct Attention {
@@ -103,7 +103,7 @@ impl Attention {
         query_scale: Option<&Array>,
         cache: &mut impl LayerCache,
         kv: KeysValues,
-    ) -> Result<(Array, (Array, Array))> {
+    ) -> Result<(Array, (KvTensor, KvTensor))> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |t: Array, n: i32| -> Result<Array> { Ok(t.reshape(&[b, l, n, self.head_dim])?) };
         let normed = |t: Array, norm: &Option<RmsNorm>| -> Result<Array> {
@@ -170,14 +170,30 @@ impl Attention {
                 })?;
                 shared_attention::attention(&q, shared, &k, &v, scale, prefix.as_ref(), own, self.sinks.as_ref())?
             }
-            _ if host_softmax::applies(q.dtype()) => {
+            // Quantized keys go through mlx-lm's composition (below) everywhere: its softmax, not
+            // the host's, so that the rounding of the next layers' keys is the same as mlx-lm's
+            // (a 4-bit step amplifies the last bit of a difference).
+            _ if host_softmax::applies(q.dtype()) && k.quant().is_none() => {
                 host_softmax::attention(&q, &k, &v, scale, mask, self.sinks.as_ref().map(|s| s.host.as_slice()))?
             }
-            AttentionMask::None => scaled_dot_product_attention(&q, &k, &v, scale, None, sinks)?,
-            AttentionMask::Causal => {
-                scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, sinks)?
-            }
-            AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, &k, &v, scale, m, sinks)?,
+            _ => match (&k, &v) {
+                (KvTensor::Dense(k), KvTensor::Dense(v)) => match mask {
+                    AttentionMask::Causal => {
+                        scaled_dot_product_attention(&q, k, v, scale, ScaledDotProductAttentionMask::Causal, sinks)?
+                    }
+                    AttentionMask::Explicit(m) => scaled_dot_product_attention(&q, k, v, scale, m, sinks)?,
+                    _ => scaled_dot_product_attention(&q, k, v, scale, None, sinks)?,
+                },
+                // Quantized: MLX has no fused kernel for them (mlx-lm composes it the same way).
+                _ => {
+                    let allowed = match mask {
+                        AttentionMask::Explicit(m) => Some(m),
+                        _ => None,
+                    };
+                    let causal = matches!(mask, AttentionMask::Causal);
+                    kv_matmul::quantized_attention(&q, &k, &v, scale, allowed, causal, sinks)?
+                }
+            },
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
         let out = match gate {

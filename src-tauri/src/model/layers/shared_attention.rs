@@ -7,12 +7,13 @@
 //! per row. On MLX's CPU device (f32) the softmax runs on the host over both parts in place
 //! (`host_softmax`); elsewhere it is composed from MLX ops in f32.
 
-use mlx_rs::ops::{add, divide, exp, matmul, maximum, select, subtract};
+use mlx_rs::ops::{add, divide, exp, maximum, select, subtract};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::cache::{AttentionMask, SharedKv};
+use crate::model::cache::{AttentionMask, KvTensor, SharedKv};
 use crate::model::error::{ModelError, Result};
 use crate::model::kernels::host_softmax;
+use crate::model::kernels::kv_matmul::kv_matmul;
 use crate::model::layers::Sinks;
 
 /// `q` `[B, Hq, L, D]` (Hq a multiple of Hkv); `k`/`v` the rows' own keys `[B, Hkv, W, D]`;
@@ -23,8 +24,8 @@ use crate::model::layers::Sinks;
 pub fn attention(
     q: &Array,
     shared: &SharedKv,
-    k: &Array,
-    v: &Array,
+    k: &KvTensor,
+    v: &KvTensor,
     scale: f32,
     prefix: Option<&Array>,
     own: &AttentionMask,
@@ -38,7 +39,7 @@ pub fn attention(
     if on_host {
         // As in `host_softmax::attention`: what the layers before left pending (the previous
         // layer's scores among them) is computed and freed before the scores are allocated.
-        mlx_rs::transforms::eval([q, k, v])?;
+        mlx_rs::transforms::eval(std::iter::once(q).chain(k.parts()).chain(v.parts()))?;
     }
     // Each key head's queries as one matrix, rows ordered (batch, repeat, query).
     let q = q
@@ -46,10 +47,13 @@ pub fn attention(
         .reshape(&[b, kv_heads, r * l, d])?
         .transpose_axes(&[1, 0, 2, 3])?
         .reshape(&[kv_heads, rows, d])?;
-    let shared_keys = shared.keys.reshape(&[kv_heads, p, d])?;
-    let mut first = matmul(&q, shared_keys.swap_axes(-1, -2)?)?;
-    let mut second = matmul(&q.reshape(&[kv_heads, b, r * l, d])?, k.transpose_axes(&[1, 0, 3, 2])?)?
-        .reshape(&[kv_heads, rows, w])?;
+    // The segment's keys and values `[Hkv, P, ..]`, the rows' own `[Hkv, B, W, ..]` (the last
+    // axis a quantized part's own width).
+    let segment = |t: &KvTensor| t.map(|a| Ok(a.reshape(&[kv_heads, p, a.dim(-1)])?));
+    let heads_first = |t: &KvTensor| t.map(|a| Ok(a.transpose_axes(&[1, 0, 2, 3])?));
+    let mut first = kv_matmul(&q, &segment(&shared.keys)?, true)?;
+    let mut second =
+        kv_matmul(&q.reshape(&[kv_heads, b, r * l, d])?, &heads_first(k)?, true)?.reshape(&[kv_heads, rows, w])?;
     // Masks are `[B, 1, L, S]`-shaped; the scores seen as `[Hkv, B, R, L, S]`.
     let masked = |scores: Array, allowed: &Array, width: i32| -> Result<Array> {
         let allowed = if allowed.ndim() == 4 { allowed.expand_dims(0)? } else { allowed.clone() };
@@ -88,9 +92,8 @@ pub fn attention(
         };
         probabilities(first, second, sink.as_ref(), v.dtype())?
     };
-    let shared_values = shared.values.reshape(&[kv_heads, p, d])?;
-    let out_shared = matmul(&first, &shared_values)?.reshape(&[kv_heads, b, r * l, d])?;
-    let out_own = matmul(&second.reshape(&[kv_heads, b, r * l, w])?, v.transpose_axes(&[1, 0, 2, 3])?)?;
+    let out_shared = kv_matmul(&first, &segment(&shared.values)?, false)?.reshape(&[kv_heads, b, r * l, d])?;
+    let out_own = kv_matmul(&second.reshape(&[kv_heads, b, r * l, w])?, &heads_first(v)?, false)?;
     let out = add(&out_shared, &out_own)?.reshape(&[kv_heads, b, r, l, d])?;
     Ok(out.transpose_axes(&[1, 0, 2, 3, 4])?.reshape(&[b, heads, l, d])?)
 }
@@ -172,7 +175,7 @@ mod tests {
         let wide = |s: &Array, own: &Array| {
             concatenate(&[broadcast_to(s, &[b, kv_heads, p, d]).unwrap(), own.clone()], 2).unwrap()
         };
-        let (k, v) = (wide(&shared.keys, k), wide(&shared.values, v));
+        let (k, v) = (wide(&shared.keys.dense().unwrap(), k), wide(&shared.values.dense().unwrap(), v));
         let repeats = q.dim(1) / kv_heads;
         let repeat = |x: &Array| {
             let s = x.shape().to_vec();
@@ -195,8 +198,13 @@ mod tests {
     fn two_parts_give_attention_over_the_whole_sequence() {
         let (b, heads, kv_heads, d, p, w, l) = (3, 6, 2, 8, 37, 11, 4);
         let q = random(&[b, heads, l, d], 1);
-        let shared = SharedKv { id: 1, keys: random(&[1, kv_heads, p, d], 2), values: random(&[1, kv_heads, p, d], 3) };
+        let shared = SharedKv {
+            id: 1,
+            keys: KvTensor::Dense(random(&[1, kv_heads, p, d], 2)),
+            values: KvTensor::Dense(random(&[1, kv_heads, p, d], 3)),
+        };
         let (k, v) = (random(&[b, kv_heads, w, d], 4), random(&[b, kv_heads, w, d], 5));
+        let (kt, vt) = (KvTensor::Dense(k.clone()), KvTensor::Dense(v.clone()));
         let scale = 0.3;
         // Row 1 does not follow the shared segment; row 2 has two columns of left padding.
         let follows = [true, false, true];
@@ -215,7 +223,7 @@ mod tests {
         let prefix = Array::from_slice(&follows, &[b, 1, 1, 1]);
         let own = AttentionMask::Explicit(Array::from_slice(&own, &[b, 1, l, w]));
         // Both the host softmax (f32 on the CPU) and the MLX-ops form.
-        let got = attention(&q, &shared, &k, &v, scale, Some(&prefix), &own, None).unwrap();
+        let got = attention(&q, &shared, &kt, &vt, scale, Some(&prefix), &own, None).unwrap();
         close(&got, &want);
         // (Separate arrays: the host form writes over its inputs.)
         let rows = b * (heads / kv_heads) * l;
@@ -230,7 +238,7 @@ mod tests {
         // Every row follows it, aligned: a causal mask over the own keys and none on the shared.
         let causal: Vec<bool> = (0..l).flat_map(|i| (0..p + w).map(move |j| j < p || j - p <= w - l + i)).collect();
         let want = reference(&q, &shared, &k, &v, scale, &Array::from_slice(&causal, &[1, 1, l, p + w]));
-        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal, None).unwrap();
+        let got = attention(&q, &shared, &kt, &vt, scale, None, &AttentionMask::Causal, None).unwrap();
         close(&got, &want);
         let (hf, hs) =
             host_probabilities(random(&[2, 24, p], 8), random(&[2, 24, w], 9), p, w, l, true, |_| f32::NEG_INFINITY)
@@ -259,7 +267,7 @@ mod tests {
             &Array::from_slice(&causal, &[1, 1, l, p + w]),
             Some(&sinks.array),
         );
-        let got = attention(&q, &shared, &k, &v, scale, None, &AttentionMask::Causal, Some(&sinks)).unwrap();
+        let got = attention(&q, &shared, &kt, &vt, scale, None, &AttentionMask::Causal, Some(&sinks)).unwrap();
         close(&got, &want);
         let sink_rows = mlx_rs::ops::broadcast_to(sinks.array.reshape(&[2, 1, 3, 1, 1]).unwrap(), &[2, 1, 3, l, 1])
             .unwrap()

@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::cache::LayerCache;
 use crate::model::cache::Positions;
-use crate::model::cache::{KvCache, KvFootprint};
+use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
 use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
 use crate::model::error::Result;
 use crate::model::layers::{
@@ -144,7 +144,7 @@ impl DecoderLayer {
         inputs: LayerInputs,
         cache: &mut C,
         kv: KeysValues,
-    ) -> Result<(Array, Option<(Array, Array)>)> {
+    ) -> Result<(Array, Option<(KvTensor, KvTensor)>)> {
         let x = self.input_norm.forward(h)?;
         let (r, kv) = match &self.mixer {
             Mixer::Attention(attention) => {
@@ -328,6 +328,11 @@ impl Transformer {
         self.config.kv_footprint(self.dtype_bytes())
     }
 
+    /// [`Self::kv_footprint`] with keys and values stored in `format`.
+    pub fn kv_footprint_in(&self, format: KvFormat) -> KvFootprint {
+        self.config.kv_footprint_in(self.dtype_bytes(), format)
+    }
+
     /// The window of each cache's layer (`None`: it sees the whole sequence).
     pub fn cache_windows(&self) -> Vec<Option<usize>> {
         (0..self.config.kv_cache_layers()).map(|i| self.config.layer_window(i)).collect()
@@ -343,7 +348,12 @@ impl Transformer {
 
     /// One cache per layer that keeps one (Gemma 4's KV-shared layers use an earlier layer's).
     pub fn new_cache(&self) -> Vec<KvCache> {
-        (0..self.config.kv_cache_layers()).map(|_| KvCache::new()).collect()
+        self.new_cache_in(KvFormat::FULL)
+    }
+
+    /// Empty caches storing keys and values in `format`.
+    pub fn new_cache_in(&self, format: KvFormat) -> Vec<KvCache> {
+        (0..self.config.kv_cache_layers()).map(|_| KvCache::with_format(format)).collect()
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
@@ -371,7 +381,7 @@ impl Transformer {
         let query_scale = self.config.query_scale.map(|s| position_scale(s, &positions, len, h.dtype())).transpose()?;
         // Keys and values of this step by cache, for layers that reuse another's (Gemma 4).
         let reusing = self.config.kv_cache_layers() < self.layers.len();
-        let mut produced: Vec<Option<(Array, Array)>> = vec![None; cache.len()];
+        let mut produced: Vec<Option<(KvTensor, KvTensor)>> = vec![None; cache.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let mask = match (&window_mask, self.config.layer_window(i)) {
                 (Some(m), Some(_)) => m,

@@ -2,8 +2,10 @@
 //! metadata names the model identity, the parent block, the block's tokens, the layer count,
 //! whether the recurrent layers' entries are a snapshot of their state, and a checksum of the
 //! data; per layer `k.<l>` and `v.<l>` hold the keys and values (`[1, H, tokens, D]`), or a
-//! recurrent layer's state (or a one-element placeholder). Every read checks all of it: a file
-//! that is cut short, corrupt, from another model or under another key reads as nothing.
+//! recurrent layer's state (or a one-element placeholder). Quantized keys and values (the
+//! metadata's `kv_bits` and `kv_group_size`) are three tensors each: the packed words `k.<l>`,
+//! `k.<l>.scales` and `k.<l>.biases`. Every read checks all of it: a file that is cut short,
+//! corrupt, from another model or under another key reads as nothing.
 
 use std::fs;
 use std::io::Write;
@@ -14,15 +16,35 @@ use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
 
 use super::key::{chain, BlockKey};
+use crate::model::KvQuant;
 
 /// A block as bytes, ready for a file (or read from one).
 pub struct BlockFile {
     pub parent: BlockKey,
     pub tokens: Vec<u32>,
-    /// Per layer: keys and values, or a recurrent layer's state (or placeholder).
-    pub layers: Vec<(Tensor, Tensor)>,
+    /// Per layer: keys and values (one tensor each, or three when quantized: packed words,
+    /// scales, biases), or a recurrent layer's state (or placeholder), one tensor each.
+    pub layers: Vec<(Vec<Tensor>, Vec<Tensor>)>,
     /// Whether the recurrent layers' entries are their state at the block's end.
     pub snapshot: bool,
+    /// How the keys and values are quantized (`None`: at full precision).
+    pub quant: Option<KvQuant>,
+}
+
+impl BlockFile {
+    /// Bytes of its tensors.
+    pub fn data_bytes(&self) -> usize {
+        self.layers.iter().flat_map(|(k, v)| k.iter().chain(v)).map(|t| t.bytes().len()).sum()
+    }
+}
+
+/// The names of a layer's keys (`k`) or values (`v`) tensors: one, or three when quantized.
+fn part_names(side: &str, layer: usize, parts: usize) -> Vec<String> {
+    let name = format!("{side}.{layer}");
+    match parts {
+        3 => vec![name.clone(), format!("{name}.scales"), format!("{name}.biases")],
+        _ => vec![name],
+    }
 }
 
 /// A tensor's bytes: its own, or a range of a file read whole (shared by the block's tensors,
@@ -49,6 +71,7 @@ impl Tensor {
             Dtype::Float32 => bytes::<f32>(a)?,
             Dtype::Float16 => bytes::<half::f16>(a)?,
             Dtype::Bfloat16 => bytes::<half::bf16>(a)?,
+            Dtype::Uint32 => bytes::<u32>(a)?,
             _ => return None,
         };
         let range = 0..data.len();
@@ -66,7 +89,7 @@ impl Tensor {
 
     fn element_size(dtype: Dtype) -> Option<usize> {
         match dtype {
-            Dtype::Float32 => Some(4),
+            Dtype::Float32 | Dtype::Uint32 => Some(4),
             Dtype::Float16 | Dtype::Bfloat16 => Some(2),
             _ => None,
         }
@@ -77,6 +100,7 @@ fn dtype_name(dtype: Dtype) -> &'static str {
     match dtype {
         Dtype::Float16 => "F16",
         Dtype::Bfloat16 => "BF16",
+        Dtype::Uint32 => "U32",
         _ => "F32",
     }
 }
@@ -86,6 +110,7 @@ fn dtype_of(name: &str) -> Option<Dtype> {
         "F32" => Some(Dtype::Float32),
         "F16" => Some(Dtype::Float16),
         "BF16" => Some(Dtype::Bfloat16),
+        "U32" => Some(Dtype::Uint32),
         _ => None,
     }
 }
@@ -143,6 +168,7 @@ pub fn decode(
     }
     let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
     let snapshot = is_snapshot(header);
+    let quant = quant_of(meta)?;
     (layers == recurrent.len()).then_some(())?;
     let tensor = |name: &str, recurrent: bool| -> Option<Tensor> {
         let TensorEntry { dtype, shape, start, end } = TensorEntry::read(header.get(name)?)?;
@@ -169,12 +195,31 @@ pub fn decode(
     let layers = (0..layers)
         .map(|l| {
             let recurrent = recurrent[l];
-            let (k, v) = (tensor(&format!("k.{l}"), recurrent)?, tensor(&format!("v.{l}"), recurrent)?);
+            let parts = if quant.is_some() && !recurrent { 3 } else { 1 };
+            let side = |side: &str| -> Option<Vec<Tensor>> {
+                part_names(side, l, parts).iter().map(|name| tensor(name, recurrent)).collect()
+            };
+            let (k, v) = (side("k")?, side("v")?);
             // A snapshot's first state is the state itself, never a placeholder.
-            (!(recurrent && snapshot) || k.shape.len() > 1).then_some((k, v))
+            (!(recurrent && snapshot) || k[0].shape.len() > 1).then_some((k, v))
         })
         .collect::<Option<Vec<_>>>()?;
-    Some(BlockFile { parent, tokens, layers, snapshot })
+    Some(BlockFile { parent, tokens, layers, snapshot, quant })
+}
+
+/// The quantization a block's metadata names: `Some(None)` for none, `None` when malformed.
+fn quant_of(meta: &Map<String, Value>) -> Option<Option<KvQuant>> {
+    let number = |name: &str| -> Option<Option<i32>> {
+        match meta.get(name) {
+            None => Some(None),
+            Some(v) => Some(Some(v.as_str()?.parse().ok()?)),
+        }
+    };
+    match (number("kv_bits")?, number("kv_group_size")?) {
+        (None, None) => Some(None),
+        (Some(bits), Some(group_size)) => Some(Some(KvQuant { bits, group_size })),
+        _ => None,
+    }
 }
 
 /// Per layer, the dtype, heads and head size of block `key`'s keys, then of its values, from
@@ -183,7 +228,10 @@ pub fn decode(
 pub fn layer_shapes(identity: &BlockKey, key: &BlockKey, path: &Path) -> Option<Vec<(Dtype, i32, i32)>> {
     let (header, _) = read_header(path).ok()?;
     let (_, tokens) = check_header(identity, key, &header)?;
-    let layers: usize = header.get("__metadata__")?.get("layers")?.as_str()?.parse().ok()?;
+    let meta = header.get("__metadata__")?.as_object()?;
+    // Quantized blocks are read whole (`decode`), not straight into buffers.
+    quant_of(meta)?.is_none().then_some(())?;
+    let layers: usize = meta.get("layers")?.as_str()?.parse().ok()?;
     (0..layers)
         .flat_map(|l| [format!("k.{l}"), format!("v.{l}")])
         .map(|name| TensorEntry::parse(header.get(&name)?, tokens.len()).map(|t| (t.dtype, t.shape[1], t.shape[3])))
@@ -343,10 +391,11 @@ pub fn read_file(path: &Path) -> std::io::Result<(Map<String, Value>, Vec<u8>, u
 /// under the real name).
 pub fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &BlockFile) -> std::io::Result<()> {
     let mut header = Map::new();
-    let mut data: Vec<u8> =
-        Vec::with_capacity(block.layers.iter().map(|(k, v)| k.bytes().len() + v.bytes().len()).sum());
+    let mut data: Vec<u8> = Vec::with_capacity(block.data_bytes());
     for (l, (k, v)) in block.layers.iter().enumerate() {
-        for (name, t) in [(format!("k.{l}"), k), (format!("v.{l}"), v)] {
+        let named =
+            part_names("k", l, k.len()).into_iter().zip(k).chain(part_names("v", l, v.len()).into_iter().zip(v));
+        for (name, t) in named {
             let start = data.len();
             data.extend_from_slice(t.bytes());
             header.insert(
@@ -356,18 +405,20 @@ pub fn write_file(dir: &Path, identity: &BlockKey, key: &BlockKey, block: &Block
         }
     }
     let tokens: Vec<String> = block.tokens.iter().map(u32::to_string).collect();
-    header.insert(
-        "__metadata__".into(),
-        json!({
-            "format": "fastmlx-prefix-cache-v1",
-            "identity": hex(identity),
-            "parent": hex(&block.parent),
-            "tokens": tokens.join(","),
-            "layers": block.layers.len().to_string(),
-            "snapshot": if block.snapshot { "1" } else { "0" },
-            "xxh3": xxhash_rust::xxh3::xxh3_64(&data).to_string(),
-        }),
-    );
+    let mut meta = json!({
+        "format": "fastmlx-prefix-cache-v1",
+        "identity": hex(identity),
+        "parent": hex(&block.parent),
+        "tokens": tokens.join(","),
+        "layers": block.layers.len().to_string(),
+        "snapshot": if block.snapshot { "1" } else { "0" },
+        "xxh3": xxhash_rust::xxh3::xxh3_64(&data).to_string(),
+    });
+    if let Some(q) = block.quant {
+        meta["kv_bits"] = json!(q.bits.to_string());
+        meta["kv_group_size"] = json!(q.group_size.to_string());
+    }
+    header.insert("__metadata__".into(), meta);
     let mut header = serde_json::to_vec(&Value::Object(header))?;
     // safetensors pads the header with spaces to 8 bytes.
     while header.len() % 8 != 0 {

@@ -307,7 +307,7 @@ impl DiskTier {
             return;
         }
         let Some(writer) = &self.writer else { return };
-        let bytes = block.layers.iter().map(|(k, v)| (k.bytes().len() + v.bytes().len()) as u64).sum::<u64>() + 4096;
+        let bytes = block.data_bytes() as u64 + 4096;
         let (parent, tokens, snapshot) = (block.parent, block.tokens.clone(), block.snapshot);
         // Marked before it is sent: the writer may be done with it before `try_send` returns.
         let fresh = self.shared.queued().insert(key);
@@ -478,7 +478,16 @@ mod tests {
             let range = 0..data.len();
             Tensor { dtype: Dtype::Float32, shape: vec![1, 1, n as i32, 2], data: Arc::new(data), range }
         };
-        (key, BlockFile { parent, tokens, layers: vec![(tensor(1.0), tensor(2.0))], snapshot: false })
+        (
+            key,
+            BlockFile {
+                parent,
+                tokens,
+                layers: vec![(vec![tensor(1.0)], vec![tensor(2.0)])],
+                snapshot: false,
+                quant: None,
+            },
+        )
     }
 
     /// An agent's next turn can ask for a block its last turn queued a few milliseconds before:

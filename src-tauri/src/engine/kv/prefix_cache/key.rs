@@ -7,7 +7,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::model::LoadedModel;
+use crate::model::{KvFormat, LoadedModel};
 
 /// The key of a cached block (or of the empty prefix: the model's identity).
 pub type BlockKey = [u8; 32];
@@ -26,12 +26,17 @@ pub fn chain(parent: &BlockKey, tokens: &[u32]) -> BlockKey {
 /// What makes a model's numbers what they are: its weight and config files as they are on
 /// disk, the compute dtype, the weights' in-memory size (packed or expanded), the configuration
 /// (RoPE included), and the context window it is served with.
-pub fn model_identity(model: &LoadedModel, context_length: usize) -> BlockKey {
+pub fn model_identity(model: &LoadedModel, context_length: usize, format: KvFormat) -> BlockKey {
     let mut h = Sha256::new();
     h.update(b"fastmlx prefix cache v1\0");
     describe_files(&model.path, &mut |line| h.update(line.as_bytes()));
     let t = &model.transformer;
     h.update(format!("{:?}\0{:?}\0{}\0{context_length}\0", t.config, t.dtype, model.weights_bytes).as_bytes());
+    // At full precision as before (the blocks on disk stay valid); a quantized format's blocks
+    // (and its start: which positions were quantized) are its own.
+    if format.quant.is_some() {
+        h.update(format!("kv {format:?}\0").as_bytes());
+    }
     h.finalize().into()
 }
 

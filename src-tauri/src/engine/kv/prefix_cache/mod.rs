@@ -17,7 +17,11 @@
 //!   layer's entry is a snapshot of its state at the block's end, or a placeholder (hybrids
 //!   resume only at a snapshot: `find_resumable`).
 //! - The identity covers everything that changes the numbers: the weight files (size and
-//!   modification time), the configuration, the compute dtype and the weights' in-memory form.
+//!   modification time), the configuration, the compute dtype, the weights' in-memory form and
+//!   the KV format (a quantized block never serves a full-precision engine, or the reverse).
+//! - Blocks are kept in the form the row held them in: quantized (2-4x smaller, in RAM and on
+//!   disk) once the row's keys and values were; a restore into a row due to be quantized
+//!   quantizes those that were not yet (each column on its own: the same numbers).
 //!   Tokens are the key, so a changed chat template or tokenizer cannot give a wrong state.
 
 mod block_file;
@@ -27,7 +31,6 @@ mod store;
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
@@ -37,10 +40,10 @@ pub use disk::{list_folders, DiskFolder, DiskStats};
 use key::chain;
 pub use key::{model_identity, BlockKey};
 pub use store::Divergence;
-use store::{BlockStore, Payload};
+use store::{BlockStore, Found, Payload};
 
 use crate::model::cache::{spare_capacity, window_keep, Buffers};
-use crate::model::{BatchKvCache, KvCache};
+use crate::model::{BatchKvCache, KvCache, KvFormat, KvTensor};
 
 /// Tokens per block: small enough that little is lost where prompts diverge, large enough that a
 /// 30k-token prompt is a few hundred lookups.
@@ -55,10 +58,10 @@ type Result<T> = std::result::Result<T, crate::model::ModelError>;
 
 /// A block's keys and values in every layer.
 struct LayerBlocks {
-    /// Per layer cache: the block's keys and values, `[1, H, n, D]`; a recurrent layer's
-    /// state at the block's end (convolution inputs, matrices) when `snapshot`, else nothing
-    /// (an empty placeholder).
-    layers: Vec<(Array, Array)>,
+    /// Per layer cache: the block's keys and values, `[1, H, n, D]` (quantized or not); a
+    /// recurrent layer's state at the block's end (convolution inputs, matrices) when
+    /// `snapshot`, else nothing (an empty placeholder).
+    layers: Vec<(KvTensor, KvTensor)>,
     /// Views of the segment the batch shares (`segment`), whose bytes the engine reserves: 0
     /// here while it lives.
     in_segment: bool,
@@ -141,6 +144,8 @@ pub struct PrefixCache {
     /// Most bytes held (the scheduler lowers what it may use when requests need the room).
     budget: usize,
     disk: Option<DiskTier>,
+    /// How the engine's caches store keys and values (restores are made in it).
+    format: KvFormat,
     hits: u64,
     misses: u64,
     tokens_reused: u64,
@@ -149,7 +154,7 @@ pub struct PrefixCache {
 impl PrefixCache {
     /// A cache of at most `budget` bytes in RAM, and `disk` (folder and bytes) when given, for
     /// a model whose layer caches have attention windows `windows` and keep recurrent states
-    /// where `recurrent` says.
+    /// where `recurrent` says, and store keys and values in `format`.
     pub fn new(
         identity: BlockKey,
         budget: usize,
@@ -157,6 +162,7 @@ impl PrefixCache {
         model: &str,
         windows: Vec<Option<usize>>,
         recurrent: Vec<bool>,
+        format: KvFormat,
     ) -> PrefixCache {
         let disk = disk.and_then(|(dir, bytes)| DiskTier::open(dir, identity, bytes, model, recurrent.clone()));
         PrefixCache {
@@ -167,6 +173,7 @@ impl PrefixCache {
             recurrent,
             budget,
             disk,
+            format,
             hits: 0,
             misses: 0,
             tokens_reused: 0,
@@ -296,9 +303,10 @@ impl PrefixCache {
     /// the page cache, instead of into the RAM tier and copied again from there (page faults
     /// on fresh memory make each copy of a long prompt's keys and values cost ~0.1 s here).
     /// `None` when the RAM tier or the kept buffers hold its first block, or nothing is on disk.
-    /// (A model with recurrent layers resumes at a snapshot: its blocks go through the RAM tier.)
+    /// (A model with recurrent layers resumes at a snapshot, and quantized blocks are read whole:
+    /// their blocks go through the RAM tier.)
     fn restore_from_disk(&mut self, prompt: &[u32], limit: usize, layers: usize) -> Result<Option<Restored>> {
-        if self.recurrent.contains(&true) {
+        if self.recurrent.contains(&true) || self.format.quant.is_some() {
             return Ok(None);
         }
         let tokens = &prompt[..limit.min(prompt.len())];
@@ -368,7 +376,9 @@ impl PrefixCache {
         let caches = (0..layers)
             .map(|layer| {
                 let (keys, values) = (buffers.next(), buffers.next());
-                let mut cache = KvCache::from_buffers(Buffers { keys, values }, column as i32);
+                let (keys, values) = (keys.map(KvTensor::Dense), values.map(KvTensor::Dense));
+                let buffers = Buffers { keys, values, quant: None };
+                let mut cache = KvCache::from_buffers(buffers, column as i32, self.format);
                 if let Some(w) = self.window(layer) {
                     cache.keep_window(w)?;
                 }
@@ -399,7 +409,9 @@ impl PrefixCache {
         } else {
             self.store.find(prompt, limit)
         };
-        let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::new()).collect();
+        let format = self.format;
+        let mut caches: Vec<KvCache> = (0..layers).map(|_| KvCache::with_format(format)).collect();
+        let found = fit_format(found, format);
         let (tokens, divergence) = (found.tokens, found.divergence);
         let shared = self
             .hot
@@ -414,7 +426,11 @@ impl PrefixCache {
                     .enumerate()
                     .all(|(l, c)| c.resumes_at(at as i32, windows.get(l).copied().flatten()))
         };
-        let usable = self.hot.as_ref().is_some_and(|hot| shared >= tokens.max(1) && resumes(hot, shared));
+        // Quantized buffers serve only a prompt past the start (see `fit_format`).
+        let in_format =
+            |hot: &Hot| format.due(shared as i32).is_some() || hot.caches.iter().all(|c| c.buffers().quant.is_none());
+        let usable =
+            self.hot.as_ref().is_some_and(|hot| shared >= tokens.max(1) && resumes(hot, shared) && in_format(hot));
         match self.hot.take() {
             Some(mut hot) if usable => {
                 // The conversation's own buffers, cut back to what the prompt shares: no copy.
@@ -425,7 +441,7 @@ impl PrefixCache {
             hot => self.hot = hot,
         }
         if tokens > 0 {
-            caches = gather(&found.blocks, layers, prompt.len(), &self.windows, &self.recurrent)?;
+            caches = gather(&found.blocks, layers, prompt.len(), &self.windows, &self.recurrent, format)?;
         }
         Ok(Restored { tokens, caches, divergence })
     }
@@ -434,14 +450,15 @@ impl PrefixCache {
     /// (a segment rows share), when the cache holds all of them. The cached blocks become views
     /// of it, so those keys and values are in memory once, for the cache and the batch, until
     /// `release_segment`.
-    pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(Array, Array)>>> {
+    /// In the format `len` tokens are due (see [`KvFormat`]), or quantized when the blocks are.
+    pub fn segment(&mut self, prompt: &[u32], len: usize, layers: usize) -> Result<Option<Vec<(KvTensor, KvTensor)>>> {
         self.release_segment()?;
         // Hybrids share no segment (their state is per row): nothing to read from disk for one.
         if self.recurrent.contains(&true) {
             return Ok(None);
         }
         self.pull_from_disk(prompt, len);
-        let found = self.store.find(prompt, len);
+        let found = fit_format(self.store.find(prompt, len), self.format);
         let whole = found.blocks.iter().all(|(_, n)| *n == BLOCK_TOKENS);
         if found.tokens < len
             || !whole
@@ -454,16 +471,22 @@ impl PrefixCache {
         let mut out = Vec::with_capacity(layers);
         for layer in 0..layers {
             let (keys, values) = pieces(&found.blocks, 0, layer)?;
-            out.push((concatenate(&keys, 2)?, concatenate(&values, 2)?));
+            let quant = self.format.due(len as i32).or_else(|| keys.iter().find_map(KvTensor::quant));
+            let joined = |pieces: &[KvTensor]| -> Result<KvTensor> {
+                let pieces = pieces.iter().map(|p| p.in_format(quant)).collect::<Result<Vec<_>>>()?;
+                KvTensor::concatenate(&pieces, 2)
+            };
+            out.push((joined(&keys)?, joined(&values)?));
         }
-        mlx_rs::transforms::eval(out.iter().flat_map(|(k, v)| [k, v]))?;
+        mlx_rs::transforms::eval(out.iter().flat_map(|(k, v)| k.parts().into_iter().chain(v.parts())))?;
         let keys = found.keys;
         for (i, key) in keys.iter().enumerate() {
             let columns = (i * BLOCK_TOKENS) as i32..((i + 1) * BLOCK_TOKENS) as i32;
             let views = out
                 .iter()
                 .map(|(k, v)| {
-                    Ok((k.try_index((.., .., columns.clone(), ..))?, v.try_index((.., .., columns.clone(), ..))?))
+                    let view = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., columns.clone(), ..))?));
+                    Ok((view(k)?, view(v)?))
                 })
                 .collect::<Result<Vec<_>>>()?;
             self.store.replace_payload(key, LayerBlocks { layers: views, in_segment: true, snapshot: false });
@@ -478,12 +501,9 @@ impl PrefixCache {
         for key in std::mem::take(&mut self.segment_blocks) {
             let Some((_, _, payload)) = self.store.get(&key) else { continue };
             let snapshot = payload.snapshot;
-            let layers = payload
-                .layers
-                .iter()
-                .map(|(k, v)| Ok((k.contiguous()?, v.contiguous()?)))
-                .collect::<Result<Vec<(Array, Array)>>>()?;
-            mlx_rs::transforms::eval(layers.iter().flat_map(|(k, v)| [k, v]))?;
+            let own = |t: &KvTensor| t.map(|a| Ok(a.contiguous()?));
+            let layers = payload.layers.iter().map(|(k, v)| Ok((own(k)?, own(v)?))).collect::<Result<Vec<_>>>()?;
+            mlx_rs::transforms::eval(layers.iter().flat_map(|(k, v)| k.parts().into_iter().chain(v.parts())))?;
             self.store.replace_payload(&key, LayerBlocks { layers, in_segment: false, snapshot });
         }
         self.store.shrink_to(self.budget);
@@ -496,7 +516,8 @@ impl PrefixCache {
     /// disk) after the segment only: its own blocks are not needed.
     pub fn restore_after(&mut self, prompt: &[u32], limit: usize, layers: usize, skip: usize) -> Result<Restored> {
         let limit = limit.min(prompt.len());
-        let empty = || (0..layers).map(|_| KvCache::new()).collect::<Vec<_>>();
+        let format = self.format;
+        let empty = || (0..layers).map(|_| KvCache::with_format(format)).collect::<Vec<_>>();
         if !skip.is_multiple_of(BLOCK_TOKENS) || skip >= limit {
             return Ok(Restored { tokens: skip.min(limit), caches: empty(), divergence: None });
         }
@@ -504,8 +525,14 @@ impl PrefixCache {
         let rest = &prompt[skip..limit];
         self.pull_from_disk_after(parent, rest);
         let found = self.store.find_from(parent, rest);
+        // The segment is past the start or held at full precision (see `segment`): the blocks after
+        // it are too, or they are not used.
+        let found = match format.due(skip as i32) {
+            Some(_) => found,
+            None => fit_format(found, KvFormat { start: format.start - skip as i32, ..format }),
+        };
         let caches = if found.tokens > 0 {
-            gather(&found.blocks, layers, prompt.len() - skip, &self.windows, &self.recurrent)?
+            gather(&found.blocks, layers, prompt.len() - skip, &self.windows, &self.recurrent, format)?
         } else {
             empty()
         };
@@ -564,8 +591,8 @@ impl PrefixCache {
         let tokens = &tokens[..tokens.len().min(held)];
         let recurrent = sources.iter().any(|s| matches!(s, Source::State(_)));
         let snapshot_at = (recurrent && snapshot && tokens.len() == len && len > 0).then_some(len);
-        let mut fresh: Vec<Array> = Vec::new();
-        let make = |start: usize, end: usize, fresh: &mut Vec<Array>| -> Result<Option<LayerBlocks>> {
+        let mut fresh: Vec<KvTensor> = Vec::new();
+        let make = |start: usize, end: usize, fresh: &mut Vec<KvTensor>| -> Result<Option<LayerBlocks>> {
             let snap = snapshot_at == Some(end);
             let mut layers = Vec::with_capacity(sources.len());
             for source in sources {
@@ -574,11 +601,11 @@ impl PrefixCache {
                     Source::Kv(segments, from) => span(segments, (start - from) as i32, (end - from) as i32)?,
                     // One or two state arrays (short convolutions keep one).
                     Source::State(states) if snap && matches!(states.len(), 1 | 2) => {
-                        let second = states.get(1).map_or(Ok(placeholder()), Array::contiguous)?;
-                        (states[0].contiguous()?, second)
+                        let second = states.get(1).map_or(Ok(placeholder()), |s| s.contiguous())?;
+                        (KvTensor::Dense(states[0].contiguous()?), KvTensor::Dense(second))
                     }
                     Source::State(_) if snap => return Ok(None),
-                    Source::State(_) => (placeholder(), placeholder()),
+                    Source::State(_) => (KvTensor::Dense(placeholder()), KvTensor::Dense(placeholder())),
                 };
                 fresh.extend([pair.0.clone(), pair.1.clone()]);
                 layers.push(pair);
@@ -599,20 +626,19 @@ impl PrefixCache {
         }
         // Materialised now, so that the blocks stop referring to the request's buffers.
         if !fresh.is_empty() {
-            mlx_rs::transforms::eval(&fresh)?;
+            mlx_rs::transforms::eval(fresh.iter().flat_map(KvTensor::parts))?;
         }
         // Written through to disk (by the disk tier's thread), so a restart finds them.
         if let Some(disk) = self.disk.as_mut() {
             for key in &added {
                 let Some((parent, tokens, payload)) = self.store.get(key) else { continue };
-                let layers: Option<Vec<(Tensor, Tensor)>> = payload
-                    .layers
-                    .iter()
-                    .map(|(k, v)| Some((Tensor::from_array(k)?, Tensor::from_array(v)?)))
-                    .collect();
+                let tensors = |t: &KvTensor| t.parts().into_iter().map(Tensor::from_array).collect::<Option<Vec<_>>>();
+                let layers: Option<Vec<_>> =
+                    payload.layers.iter().map(|(k, v)| Some((tensors(k)?, tensors(v)?))).collect();
+                let quant = payload.layers.iter().find_map(|(k, _)| k.quant());
                 if let Some(layers) = layers {
                     let snapshot = payload.snapshot;
-                    disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers, snapshot });
+                    disk.write(*key, BlockFile { parent: *parent, tokens: tokens.to_vec(), layers, snapshot, quant });
                 }
             }
         }
@@ -621,10 +647,29 @@ impl PrefixCache {
     }
 }
 
+/// `found` cut to what a request in `format` may use: a hit shorter than the start (whose prefill
+/// goes on at full precision) takes only the blocks held at full precision, since a cold prefill
+/// would have those keys and values unrounded; past the start, every block serves (those at full
+/// precision are quantized as they are restored: the same numbers as converting them in place).
+fn fit_format(mut found: Found<'_, LayerBlocks>, format: KvFormat) -> Found<'_, LayerBlocks> {
+    if format.quant.is_none() || found.tokens >= format.start.max(0) as usize {
+        return found;
+    }
+    let dense = |b: &LayerBlocks| b.layers.iter().all(|(k, v)| k.quant().is_none() && v.quant().is_none());
+    let usable = found.blocks.iter().take_while(|(b, _)| dense(b)).count();
+    if usable < found.blocks.len() {
+        found.blocks.truncate(usable);
+        found.keys.truncate(usable);
+        found.tokens = found.blocks.iter().map(|(_, n)| n).sum();
+        found.divergence = None;
+    }
+    found
+}
+
 /// What a row gives a block, per layer: keys and values (its segments, from a position on), or
 /// a recurrent layer's state where the row is.
 enum Source {
-    Kv(Vec<(Array, Array)>, usize),
+    Kv(Vec<(KvTensor, KvTensor)>, usize),
     State(Vec<Array>),
 }
 
@@ -635,18 +680,26 @@ fn placeholder() -> Array {
 }
 
 /// Columns `start..end` of segments that follow one another, as one contiguous copy.
-fn span(segments: &[(Array, Array)], start: i32, end: i32) -> Result<(Array, Array)> {
+fn span(segments: &[(KvTensor, KvTensor)], start: i32, end: i32) -> Result<(KvTensor, KvTensor)> {
     let (mut keys, mut values, mut at) = (Vec::new(), Vec::new(), 0);
     for (k, v) in segments {
         let (from, to) = ((start - at).max(0), (end - at).min(k.dim(2)));
         if from < to {
-            keys.push(k.try_index((.., .., from..to, ..))?);
-            values.push(v.try_index((.., .., from..to, ..))?);
+            keys.push(k.map(|a| Ok(a.try_index((.., .., from..to, ..))?))?);
+            values.push(v.map(|a| Ok(a.try_index((.., .., from..to, ..))?))?);
         }
         at += k.dim(2);
     }
-    let one = |mut parts: Vec<Array>| -> Result<Array> {
-        Ok(if parts.len() == 1 { parts.pop().expect("one").contiguous()? } else { concatenate(&parts, 2)? })
+    // A row's segments are in one format (the batch's) unless the shared one is not: then the
+    // block takes the row's own.
+    let quant = keys.last().and_then(KvTensor::quant);
+    let one = |parts: Vec<KvTensor>| -> Result<KvTensor> {
+        let mut parts = parts.iter().map(|p| p.in_format(quant)).collect::<Result<Vec<_>>>()?;
+        Ok(if parts.len() == 1 {
+            parts.pop().expect("one").map(|a| Ok(a.contiguous()?))?
+        } else {
+            KvTensor::concatenate(&parts, 2)?
+        })
     };
     Ok((one(keys)?, one(values)?))
 }
@@ -661,14 +714,17 @@ fn gather(
     room_for: usize,
     windows: &[Option<usize>],
     recurrent: &[bool],
+    format: KvFormat,
 ) -> Result<Vec<KvCache>> {
     let total: usize = blocks.iter().map(|(_, n)| n).sum();
     let mut caches = Vec::with_capacity(layers);
     for layer in 0..layers {
         if recurrent.get(layer).copied().unwrap_or(false) {
             let (conv, state) = blocks.last().map(|(b, _)| b.layers[layer].clone()).unzip();
+            let dense = |t: KvTensor| t.dense().ok();
             // A placeholder (one dimension) stands for a layer's missing second state.
-            let states = conv.into_iter().chain(state.filter(|s| s.ndim() > 1)).collect();
+            let states =
+                conv.and_then(dense).into_iter().chain(state.and_then(dense).filter(|s| s.ndim() > 1)).collect();
             caches.push(KvCache::recurrent(states, total as i32));
             continue;
         }
@@ -676,23 +732,23 @@ fn gather(
             Some(w) => {
                 let skip = total.saturating_sub(window_keep(w) as usize);
                 let (keys, values) = pieces(blocks, skip, layer)?;
-                KvCache::from_pieces(&keys, &values, 0)?.starting_at(skip as i32)
+                KvCache::from_pieces(&keys, &values, 0, format)?.starting_at(skip as i32)
             }
             None => {
                 let (keys, values) = pieces(blocks, 0, layer)?;
-                KvCache::from_pieces(&keys, &values, room_for as i32)?
+                KvCache::from_pieces(&keys, &values, room_for as i32, format)?
             }
         };
         caches.push(cache);
     }
-    let arrays: Vec<Array> =
+    let held: Vec<KvTensor> =
         caches.iter().flat_map(|c| c.contents().ok().flatten().map(|(k, v)| [k, v])).flatten().collect();
-    mlx_rs::transforms::eval(&arrays)?;
+    mlx_rs::transforms::eval(held.iter().flat_map(KvTensor::parts))?;
     Ok(caches)
 }
 
 /// Layer `layer`'s keys and values of positions `skip..` of found blocks, as views.
-fn pieces(blocks: &[(&LayerBlocks, usize)], skip: usize, layer: usize) -> Result<(Vec<Array>, Vec<Array>)> {
+fn pieces(blocks: &[(&LayerBlocks, usize)], skip: usize, layer: usize) -> Result<(Vec<KvTensor>, Vec<KvTensor>)> {
     let (mut keys, mut values, mut at) = (Vec::new(), Vec::new(), 0);
     for (block, n) in blocks {
         let (k, v) = &block.layers[layer];
@@ -702,17 +758,30 @@ fn pieces(blocks: &[(&LayerBlocks, usize)], skip: usize, layer: usize) -> Result
             continue;
         }
         let whole = from == 0 && k.dim(2) == to;
-        keys.push(if whole { k.clone() } else { k.try_index((.., .., from..to, ..))? });
-        values.push(if whole { v.clone() } else { v.try_index((.., .., from..to, ..))? });
+        let cut = |t: &KvTensor| t.map(|a| Ok(a.try_index((.., .., from..to, ..))?));
+        keys.push(if whole { k.clone() } else { cut(k)? });
+        values.push(if whole { v.clone() } else { cut(v)? });
     }
     Ok((keys, values))
 }
 
 /// A block read from disk as arrays.
 fn payload_of(block: &BlockFile) -> Option<LayerBlocks> {
-    let layers: Vec<(Array, Array)> = block.layers.iter().map(|(k, v)| (k.to_array(), v.to_array())).collect();
+    let tensor = |parts: &[Tensor]| -> Option<KvTensor> {
+        match (parts, block.quant) {
+            ([one], _) => Some(KvTensor::Dense(one.to_array())),
+            ([packed, scales, biases], Some(quant)) => Some(KvTensor::Quantized {
+                packed: packed.to_array(),
+                scales: scales.to_array(),
+                biases: biases.to_array(),
+                quant,
+            }),
+            _ => None,
+        }
+    };
+    let layers: Vec<(KvTensor, KvTensor)> =
+        block.layers.iter().map(|(k, v)| Some((tensor(k)?, tensor(v)?))).collect::<Option<_>>()?;
     // The arrays copy the bytes when evaluated; do it now, while the bytes are alive.
-    let all: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
-    mlx_rs::transforms::eval(all).ok()?;
+    mlx_rs::transforms::eval(layers.iter().flat_map(|(k, v)| k.parts().into_iter().chain(v.parts()))).ok()?;
     Some(LayerBlocks { layers, in_segment: false, snapshot: block.snapshot })
 }
