@@ -148,3 +148,30 @@ async fn a_draft_model_loads_and_unloads_with_its_model() {
     assert_eq!(info.weights_bytes, own + draft_weights, "the draft's weights count in the model's");
     alone.unload_all().await;
 }
+
+/// A model with a KV format of its own (`--model-kv`) is served with it; the others with the
+/// server's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_of_its_own_kv_format_is_served_with_it() {
+    let _mlx = common::mlx_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let server = fastmlx::model::KvFormat::from_settings(8, 32, 0).unwrap();
+    let config = ResidencyConfig {
+        engine: EngineConfig { kv_budget_bytes: Some(256 << 20), kv_format: server, ..Default::default() },
+        memory_budget: 4096 * MB,
+        model_kv: vec!["tiny-qwen2=4/32/100".parse().unwrap(), "tiny-llama=off".parse().unwrap()],
+        ..Default::default()
+    };
+    let r = Residency::new(Catalog::new(StorePaths::only(&models(dir.path()))), config);
+    let format = |id: &'static str| {
+        let r = &r;
+        async move { r.serve(Some(id)).await.unwrap().engine.config().kv_format }
+    };
+    assert_eq!(format("tiny-qwen2").await, fastmlx::model::KvFormat::from_settings(4, 32, 100).unwrap());
+    assert_eq!(format("tiny-llama").await, fastmlx::model::KvFormat::FULL);
+    r.unload_all().await;
+    // The tiny Qwen3's heads are 48 wide: the server's group of 32 cannot split them, and the
+    // load says so.
+    let error = r.serve(Some("tiny-qwen3")).await.err().expect("refused");
+    assert!(error.to_string().contains("does not divide the model's head size 48"), "{error}");
+}

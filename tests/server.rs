@@ -710,7 +710,25 @@ async fn settings_change_while_serving() {
     assert_eq!(status, StatusCode::OK);
     let (_, s) = send_json(&h, get("/admin/settings")).await;
     assert!(s["keep_alive_secs"].is_null() && s["max_batch"] == 4);
+    // KV-cache quantization, for the models loaded from now on, server-wide and per model.
+    assert_eq!(
+        (s["kv_bits"].as_i64(), s["kv_group_size"].as_i64(), s["kv_start"].as_i64()),
+        (Some(0), Some(64), Some(0))
+    );
+    let change = json!({"kv_bits": 8, "kv_start": 2048, "model_kv": ["big-coder=4/32", "small=off"]});
+    let (status, s) = send_json(&h, post("/admin/settings", change.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{s}");
+    assert_eq!((s["kv_bits"].as_i64(), s["kv_start"].as_i64()), (Some(8), Some(2048)));
+    assert_eq!(s["model_kv"], json!(["big-coder=4/32/0", "small=off"]));
+    let saved = fastmlx::config_file::parse(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
+    let value = |key: &str| saved.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    assert_eq!(value("FASTMLX_KV_BITS").as_deref(), Some("8"));
+    assert_eq!(value("FASTMLX_KV_START").as_deref(), Some("2048"));
+    assert_eq!(value("FASTMLX_MODEL_KV").as_deref(), Some("big-coder=4/32/0,small=off"));
     for (bad, param) in [
+        (json!({"kv_bits": 3}), "kv_bits"),
+        (json!({"kv_group_size": 48}), "kv_bits"),
+        (json!({"model_kv": ["x=5"]}), "model_kv"),
         (json!({"max_batch": 0}), "max_batch"),
         (json!({"memory_budget_mb": 1}), "memory_budget_mb"),
         (json!({"colour": "red"}), ""),

@@ -6,7 +6,9 @@ Run by scripts/bench.sh; by hand (from the repository root):
 
 Times mlx-lm's own `generate_step` (greedy, EOS ignored) the way `fastmlx bench` times itself:
 prompt tok/s = prompt tokens / time to the first token; decode tok/s = tokens after the first /
-time after the first. Median of --runs after one warm-up.
+time after the first. Median of --runs after one warm-up. With --kv-bits, mlx-lm's
+`QuantizedKVCache` from the first token (as FastMLX's `--kv-start 0`), and the caches' bytes at the
+end (KV).
 """
 
 import argparse
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.utils import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,27 +33,42 @@ def bench_prompt(n):  # as fastmlx's cli/bench_cmd.rs
     return [1000 + (i * 7919) % 30000 for i in range(n)]  # salt 0
 
 
-def once(model, prompt, gen_tokens):
+def caches(model, kv):
+    cache = make_prompt_cache(model)
+    if kv is None:
+        return cache
+    bits, group = kv
+    return [QuantizedKVCache(group_size=group, bits=bits) if type(c) is KVCache else c for c in cache]
+
+
+def once(model, prompt, gen_tokens, kv=None):
+    cache = caches(model, kv)
     tic = time.perf_counter()
-    steps = generate_step(mx.array(prompt), model, max_tokens=gen_tokens, sampler=lambda x: mx.argmax(x, axis=-1))
+    steps = generate_step(
+        mx.array(prompt), model, max_tokens=gen_tokens, sampler=lambda x: mx.argmax(x, axis=-1), prompt_cache=cache
+    )
     first = None
     for n, (token, _) in enumerate(steps):
         if n == 0:
             first = time.perf_counter()
     end = time.perf_counter()
-    return len(prompt) / (first - tic), (gen_tokens - 1) / (end - first)
+    kv_bytes = sum(c.nbytes for c in cache)
+    return len(prompt) / (first - tic), (gen_tokens - 1) / (end - first), first - tic, kv_bytes
 
 
 def bench(name, model, args):
     prompt = bench_prompt(args.prompt_tokens)
-    once(model, prompt, args.gen_tokens)
-    runs = [once(model, prompt, args.gen_tokens) for _ in range(args.runs)]
+    kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
+    once(model, prompt[: min(len(prompt), 256)], 4, kv)  # warm-up
     mx.reset_peak_memory()
-    once(model, prompt, args.gen_tokens)
+    runs = [once(model, prompt, args.gen_tokens, kv) for _ in range(args.runs)]
     peak = mx.get_peak_memory()
+    label = f"kv {args.kv_bits}-bit g{args.kv_group_size} from 0" if kv else "kv full"
     print(
-        f"mlx-lm   {name:<40} prompt {args.prompt_tokens:>5} tok: {statistics.median(r[0] for r in runs):>8.1f} tok/s"
-        f" | decode {args.gen_tokens:>4} tok: {statistics.median(r[1] for r in runs):>7.1f} tok/s | peak {peak / 1e6:.0f} MB | cpu"
+        f"mlx-lm   {name:<40} prompt {args.prompt_tokens:>5} tok: {statistics.median(r[0] for r in runs):>8.1f} tok/s,"
+        f" TTFT {statistics.median(r[2] for r in runs) * 1e3:>7.0f} ms"
+        f" | decode {args.gen_tokens:>4} tok: {statistics.median(r[1] for r in runs):>7.1f} tok/s"
+        f" | KV {runs[-1][3] / 1e6:.1f} MB ({label}) | peak {peak / 1e6:.0f} MB | cpu"
     )
 
 
@@ -63,6 +81,8 @@ def main():
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--skip-packed", action="store_true", help="skip the (slow) packed-weight runs")
+    p.add_argument("--kv-bits", type=int, default=0, help="quantize the KV cache (QuantizedKVCache from the start)")
+    p.add_argument("--kv-group-size", type=int, default=64)
     args = p.parse_args()
     model, _, _ = gguf_model(GGUF, dense=True)
     bench(GGUF.stem + " (f32)", model, args)

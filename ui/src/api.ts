@@ -274,6 +274,8 @@ export interface Settings {
   kv_bits: number;
   kv_group_size: number;
   kv_start: number;
+  /** Models with a KV format of their own: `MODEL=BITS/GROUP/START` or `MODEL=off`. */
+  model_kv: string[];
 }
 
 export interface ModelMetrics {

@@ -104,6 +104,10 @@ pub struct ServeArgs {
     draft_model: Option<String>,
     #[command(flatten)]
     kv: super::KvArgs,
+    /// A model's own KV-cache format, as MODEL=BITS[/GROUP[/START]] (repeatable; BITS 8, 4 or
+    /// off): `--model-kv qwen3-coder-30b=4 --model-kv smollm2=off`. Others use --kv-bits.
+    #[arg(long = "model-kv", env = "FASTMLX_MODEL_KV", value_delimiter = ',')]
+    model_kv: Vec<crate::store::ModelKv>,
 }
 
 impl ServeArgs {
@@ -134,6 +138,7 @@ impl ServeArgs {
             },
             load: self.weights.load_options(),
             keep_alive: self.keep_alive.map(std::time::Duration::from_secs),
+            model_kv: self.model_kv.clone(),
             ..Default::default()
         };
         if let Some(mb) = self.memory_budget_mb {

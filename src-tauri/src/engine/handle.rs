@@ -188,6 +188,11 @@ impl EngineHandle {
         &self.shared.info
     }
 
+    /// What the engine was started with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
     /// Queues a request. Fails at once, without queuing, when the request can never run or
     /// the queue is full.
     pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {

@@ -32,6 +32,8 @@ pub struct Settings {
     kv_bits: i32,
     kv_group_size: i32,
     kv_start: i32,
+    /// Models with a KV format of their own, as `MODEL=BITS/GROUP/START` (or `MODEL=off`).
+    model_kv: Vec<String>,
 }
 
 fn current(state: &AppState) -> Settings {
@@ -51,6 +53,7 @@ fn current(state: &AppState) -> Settings {
         kv_bits,
         kv_group_size,
         kv_start,
+        model_kv: config.model_kv.iter().map(ToString::to_string).collect(),
     }
 }
 
@@ -72,6 +75,8 @@ struct Change {
     kv_bits: Option<i32>,
     kv_group_size: Option<i32>,
     kv_start: Option<i32>,
+    /// Replaces the models' own KV formats (`MODEL=BITS[/GROUP[/START]]` each).
+    model_kv: Option<Vec<String>>,
 }
 
 /// Tells a field sent as `null` from one not sent.
@@ -99,8 +104,20 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         change.kv_start.unwrap_or(start),
     )
     .map_err(|message| ApiError::invalid("kv_bits", &message))?;
+    let model_kv = match &change.model_kv {
+        Some(list) => Some(
+            list.iter()
+                .map(|s| s.parse::<crate::store::ModelKv>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|message| ApiError::invalid("model_kv", message))?,
+        ),
+        None => None,
+    };
     let config = state.models.update_config(|c| {
         c.engine.kv_format = kv_format;
+        if let Some(list) = model_kv {
+            c.model_kv = list;
+        }
         if let Some(b) = change.max_batch {
             c.engine.max_batch = b;
         }
@@ -124,6 +141,10 @@ pub async fn post(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         ];
         if change.prefix_cache_mb.is_some() {
             changes.push(("prefix_cache_mb", int((config.engine.prefix_cache_bytes >> 20) as u64)));
+        }
+        if change.model_kv.is_some() {
+            let list: Vec<_> = config.model_kv.iter().map(|m| toml::Value::String(m.to_string())).collect();
+            changes.push(("model_kv", (!list.is_empty()).then_some(toml::Value::Array(list))));
         }
         if kv_change {
             let (bits, group_size, start) = config.engine.kv_format.settings();

@@ -45,6 +45,8 @@ pub struct ResidencyConfig {
     /// Draft models (`--draft-model`): a catalog id, and the catalog id of the model that drafts
     /// tokens for it, loaded with it.
     pub drafts: Vec<(String, String)>,
+    /// Models with a KV format of their own (`--model-kv`); the others use `engine.kv_format`.
+    pub model_kv: Vec<super::ModelKv>,
 }
 
 impl Default for ResidencyConfig {
@@ -55,6 +57,7 @@ impl Default for ResidencyConfig {
             memory_budget: crate::mlx::default_ceiling(),
             keep_alive: None,
             drafts: Vec::new(),
+            model_kv: Vec::new(),
         }
     }
 }
@@ -232,6 +235,7 @@ impl Residency {
         let engine_config = EngineConfig {
             kv_budget_bytes: Some(kv as usize),
             memory_ceiling: Some(config.memory_budget as usize),
+            kv_format: super::model_kv::format_for(&config.model_kv, &model.id, config.engine.kv_format),
             ..config.engine.clone()
         };
         let (path, options) = (model.path.clone(), config.load);

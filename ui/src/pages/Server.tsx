@@ -11,6 +11,7 @@ interface Form {
   keep_alive_secs: string;
   kv_bits: string;
   kv_start: string;
+  model_kv: string;
 }
 
 function formOf(s: Settings): Form {
@@ -21,6 +22,7 @@ function formOf(s: Settings): Form {
     keep_alive_secs: s.keep_alive_secs == null ? "" : String(s.keep_alive_secs),
     kv_bits: String(s.kv_bits ?? 0),
     kv_start: String(s.kv_start ?? 0),
+    model_kv: (s.model_kv ?? []).join(", "),
   };
 }
 
@@ -74,7 +76,7 @@ export function ServerPage() {
   async function save(e: Event) {
     e.preventDefault();
     if (!form || !settings) return;
-    const changes: Record<string, number | null> = {};
+    const changes: Record<string, number | null | string[]> = {};
     const int = (v: string) => (v.trim() === "" ? null : Number(v));
     const wanted = {
       max_batch: int(form.max_batch),
@@ -91,6 +93,11 @@ export function ServerPage() {
       }
       if (value !== settings[name as keyof typeof wanted]) changes[name] = value;
     }
+    const modelKv = form.model_kv
+      .split(",")
+      .map((m) => m.trim())
+      .filter((m) => m);
+    if (modelKv.join(",") !== (settings.model_kv ?? []).join(",")) changes.model_kv = modelKv;
     if (wanted.max_batch === null) {
       setError("max batch must be a whole number");
       return;
@@ -261,6 +268,11 @@ print(reply.choices[0].message.content)`,
             </select>
             <label for="kv-start">Quantize from (tokens; shorter conversations stay at full precision)</label>
             <input id="kv-start" type="number" min="0" step="1" {...field("kv_start")} data-testid="kv-start" />
+            <label for="model-kv">
+              Per model (MODEL=BITS[/GROUP[/START]], comma-separated; BITS 8, 4 or off): e.g. a large coder at 4 bits
+              while a small model stays exact
+            </label>
+            <input id="model-kv" type="text" placeholder="qwen3-coder-30b=4, smollm2=off" {...field("model_kv")} data-testid="model-kv" />
             <label for="keep-alive">Keep-alive (seconds idle before a model unloads; empty: never)</label>
             <input id="keep-alive" type="number" min="0" step="1" placeholder="never" {...field("keep_alive_secs")} data-testid="keep-alive" />
             <div class="row">

@@ -76,10 +76,11 @@ impl KvFormat {
         if start < 0 {
             return Err(format!("the KV start must be 0 or more, not {start}"));
         }
-        if bits == 0 {
-            return Ok(KvFormat::FULL);
-        }
         let quant = KvQuant { bits, group_size };
+        if bits == 0 {
+            // Checked all the same: a group size set for later is not silently a bad one.
+            return KvQuant { bits: 8, ..quant }.check_format().map(|()| KvFormat::FULL).map_err(|e| e.to_string());
+        }
         quant.check_format().map_err(|e| e.to_string())?;
         Ok(KvFormat { quant: Some(quant), start })
     }

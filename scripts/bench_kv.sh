@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# KV-cache quantization on SmolLM2 (f32 compute, quantized weights expanded, as FastMLX runs it on a
+# CPU by default): KV bytes, TTFT and decode speed at 4k and 16k tokens of context with the KV cache
+# at full precision, 8 and 4 bits, FastMLX (`fastmlx bench --kv-bits`) then mlx-lm
+# (`QuantizedKVCache` from the first token) with the same bits, one after the other.
+#   scripts/bench_kv.sh [--gen-tokens 64] [--runs 1]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh" --test
+cd "$ROOT"
+BIN=${FASTMLX_BIN:-./target/release/fastmlx}
+[[ $BIN == ./target/release/fastmlx ]] && cargo build --locked --release --quiet
+ARGS=(--gen-tokens 64 --runs 1 "$@")
+echo "machine: $(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)"
+for ctx in 4096 16384; do
+  for bits in 0 8 4; do
+    "$BIN" bench --prompt-tokens "$ctx" --kv-bits "$bits" "${ARGS[@]}"
+    .cache/venv/bin/python scripts/reference/bench_mlx_lm.py --skip-packed --prompt-tokens "$ctx" --kv-bits "$bits" \
+      "${ARGS[@]}"
+  done
+done
