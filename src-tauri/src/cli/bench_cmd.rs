@@ -39,6 +39,10 @@ pub struct BenchArgs {
     schema: Option<PathBuf>,
     #[command(flatten)]
     kv: super::KvArgs,
+    /// Single stream: let the model run past its own context window, to this many tokens (a
+    /// benchmark's numbers only: SmolLM2 was trained on 8192).
+    #[arg(long)]
+    context: Option<usize>,
 }
 
 /// Prompt ids the Python side (scripts/reference/bench_mlx_lm.py) builds the same way;
@@ -58,7 +62,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 fn single_stream(args: &BenchArgs) -> anyhow::Result<()> {
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
-    let model = load_model_with(&path, &backend, &args.weights.load_options())?;
+    let mut model = load_model_with(&path, &backend, &args.weights.load_options())?;
+    if let Some(context) = args.context {
+        model.transformer.config.max_position_embeddings = context;
+    }
     let kv_format = args.kv.format()?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     let request = GenerateRequest {
