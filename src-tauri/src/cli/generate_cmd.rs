@@ -135,8 +135,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 pub struct MakeTestModelArgs {
     /// A `model_type`: llama, mistral, qwen2, qwen3, phi3, qwen3_moe, qwen2_moe, mixtral,
     /// gemma3_text, gpt_oss, ministral3, gemma4_text
-    #[arg(long, required_unless_present = "scripted")]
+    #[arg(long, required_unless_present_any = ["scripted", "encoder"])]
     arch: Option<String>,
+    /// Instead: a tiny encoder (embedding model or reranker) in the sentence-transformers layout:
+    /// bert-mean, bert-cls, bert-max-dense, bert-multi, bert-lasttoken, xlmr-mean, bert-reranker,
+    /// xlmr-reranker.
+    #[arg(long, conflicts_with_all = ["arch", "scripted"])]
+    encoder: Option<String>,
     /// Output folder.
     out: PathBuf,
     #[arg(long, default_value_t = 0)]
@@ -211,6 +216,13 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
         }
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());
+        return Ok(());
+    }
+    if let Some(name) = &args.encoder {
+        let variant = crate::fixtures::synthetic_encoder::encoder_variant(name)
+            .with_context(|| format!("unknown tiny encoder {name:?}"))?;
+        crate::fixtures::synthetic_encoder::write_tiny_encoder(&args.out, &variant, args.seed)?;
+        eprintln!("wrote a tiny {name} encoder to {}", args.out.display());
         return Ok(());
     }
     let name = args.arch.as_deref().context("--arch is required")?;

@@ -6,6 +6,7 @@
 
 mod batch;
 mod config;
+pub mod embed;
 mod handle;
 pub mod kv;
 pub mod lanes;

@@ -2,7 +2,9 @@
 
 pub mod arch;
 pub mod cache;
+pub mod checkpoint;
 pub mod config;
+pub mod encoder;
 pub mod error;
 mod kernels;
 pub mod layers;
@@ -14,7 +16,7 @@ pub use cache::{BatchKvCache, KvCache, KvFootprint, KvFormat, KvQuant, KvTensor,
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use load::{
-    config_from_json, inspect, load_model, load_model_with, read_config, LoadOptions, LoadedModel, ModelSummary,
-    WeightFormat,
+    config_from_json, inspect, load_model, load_model_with, read_config, LoadOptions, LoadedModel, ModelKind,
+    ModelSummary, WeightFormat,
 };
 pub use transformer::Transformer;

@@ -126,7 +126,10 @@ impl From<crate::store::ResidencyError> for ApiError {
         let message = e.to_string();
         match e {
             ResidencyError::Catalog(CatalogError::NotFound(id)) => ApiError::model_not_found(&id),
-            ResidencyError::Unloadable { .. } | ResidencyError::NoModel => {
+            ResidencyError::Unloadable { .. }
+            | ResidencyError::NoModel
+            | ResidencyError::NoModelOfKind(_)
+            | ResidencyError::WrongKind { .. } => {
                 ApiError { param: Some("model".into()), ..ApiError::bad_request(message) }
             }
             ResidencyError::NotLoaded(_) => ApiError {

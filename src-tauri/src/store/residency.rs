@@ -12,9 +12,11 @@ use tokio::sync::watch;
 
 use super::catalog::{Catalog, CatalogError};
 use super::discover::LocalModel;
+use crate::engine::embed::{BatchLimits, EmbedHandle};
 use crate::engine::{DraftLoader, EngineConfig, EngineHandle};
 use crate::mlx::Backend;
-use crate::model::{load_model_with, LoadOptions, ModelSummary};
+use crate::model::encoder::Embedder;
+use crate::model::{load_model_with, LoadOptions, ModelKind, ModelSummary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResidencyError {
@@ -30,6 +32,18 @@ pub enum ResidencyError {
     NotLoaded(String),
     #[error("no model is loaded and none was named")]
     NoModel,
+    #[error("{id} is {} model, not {}", article(*.kind), article(*.wanted))]
+    WrongKind { id: String, kind: ModelKind, wanted: ModelKind },
+    #[error("no {} model is loaded and none was named", .0.as_str())]
+    NoModelOfKind(ModelKind),
+}
+
+fn article(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Chat => "a chat",
+        ModelKind::Embedding => "an embedding",
+        ModelKind::Reranker => "a reranker",
+    }
 }
 
 #[derive(Clone)]
@@ -66,6 +80,8 @@ impl Default for ResidencyConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadedStatus {
     pub id: String,
+    /// What it serves: chat, embedding or reranker.
+    pub kind: ModelKind,
     pub path: PathBuf,
     /// Weights and KV budget, in bytes.
     pub memory_bytes: u64,
@@ -94,10 +110,40 @@ pub struct Served {
     pub engine: EngineHandle,
 }
 
+/// An embedding model or reranker chosen to serve a request.
+#[derive(Clone)]
+pub struct ServedEncoder {
+    pub id: String,
+    pub engine: EmbedHandle,
+}
+
+/// A loaded model's engine: text generation, or an encoder's.
+#[derive(Clone)]
+enum Engine {
+    Chat(EngineHandle),
+    Encoder(EmbedHandle),
+}
+
+impl Engine {
+    fn kind(&self) -> ModelKind {
+        match self {
+            Engine::Chat(_) => ModelKind::Chat,
+            Engine::Encoder(e) => e.info().kind.into(),
+        }
+    }
+
+    fn shutdown(&self) {
+        match self {
+            Engine::Chat(e) => e.shutdown(),
+            Engine::Encoder(e) => e.shutdown(),
+        }
+    }
+}
+
 struct Resident {
     id: String,
     path: PathBuf,
-    engine: EngineHandle,
+    engine: Engine,
     /// Weights plus KV budget.
     footprint: u64,
     last_used: Instant,
@@ -106,8 +152,13 @@ struct Resident {
 
 impl Resident {
     fn busy(&self) -> bool {
-        let m = self.engine.snapshot();
-        m.running > 0 || m.queued > 0
+        match &self.engine {
+            Engine::Chat(engine) => {
+                let m = engine.snapshot();
+                m.running > 0 || m.queued > 0
+            }
+            Engine::Encoder(engine) => engine.open_requests() > 0,
+        }
     }
 }
 
@@ -184,23 +235,53 @@ impl Residency {
     pub async fn serve(&self, id: Option<&str>) -> Result<Served, ResidencyError> {
         let id = match id.filter(|i| !i.is_empty()) {
             Some(id) => id.to_string(),
-            None => self.residents().last().map(|r| r.id.clone()).ok_or(ResidencyError::NoModel)?,
+            None => self
+                .residents()
+                .iter()
+                .rev()
+                .find(|r| r.engine.kind() == ModelKind::Chat)
+                .map(|r| r.id.clone())
+                .ok_or(ResidencyError::NoModel)?,
         };
-        if let Some(served) = self.touch(&id) {
-            return Ok(served);
+        let engine = match self.touch(&id) {
+            Some(engine) => engine,
+            None => self.load_engine(&id, None).await?,
+        };
+        chat_engine(id, engine)
+    }
+
+    /// The embedding model or reranker `id` (loading it if needed); with no id, the most recently
+    /// used one of `kind`.
+    pub async fn serve_encoder(&self, id: Option<&str>, kind: ModelKind) -> Result<ServedEncoder, ResidencyError> {
+        let id = match id.filter(|i| !i.is_empty()) {
+            Some(id) => id.to_string(),
+            None => self
+                .residents()
+                .iter()
+                .rev()
+                .find(|r| r.engine.kind() == kind)
+                .map(|r| r.id.clone())
+                .ok_or(ResidencyError::NoModelOfKind(kind))?,
+        };
+        let engine = match self.touch(&id) {
+            Some(engine) => engine,
+            None => self.load_engine(&id, None).await?,
+        };
+        match engine {
+            Engine::Encoder(engine) if ModelKind::from(engine.info().kind) == kind => Ok(ServedEncoder { id, engine }),
+            other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: kind }),
         }
-        self.load(&id, None).await
     }
 
     /// Marks `id` used and returns its engine, if it is loaded.
-    fn touch(&self, id: &str) -> Option<Served> {
+    fn touch(&self, id: &str) -> Option<Engine> {
         let mut residents = self.residents();
         let i = residents.iter().position(|r| r.id == id)?;
         let mut resident = residents.remove(i);
         resident.last_used = Instant::now();
-        let served = Served { id: resident.id.clone(), engine: resident.engine.clone() };
+        let engine = resident.engine.clone();
         residents.push(resident);
-        Some(served)
+        Some(engine)
     }
 
     /// For the command line: loads a model given by id or by path (then known by its id from
@@ -210,19 +291,33 @@ impl Residency {
         self.load(&model.id, None).await
     }
 
-    /// Loads `id` (a catalog id, never a path) unless it is loaded; `keep_alive` overrides the
-    /// default time-out.
+    /// Loads the chat model `id` (a catalog id, never a path) unless it is loaded; `keep_alive`
+    /// overrides the default time-out.
     pub async fn load(&self, id: &str, keep_alive: Option<Duration>) -> Result<Served, ResidencyError> {
+        let engine = self.load_engine(id, keep_alive).await?;
+        chat_engine(id.to_string(), engine)
+    }
+
+    /// Loads `id`, of any kind, unless it is loaded (Ollama's and the UI's load, which serve
+    /// every kind); returns its kind.
+    pub async fn load_any(&self, id: &str, keep_alive: Option<Duration>) -> Result<ModelKind, ResidencyError> {
+        Ok(self.load_engine(id, keep_alive).await?.kind())
+    }
+
+    async fn load_engine(&self, id: &str, keep_alive: Option<Duration>) -> Result<Engine, ResidencyError> {
         let _one_at_a_time = self.inner.loading.lock().await;
-        if let Some(served) = self.touch(id) {
+        if let Some(engine) = self.touch(id) {
             if keep_alive.is_some() {
                 self.set_keep_alive(id, keep_alive);
             }
-            return Ok(served);
+            return Ok(engine);
         }
         let model = self.inner.catalog.find(id)?;
         if let Some(reason) = model.summary.unloadable_reason.clone() {
             return Err(ResidencyError::Unloadable { id: model.id, reason });
+        }
+        if model.summary.kind != ModelKind::Chat {
+            return self.load_encoder(model, keep_alive).await;
         }
         let config = self.config();
         let draft = match config.drafts.iter().find(|(target, _)| *target == model.id) {
@@ -249,17 +344,50 @@ impl Residency {
         .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?
         .map_err(|e| ResidencyError::LoadFailed { id: model.id.clone(), message: e.to_string() })?;
         let footprint = engine.model_info().weights_bytes as u64 + kv;
-        let resident = Resident {
-            id: model.id.clone(),
-            path: model.path,
-            engine: engine.clone(),
+        Ok(self.add_resident(model.id, model.path, Engine::Chat(engine), footprint, keep_alive.or(config.keep_alive)))
+    }
+
+    /// An embedding model or reranker: its weights and one batch's working memory.
+    async fn load_encoder(
+        &self,
+        model: super::discover::LocalModel,
+        keep_alive: Option<Duration>,
+    ) -> Result<Engine, ResidencyError> {
+        let config = self.config();
+        let limits = BatchLimits::default();
+        let working = limits.working_bytes();
+        let weights = estimated_weights_bytes(&model.summary, &config.load);
+        self.make_room(&model.id, weights + working)?;
+        let path = model.path.clone();
+        let failed = |message: String| ResidencyError::LoadFailed { id: model.id.clone(), message };
+        let engine = tokio::task::spawn_blocking(move || {
+            EmbedHandle::start(limits, move || Embedder::load(&path, &Backend::init()))
+        })
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(e.to_string()))?;
+        let footprint = engine.info().weights_bytes as u64 + working;
+        Ok(self.add_resident(
+            model.id,
+            model.path,
+            Engine::Encoder(engine),
             footprint,
-            last_used: Instant::now(),
-            keep_alive: keep_alive.or(config.keep_alive),
-        };
+            keep_alive.or(config.keep_alive),
+        ))
+    }
+
+    fn add_resident(
+        &self,
+        id: String,
+        path: PathBuf,
+        engine: Engine,
+        footprint: u64,
+        keep_alive: Option<Duration>,
+    ) -> Engine {
+        let resident = Resident { id, path, engine: engine.clone(), footprint, last_used: Instant::now(), keep_alive };
         self.residents().push(resident);
         self.inner.changes.send_modify(|n| *n += 1);
-        Ok(Served { id: model.id, engine })
+        engine
     }
 
     /// Frees room for a model whose weights take `weights` bytes, unloading idle models least
@@ -331,23 +459,40 @@ impl Residency {
             .iter()
             .rev()
             .map(|r| {
-                let m = r.engine.snapshot();
-                let info = r.engine.model_info();
                 let idle = now.duration_since(r.last_used);
-                LoadedStatus {
+                let mut status = LoadedStatus {
                     id: r.id.clone(),
+                    kind: r.engine.kind(),
                     path: r.path.clone(),
                     memory_bytes: r.footprint,
-                    weights_bytes: info.weights_bytes as u64,
-                    kv_budget_bytes: info.kv_budget_bytes as u64,
+                    weights_bytes: 0,
+                    kv_budget_bytes: 0,
                     idle_secs: idle.as_secs(),
                     expires_in_secs: r.keep_alive.map(|k| k.saturating_sub(idle).as_secs_f64().ceil() as u64),
-                    running: m.running,
-                    queued: m.queued,
-                    context_length: info.context_length,
-                    draft_model: info.draft_model.clone(),
-                    mtp_head: info.mtp_head,
+                    running: 0,
+                    queued: 0,
+                    context_length: 0,
+                    draft_model: None,
+                    mtp_head: false,
+                };
+                match &r.engine {
+                    Engine::Chat(engine) => {
+                        let (m, info) = (engine.snapshot(), engine.model_info());
+                        status.weights_bytes = info.weights_bytes as u64;
+                        status.kv_budget_bytes = info.kv_budget_bytes as u64;
+                        status.running = m.running;
+                        status.queued = m.queued;
+                        status.context_length = info.context_length;
+                        status.draft_model = info.draft_model.clone();
+                        status.mtp_head = info.mtp_head;
+                    }
+                    Engine::Encoder(engine) => {
+                        status.weights_bytes = engine.info().weights_bytes as u64;
+                        status.running = engine.open_requests();
+                        status.context_length = engine.info().max_tokens;
+                    }
                 }
+                status
             })
             .collect()
     }
@@ -376,9 +521,15 @@ impl Residency {
         self.local_models().into_iter().find(|m| m.id == id).ok_or_else(|| CatalogError::NotFound(id.to_string()))
     }
 
-    /// The engines of the loaded models (metrics).
+    /// The engines of the loaded chat models (metrics).
     pub fn engines(&self) -> Vec<Served> {
-        self.residents().iter().map(|r| Served { id: r.id.clone(), engine: r.engine.clone() }).collect()
+        self.residents()
+            .iter()
+            .filter_map(|r| match &r.engine {
+                Engine::Chat(engine) => Some(Served { id: r.id.clone(), engine: engine.clone() }),
+                Engine::Encoder(_) => None,
+            })
+            .collect()
     }
 
     /// Unloads models idle past their time-out; returns their ids.
@@ -415,6 +566,14 @@ impl Residency {
         for id in ids {
             let _ = self.unload(&id).await;
         }
+    }
+}
+
+/// The chat engine `engine` is, or why it is not one.
+fn chat_engine(id: String, engine: Engine) -> Result<Served, ResidencyError> {
+    match engine {
+        Engine::Chat(engine) => Ok(Served { id, engine }),
+        other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: ModelKind::Chat }),
     }
 }
 

@@ -13,6 +13,8 @@ use crate::model::config::Arch;
 pub struct ModelSummary {
     /// `hf` (a folder with config.json) or `gguf`.
     pub format: &'static str,
+    /// What it serves: chat (text generation), embedding or reranker.
+    pub kind: ModelKind,
     /// `model_type` / `general.architecture`.
     pub architecture: Option<String>,
     pub parameters: Option<u64>,
@@ -27,6 +29,38 @@ pub struct ModelSummary {
     pub unloadable_reason: Option<String>,
 }
 
+/// What a model serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Text generation: the chat and completion APIs.
+    #[default]
+    Chat,
+    /// Text to vectors: `/v1/embeddings`, `/api/embed`.
+    Embedding,
+    /// Query-document relevance: `/v1/rerank`.
+    Reranker,
+}
+
+impl From<crate::model::encoder::EncoderKind> for ModelKind {
+    fn from(kind: crate::model::encoder::EncoderKind) -> Self {
+        match kind {
+            crate::model::encoder::EncoderKind::Embedding => ModelKind::Embedding,
+            crate::model::encoder::EncoderKind::Reranker => ModelKind::Reranker,
+        }
+    }
+}
+
+impl ModelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Chat => "chat",
+            ModelKind::Embedding => "embedding",
+            ModelKind::Reranker => "reranker",
+        }
+    }
+}
+
 /// Describes the model at `path` (a folder with `config.json`, or a `.gguf` file).
 pub fn inspect(path: &Path) -> ModelSummary {
     if path.is_dir() {
@@ -39,6 +73,7 @@ pub fn inspect(path: &Path) -> ModelSummary {
 fn inspect_folder(dir: &Path) -> ModelSummary {
     let mut summary = ModelSummary {
         format: "hf",
+        kind: ModelKind::Chat,
         architecture: None,
         parameters: None,
         quantization: None,
@@ -77,15 +112,10 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
         None => raw.get("torch_dtype").or_else(|| raw.get("dtype")).and_then(Value::as_str).map(str::to_string),
     };
     let mut reasons = Vec::new();
-    match Arch::from_model_type(&model_type) {
-        None => reasons.push(format!("architecture {model_type:?} is not supported")),
-        Some(arch) => match serde_json::from_value::<HfConfig>(raw.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|hf| arch::model_config(arch, &hf))
-        {
-            Ok(config) => summary.parameters = Some(config.parameter_count()),
-            Err(e) => reasons.push(format!("config.json: {e}")),
-        },
+    if crate::model::encoder::is_encoder_config(&raw) {
+        inspect_encoder(dir, &raw, &mut summary, &mut reasons);
+    } else {
+        inspect_decoder(&model_type, &raw, &mut summary, &mut reasons);
     }
     let method = raw.get("quantization_config").and_then(|q| q.get("quant_method")).and_then(Value::as_str);
     if let Some(method) = method.filter(|m| *m != "mxfp4") {
@@ -106,10 +136,43 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     summary
 }
 
+/// A generating model's size, or why this build cannot load it.
+fn inspect_decoder(model_type: &str, raw: &Value, summary: &mut ModelSummary, reasons: &mut Vec<String>) {
+    match Arch::from_model_type(model_type) {
+        None => reasons.push(format!("architecture {model_type:?} is not supported")),
+        Some(arch) => match serde_json::from_value::<HfConfig>(raw.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|hf| arch::model_config(arch, &hf))
+        {
+            Ok(config) => summary.parameters = Some(config.parameter_count()),
+            Err(e) => reasons.push(format!("config.json: {e}")),
+        },
+    }
+}
+
+/// An embedding model's or reranker's kind, size and the most tokens it takes.
+fn inspect_encoder(dir: &Path, raw: &Value, summary: &mut ModelSummary, reasons: &mut Vec<String>) {
+    let config_path = dir.join("config.json");
+    summary.kind = crate::model::encoder::encoder_kind(dir).map_or(ModelKind::Embedding, ModelKind::from);
+    match crate::model::encoder::EncoderConfig::from_json(raw, &config_path) {
+        Ok(config) => {
+            summary.parameters = Some(config.parameter_count());
+            let st_max = std::fs::read_to_string(dir.join("sentence_bert_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v.get("max_seq_length").and_then(Value::as_u64))
+                .map(|n| n as usize);
+            summary.context_length = Some(st_max.unwrap_or(usize::MAX).min(config.max_tokens()));
+        }
+        Err(e) => reasons.push(e.to_string()),
+    }
+}
+
 fn inspect_gguf(path: &Path) -> ModelSummary {
     let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let mut summary = ModelSummary {
         format: "gguf",
+        kind: ModelKind::Chat,
         architecture: None,
         parameters: None,
         quantization: None,

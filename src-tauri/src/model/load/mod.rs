@@ -16,7 +16,7 @@ use crate::model::error::{ModelError, Result};
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-pub use inspect::{chat_template_source, folder_size, inspect, ModelSummary};
+pub use inspect::{chat_template_source, folder_size, inspect, ModelKind, ModelSummary};
 
 /// How quantized checkpoints are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
