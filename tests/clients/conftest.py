@@ -13,13 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 BINARY = Path(os.environ.get("FASTMLX_BIN", ROOT / "target/debug/fastmlx"))
 
 
-def launch(tmp_path_factory, log_name, extra=()):
+def launch(tmp_path_factory, log_name, extra=(), models=None):
     """`fastmlx serve` on free ports, isolated from the machine's models and caches; yields its
-    URLs and first model id, then shuts it down (and checks that it shut down cleanly)."""
+    URLs and first model id, then shuts it down (and checks that it shut down cleanly).
+    `models`: a folder of models the server finds (none by default)."""
     log = open(ROOT / "target" / log_name, "w+")
     # Model discovery looks only at empty folders: the machine's own models stay out of the tests.
     empty = tmp_path_factory.mktemp("no-models")
-    env = {**os.environ, "FASTMLX_MODELS_DIR": str(empty), "HF_HUB_CACHE": str(empty), "LMSTUDIO_MODELS_DIR": str(empty)}
+    env = {**os.environ, "FASTMLX_MODELS_DIR": str(models or empty), "HF_HUB_CACHE": str(empty),
+           "LMSTUDIO_MODELS_DIR": str(empty)}
     # The prefix cache's disk tier in a folder of its own, not the machine's cache.
     env["FASTMLX_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     # `--ollama-port 0`: the second listener, where Ollama clients look, on a free port here.

@@ -8,6 +8,7 @@ mod blocks;
 mod cache_admin;
 pub mod chat;
 mod dialect_errors;
+mod embeddings;
 mod error;
 mod extract;
 mod live;
@@ -18,6 +19,7 @@ pub mod openapi;
 mod origin;
 mod priority;
 mod request_log;
+mod rerank;
 mod responses;
 mod run;
 mod security;
@@ -158,6 +160,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(openai::models::get_one))
         .route("/v1/chat/completions", post(openai::chat::completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/embeddings", post(openai::embeddings::embeddings))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/rerank", post(rerank::rerank))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))

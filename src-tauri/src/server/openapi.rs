@@ -2,7 +2,7 @@
 //! handlers use. `fastmlx openapi` prints it; `docs/openapi.json` is that output, checked in,
 //! and a test keeps the two equal.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::openapi::path::{OperationBuilder, ParameterBuilder, ParameterIn, PathItemBuilder};
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::{
@@ -35,6 +35,119 @@ struct TextCompletionRequest {
     common: CommonParams,
 }
 
+/// `input` of `POST /v1/embeddings`: token ids are the model's own.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/embeddings` body (`server/openai/embeddings.rs`).
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+struct EmbeddingRequest {
+    /// An embedding model's id (default: the one loaded last).
+    model: Option<String>,
+    input: EmbeddingInput,
+    /// `float` (default) or `base64` (little-endian f32).
+    encoding_format: Option<String>,
+    /// Shorter vectors, for models trained for them (Matryoshka); refused for others.
+    dimensions: Option<u32>,
+    /// Extension: cut inputs longer than the model takes (default: refuse them, 400).
+    truncate: Option<bool>,
+    /// Extension: one of the model's named instructions (`query`, `document`).
+    prompt_name: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum EmbeddingVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct Embedding {
+    /// Always `embedding`.
+    object: String,
+    index: u32,
+    embedding: EmbeddingVector,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct EmbeddingUsage {
+    prompt_tokens: u64,
+    total_tokens: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct EmbeddingList {
+    /// Always `list`.
+    object: String,
+    data: Vec<Embedding>,
+    model: String,
+    usage: EmbeddingUsage,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum RerankDocument {
+    Text(String),
+    Object { text: String },
+}
+
+/// `POST /v1/rerank` (and `/rerank`) body, as Jina's and Cohere's (`server/rerank.rs`).
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+struct RerankRequest {
+    /// A reranker's id (default: the one loaded last).
+    model: Option<String>,
+    query: String,
+    documents: Vec<RerankDocument>,
+    /// The best this many (default: all).
+    top_n: Option<u32>,
+    /// Each result's document text (default: true).
+    return_documents: Option<bool>,
+    /// Cut inputs longer than the model takes (default: true).
+    truncate: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct RerankText {
+    text: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct RerankResult {
+    /// The document's place in the request.
+    index: u32,
+    /// In [0, 1]: the reranker's sigmoid.
+    relevance_score: f32,
+    document: Option<RerankText>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct RerankList {
+    /// Always `list`.
+    object: String,
+    model: String,
+    /// Most relevant first.
+    results: Vec<RerankResult>,
+    usage: EmbeddingUsage,
+}
+
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(
@@ -50,7 +163,11 @@ struct TextCompletionRequest {
         ModelList,
         Model,
         ErrorBody,
-        Health
+        Health,
+        EmbeddingRequest,
+        EmbeddingList,
+        RerankRequest,
+        RerankList
     ))
 )]
 struct Components;
@@ -87,6 +204,32 @@ fn generation(summary: &str, request: &str, response: &str, chunk: &str) -> utoi
             ("429", "The queue is full (Retry-After)"),
             ("500", "Generation failed"),
             ("503", "Shutting down"),
+        ],
+    );
+    OperationBuilder::new()
+        .summary(Some(summary))
+        .request_body(Some(
+            RequestBodyBuilder::new()
+                .content("application/json", json_body(request))
+                .required(Some(utoipa::openapi::Required::True))
+                .build(),
+        ))
+        .responses(responses.build())
+        .build()
+}
+
+/// A JSON request and a JSON answer (embeddings, rerank).
+fn post_json(summary: &str, request: &str, response: &str) -> utoipa::openapi::path::Operation {
+    let ok = ResponseBuilder::new().description("OK").content("application/json", json_body(response));
+    let responses = error_responses(
+        ResponsesBuilder::new().response("200", ok),
+        &[
+            ("400", "Invalid request (the `param` names the field); a model of another kind"),
+            ("401", "Missing or wrong API key"),
+            ("404", "Unknown model"),
+            ("413", "Body too large"),
+            ("429", "The queue is full"),
+            ("503", "Not enough memory to load the model, or shutting down"),
         ],
     );
     OperationBuilder::new()
@@ -148,6 +291,21 @@ pub fn document() -> OpenApi {
                 .operation(
                     HttpMethod::Post,
                     generation("Text completion of a raw prompt", "TextCompletionRequest", "Completion", "Completion"),
+                )
+                .build(),
+        )
+        .path(
+            "/v1/embeddings",
+            PathItemBuilder::new()
+                .operation(HttpMethod::Post, post_json("Vectors of texts", "EmbeddingRequest", "EmbeddingList"))
+                .build(),
+        )
+        .path(
+            "/v1/rerank",
+            PathItemBuilder::new()
+                .operation(
+                    HttpMethod::Post,
+                    post_json("Documents ordered by relevance to a query", "RerankRequest", "RerankList"),
                 )
                 .build(),
         )

@@ -32,7 +32,7 @@ pub enum ResidencyError {
     NotLoaded(String),
     #[error("no model is loaded and none was named")]
     NoModel,
-    #[error("{id} is {} model, not {}", article(*.kind), article(*.wanted))]
+    #[error("{id} is {} model, not {} model", article(*.kind), article(*.wanted))]
     WrongKind { id: String, kind: ModelKind, wanted: ModelKind },
     #[error("no {} model is loaded and none was named", .0.as_str())]
     NoModelOfKind(ModelKind),

@@ -54,6 +54,10 @@ pub struct EmbedderInfo {
     pub max_tokens: usize,
     pub prompts: std::collections::BTreeMap<String, String>,
     pub weights_bytes: usize,
+    /// Token ids at or past it are not the model's.
+    pub vocab_size: usize,
+    /// Trained for shorter vectors (Matryoshka): a prefix of a vector is a vector too.
+    pub matryoshka: bool,
 }
 
 /// Texts waiting at most, over all requests: past it a request is refused (busy), not queued.
@@ -133,6 +137,8 @@ impl EmbedHandle {
                     max_tokens: model.tokenizer.max_tokens,
                     prompts: model.prompts(),
                     weights_bytes: model.weights_bytes,
+                    vocab_size: model.vocab_size(),
+                    matryoshka: model.matryoshka(),
                 };
                 let _ = ready_tx.send(Ok((info, model.tokenizer.clone())));
                 serve(&model, &jobs_rx, limits, &stopping, &|texts, requests| {

@@ -108,6 +108,18 @@ impl Embedder {
         }
     }
 
+    pub fn vocab_size(&self) -> usize {
+        self.encoder.config.vocab_size as usize
+    }
+
+    /// Whether the model was trained for shorter vectors (a prefix of its vector is one too).
+    /// None of the BERT and RoBERTa families' checkpoints says so in its files: `false`, and
+    /// requests for fewer dimensions are refused rather than answered with vectors it was not
+    /// trained to make.
+    pub fn matryoshka(&self) -> bool {
+        false
+    }
+
     /// Whether the vectors come out unit-length.
     pub fn normalizes(&self) -> bool {
         matches!(&self.head, Head::Vectors(layout) if layout.normalize)
@@ -215,9 +227,16 @@ pub fn l2_normalize(x: &Array) -> Result<Array> {
 pub fn truncate_vector(mut vector: Vec<f32>, dims: usize, renormalize: bool) -> Vec<f32> {
     vector.truncate(dims);
     if renormalize {
-        let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-        vector.iter_mut().for_each(|v| *v /= norm);
+        l2_normalize_vec(vector)
+    } else {
+        vector
     }
+}
+
+/// A vector made unit-length (a zero vector stays zero).
+pub fn l2_normalize_vec(mut vector: Vec<f32>) -> Vec<f32> {
+    let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+    vector.iter_mut().for_each(|v| *v /= norm);
     vector
 }
 

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::params::{keep_alive, model_name, nanos, not_found, options, timestamp, Fallback};
+use super::params::{apply_keep_alive, keep_alive, model_name, named, nanos, options, timestamp, Fallback};
 use crate::engine::{Finish, FinishReason};
 use crate::server::chat::format::ModelFormat;
 use crate::server::chat::outcome::{text_beside_calls, with_server_timing};
@@ -171,21 +171,6 @@ async fn load_or_unload(
         Kind::Generate => answer["response"] = json!(""),
     }
     Ok(Json(answer).into_response())
-}
-
-fn apply_keep_alive(state: &AppState, id: &str, keep: Option<Option<Duration>>) {
-    if let Some(keep) = keep {
-        state.models.set_keep_alive(id, keep);
-    }
-}
-
-/// A model the catalog does not have gets Ollama's own 404 message.
-fn named(error: ApiError, name: &str, id: &str) -> ApiError {
-    if error.code == Some("model_not_found") && error.message.contains(id) {
-        not_found(name)
-    } else {
-        error
-    }
 }
 
 /// Ollama's messages as OpenAI's: tool-call arguments (objects) as JSON text with ids the

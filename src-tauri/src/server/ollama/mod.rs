@@ -4,6 +4,7 @@
 //! as Ollama's NDJSON. Errors are `{"error": "..."}` (see `dialect_errors`).
 
 mod chat;
+mod embed;
 mod manage;
 mod models;
 mod params;
@@ -24,6 +25,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/ps", get(models::ps))
         .route("/api/chat", post(chat::chat))
         .route("/api/generate", post(chat::generate))
+        .route("/api/embed", post(embed::embed_many))
+        .route("/api/embeddings", post(embed::embed_one))
         .route("/api/pull", post(manage::pull))
         .route("/api/delete", delete(manage::delete))
 }

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::params::{model_name, not_found, timestamp, Fallback};
 use crate::model::load::chat_template_source;
+use crate::model::ModelKind;
 use crate::server::extract::ApiJson;
 use crate::server::{ApiError, AppState};
 use crate::store::{LocalModel, MANIFEST};
@@ -82,7 +83,12 @@ pub async fn show(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
         info.insert(format!("{arch}.context_length"), json!(ctx));
     }
     let template = template.unwrap_or_default();
-    let mut capabilities = vec!["completion"];
+    let mut capabilities = match summary.kind {
+        ModelKind::Chat => vec!["completion"],
+        // Ollama's name for what /api/embed serves; a reranker is FastMLX's own.
+        ModelKind::Embedding => vec!["embedding"],
+        ModelKind::Reranker => vec!["rerank"],
+    };
     if template.contains("tools") {
         capabilities.push("tools");
     }
@@ -114,6 +120,8 @@ fn entry(model: &LocalModel) -> Value {
         "size": model.summary.size_bytes,
         "digest": digest(model),
         "details": details(model),
+        // FastMLX's: chat, embedding or reranker (Ollama's clients ignore it).
+        "kind": model.summary.kind,
     })
 }
 

@@ -221,6 +221,22 @@ pub fn hub_repo(name: &str) -> Option<(String, Option<String>)> {
     valid.then(|| (repo.to_string(), tag.map(str::to_string)))
 }
 
+/// Applies a request's `keep_alive` to the model that served it.
+pub fn apply_keep_alive(state: &AppState, id: &str, keep: Option<Option<Duration>>) {
+    if let Some(keep) = keep {
+        state.models.set_keep_alive(id, keep);
+    }
+}
+
+/// A model the catalog does not have gets Ollama's own 404 message.
+pub fn named(error: ApiError, name: &str, id: &str) -> ApiError {
+    if error.code == Some("model_not_found") && error.message.contains(id) {
+        not_found(name)
+    } else {
+        error
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,10 @@
-//! OpenAI's API: models, chat completions, completions, rendered from the chat core
+//! OpenAI's API: models, chat completions, completions, embeddings (`server::embeddings`), rendered from the chat core
 //! (`server::chat`), where validation and tokenization happen before anything reaches the
 //! engine's queue.
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod models;
 pub mod types;
 

@@ -5,17 +5,19 @@ use axum::extract::{Path, State};
 use axum::Json;
 
 use super::types::{Model, ModelList};
+use crate::model::ModelKind;
 use crate::server::{ApiError, AppState};
 
-fn model(id: &str, state: &AppState) -> Model {
-    Model { id: id.to_string(), object: "model", created: state.created, owned_by: "fastmlx" }
+fn model((id, kind): &(String, ModelKind), state: &AppState) -> Model {
+    Model { id: id.clone(), object: "model", created: state.created, owned_by: "fastmlx", kind: kind.as_str() }
 }
 
-fn ids(state: &AppState) -> Vec<String> {
-    let mut ids: Vec<String> = state.models.loaded().into_iter().map(|m| m.id).collect();
+/// The loaded models, then the loadable ones, each with its kind.
+fn ids(state: &AppState) -> Vec<(String, ModelKind)> {
+    let mut ids: Vec<(String, ModelKind)> = state.models.loaded().into_iter().map(|m| (m.id, m.kind)).collect();
     for local in state.models.catalog().list() {
-        if local.summary.unloadable_reason.is_none() && !ids.contains(&local.id) {
-            ids.push(local.id);
+        if local.summary.unloadable_reason.is_none() && !ids.iter().any(|(id, _)| *id == local.id) {
+            ids.push((local.id, local.summary.kind));
         }
     }
     ids
@@ -24,15 +26,14 @@ fn ids(state: &AppState) -> Vec<String> {
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     let state2 = state.clone();
     let ids = tokio::task::spawn_blocking(move || ids(&state2)).await.unwrap_or_default();
-    Json(ModelList { object: "list", data: ids.iter().map(|id| model(id, &state)).collect() })
+    Json(ModelList { object: "list", data: ids.iter().map(|m| model(m, &state)).collect() })
 }
 
 pub async fn get_one(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
     let state2 = state.clone();
     let ids = tokio::task::spawn_blocking(move || ids(&state2)).await.unwrap_or_default();
-    if ids.contains(&id) {
-        Ok(Json(model(&id, &state)))
-    } else {
-        Err(ApiError::model_not_found(&id))
+    match ids.iter().find(|(i, _)| *i == id) {
+        Some(found) => Ok(Json(model(found, &state))),
+        None => Err(ApiError::model_not_found(&id)),
     }
 }

@@ -92,6 +92,8 @@ pub struct Model {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: &'static str,
+    /// FastMLX's: `chat`, `embedding` or `reranker` (what the model serves).
+    pub kind: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
