@@ -154,8 +154,12 @@ export async function streamJson<T>(
 
 // --- the shapes of the admin API -----------------------------------------------------------
 
+/** What a model serves. */
+export type ModelKind = "chat" | "embedding" | "reranker";
+
 export interface LocalModel {
   id: string;
+  kind: ModelKind;
   path: string;
   source: "fastmlx" | "hf-cache" | "lmstudio" | "folder" | "path";
   owned: boolean;
@@ -190,6 +194,7 @@ export interface ServingPlan {
 
 export interface LoadedModel {
   id: string;
+  kind: ModelKind;
   path: string;
   memory_bytes: number;
   weights_bytes: number;

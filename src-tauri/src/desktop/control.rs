@@ -5,10 +5,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::model::ModelKind;
 use crate::server::{RunningServer, ServerConfig};
 use crate::store::{Pulls, Residency};
 
 use super::tray::TrayState;
+
+/// The loadable chat models, and the embedding models and rerankers.
+pub type Listed = (Vec<String>, Vec<String>);
 
 pub struct Control {
     pub runtime: Arc<tokio::runtime::Runtime>,
@@ -23,9 +27,9 @@ pub struct Control {
     pub loading: Mutex<Option<String>>,
     /// What the menu shows now (rebuilt only when this changes).
     pub shown: Mutex<Option<TrayState>>,
-    /// The loadable local models and when they were listed: the menu checks every second, the
-    /// disk is scanned again only every few seconds.
-    pub listed: Mutex<Option<(Instant, Vec<String>)>>,
+    /// The loadable local models (chat, then embedding and reranking) and when they were listed:
+    /// the menu checks every second, the disk is scanned again only every few seconds.
+    pub listed: Mutex<Option<(Instant, Listed)>>,
 }
 
 /// How long a scan of the model folders stands for the menu.
@@ -76,33 +80,37 @@ impl Control {
     /// What the menu should show now.
     pub fn tray_state(&self) -> TrayState {
         let loaded = self.models.loaded();
-        let models = self.loadable_models();
-        let mut all = loaded.iter().map(|m| m.id.clone()).filter(|id| !models.contains(id)).collect::<Vec<_>>();
+        let (models, encoders) = self.loadable_models();
+        let loaded_chat = loaded.iter().filter(|m| m.kind == ModelKind::Chat).map(|m| m.id.clone());
+        let mut all = loaded_chat.clone().filter(|id| !models.contains(id)).collect::<Vec<_>>();
         all.extend(models);
         TrayState {
             url: self.url(),
-            serving: loaded.first().map(|m| m.id.clone()),
+            serving: loaded_chat.clone().next(),
             models: all,
+            loaded_encoders: loaded.iter().filter(|m| m.kind != ModelKind::Chat).map(|m| m.id.clone()).collect(),
+            encoders,
             loading: Self::lock(&self.loading).clone(),
             tokens_per_sec: self.models.engines().iter().map(|s| s.engine.snapshot().decode_tokens_per_sec).sum(),
         }
     }
 
-    fn loadable_models(&self) -> Vec<String> {
+    /// The loadable chat models, and the embedding models and rerankers.
+    fn loadable_models(&self) -> Listed {
         let mut listed = Self::lock(&self.listed);
         match listed.as_ref() {
             Some((at, ids)) if at.elapsed() < RESCAN => ids.clone(),
             _ => {
-                let ids: Vec<String> = self
+                let (chat, encoders): (Vec<_>, Vec<_>) = self
                     .models
                     .catalog()
                     .list()
                     .into_iter()
                     .filter(|m| m.summary.unloadable_reason.is_none())
-                    .map(|m| m.id)
-                    .collect();
-                *listed = Some((Instant::now(), ids.clone()));
-                ids
+                    .partition(|m| m.summary.kind == ModelKind::Chat);
+                let ids = (chat.into_iter().map(|m| m.id).collect(), encoders.into_iter().map(|m| m.id).collect());
+                *listed = Some((Instant::now(), ids));
+                listed.as_ref().map(|(_, ids)| ids.clone()).unwrap_or_default()
             }
         }
     }
@@ -112,7 +120,8 @@ impl Control {
         *Self::lock(&self.loading) = Some(id.clone());
         let this = self.clone();
         self.runtime.spawn(async move {
-            if let Err(e) = this.models.serve(Some(&id)).await {
+            // A chat model becomes the one served; an embedding model or reranker loads beside it.
+            if let Err(e) = this.models.load_any(&id, None).await {
                 tracing::error!("cannot serve {id}: {e}");
             }
             *Self::lock(&this.loading) = None;

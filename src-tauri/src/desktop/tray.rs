@@ -9,8 +9,12 @@ pub struct TrayState {
     pub url: Option<String>,
     /// The model requests go to by default (the most recently used loaded one).
     pub serving: Option<String>,
-    /// Local models this build can load.
+    /// Local chat models this build can load.
     pub models: Vec<String>,
+    /// Local embedding models and rerankers, served beside the chat model.
+    pub encoders: Vec<String>,
+    /// Those of them loaded now.
+    pub loaded_encoders: Vec<String>,
     /// A model being loaded from the menu.
     pub loading: Option<String>,
     /// Generated tokens per second, all models together.
@@ -90,7 +94,7 @@ pub fn status_line(state: &TrayState) -> String {
 /// The whole menu, top to bottom.
 pub fn menu(state: &TrayState) -> Vec<Item> {
     let mut items = vec![Item::Label(status_line(state)), Item::Separator];
-    if state.models.is_empty() {
+    if state.models.is_empty() && state.encoders.is_empty() {
         items.push(Item::Label("No local models: Open Dashboard → Discover".into()));
     }
     for id in &state.models {
@@ -99,6 +103,17 @@ pub fn menu(state: &TrayState) -> Vec<Item> {
             checked: state.serving.as_ref() == Some(id),
             loading: state.loading.as_ref() == Some(id),
         });
+    }
+    if !state.encoders.is_empty() {
+        items.push(Item::Separator);
+        items.push(Item::Label("Embeddings and reranking".into()));
+        for id in &state.encoders {
+            items.push(Item::Model {
+                id: id.clone(),
+                checked: state.loaded_encoders.contains(id),
+                loading: state.loading.as_ref() == Some(id),
+            });
+        }
     }
     let running = state.url.is_some();
     items.push(Item::Separator);
@@ -133,9 +148,27 @@ mod tests {
             url: Some("http://127.0.0.1:8080/v1".into()),
             serving: Some("a/one".into()),
             models: vec!["a/one".into(), "b/two".into()],
+            encoders: vec![],
+            loaded_encoders: vec![],
             loading: Some("b/two".into()),
             tokens_per_sec: 42.04,
         }
+    }
+
+    #[test]
+    fn embedding_models_are_listed_apart_and_checked_when_loaded() {
+        let with = TrayState {
+            encoders: vec!["minilm".into(), "reranker".into()],
+            loaded_encoders: vec!["minilm".into()],
+            ..state()
+        };
+        let items = menu(&with);
+        let at = items.iter().position(|i| *i == Item::Label("Embeddings and reranking".into())).unwrap();
+        assert_eq!(items[at - 1], Item::Separator);
+        assert_eq!(items[at + 1], Item::Model { id: "minilm".into(), checked: true, loading: false });
+        assert_eq!(items[at + 2], Item::Model { id: "reranker".into(), checked: false, loading: false });
+        // The chat model stays the checked one above them.
+        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false });
     }
 
     #[test]

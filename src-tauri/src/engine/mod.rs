@@ -17,6 +17,7 @@ mod request;
 mod scheduler;
 mod sequence;
 pub mod speculative;
+pub mod turns;
 
 pub use config::{
     EngineConfig, FaultInjector, ModelInfo, DEFAULT_ITL_BUDGET, DEFAULT_KV_RESERVE_AHEAD, DEFAULT_MAX_QUEUE_WAIT,

@@ -66,8 +66,9 @@ struct ModelRequest {
 
 pub async fn load(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
     let request: ModelRequest = parse(&body)?;
-    let served = state.models.load(&request.model, request.keep_alive.map(Duration::from_secs)).await?;
-    let status = state.models.loaded().into_iter().find(|m| m.id == served.id);
+    // Any kind: an embedding model or reranker loads beside the chat model.
+    state.models.load_any(&request.model, request.keep_alive.map(Duration::from_secs)).await?;
+    let status = state.models.loaded().into_iter().find(|m| m.id == request.model);
     Ok(Json(json!(status)))
 }
 

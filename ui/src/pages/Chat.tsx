@@ -55,10 +55,15 @@ export function ChatPage() {
 
   // The model list: loaded ones first.
   useEffect(() => {
-    Promise.all([getJson<{ data: { id: string }[] }>("/v1/models"), getJson<ServerStatus>("/admin/status").catch(() => null)])
+    Promise.all([
+      getJson<{ data: { id: string; kind?: string }[] }>("/v1/models"),
+      getJson<ServerStatus>("/admin/status").catch(() => null),
+    ])
       .then(([all, status]) => {
         const loaded = new Set((status?.loaded ?? []).map((m) => m.id));
-        const options = all.data.map((m) => ({ id: m.id, loaded: loaded.has(m.id) }));
+        // Embedding models and rerankers do not chat.
+        const chat = all.data.filter((m) => (m.kind ?? "chat") === "chat");
+        const options = chat.map((m) => ({ id: m.id, loaded: loaded.has(m.id) }));
         options.sort((a, b) => Number(b.loaded) - Number(a.loaded));
         setModels(options);
       })

@@ -158,6 +158,11 @@ export function ModelsPage() {
                             loaded
                           </Badge>
                         )}
+                        {m.kind && m.kind !== "chat" && (
+                          <Badge kind="muted" testid="kind-badge">
+                            {m.kind}
+                          </Badge>
+                        )}
                         {info && (
                           <span
                             class="muted small-text"

@@ -36,6 +36,7 @@ export function ServerPage() {
   const [settings, setSettings] = useState<Settings | null>(null);
   const [form, setForm] = useState<Form | null>(null);
   const [model, setModel] = useState<string>("");
+  const [embedModel, setEmbedModel] = useState<string>("");
   const [context, setContext] = useState<number | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [saving, setSaving] = useState(false);
@@ -65,9 +66,11 @@ export function ServerPage() {
       .catch((e) => setError(e.message));
     getJson<ServerStatus>("/admin/status")
       .then((st) => {
-        setModel(st.loaded[0]?.id ?? "");
+        const chat = st.loaded.filter((m) => (m.kind ?? "chat") === "chat");
+        setModel(chat[0]?.id ?? "");
+        setEmbedModel(st.loaded.find((m) => m.kind === "embedding")?.id ?? "");
         // The window it serves, which agents must be told (Claude Code assumes 1M for a model it does not know).
-        setContext(st.loaded[0]?.context_length ?? null);
+        setContext(chat[0]?.context_length ?? null);
       })
       .catch(() => {});
     if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));
@@ -120,6 +123,7 @@ export function ServerPage() {
   const url = v1Url(settings);
   const keyText = settings?.api_key_set ? "YOUR_FASTMLX_API_KEY" : "not-needed";
   const modelId = model || "MODEL_ID";
+  const embedId = embedModel || "EMBEDDING_MODEL_ID";
   const field = (name: keyof Form) => ({
     value: form?.[name] ?? "",
     onInput: (e: Event) => {
@@ -169,6 +173,27 @@ Model ID: ${modelId}`,
       where: "environment (in Docker, use host.docker.internal instead of 127.0.0.1)",
       text: `OPENAI_API_BASE_URL=${url}
 OPENAI_API_KEY=${keyText}`,
+    },
+    {
+      name: "Continue: embeddings (codebase index)",
+      id: "continue-embed",
+      where: "~/.continue/config.yaml, beside the chat model",
+      text: `models:
+  - name: FastMLX embeddings
+    provider: openai
+    model: ${embedId}
+    apiBase: ${url}
+    apiKey: ${keyText}
+    roles: [embed]`,
+    },
+    {
+      name: "Open WebUI: documents (RAG)",
+      id: "openwebui-embed",
+      where: "Admin Settings → Documents, or the environment",
+      text: `RAG_EMBEDDING_ENGINE=openai
+RAG_OPENAI_API_BASE_URL=${url}
+RAG_OPENAI_API_KEY=${keyText}
+RAG_EMBEDDING_MODEL=${embedId}`,
     },
     {
       name: "Python (openai)",

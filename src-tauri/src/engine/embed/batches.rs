@@ -36,23 +36,55 @@ impl BatchLimits {
     }
 }
 
-/// Batches of indices into `lengths`, shortest texts first.
-pub fn plan_batches(lengths: &[usize], limits: BatchLimits, heads: usize) -> Vec<Vec<usize>> {
+/// Indices into `lengths`, shortest text first: the order batches take them in.
+pub fn by_length(lengths: &[usize]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..lengths.len()).collect();
     order.sort_by_key(|&i| lengths[i]);
-    let mut batches: Vec<Vec<usize>> = Vec::new();
-    let mut current: Vec<usize> = Vec::new();
-    for i in order {
-        // Sorted: the newest text is the longest, so it sets the padded length.
-        if !limits.fits(current.len() + 1, lengths[i], heads) {
-            batches.push(std::mem::take(&mut current));
-        }
-        current.push(i);
-    }
-    if !current.is_empty() {
-        batches.push(current);
+    order
+}
+
+/// How many of `rest` (indices sorted by length) the next batch takes: at least one.
+pub fn next_batch(lengths: &[usize], rest: &[usize], limits: BatchLimits, heads: usize) -> usize {
+    // Sorted: each text taken is the longest so far, so it sets the padded length.
+    let fit = rest.iter().enumerate().take_while(|&(n, &i)| limits.fits(n + 1, lengths[i], heads)).count();
+    fit.max(1).min(rest.len())
+}
+
+/// Every batch of a round at once, shortest texts first.
+pub fn plan_batches(lengths: &[usize], limits: BatchLimits, heads: usize) -> Vec<Vec<usize>> {
+    let order = by_length(lengths);
+    let mut batches = Vec::new();
+    let mut rest = &order[..];
+    while !rest.is_empty() {
+        let n = next_batch(lengths, rest, limits, heads);
+        batches.push(rest[..n].to_vec());
+        rest = &rest[n..];
     }
     batches
+}
+
+/// What a batch costs, learnt from the batches run: seconds per padded token.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BatchCost {
+    per_token: Option<f64>,
+}
+
+impl BatchCost {
+    pub fn record(&mut self, took: std::time::Duration, padded_tokens: usize) {
+        let sample = took.as_secs_f64() / padded_tokens.max(1) as f64;
+        self.per_token = Some(self.per_token.map_or(sample, |avg| 0.7 * avg + 0.3 * sample));
+    }
+
+    /// `limits` narrowed so a batch takes about `budget` (`None`: as they are).
+    pub fn within(&self, limits: BatchLimits, budget: Option<std::time::Duration>) -> BatchLimits {
+        match (budget, self.per_token) {
+            (Some(budget), Some(per_token)) if per_token > 0.0 => {
+                let tokens = (budget.as_secs_f64() / per_token).round() as usize;
+                BatchLimits { max_tokens: tokens.clamp(1, limits.max_tokens), ..limits }
+            }
+            _ => limits,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -75,6 +107,19 @@ mod tests {
             assert!(batch.len() <= 8 && (batch.len() == 1 || batch.len() * max <= 1000), "{batch:?}");
             previous_max = max;
         }
+    }
+
+    #[test]
+    fn a_time_budget_narrows_the_batch() {
+        let mut cost = BatchCost::default();
+        let limits = BatchLimits::default();
+        assert_eq!(cost.within(limits, Some(std::time::Duration::from_millis(10))).max_tokens, limits.max_tokens);
+        // 1 ms per 100 tokens: 10 ms is 1,000 tokens, four rows of 256.
+        cost.record(std::time::Duration::from_millis(10), 1000);
+        let narrowed = cost.within(limits, Some(std::time::Duration::from_millis(10)));
+        assert_eq!(narrowed.max_tokens, 1000);
+        assert_eq!(next_batch(&[256; 10], &(0..10).collect::<Vec<_>>(), narrowed, 4), 3);
+        assert_eq!(cost.within(limits, None).max_tokens, limits.max_tokens);
     }
 
     #[test]

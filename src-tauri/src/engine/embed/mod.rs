@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
-pub use batches::{plan_batches, BatchLimits};
+pub use batches::{plan_batches, BatchCost, BatchLimits};
+
+use super::turns::device_turns;
 
 use crate::model::encoder::{Embedder, EncodedText, EncoderKind, EncoderTokenizer};
 use crate::model::ModelError;
@@ -224,12 +226,13 @@ fn serve(
     done: &dyn Fn(usize, usize),
 ) {
     let mut idle_since_round = false;
+    let mut cost = BatchCost::default();
     loop {
         match jobs.recv_timeout(std::time::Duration::from_secs(3)) {
             Ok(first) => {
                 let mut round = vec![first];
                 round.extend(jobs.try_iter());
-                run_round(model, round, limits, stopping, done);
+                run_round(model, round, limits, &mut cost, stopping, done);
                 idle_since_round = true;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -248,6 +251,7 @@ fn run_round(
     model: &Embedder,
     round: Vec<Job>,
     limits: BatchLimits,
+    cost: &mut BatchCost,
     stopping: &AtomicBool,
     done: &dyn Fn(usize, usize),
 ) {
@@ -278,10 +282,17 @@ fn run_round(
             })
             .collect();
         let lengths: Vec<usize> = items.iter().map(|i| i.2).collect();
-        for batch in plan_batches(&lengths, limits, model.attention_heads()) {
+        let order = batches::by_length(&lengths);
+        let mut rest = &order[..];
+        while !rest.is_empty() {
             if stopping.load(Ordering::SeqCst) {
                 break;
             }
+            // While chat decodes, a batch takes about half a decode step (`engine::turns`).
+            let now = cost.within(limits, device_turns().encoder_budget());
+            let n = batches::next_batch(&lengths, rest, now, model.attention_heads());
+            let (batch, later) = rest.split_at(n);
+            rest = later;
             let members: Vec<(usize, usize)> = batch
                 .iter()
                 .map(|&i| (items[i].0, items[i].1))
@@ -292,9 +303,16 @@ fn run_round(
             }
             let texts: Vec<EncodedText> =
                 members.iter().map(|&(r, t)| pending[r].job.as_ref().expect("open").texts[t].clone()).collect();
-            let result = match task {
-                EmbedTask::Vectors => model.embed(&texts).map(EmbedOutput::Vectors),
-                EmbedTask::Scores => model.score(&texts).map(EmbedOutput::Scores),
+            let padded = texts.len() * texts.iter().map(EncodedText::len).max().unwrap_or(0);
+            let result = {
+                let _turn = device_turns().encoder_batch();
+                let began = std::time::Instant::now();
+                let result = match task {
+                    EmbedTask::Vectors => model.embed(&texts).map(EmbedOutput::Vectors),
+                    EmbedTask::Scores => model.score(&texts).map(EmbedOutput::Scores),
+                };
+                cost.record(began.elapsed(), padded);
+                result
             };
             match result {
                 Ok(EmbedOutput::Vectors(vectors)) => {

@@ -26,6 +26,7 @@ use super::pacing::{self, Pacing};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use super::speculative::{DraftModel, Mode, MtpDrafter};
+use super::turns::device_turns;
 use crate::mlx;
 use crate::model::{BatchKvCache, LayerCache, LoadedModel};
 
@@ -256,6 +257,8 @@ impl Scheduler {
     }
 
     pub(crate) fn step(&mut self) {
+        // The device's turn: an encoder batch (embeddings) runs between steps, never beside one.
+        let turn = device_turns().chat_step();
         self.memory_wait = false;
         self.reap_abandoned();
         let decoded = if self.running.is_empty() {
@@ -264,6 +267,7 @@ impl Scheduler {
             let began = Instant::now();
             let rows = self.decode_step();
             self.pacing.record_decode(began.elapsed());
+            device_turns().record_decode(began.elapsed());
             rows
         };
         let prefilled = self.prefill_step();
@@ -271,6 +275,7 @@ impl Scheduler {
             self.memory_wait_since = None;
         }
         self.kv.drop_unused_shared(&self.group, &self.running);
+        drop(turn);
         if self.memory_wait && decoded == 0 {
             // Nothing can run until memory frees (another engine's step): not a busy loop.
             std::thread::sleep(std::time::Duration::from_millis(10));

@@ -164,7 +164,10 @@ pub fn model_name(state: &AppState, body: &Value, fallback: Fallback) -> Result<
     match state.resolve_model(Some(name)) {
         Some(id) => Ok((name.to_string(), id)),
         None if fallback == Fallback::Served => {
-            let current = state.models.loaded().first().map(|m| m.id.clone());
+            // The chat model served now (an embedding model loaded later serves no chat).
+            let loaded = state.models.loaded();
+            let current = loaded.iter().find(|m| m.kind == crate::model::ModelKind::Chat).or(loaded.first());
+            let current = current.map(|m| m.id.clone());
             current.map(|id| (name.to_string(), id)).ok_or_else(|| not_found(name))
         }
         None => Err(not_found(name)),
