@@ -13,13 +13,18 @@ cd "$ROOT"
 BIN=${FASTMLX_BIN:-./target/release/fastmlx}
 [[ $BIN == ./target/release/fastmlx ]] && cargo build --locked --release --quiet
 ARGS=(--gen-tokens 64 --runs 1 "$@")
+# KV_START=N quantizes from position N on; KV_START=prompt from the prompt's length (a full-precision
+# prefill, then a quantized decode): on a CPU, where quantized attention is MLX's single-threaded
+# quantized_matmul, a prefill quantized from the first token takes many minutes at 4k tokens.
+START=${KV_START:-0}
 echo "machine: $(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)"
 # CONTEXTS="4096" runs one length only (16k takes most of an hour on 2 CPU cores).
 for ctx in ${CONTEXTS:-4096 16384}; do
   for bits in 0 8 4; do
     # SmolLM2 was trained on 8192 tokens: 16k is a benchmark's context only (both servers run it).
-    "$BIN" bench --prompt-tokens "$ctx" --context 20000 --kv-bits "$bits" "${ARGS[@]}"
+    start=$START; [[ $start == prompt ]] && start=$ctx
+    "$BIN" bench --prompt-tokens "$ctx" --context 20000 --kv-bits "$bits" --kv-start "$start" "${ARGS[@]}"
     .cache/venv/bin/python scripts/reference/bench_mlx_lm.py --skip-packed --prompt-tokens "$ctx" --kv-bits "$bits" \
-      "${ARGS[@]}"
+      --kv-start "$start" "${ARGS[@]}"
   done
 done

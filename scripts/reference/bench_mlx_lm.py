@@ -7,7 +7,8 @@ Run by scripts/bench.sh; by hand (from the repository root):
 Times mlx-lm's own `generate_step` (greedy, EOS ignored) the way `fastmlx bench` times itself:
 prompt tok/s = prompt tokens / time to the first token; decode tok/s = tokens after the first /
 time after the first. Median of --runs after one warm-up. With --kv-bits, mlx-lm's
-`QuantizedKVCache` from the first token (as FastMLX's `--kv-start 0`), and the caches' bytes at the
+`QuantizedKVCache` from the first token (as FastMLX's `--kv-start 0`; with --kv-start N, mlx-lm's
+`quantized_kv_start`), and the caches' bytes at the
 end (KV).
 """
 
@@ -41,11 +42,14 @@ def caches(model, kv):
     return [QuantizedKVCache(group_size=group, bits=bits) if type(c) is KVCache else c for c in cache]
 
 
-def once(model, prompt, gen_tokens, kv=None):
-    cache = caches(model, kv)
+def once(model, prompt, gen_tokens, kv=None, start=0):
+    # From a start past 0: mlx-lm's own conversion (`quantized_kv_start`), full precision before it.
+    cache = caches(model, kv if not start else None)
+    quantize = {"kv_bits": kv[0], "kv_group_size": kv[1], "quantized_kv_start": start} if kv and start else {}
     tic = time.perf_counter()
     steps = generate_step(
-        mx.array(prompt), model, max_tokens=gen_tokens, sampler=lambda x: mx.argmax(x, axis=-1), prompt_cache=cache
+        mx.array(prompt), model, max_tokens=gen_tokens, sampler=lambda x: mx.argmax(x, axis=-1), prompt_cache=cache,
+        **quantize,
     )
     first = None
     for n, (token, _) in enumerate(steps):
@@ -59,11 +63,11 @@ def once(model, prompt, gen_tokens, kv=None):
 def bench(name, model, args):
     prompt = bench_prompt(args.prompt_tokens)
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
-    once(model, prompt[: min(len(prompt), 256)], 4, kv)  # warm-up
+    once(model, prompt[: min(len(prompt), 256)], 4, kv, args.kv_start)  # warm-up
     mx.reset_peak_memory()
-    runs = [once(model, prompt, args.gen_tokens, kv) for _ in range(args.runs)]
+    runs = [once(model, prompt, args.gen_tokens, kv, args.kv_start) for _ in range(args.runs)]
     peak = mx.get_peak_memory()
-    label = f"kv {args.kv_bits}-bit g{args.kv_group_size} from 0" if kv else "kv full"
+    label = f"kv {args.kv_bits}-bit g{args.kv_group_size} from {args.kv_start}" if kv else "kv full"
     print(
         f"mlx-lm   {name:<40} prompt {args.prompt_tokens:>5} tok: {statistics.median(r[0] for r in runs):>8.1f} tok/s,"
         f" TTFT {statistics.median(r[2] for r in runs) * 1e3:>7.0f} ms"
@@ -83,6 +87,7 @@ def main():
     p.add_argument("--skip-packed", action="store_true", help="skip the (slow) packed-weight runs")
     p.add_argument("--kv-bits", type=int, default=0, help="quantize the KV cache (QuantizedKVCache from the start)")
     p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument("--kv-start", type=int, default=0, help="quantize from this position on (quantized_kv_start)")
     args = p.parse_args()
     model, _, _ = gguf_model(GGUF, dense=True)
     bench(GGUF.stem + " (f32)", model, args)
