@@ -206,6 +206,11 @@ fn generation(summary: &str, request: &str, response: &str, chunk: &str) -> utoi
             ("503", "Shutting down"),
         ],
     );
+    post_operation(summary, request, responses)
+}
+
+/// A POST with a required JSON body.
+fn post_operation(summary: &str, request: &str, responses: ResponsesBuilder) -> utoipa::openapi::path::Operation {
     OperationBuilder::new()
         .summary(Some(summary))
         .request_body(Some(
@@ -232,16 +237,7 @@ fn post_json(summary: &str, request: &str, response: &str) -> utoipa::openapi::p
             ("503", "Not enough memory to load the model, or shutting down"),
         ],
     );
-    OperationBuilder::new()
-        .summary(Some(summary))
-        .request_body(Some(
-            RequestBodyBuilder::new()
-                .content("application/json", json_body(request))
-                .required(Some(utoipa::openapi::Required::True))
-                .build(),
-        ))
-        .responses(responses.build())
-        .build()
+    post_operation(summary, request, responses)
 }
 
 fn get_json(summary: &str, response: &str, errors: &[(&str, &str)]) -> utoipa::openapi::path::Operation {

@@ -233,43 +233,34 @@ impl Residency {
 
     /// The engine for `id` (loading it if needed); with no id, the most recently used model.
     pub async fn serve(&self, id: Option<&str>) -> Result<Served, ResidencyError> {
-        let id = match id.filter(|i| !i.is_empty()) {
-            Some(id) => id.to_string(),
-            None => self
-                .residents()
-                .iter()
-                .rev()
-                .find(|r| r.engine.kind() == ModelKind::Chat)
-                .map(|r| r.id.clone())
-                .ok_or(ResidencyError::NoModel)?,
-        };
-        let engine = match self.touch(&id) {
-            Some(engine) => engine,
-            None => self.load_engine(&id, None).await?,
-        };
+        let id = self.named_or_latest(id, ModelKind::Chat).ok_or(ResidencyError::NoModel)?;
+        let engine = self.engine(&id).await?;
         chat_engine(id, engine)
     }
 
     /// The embedding model or reranker `id` (loading it if needed); with no id, the most recently
     /// used one of `kind`.
     pub async fn serve_encoder(&self, id: Option<&str>, kind: ModelKind) -> Result<ServedEncoder, ResidencyError> {
-        let id = match id.filter(|i| !i.is_empty()) {
-            Some(id) => id.to_string(),
-            None => self
-                .residents()
-                .iter()
-                .rev()
-                .find(|r| r.engine.kind() == kind)
-                .map(|r| r.id.clone())
-                .ok_or(ResidencyError::NoModelOfKind(kind))?,
-        };
-        let engine = match self.touch(&id) {
-            Some(engine) => engine,
-            None => self.load_engine(&id, None).await?,
-        };
-        match engine {
+        let id = self.named_or_latest(id, kind).ok_or(ResidencyError::NoModelOfKind(kind))?;
+        match self.engine(&id).await? {
             Engine::Encoder(engine) if ModelKind::from(engine.info().kind) == kind => Ok(ServedEncoder { id, engine }),
             other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: kind }),
+        }
+    }
+
+    /// `id` when one is named, else the most recently used loaded model of `kind`.
+    fn named_or_latest(&self, id: Option<&str>, kind: ModelKind) -> Option<String> {
+        match id.filter(|i| !i.is_empty()) {
+            Some(id) => Some(id.to_string()),
+            None => self.residents().iter().rev().find(|r| r.engine.kind() == kind).map(|r| r.id.clone()),
+        }
+    }
+
+    /// The engine of `id`, loaded now if it is not.
+    async fn engine(&self, id: &str) -> Result<Engine, ResidencyError> {
+        match self.touch(id) {
+            Some(engine) => Ok(engine),
+            None => self.load_engine(id, None).await,
         }
     }
 
