@@ -125,7 +125,11 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(50));
             })
         };
-        std::thread::sleep(Duration::from_millis(50));
+        // Until the encoder's thread asks for its turn (however slow the machine).
+        while turns.lock().encoders_waiting == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
         assert!(!ran.load(Ordering::SeqCst), "the encoder waits for the running chat step");
         drop(chat);
         // The next chat step waits for the encoder batch that was waiting.
