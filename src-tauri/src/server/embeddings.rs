@@ -96,7 +96,7 @@ pub async fn embed(
     };
     let tokenizer = engine.tokenizer().clone();
     let (truncate, vocab) = (params.truncate, info.vocab_size);
-    let prompt = match &params.prompt_name {
+    let prompt = match params.prompt_name.as_ref().or(info.default_prompt.as_ref()) {
         Some(name) if !info.prompts.contains_key(name) => {
             let known: Vec<&str> = info.prompts.keys().map(String::as_str).collect();
             return Err(ApiError::invalid(

@@ -50,19 +50,6 @@ pub fn next_batch(lengths: &[usize], rest: &[usize], limits: BatchLimits, heads:
     fit.max(1).min(rest.len())
 }
 
-/// Every batch of a round at once, shortest texts first.
-pub fn plan_batches(lengths: &[usize], limits: BatchLimits, heads: usize) -> Vec<Vec<usize>> {
-    let order = by_length(lengths);
-    let mut batches = Vec::new();
-    let mut rest = &order[..];
-    while !rest.is_empty() {
-        let n = next_batch(lengths, rest, limits, heads);
-        batches.push(rest[..n].to_vec());
-        rest = &rest[n..];
-    }
-    batches
-}
-
 /// What a batch costs, learnt from the batches run: seconds per padded token.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BatchCost {
@@ -90,6 +77,19 @@ impl BatchCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every batch of a round at once, shortest texts first.
+    fn plan_batches(lengths: &[usize], limits: BatchLimits, heads: usize) -> Vec<Vec<usize>> {
+        let order = by_length(lengths);
+        let mut batches = Vec::new();
+        let mut rest = &order[..];
+        while !rest.is_empty() {
+            let n = next_batch(lengths, rest, limits, heads);
+            batches.push(rest[..n].to_vec());
+            rest = &rest[n..];
+        }
+        batches
+    }
 
     #[test]
     fn batches_are_sorted_bounded_and_cover_every_text() {

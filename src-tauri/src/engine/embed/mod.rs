@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
-pub use batches::{plan_batches, BatchCost, BatchLimits};
+pub use batches::{BatchCost, BatchLimits};
 
 use super::turns::device_turns;
 
@@ -55,6 +55,8 @@ pub struct EmbedderInfo {
     /// The most tokens a text (or query-document pair) can have.
     pub max_tokens: usize,
     pub prompts: std::collections::BTreeMap<String, String>,
+    /// The prompt's name used when a request names none.
+    pub default_prompt: Option<String>,
     pub weights_bytes: usize,
     /// Token ids at or past it are not the model's.
     pub vocab_size: usize,
@@ -138,6 +140,7 @@ impl EmbedHandle {
                     normalizes: model.normalizes(),
                     max_tokens: model.tokenizer.max_tokens,
                     prompts: model.prompts(),
+                    default_prompt: model.default_prompt(),
                     weights_bytes: model.weights_bytes,
                     vocab_size: model.vocab_size(),
                     matryoshka: model.matryoshka(),

@@ -120,6 +120,14 @@ impl Embedder {
         false
     }
 
+    /// The prompt used when a request names none (`default_prompt_name`), as sentence-transformers.
+    pub fn default_prompt(&self) -> Option<String> {
+        match &self.head {
+            Head::Vectors(layout) => layout.default_prompt.clone(),
+            Head::Scores(_) => None,
+        }
+    }
+
     /// Whether the vectors come out unit-length.
     pub fn normalizes(&self) -> bool {
         matches!(&self.head, Head::Vectors(layout) if layout.normalize)
@@ -130,18 +138,6 @@ impl Embedder {
         match &self.head {
             Head::Vectors(layout) => layout.prompts.clone(),
             Head::Scores(_) => BTreeMap::new(),
-        }
-    }
-
-    /// The instruction named `name`, else the model's default one, else none.
-    pub fn prompt(&self, name: Option<&str>) -> std::result::Result<String, String> {
-        let Head::Vectors(layout) = &self.head else { return Ok(String::new()) };
-        match name.or(layout.default_prompt.as_deref()) {
-            None => Ok(String::new()),
-            Some(name) => layout.prompts.get(name).cloned().ok_or_else(|| {
-                let known: Vec<&str> = layout.prompts.keys().map(String::as_str).collect();
-                format!("unknown prompt {name:?} (this model has: {})", known.join(", "))
-            }),
         }
     }
 
@@ -257,14 +253,12 @@ fn canonical_name(name: &str) -> Option<String> {
     Some(name)
 }
 
-/// Whether the folder holds an encoder model, and which kind (the catalog's view, from its
-/// `config.json` alone).
-pub fn encoder_kind(dir: &Path) -> Option<EncoderKind> {
-    let raw = read_json(&dir.join("config.json")).ok()?;
-    if !is_encoder_config(&raw) {
+/// Which kind of encoder a `config.json` describes (the catalog's view), if it is one.
+pub fn encoder_kind(config: &serde_json::Value) -> Option<EncoderKind> {
+    if !is_encoder_config(config) {
         return None;
     }
-    let classifier = raw
+    let classifier = config
         .get("architectures")
         .and_then(|a| a.as_array())
         .is_some_and(|a| a.iter().any(|x| x.as_str().is_some_and(|s| s.ends_with("ForSequenceClassification"))));

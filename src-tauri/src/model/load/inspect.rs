@@ -153,7 +153,7 @@ fn inspect_decoder(model_type: &str, raw: &Value, summary: &mut ModelSummary, re
 /// An embedding model's or reranker's kind, size and the most tokens it takes.
 fn inspect_encoder(dir: &Path, raw: &Value, summary: &mut ModelSummary, reasons: &mut Vec<String>) {
     let config_path = dir.join("config.json");
-    summary.kind = crate::model::encoder::encoder_kind(dir).map_or(ModelKind::Embedding, ModelKind::from);
+    summary.kind = crate::model::encoder::encoder_kind(raw).map_or(ModelKind::Embedding, ModelKind::from);
     match crate::model::encoder::EncoderConfig::from_json(raw, &config_path) {
         Ok(config) => {
             summary.parameters = Some(config.parameter_count());
