@@ -18,8 +18,12 @@ import pytest
 from conftest import BINARY, ROOT, launch
 
 REFERENCE = json.loads((ROOT / "tests/data/reference/embeddings.json").read_text())
+DECODER = next(c for c in REFERENCE["decoders"] if c["variant"] == "qwen3-embedding")
 MINILM = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
+# Decoders as encoders: a tiny Qwen3-Embedding and a tiny Qwen3-Reranker (its folder says so).
+QWEN3_EMBEDDING = "tiny-qwen3-embedding"
+JUDGE = "tiny-qwen3-reranker"
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,10 @@ def embed_server(tmp_path_factory):
     assert case["variant"] == "bert-reranker"
     subprocess.run([BINARY, "make-test-model", "--encoder", case["variant"], "--seed", str(case["seed"]),
                     models / RERANKER], check=True, capture_output=True)
+    for name, folder, seed in [("qwen3-embedding", QWEN3_EMBEDDING, DECODER["seed"]),
+                               ("qwen3-reranker", JUDGE, REFERENCE["judge"]["seed"])]:
+        subprocess.run([BINARY, "make-test-model", "--encoder", name, "--seed", str(seed), models / folder],
+                       check=True, capture_output=True)
     yield from launch(tmp_path_factory, "client-tests-embeddings.log", [], models=models)
 
 
@@ -124,6 +132,7 @@ def test_models_list_the_kinds(embed_server):
     with urllib.request.urlopen(embed_server["url"] + "/models") as r:
         kinds = {m["id"]: m["kind"] for m in json.loads(r.read())["data"]}
     assert kinds[MINILM] == "embedding" and kinds[RERANKER] == "reranker" and kinds[embed_server["model"]] == "chat"
+    assert kinds[QWEN3_EMBEDDING] == "embedding" and kinds[JUDGE] == "reranker"
 
 
 def test_ollama_embed_and_embeddings(embed_server):
@@ -168,3 +177,25 @@ def test_rerank_orders_as_the_reference(embed_server):
                         ({"documents": ["a"], "top_n": 0}, "top_n"), ({"documents": ["a"], "model": MINILM}, "model")]:
         status, answer = post(embed_server, "/v1/rerank", {"model": RERANKER, "query": "q", **body})
         assert (status, answer["error"]["param"]) == (400, param), answer
+
+
+def test_decoder_embedder_shortens_vectors_and_the_judge_ranks(client, embed_server):
+    # Token ids, as LangChain sends them: the tiny Qwen3-Embedding's vectors equal the reference.
+    answer = client.embeddings.create(model=QWEN3_EMBEDDING, input=DECODER["rows"], encoding_format="float")
+    for d, want in zip(answer.data, DECODER["vectors"]):
+        assert_same(d.embedding, want, f"row {d.index}")
+    # Trained for shorter vectors (Matryoshka): the first 16 numbers, unit-length again.
+    short = client.embeddings.create(model=QWEN3_EMBEDDING, input=[DECODER["rows"][0]], dimensions=16,
+                                     encoding_format="float").data[0].embedding
+    assert len(short) == 16 and abs(math.sqrt(sum(x * x for x in short)) - 1) < 1e-5
+    assert_same(short, DECODER["vectors"][0][:16], "16 dimensions")
+    # The yes/no judge through /v1/rerank: its judge prompt, scores and order as the reference's.
+    judge = REFERENCE["judge"]
+    status, answer = post(embed_server, "/v1/rerank", {"model": JUDGE, "query": judge["query"],
+                                                        "documents": judge["documents"]})
+    assert status == 200, answer
+    want = judge["scores"]
+    assert [r["index"] for r in answer["results"]] == sorted(range(len(want)), key=lambda i: -want[i])
+    for r in answer["results"]:
+        assert abs(r["relevance_score"] - want[r["index"]]) < 1e-4, answer
+    assert answer["usage"]["total_tokens"] == sum(len(ids) for ids in judge["ids"])

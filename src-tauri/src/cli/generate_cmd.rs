@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
+use crate::fixtures::synthetic_decoder_encoder::{write_tiny_decoder_encoder, DECODER_ENCODERS};
 use crate::fixtures::{scripted, synthetic};
 use crate::generate::{generate, GenerateRequest};
 use crate::mlx::{self, Backend};
@@ -138,8 +139,9 @@ pub struct MakeTestModelArgs {
     #[arg(long, required_unless_present_any = ["scripted", "encoder"])]
     arch: Option<String>,
     /// Instead: a tiny encoder (embedding model or reranker) in the sentence-transformers layout:
-    /// bert-mean, bert-cls, bert-max-dense, bert-multi, bert-lasttoken, xlmr-mean, bert-reranker,
-    /// xlmr-reranker.
+    /// bert-mean, bert-cls, bert-max-dense, bert-multi, bert-lasttoken, xlmr-mean, modernbert-mean,
+    /// nomic-bert-mean, bert-reranker, xlmr-reranker, modernbert-reranker; decoders as encoders:
+    /// qwen3-embedding, gemma3-embedding, qwen3-reranker (its folder's name must say "reranker").
     #[arg(long, conflicts_with_all = ["arch", "scripted"])]
     encoder: Option<String>,
     /// Output folder.
@@ -216,6 +218,11 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
         }
         scripted::write_scripted_model(&args.out, &script)?;
         eprintln!("wrote a scripted {format} model to {}", args.out.display());
+        return Ok(());
+    }
+    if let Some(name) = args.encoder.as_deref().filter(|n| DECODER_ENCODERS.contains(n)) {
+        write_tiny_decoder_encoder(&args.out, name, args.seed)?;
+        eprintln!("wrote a tiny {name} to {}", args.out.display());
         return Ok(());
     }
     if let Some(name) = &args.encoder {

@@ -63,9 +63,18 @@ pub fn read_safetensors(dir: &Path) -> Result<HashMap<String, Array>> {
     Ok(tensors)
 }
 
-/// Checks that the file is as long as its header says, so a truncated download is reported as
-/// such (MLX reads tensors lazily and would fail later, far from the cause).
-fn check_safetensors_size(file: &Path) -> Result<()> {
+/// The names of the tensors in the folder's safetensors files, read from their headers alone.
+pub fn tensor_names(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for file in weight_files(dir)? {
+        let (header, _, _) = safetensors_header(&file)?;
+        names.extend(header.keys().filter(|k| *k != "__metadata__").cloned());
+    }
+    Ok(names)
+}
+
+/// A safetensors file's header, its length and the file's length.
+fn safetensors_header(file: &Path) -> Result<(serde_json::Map<String, Value>, u64, u64)> {
     use std::io::Read;
     let bad = |message: String| ModelError::Weights { path: file.to_path_buf(), message };
     let mut f = fs::File::open(file).map_err(|source| ModelError::Io { path: file.to_path_buf(), source })?;
@@ -81,18 +90,27 @@ fn check_safetensors_size(file: &Path) -> Result<()> {
     let mut header = vec![0u8; header_len as usize];
     f.read_exact(&mut header).map_err(|_| bad("truncated safetensors header".into()))?;
     let header: Value = serde_json::from_slice(&header).map_err(|e| bad(format!("corrupt safetensors header: {e}")))?;
+    match header {
+        Value::Object(map) => Ok((map, header_len, actual)),
+        _ => Err(bad("corrupt safetensors header: not an object".into())),
+    }
+}
+
+/// Checks that the file is as long as its header says, so a truncated download is reported as
+/// such (MLX reads tensors lazily and would fail later, far from the cause).
+fn check_safetensors_size(file: &Path) -> Result<()> {
+    let (header, header_len, actual) = safetensors_header(file)?;
     let end = header
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| *k != "__metadata__")
-                .filter_map(|(_, v)| v.get("data_offsets")?.get(1)?.as_u64())
-                .max()
-                .unwrap_or(0)
-        })
-        .ok_or_else(|| bad("corrupt safetensors header: not an object".into()))?;
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(_, v)| v.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
     if 8 + header_len + end > actual {
-        return Err(bad(format!("truncated: tensors need {} bytes, file has {actual}", 8 + header_len + end)));
+        return Err(ModelError::Weights {
+            path: file.to_path_buf(),
+            message: format!("truncated: tensors need {} bytes, file has {actual}", 8 + header_len + end),
+        });
     }
     Ok(())
 }

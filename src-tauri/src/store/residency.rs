@@ -15,7 +15,7 @@ use super::discover::LocalModel;
 use crate::engine::embed::{BatchLimits, EmbedHandle};
 use crate::engine::{DraftLoader, EngineConfig, EngineHandle};
 use crate::mlx::Backend;
-use crate::model::encoder::Embedder;
+use crate::model::load::load_embedder;
 use crate::model::{load_model_with, LoadOptions, ModelKind, ModelSummary};
 
 #[derive(Debug, thiserror::Error)]
@@ -352,7 +352,7 @@ impl Residency {
         let path = model.path.clone();
         let failed = |message: String| ResidencyError::LoadFailed { id: model.id.clone(), message };
         let engine = tokio::task::spawn_blocking(move || {
-            EmbedHandle::start(limits, move || Embedder::load(&path, &Backend::init()))
+            EmbedHandle::start(limits, move || load_embedder(&path, &Backend::init()))
         })
         .await
         .map_err(|e| failed(e.to_string()))?

@@ -11,28 +11,33 @@ use crate::model::error::Result;
 use crate::model::layers::{Embedding, Linear};
 use crate::model::weights::Weights;
 
-/// LayerNorm with its weight and bias (BERT's, not the RMS norm of decoders).
+/// LayerNorm with its weight and bias (BERT's, not the RMS norm of decoders; ModernBERT's has
+/// no bias).
 pub struct LayerNorm {
     weight: Array,
-    bias: Array,
+    bias: Option<Array>,
     eps: f32,
 }
 
 impl LayerNorm {
     pub fn take(weights: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<LayerNorm> {
+        LayerNorm::take_with(weights, prefix, dim, eps, true)
+    }
+
+    pub fn take_with(weights: &mut Weights, prefix: &str, dim: i32, eps: f32, bias: bool) -> Result<LayerNorm> {
         Ok(LayerNorm {
             weight: weights.take_float(&format!("{prefix}.weight"), &[dim])?,
-            bias: weights.take_float(&format!("{prefix}.bias"), &[dim])?,
+            bias: if bias { Some(weights.take_float(&format!("{prefix}.bias"), &[dim])?) } else { None },
             eps,
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(mlx_rs::fast::layer_norm(x, &self.weight, &self.bias, self.eps)?)
+        Ok(mlx_rs::fast::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps)?)
     }
 
-    fn arrays(&self) -> Vec<&Array> {
-        vec![&self.weight, &self.bias]
+    pub(super) fn arrays(&self) -> Vec<&Array> {
+        std::iter::once(&self.weight).chain(&self.bias).collect()
     }
 }
 

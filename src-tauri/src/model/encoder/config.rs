@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use crate::model::error::{ModelError, Result};
 
-/// The encoder families this build runs.
-pub const ENCODER_TYPES: &[&str] = &["bert", "roberta", "xlm-roberta"];
+/// The encoder families this build runs (ModernBERT's and NomicBERT's shapes are read by their
+/// own files).
+pub const ENCODER_TYPES: &[&str] = &["bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert"];
 
 #[derive(Debug, Clone)]
 pub struct EncoderConfig {
@@ -70,7 +71,7 @@ impl EncoderConfig {
     pub fn from_json(json: &Value, path: &Path) -> Result<EncoderConfig> {
         let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
         let raw: Raw = serde_json::from_value(json.clone()).map_err(|e| bad(e.to_string()))?;
-        if !ENCODER_TYPES.contains(&raw.model_type.as_str()) {
+        if !["bert", "roberta", "xlm-roberta"].contains(&raw.model_type.as_str()) {
             return Err(ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: raw.model_type });
         }
         // HF's "gelu" is the exact (erf) form; the others are other functions.

@@ -1,10 +1,15 @@
 //! Encoder models: text to vectors (embedding models) or query-document pairs to relevance
-//! scores (cross-encoder rerankers), loaded from a Hugging Face or sentence-transformers folder.
-//! A batch is a list of tokenized texts run as the rows of one forward, padded to the longest.
+//! scores (rerankers), loaded from a Hugging Face or sentence-transformers folder. The network
+//! is a BERT-family encoder or a chat family's decoder (Qwen3-Embedding, EmbeddingGemma,
+//! Qwen3-Reranker). A batch is a list of tokenized texts run as the rows of one forward,
+//! padded to the longest.
 
 mod bert;
 mod classifier;
 pub mod config;
+mod decoder;
+mod modernbert;
+mod nomic_bert;
 mod pooling;
 mod sentence;
 mod tokens;
@@ -18,10 +23,13 @@ use mlx_rs::{Array, Dtype};
 
 pub use bert::Encoder;
 pub use config::{is_encoder_config, EncoderConfig, ENCODER_TYPES};
+pub use decoder::{decoder_role, DecoderEncoder, DecoderRole};
 pub use pooling::{Pooling, PoolingMode};
 pub use tokens::{EncodeError, EncodedText, EncoderTokenizer, TooLong};
 
 use classifier::Classifier;
+use modernbert::{ModernBert, ModernBertClassifier, ModernBertConfig};
+use nomic_bert::{NomicBert, NomicBertConfig};
 use sentence::SentenceLayout;
 
 use crate::mlx::Backend;
@@ -37,9 +45,26 @@ pub enum EncoderKind {
     Reranker,
 }
 
+/// The network that turns tokens into token vectors.
+enum Backbone {
+    Bert(Encoder),
+    ModernBert(ModernBert),
+    NomicBert(NomicBert),
+    /// Boxed: a whole transformer beside the encoders' few fields.
+    Decoder(Box<DecoderEncoder>),
+}
+
 enum Head {
     Vectors(SentenceLayout),
+    /// A cross-encoder's classification head.
     Scores(Classifier),
+    /// ModernBERT's (pooled, then dense, GELU and norm).
+    ModernBertScores(ModernBertClassifier),
+    /// A decoder judge's "yes" and "no" tokens.
+    Judge {
+        yes: u32,
+        no: u32,
+    },
 }
 
 pub struct Embedder {
@@ -47,19 +72,39 @@ pub struct Embedder {
     pub name: String,
     pub path: PathBuf,
     pub tokenizer: Arc<EncoderTokenizer>,
-    encoder: Encoder,
+    backbone: Backbone,
     head: Head,
     /// Bytes the weights take in memory.
     pub weights_bytes: usize,
 }
 
+/// One text's attention scores in one layer (f32, every head) stay within this (the batch
+/// planner's bound, `engine::embed::BatchLimits`): a decoder embedder takes at most the tokens
+/// that allows (Qwen3-Embedding-0.6B: 2,048), rather than a forward larger than the memory
+/// governor counted.
+const MAX_ROW_SCORE_BYTES: usize = 256 << 20;
+
+/// The most tokens a decoder encoder with `heads` attention heads takes in one text: its
+/// positions, within `MAX_ROW_SCORE_BYTES` of scores (in steps of 256, at least 256).
+pub fn decoder_token_limit(heads: usize, positions: usize) -> usize {
+    let score_limit = ((MAX_ROW_SCORE_BYTES / (heads.max(1) * 4)) as f64).sqrt() as usize / 256 * 256;
+    positions.min(score_limit.max(256))
+}
+
 impl Embedder {
-    pub fn load(dir: &Path, backend: &Backend) -> Result<Embedder> {
+    /// An encoder family's folder (BERT, RoBERTa, ModernBERT, NomicBERT). A chat family's decoder
+    /// used as an encoder is loaded by `model::load::load_embedder`, which takes either.
+    pub fn load_encoder(dir: &Path, backend: &Backend) -> Result<Embedder> {
         if !dir.is_dir() {
             return Err(ModelError::NotFound { path: dir.join("config.json") });
         }
         let config_path = dir.join("config.json");
         let raw = read_json(&config_path)?;
+        match raw.get("model_type").and_then(serde_json::Value::as_str) {
+            Some("modernbert") => return Embedder::load_modernbert(dir, backend, &raw),
+            Some("nomic_bert") => return Embedder::load_nomic_bert(dir, backend, &raw),
+            _ => {}
+        }
         let config = EncoderConfig::from_json(&raw, &config_path)?;
         let tensors = read_safetensors(dir)?;
         let compute = backend.compute_dtype(stored_dtype(&raw, &tensors));
@@ -72,28 +117,114 @@ impl Embedder {
         let encoder = Encoder::build(config, &mut weights)?;
         let layout_max = match &head {
             Head::Vectors(layout) => layout.max_seq_length,
-            Head::Scores(_) => None,
+            _ => None,
         };
         // sentence-transformers' limit where it sets one, within the position table.
         let max_tokens = layout_max.unwrap_or(usize::MAX).min(encoder.config.max_tokens());
         let lowercase = matches!(&head, Head::Vectors(l) if l.lowercase);
         let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, lowercase)?;
+        Embedder::finish(dir, tokenizer, Backbone::Bert(encoder), head)
+    }
+
+    fn load_modernbert(dir: &Path, backend: &Backend, raw: &serde_json::Value) -> Result<Embedder> {
+        let config_path = dir.join("config.json");
+        let config = ModernBertConfig::from_json(raw, &config_path)?;
+        let tensors = read_safetensors(dir)?;
+        let compute = backend.compute_dtype(stored_dtype(raw, &tensors));
+        let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(raw, &config_path)?, compute);
+        weights.rename_all(canonical_name);
+        let head = match config.num_labels {
+            Some(labels) => Head::ModernBertScores(ModernBertClassifier::build(&config, labels, &mut weights)?),
+            None => Head::Vectors(SentenceLayout::read(dir, compute)?),
+        };
+        let model = ModernBert::build(config, &mut weights)?;
+        let (layout_max, lowercase) = match &head {
+            Head::Vectors(layout) => (layout.max_seq_length, layout.lowercase),
+            _ => (None, false),
+        };
+        let max_tokens = layout_max.unwrap_or(usize::MAX).min(model.config.max_positions);
+        let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, lowercase)?;
+        Embedder::finish(dir, tokenizer, Backbone::ModernBert(model), head)
+    }
+
+    /// NomicBERT, as an embedding model only (no published reranker is one).
+    fn load_nomic_bert(dir: &Path, backend: &Backend, raw: &serde_json::Value) -> Result<Embedder> {
+        let config_path = dir.join("config.json");
+        if encoder_kind(raw) == Some(EncoderKind::Reranker) {
+            return Err(ModelError::Config {
+                path: config_path,
+                message: "NomicBERT sequence classifiers are not supported (its embedders are)".into(),
+            });
+        }
+        let config = NomicBertConfig::from_json(raw, &config_path)?;
+        let tensors = read_safetensors(dir)?;
+        let compute = backend.compute_dtype(stored_dtype(raw, &tensors));
+        let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(raw, &config_path)?, compute);
+        weights.rename_all(canonical_name);
+        let layout = SentenceLayout::read(dir, compute)?;
+        let model = NomicBert::build(config, &mut weights)?;
+        let max_tokens = layout.max_seq_length.unwrap_or(usize::MAX).min(model.config.max_positions);
+        let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, layout.lowercase)?;
+        Embedder::finish(dir, tokenizer, Backbone::NomicBert(model), Head::Vectors(layout))
+    }
+
+    /// A chat family's decoder as an embedding model (the sentence-transformers layout around
+    /// it) or as a judge reranker.
+    pub fn from_decoder(dir: &Path, decoder: DecoderEncoder, role: DecoderRole) -> Result<Embedder> {
+        let limit = decoder_token_limit(decoder.heads(), decoder.transformer.config.max_position_embeddings);
+        let tokenizer_path = dir.join("tokenizer.json");
+        let (head, tokenizer) = match role {
+            DecoderRole::Embedding => {
+                let layout = SentenceLayout::read(dir, decoder.transformer.dtype)?;
+                let max_tokens = layout.max_seq_length.unwrap_or(usize::MAX).min(limit);
+                let tokenizer = EncoderTokenizer::load(&tokenizer_path, max_tokens, layout.lowercase)?;
+                (Head::Vectors(layout), tokenizer)
+            }
+            DecoderRole::YesNo => {
+                let tokenizer = EncoderTokenizer::load_judge(&tokenizer_path, limit)?;
+                let id = |token: &str| {
+                    tokenizer.token_id(token).ok_or_else(|| ModelError::Tokenizer {
+                        path: tokenizer_path.clone(),
+                        message: format!("a judge reranker needs {token:?} in its vocabulary"),
+                    })
+                };
+                (Head::Judge { yes: id("yes")?, no: id("no")? }, tokenizer)
+            }
+        };
+        Embedder::finish(dir, tokenizer, Backbone::Decoder(Box::new(decoder)), head)
+    }
+
+    fn finish(dir: &Path, tokenizer: EncoderTokenizer, backbone: Backbone, head: Head) -> Result<Embedder> {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut embedder =
-            Embedder { name, path: dir.to_path_buf(), tokenizer: Arc::new(tokenizer), encoder, head, weights_bytes: 0 };
+        let tokenizer = Arc::new(tokenizer);
+        let mut embedder = Embedder { name, path: dir.to_path_buf(), tokenizer, backbone, head, weights_bytes: 0 };
         embedder.weights_bytes = embedder.materialize()?;
         Ok(embedder)
     }
 
     /// Attention heads per layer (the batch planner sizes the attention's scores with it).
     pub fn attention_heads(&self) -> usize {
-        self.encoder.config.num_heads as usize
+        match &self.backbone {
+            Backbone::Bert(encoder) => encoder.config.num_heads as usize,
+            Backbone::ModernBert(model) => model.config.num_heads as usize,
+            Backbone::NomicBert(model) => model.config.num_heads as usize,
+            Backbone::Decoder(decoder) => decoder.heads(),
+        }
+    }
+
+    fn hidden_size(&self) -> usize {
+        match &self.backbone {
+            Backbone::Bert(encoder) => encoder.config.hidden_size as usize,
+            Backbone::ModernBert(model) => model.config.hidden_size as usize,
+            Backbone::NomicBert(model) => model.config.hidden_size as usize,
+            Backbone::Decoder(decoder) => decoder.transformer.config.hidden_size,
+        }
     }
 
     pub fn kind(&self) -> EncoderKind {
         match self.head {
             Head::Vectors(_) => EncoderKind::Embedding,
-            Head::Scores(_) => EncoderKind::Reranker,
+            _ => EncoderKind::Reranker,
         }
     }
 
@@ -102,29 +233,42 @@ impl Embedder {
         match &self.head {
             Head::Vectors(layout) => match layout.dense.last() {
                 Some(dense) => dense.out_features as usize,
-                None => self.encoder.config.hidden_size as usize * layout.pooling.modes.len(),
+                None => self.hidden_size() * layout.pooling.modes.len(),
             },
-            Head::Scores(_) => 0,
+            _ => 0,
         }
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.encoder.config.vocab_size as usize
+        match &self.backbone {
+            Backbone::Bert(encoder) => encoder.config.vocab_size as usize,
+            Backbone::ModernBert(model) => model.config.vocab_size as usize,
+            Backbone::NomicBert(model) => model.config.vocab_size as usize,
+            Backbone::Decoder(decoder) => decoder.transformer.config.vocab_size,
+        }
     }
 
     /// Whether the model was trained for shorter vectors (a prefix of its vector is one too).
-    /// None of the BERT and RoBERTa families' checkpoints says so in its files: `false`, and
-    /// requests for fewer dimensions are refused rather than answered with vectors it was not
-    /// trained to make.
+    /// No checkpoint says so in its files; the decoder embedders of the Qwen3 and Gemma 3
+    /// families (Qwen3-Embedding, EmbeddingGemma) were all trained so (Matryoshka
+    /// representation learning, per their model cards). The BERT and RoBERTa families' were
+    /// not as a rule: requests for fewer dimensions are refused rather than answered with
+    /// vectors the model was not trained to make.
     pub fn matryoshka(&self) -> bool {
-        false
+        use crate::model::config::Arch;
+        match (&self.backbone, &self.head) {
+            (Backbone::Decoder(decoder), Head::Vectors(_)) => {
+                matches!(decoder.transformer.config.arch, Arch::Qwen3 | Arch::Gemma3)
+            }
+            _ => false,
+        }
     }
 
     /// The prompt used when a request names none (`default_prompt_name`), as sentence-transformers.
     pub fn default_prompt(&self) -> Option<String> {
         match &self.head {
             Head::Vectors(layout) => layout.default_prompt.clone(),
-            Head::Scores(_) => None,
+            _ => None,
         }
     }
 
@@ -137,7 +281,7 @@ impl Embedder {
     pub fn prompts(&self) -> BTreeMap<String, String> {
         match &self.head {
             Head::Vectors(layout) => layout.prompts.clone(),
-            Head::Scores(_) => BTreeMap::new(),
+            _ => BTreeMap::new(),
         }
     }
 
@@ -166,11 +310,18 @@ impl Embedder {
 
     /// One relevance score per query-document pair (a reranker's).
     pub fn score(&self, pairs: &[EncodedText]) -> Result<Vec<f32>> {
-        let Head::Scores(classifier) = &self.head else {
-            return Err(ModelError::Invalid(format!("{} is an embedding model: it has no scoring head", self.name)));
+        let (hidden, lengths) = match &self.head {
+            Head::Vectors(_) => {
+                return Err(ModelError::Invalid(format!("{} is an embedding model: it has no scoring head", self.name)))
+            }
+            _ => self.hidden(pairs)?,
         };
-        let (hidden, _) = self.hidden(pairs)?;
-        classifier.scores(&hidden)
+        match (&self.head, &self.backbone) {
+            (Head::Scores(classifier), _) => classifier.scores(&hidden),
+            (Head::ModernBertScores(classifier), _) => classifier.scores(&hidden, &lengths),
+            (Head::Judge { yes, no }, Backbone::Decoder(decoder)) => decoder.judge(&hidden, &lengths, *yes, *no),
+            _ => Err(ModelError::Invalid(format!("{}: a judge head needs a decoder", self.name))),
+        }
     }
 
     /// The rows' last hidden states, padded to the longest, and each row's length.
@@ -179,7 +330,7 @@ impl Embedder {
         if let Some(t) = texts.iter().find(|t| t.is_empty()) {
             return Err(ModelError::Invalid(format!("an input has no tokens ({:?})", t.ids)));
         }
-        let vocab = self.encoder.config.vocab_size as u32;
+        let vocab = self.vocab_size() as u32;
         if let Some(bad) = texts.iter().flat_map(|t| &t.ids).find(|&&id| id >= vocab) {
             return Err(ModelError::Invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
@@ -194,18 +345,35 @@ impl Embedder {
         };
         let shape = [texts.len() as i32, len as i32];
         let ids = Array::from_slice(&pad(&|t| &t.ids), &shape);
-        let types = Array::from_slice(&pad(&|t| &t.type_ids), &shape);
         let lengths: Vec<usize> = texts.iter().map(EncodedText::len).collect();
-        let mask = Encoder::key_mask(&lengths, len)?;
-        Ok((self.encoder.forward(&ids, &types, &mask)?, lengths))
+        let hidden = match &self.backbone {
+            Backbone::Bert(encoder) => {
+                let types = Array::from_slice(&pad(&|t| &t.type_ids), &shape);
+                encoder.forward(&ids, &types, &Encoder::key_mask(&lengths, len)?)?
+            }
+            Backbone::ModernBert(model) => model.forward(&ids, &lengths)?,
+            Backbone::NomicBert(model) => {
+                let types = Array::from_slice(&pad(&|t| &t.type_ids), &shape);
+                model.forward(&ids, &types, &lengths)?
+            }
+            Backbone::Decoder(decoder) => decoder.forward(&ids, &lengths)?,
+        };
+        Ok((hidden, lengths))
     }
 
     /// Evaluates every weight once and returns the bytes they take.
     fn materialize(&self) -> Result<usize> {
-        let mut arrays = self.encoder.arrays();
+        let mut arrays = match &self.backbone {
+            Backbone::Bert(encoder) => encoder.arrays(),
+            Backbone::ModernBert(model) => model.arrays(),
+            Backbone::NomicBert(model) => model.arrays(),
+            Backbone::Decoder(decoder) => decoder.arrays(),
+        };
         match &self.head {
             Head::Vectors(layout) => arrays.extend(layout.dense.iter().flat_map(|d| d.arrays())),
             Head::Scores(classifier) => arrays.extend(classifier.arrays()),
+            Head::ModernBertScores(classifier) => arrays.extend(classifier.arrays()),
+            Head::Judge { .. } => {}
         }
         mlx_rs::transforms::eval(arrays.iter().copied())?;
         Ok(arrays.iter().map(|a| a.nbytes()).sum())
@@ -251,6 +419,20 @@ fn canonical_name(name: &str) -> Option<String> {
         },
     };
     Some(name)
+}
+
+/// An encoder's parameters and the most tokens its positions allow, from its `config.json`.
+pub fn encoder_shape(config: &serde_json::Value, path: &Path) -> Result<(u64, usize)> {
+    if config.get("model_type").and_then(serde_json::Value::as_str) == Some("modernbert") {
+        let c = ModernBertConfig::from_json(config, path)?;
+        return Ok((c.parameter_count(), c.max_positions));
+    }
+    if config.get("model_type").and_then(serde_json::Value::as_str) == Some("nomic_bert") {
+        let c = NomicBertConfig::from_json(config, path)?;
+        return Ok((c.parameter_count(), c.max_positions));
+    }
+    let c = EncoderConfig::from_json(config, path)?;
+    Ok((c.parameter_count(), c.max_tokens()))
 }
 
 /// Which kind of encoder a `config.json` describes (the catalog's view), if it is one.

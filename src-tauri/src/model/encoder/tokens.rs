@@ -50,11 +50,29 @@ pub enum EncodeError {
 }
 
 pub struct EncoderTokenizer {
-    /// Cuts at `max_tokens` (longest first for pairs); the cut-off part is in `overflowing`.
+    /// Cuts at `max_tokens` (longest first for pairs; for a judge's prompt, at what its prefix
+    /// and suffix leave); the cut-off part is in `overflowing`.
     cutting: tokenizers::Tokenizer,
     pub max_tokens: usize,
     lowercase: bool,
+    pairs: PairFormat,
 }
+
+/// How a reranker's query and document become one input.
+enum PairFormat {
+    /// The tokenizer's own pair encoding (a cross-encoder's `[CLS] q [SEP] d [SEP]`).
+    Native,
+    /// A decoder judge's prompt (Qwen3-Reranker's): fixed tokens before and after the
+    /// instruction, query and document, the middle cut when too long.
+    Judge { prefix: Vec<u32>, suffix: Vec<u32>, instruction: String },
+}
+
+/// Qwen3-Reranker's prompt, as its model card scores with it.
+pub const JUDGE_PREFIX: &str = "<|im_start|>system\nJudge whether the Document meets the requirements based on \
+    the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n\
+    <|im_start|>user\n";
+pub const JUDGE_SUFFIX: &str = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+pub const JUDGE_INSTRUCTION: &str = "Given a web search query, retrieve relevant passages that answer the query";
 
 impl EncoderTokenizer {
     pub fn load(path: &Path, max_tokens: usize, lowercase: bool) -> Result<EncoderTokenizer> {
@@ -69,7 +87,30 @@ impl EncoderTokenizer {
                 direction: TruncationDirection::Right,
             }))
             .map_err(|e| bad(e.to_string()))?;
-        Ok(EncoderTokenizer { cutting, max_tokens, lowercase })
+        Ok(EncoderTokenizer { cutting, max_tokens, lowercase, pairs: PairFormat::Native })
+    }
+
+    /// A decoder judge's tokenizer: pairs in Qwen3-Reranker's prompt, at most `max_tokens`.
+    pub fn load_judge(path: &Path, max_tokens: usize) -> Result<EncoderTokenizer> {
+        let bad = |message: String| ModelError::Tokenizer { path: path.to_path_buf(), message };
+        let plain = tokenizers::Tokenizer::from_file(path).map_err(|e| bad(e.to_string()))?;
+        let ids = |text: &str| -> Result<Vec<u32>> {
+            Ok(plain.encode(text, false).map_err(|e| bad(e.to_string()))?.get_ids().to_vec())
+        };
+        let (prefix, suffix) = (ids(JUDGE_PREFIX)?, ids(JUDGE_SUFFIX)?);
+        let fixed = prefix.len() + suffix.len();
+        if max_tokens <= fixed {
+            return Err(bad(format!("{max_tokens} tokens leave no room for a query and a document")));
+        }
+        let mut tokenizer = EncoderTokenizer::load(path, max_tokens - fixed, false)?;
+        tokenizer.max_tokens = max_tokens;
+        tokenizer.pairs = PairFormat::Judge { prefix, suffix, instruction: JUDGE_INSTRUCTION.into() };
+        Ok(tokenizer)
+    }
+
+    /// The id of `token` as the vocabulary has it (a judge's "yes" and "no").
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.cutting.token_to_id(token)
     }
 
     /// `prompt` (an instruction such as `"query: "`) then `text`; longer than the model takes:
@@ -83,9 +124,19 @@ impl EncoderTokenizer {
 
     /// A reranker's input: the query and a document as a pair.
     pub fn encode_pair(&self, query: &str, document: &str, truncate: bool) -> Result<EncodedText, EncodeError> {
-        let input = EncodeInput::Dual(self.case(query).into(), self.case(document).into());
-        let encoding = self.run(input)?;
-        self.finish(encoding, truncate, 0)
+        match &self.pairs {
+            PairFormat::Native => {
+                let input = EncodeInput::Dual(self.case(query).into(), self.case(document).into());
+                let encoding = self.run(input)?;
+                self.finish(encoding, truncate, 0)
+            }
+            PairFormat::Judge { prefix, suffix, instruction } => {
+                let middle = format!("<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}");
+                let inner = self.finish(self.run(EncodeInput::Single(middle.into()))?, truncate, 0)?;
+                let ids: Vec<u32> = prefix.iter().chain(&inner.ids).chain(suffix).copied().collect();
+                Ok(EncodedText::from_ids(ids))
+            }
+        }
     }
 
     /// Token ids given by the caller: checked against the model's limit, cut when `truncate`.

@@ -21,6 +21,19 @@ pub fn load(
     backend: &Backend,
     options: &super::LoadOptions,
 ) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
+    let (raw, transformer) = load_transformer(dir, backend, options)?;
+    let (tokenizer, template) = load_tokenizer(dir, &raw)?;
+    Ok((transformer, tokenizer, template))
+}
+
+/// The transformer of the folder (no tokenizer) and its `config.json`'s text part: a chat
+/// model's, or an embedding model's, whose checkpoint may be the bare model (`embed_tokens`,
+/// `layers.N` at the top, as Qwen3-Embedding's and EmbeddingGemma's are).
+pub(super) fn load_transformer(
+    dir: &Path,
+    backend: &Backend,
+    options: &super::LoadOptions,
+) -> Result<(Value, Transformer)> {
     let config_path = dir.join("config.json");
     let (raw, hf, mut config) = read_configs(dir)?;
 
@@ -29,15 +42,19 @@ pub fn load(
     let quant = quant_config(&raw, &config_path)?;
     let mut weights = Weights::new(tensors, dir.to_path_buf(), quant, backend.compute_dtype(stored));
     weights.expand_quantized = super::expand_quantized(options, backend, config.parameter_count());
+    if !weights.contains("model.embed_tokens.weight") && weights.contains("embed_tokens.weight") {
+        weights.rename_all(|name| match name.starts_with("lm_head.") || name.starts_with("score.") {
+            true => Some(name.to_string()),
+            false => Some(format!("model.{name}")),
+        });
+    }
     weights.rename_all(arch::canonical_tensor_name);
     arch::sanitize(&config, &mut weights)?;
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");
     }
     let transformer = Transformer::build(config, &mut weights)?;
-
-    let (tokenizer, template) = load_tokenizer(dir, &raw)?;
-    Ok((transformer, tokenizer, template))
+    Ok((raw, transformer))
 }
 
 /// The model's shape from `config.json` alone (no weights read): what the memory planner needs.

@@ -116,6 +116,16 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
         inspect_encoder(dir, &raw, &mut summary, &mut reasons);
     } else {
         inspect_decoder(&model_type, &raw, &mut summary, &mut reasons);
+        if let Some(role) = crate::model::encoder::decoder_role(dir, &raw) {
+            summary.kind = match role {
+                crate::model::encoder::DecoderRole::Embedding => ModelKind::Embedding,
+                crate::model::encoder::DecoderRole::YesNo => ModelKind::Reranker,
+            };
+            let heads = raw.get("num_attention_heads").and_then(Value::as_u64).unwrap_or(1) as usize;
+            let max = sentence_max_seq_length(dir).unwrap_or(usize::MAX);
+            let positions = summary.context_length.unwrap_or(usize::MAX).min(max);
+            summary.context_length = Some(crate::model::encoder::decoder_token_limit(heads, positions));
+        }
     }
     let method = raw.get("quantization_config").and_then(|q| q.get("quant_method")).and_then(Value::as_str);
     if let Some(method) = method.filter(|m| *m != "mxfp4") {
@@ -154,18 +164,23 @@ fn inspect_decoder(model_type: &str, raw: &Value, summary: &mut ModelSummary, re
 fn inspect_encoder(dir: &Path, raw: &Value, summary: &mut ModelSummary, reasons: &mut Vec<String>) {
     let config_path = dir.join("config.json");
     summary.kind = crate::model::encoder::encoder_kind(raw).map_or(ModelKind::Embedding, ModelKind::from);
-    match crate::model::encoder::EncoderConfig::from_json(raw, &config_path) {
-        Ok(config) => {
-            summary.parameters = Some(config.parameter_count());
-            let st_max = std::fs::read_to_string(dir.join("sentence_bert_config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .and_then(|v| v.get("max_seq_length").and_then(Value::as_u64))
-                .map(|n| n as usize);
-            summary.context_length = Some(st_max.unwrap_or(usize::MAX).min(config.max_tokens()));
+    match crate::model::encoder::encoder_shape(raw, &config_path) {
+        Ok((parameters, max_tokens)) => {
+            summary.parameters = Some(parameters);
+            let st_max = sentence_max_seq_length(dir);
+            summary.context_length = Some(st_max.unwrap_or(usize::MAX).min(max_tokens));
         }
         Err(e) => reasons.push(e.to_string()),
     }
+}
+
+/// sentence-transformers' `max_seq_length`, where the folder sets one.
+fn sentence_max_seq_length(dir: &Path) -> Option<usize> {
+    std::fs::read_to_string(dir.join("sentence_bert_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v.get("max_seq_length").and_then(Value::as_u64))
+        .map(|n| n as usize)
 }
 
 fn inspect_gguf(path: &Path) -> ModelSummary {

@@ -89,6 +89,26 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
 
 pub use hf_dir::config_from_json;
 
+/// An embedding model or reranker from its folder: an encoder family's, or a chat family's
+/// decoder used as one (Qwen3-Embedding, EmbeddingGemma, Qwen3-Reranker), whose transformer is
+/// read as a chat model's is.
+pub fn load_embedder(dir: &Path, backend: &Backend) -> Result<crate::model::encoder::Embedder> {
+    use crate::model::encoder::{decoder_role, DecoderEncoder, Embedder};
+    let raw = match crate::model::checkpoint::read_json(&dir.join("config.json")) {
+        Ok(raw) => raw,
+        // The encoder's loader says what is missing.
+        Err(_) => return Embedder::load_encoder(dir, backend),
+    };
+    let text = crate::model::arch::text_config(&raw);
+    match decoder_role(dir, &text) {
+        Some(role) => {
+            let (_, transformer) = hf_dir::load_transformer(dir, backend, &LoadOptions::default())?;
+            Embedder::from_decoder(dir, DecoderEncoder::new(dir, transformer, &text)?, role)
+        }
+        None => Embedder::load_encoder(dir, backend),
+    }
+}
+
 /// The model's configuration (its shape) without reading its weights: a folder's
 /// `config.json` or a GGUF file's header.
 pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {

@@ -424,6 +424,15 @@ impl Transformer {
         }
     }
 
+    /// Replaces the factor the embeddings are scaled by, where the family scales them (the
+    /// embedding checkpoints of Gemma keep sqrt(hidden) exact, the chat ones round it to bf16).
+    pub fn set_embed_scale(&mut self, scale: f32) -> Result<()> {
+        if self.embed_scale.is_some() {
+            self.embed_scale = Some(Array::from_f32(scale).as_dtype(self.dtype)?);
+        }
+        Ok(())
+    }
+
     /// Logits over the vocabulary for hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
