@@ -118,6 +118,13 @@ fn check_tiny_cases(reference: &Value) {
     }
 }
 
+/// The reference case's query paired with each of its documents, as the model's tokenizer pairs them.
+fn encode_pairs(model: &Embedder, case: &Value) -> Vec<EncodedText> {
+    let query = case["query"].as_str().unwrap();
+    let documents = case["documents"].as_array().unwrap();
+    documents.iter().map(|d| model.tokenizer.encode_pair(query, d.as_str().unwrap(), true).unwrap()).collect()
+}
+
 #[test]
 fn tiny_rerankers_tokens_and_scores_equal_the_reference() {
     let _mlx = common::mlx_lock();
@@ -126,13 +133,7 @@ fn tiny_rerankers_tokens_and_scores_equal_the_reference() {
         let name = case["variant"].as_str().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let model = tiny(name, case["seed"].as_u64().unwrap(), dir.path());
-        let query = case["query"].as_str().unwrap();
-        let pairs: Vec<EncodedText> = case["documents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| model.tokenizer.encode_pair(query, d.as_str().unwrap(), true).unwrap())
-            .collect();
+        let pairs = encode_pairs(&model, case);
         // XLM-RoBERTa has one token type, ModernBERT none: their pairs are all type 0.
         let one_type = name.starts_with("xlmr") || name.starts_with("modernbert");
         for (i, pair) in pairs.iter().enumerate() {
@@ -237,13 +238,7 @@ fn judge_reranker_tokens_and_scores_equal_the_reference() {
     write_tiny_decoder_encoder(&folder, "qwen3-reranker", case["seed"].as_u64().unwrap()).unwrap();
     let model = load_embedder(&folder, &common::backend()).unwrap();
     assert_eq!(model.kind(), EncoderKind::Reranker);
-    let query = case["query"].as_str().unwrap();
-    let pairs: Vec<EncodedText> = case["documents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| model.tokenizer.encode_pair(query, d.as_str().unwrap(), true).unwrap())
-        .collect();
+    let pairs = encode_pairs(&model, case);
     for (i, pair) in pairs.iter().enumerate() {
         assert_eq!(pair.ids, common::ids(&case["ids"][i]), "pair {i}: the judge prompt's tokens");
     }

@@ -7,7 +7,7 @@ NomicBERT class, hence PyTorch here, in a venv of its own (not the tests' .cache
     python3 -m venv /tmp/ref-torch && /tmp/ref-torch/bin/pip install torch==2.9.1 transformers==5.24.0
     cargo build && /tmp/ref-torch/bin/python scripts/reference/nomic_bert.py
 
-The rows and seed are embeddings.py's tiny ones (token ids in one padded batch); the output,
+The rows are embeddings.py's tiny ones, from its output (token ids in one padded batch); the output,
 tests/data/reference/nomic_bert.json, has the shape of embeddings.json's "tiny" list.
 """
 
@@ -25,15 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests/data/reference/nomic_bert.json"
 BINARY = ROOT / "target/debug/fastmlx"
 SEED = 11
-# embeddings.py's TINY_ROWS and TINY_PROMPTS (the prompt is pooled: include_prompt is true).
-TINY_ROWS = [
-    [2, 10, 11, 12, 13, 3],
-    [2, 40, 41, 3],
-    [2] + [5 + (i * 7) % 80 for i in range(30)] + [3],
-    [2, 60, 3],
-    [2, 20, 21, 22, 23, 24, 25, 26, 27, 28, 3],
-]
-TINY_PROMPTS = [2, 0, 3, 1, 4]
+# The rows and instruction lengths of embeddings.py's tiny cases (the prompt is pooled here:
+# include_prompt is true), read from its output so the two cannot drift apart.
+_TINY = json.loads((ROOT / "tests/data/reference/embeddings.json").read_text())["tiny"][0]
+TINY_ROWS, TINY_PROMPTS = _TINY["rows"], _TINY["prompt_lens"]
 VARIANTS = ["nomic-bert-mean"]
 
 

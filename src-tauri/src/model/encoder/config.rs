@@ -49,12 +49,27 @@ struct Raw {
     pad_token_id: Option<i32>,
     #[serde(default)]
     position_embedding_type: Option<String>,
+    #[serde(flatten)]
+    classifier: ClassifierFields,
+}
+
+/// What says whether a checkpoint is a sequence classifier (a reranker), and with how many labels.
+#[derive(Deserialize)]
+pub(super) struct ClassifierFields {
     #[serde(default)]
     architectures: Vec<String>,
     #[serde(default)]
     id2label: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     num_labels: Option<usize>,
+}
+
+impl ClassifierFields {
+    /// The outputs of its classification head, when the checkpoint has one.
+    pub(super) fn labels(&self) -> Option<usize> {
+        let classifier = self.architectures.iter().any(|a| a.ends_with("ForSequenceClassification"));
+        classifier.then(|| self.num_labels.or(self.id2label.as_ref().map(|m| m.len())).unwrap_or(2))
+    }
 }
 
 fn two() -> i32 {
@@ -89,8 +104,7 @@ impl EncoderConfig {
         }
         let roberta = raw.model_type != "bert";
         let position_offset = if roberta { raw.pad_token_id.unwrap_or(1) + 1 } else { 0 };
-        let classifier = raw.architectures.iter().any(|a| a.ends_with("ForSequenceClassification"));
-        let num_labels = classifier.then(|| raw.num_labels.or(raw.id2label.as_ref().map(|m| m.len())).unwrap_or(2));
+        let num_labels = raw.classifier.labels();
         Ok(EncoderConfig {
             model_type: raw.model_type,
             vocab_size: raw.vocab_size,

@@ -33,7 +33,7 @@ use nomic_bert::{NomicBert, NomicBertConfig};
 use sentence::SentenceLayout;
 
 use crate::mlx::Backend;
-use crate::model::checkpoint::{quant_config, read_json, read_safetensors, stored_dtype};
+use crate::model::checkpoint::{quant_config, read_safetensors, stored_dtype};
 use crate::model::error::{ModelError, Result};
 use crate::model::weights::Weights;
 
@@ -92,58 +92,35 @@ pub fn decoder_token_limit(heads: usize, positions: usize) -> usize {
 }
 
 impl Embedder {
-    /// An encoder family's folder (BERT, RoBERTa, ModernBERT, NomicBERT). A chat family's decoder
-    /// used as an encoder is loaded by `model::load::load_embedder`, which takes either.
-    pub fn load_encoder(dir: &Path, backend: &Backend) -> Result<Embedder> {
-        if !dir.is_dir() {
-            return Err(ModelError::NotFound { path: dir.join("config.json") });
-        }
+    /// An encoder family's folder (BERT, RoBERTa, ModernBERT, NomicBERT) with its `config.json`
+    /// `raw`. `model::load::load_embedder` reads any embedder's folder, a decoder's included.
+    pub fn load_encoder(dir: &Path, raw: &serde_json::Value, backend: &Backend) -> Result<Embedder> {
         let config_path = dir.join("config.json");
-        let raw = read_json(&config_path)?;
         match raw.get("model_type").and_then(serde_json::Value::as_str) {
-            Some("modernbert") => return Embedder::load_modernbert(dir, backend, &raw),
-            Some("nomic_bert") => return Embedder::load_nomic_bert(dir, backend, &raw),
+            Some("modernbert") => return Embedder::load_modernbert(dir, backend, raw),
+            Some("nomic_bert") => return Embedder::load_nomic_bert(dir, backend, raw),
             _ => {}
         }
-        let config = EncoderConfig::from_json(&raw, &config_path)?;
-        let tensors = read_safetensors(dir)?;
-        let compute = backend.compute_dtype(stored_dtype(&raw, &tensors));
-        let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(&raw, &config_path)?, compute);
-        weights.rename_all(canonical_name);
+        let config = EncoderConfig::from_json(raw, &config_path)?;
+        let mut weights = read_weights(dir, raw, backend)?;
         let head = match config.num_labels {
             Some(labels) => Head::Scores(Classifier::build(&config, labels, &mut weights)?),
-            None => Head::Vectors(SentenceLayout::read(dir, compute)?),
+            None => Head::Vectors(SentenceLayout::read(dir, weights.dtype)?),
         };
         let encoder = Encoder::build(config, &mut weights)?;
-        let layout_max = match &head {
-            Head::Vectors(layout) => layout.max_seq_length,
-            _ => None,
-        };
-        // sentence-transformers' limit where it sets one, within the position table.
-        let max_tokens = layout_max.unwrap_or(usize::MAX).min(encoder.config.max_tokens());
-        let lowercase = matches!(&head, Head::Vectors(l) if l.lowercase);
-        let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, lowercase)?;
+        let tokenizer = head.tokenizer(dir, encoder.config.max_tokens())?;
         Embedder::finish(dir, tokenizer, Backbone::Bert(encoder), head)
     }
 
     fn load_modernbert(dir: &Path, backend: &Backend, raw: &serde_json::Value) -> Result<Embedder> {
-        let config_path = dir.join("config.json");
-        let config = ModernBertConfig::from_json(raw, &config_path)?;
-        let tensors = read_safetensors(dir)?;
-        let compute = backend.compute_dtype(stored_dtype(raw, &tensors));
-        let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(raw, &config_path)?, compute);
-        weights.rename_all(canonical_name);
+        let config = ModernBertConfig::from_json(raw, &dir.join("config.json"))?;
+        let mut weights = read_weights(dir, raw, backend)?;
         let head = match config.num_labels {
             Some(labels) => Head::ModernBertScores(ModernBertClassifier::build(&config, labels, &mut weights)?),
-            None => Head::Vectors(SentenceLayout::read(dir, compute)?),
+            None => Head::Vectors(SentenceLayout::read(dir, weights.dtype)?),
         };
         let model = ModernBert::build(config, &mut weights)?;
-        let (layout_max, lowercase) = match &head {
-            Head::Vectors(layout) => (layout.max_seq_length, layout.lowercase),
-            _ => (None, false),
-        };
-        let max_tokens = layout_max.unwrap_or(usize::MAX).min(model.config.max_positions);
-        let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, lowercase)?;
+        let tokenizer = head.tokenizer(dir, model.config.max_positions)?;
         Embedder::finish(dir, tokenizer, Backbone::ModernBert(model), head)
     }
 
@@ -157,15 +134,11 @@ impl Embedder {
             });
         }
         let config = NomicBertConfig::from_json(raw, &config_path)?;
-        let tensors = read_safetensors(dir)?;
-        let compute = backend.compute_dtype(stored_dtype(raw, &tensors));
-        let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(raw, &config_path)?, compute);
-        weights.rename_all(canonical_name);
-        let layout = SentenceLayout::read(dir, compute)?;
+        let mut weights = read_weights(dir, raw, backend)?;
+        let head = Head::Vectors(SentenceLayout::read(dir, weights.dtype)?);
         let model = NomicBert::build(config, &mut weights)?;
-        let max_tokens = layout.max_seq_length.unwrap_or(usize::MAX).min(model.config.max_positions);
-        let tokenizer = EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, layout.lowercase)?;
-        Embedder::finish(dir, tokenizer, Backbone::NomicBert(model), Head::Vectors(layout))
+        let tokenizer = head.tokenizer(dir, model.config.max_positions)?;
+        Embedder::finish(dir, tokenizer, Backbone::NomicBert(model), head)
     }
 
     /// A chat family's decoder as an embedding model (the sentence-transformers layout around
@@ -175,10 +148,9 @@ impl Embedder {
         let tokenizer_path = dir.join("tokenizer.json");
         let (head, tokenizer) = match role {
             DecoderRole::Embedding => {
-                let layout = SentenceLayout::read(dir, decoder.transformer.dtype)?;
-                let max_tokens = layout.max_seq_length.unwrap_or(usize::MAX).min(limit);
-                let tokenizer = EncoderTokenizer::load(&tokenizer_path, max_tokens, layout.lowercase)?;
-                (Head::Vectors(layout), tokenizer)
+                let head = Head::Vectors(SentenceLayout::read(dir, decoder.transformer.dtype)?);
+                let tokenizer = head.tokenizer(dir, limit)?;
+                (head, tokenizer)
             }
             DecoderRole::YesNo => {
                 let tokenizer = EncoderTokenizer::load_judge(&tokenizer_path, limit)?;
@@ -380,6 +352,29 @@ impl Embedder {
     }
 }
 
+impl Head {
+    /// The model's tokenizer, cutting at sentence-transformers' `max_seq_length` where the
+    /// layout sets one, within the `positions` the network has.
+    fn tokenizer(&self, dir: &Path, positions: usize) -> Result<EncoderTokenizer> {
+        let (layout_max, lowercase) = match self {
+            Head::Vectors(layout) => (layout.max_seq_length, layout.lowercase),
+            _ => (None, false),
+        };
+        let max_tokens = layout_max.unwrap_or(usize::MAX).min(positions);
+        EncoderTokenizer::load(&dir.join("tokenizer.json"), max_tokens, lowercase)
+    }
+}
+
+/// An encoder's checkpoint in its compute dtype, its tensors under the names the builders take.
+fn read_weights(dir: &Path, raw: &serde_json::Value, backend: &Backend) -> Result<Weights> {
+    let config_path = dir.join("config.json");
+    let tensors = read_safetensors(dir)?;
+    let compute = backend.compute_dtype(stored_dtype(raw, &tensors));
+    let mut weights = Weights::new(tensors, dir.to_path_buf(), quant_config(raw, &config_path)?, compute);
+    weights.rename_all(canonical_name);
+    Ok(weights)
+}
+
 /// `x / max(‖x‖, 1e-12)` per row, as `torch.nn.functional.normalize`.
 pub fn l2_normalize(x: &Array) -> Result<Array> {
     let norm = sqrt(&sum_axis(&x.square()?, -1, true)?)?;
@@ -423,16 +418,11 @@ fn canonical_name(name: &str) -> Option<String> {
 
 /// An encoder's parameters and the most tokens its positions allow, from its `config.json`.
 pub fn encoder_shape(config: &serde_json::Value, path: &Path) -> Result<(u64, usize)> {
-    if config.get("model_type").and_then(serde_json::Value::as_str) == Some("modernbert") {
-        let c = ModernBertConfig::from_json(config, path)?;
-        return Ok((c.parameter_count(), c.max_positions));
+    match config.get("model_type").and_then(serde_json::Value::as_str) {
+        Some("modernbert") => ModernBertConfig::from_json(config, path).map(|c| (c.parameter_count(), c.max_positions)),
+        Some("nomic_bert") => NomicBertConfig::from_json(config, path).map(|c| (c.parameter_count(), c.max_positions)),
+        _ => EncoderConfig::from_json(config, path).map(|c| (c.parameter_count(), c.max_tokens())),
     }
-    if config.get("model_type").and_then(serde_json::Value::as_str) == Some("nomic_bert") {
-        let c = NomicBertConfig::from_json(config, path)?;
-        return Ok((c.parameter_count(), c.max_positions));
-    }
-    let c = EncoderConfig::from_json(config, path)?;
-    Ok((c.parameter_count(), c.max_tokens()))
 }
 
 /// Which kind of encoder a `config.json` describes (the catalog's view), if it is one.

@@ -13,6 +13,7 @@ use serde_json::Value;
 use std::path::Path;
 
 use super::bert::LayerNorm;
+use super::config::ClassifierFields;
 use super::decoder::pass_mask;
 use crate::model::error::{ModelError, Result};
 use crate::model::layers::{Embedding, Linear};
@@ -74,12 +75,8 @@ struct Raw {
     classifier_pooling: String,
     #[serde(default)]
     classifier_bias: bool,
-    #[serde(default)]
-    architectures: Vec<String>,
-    #[serde(default)]
-    id2label: Option<serde_json::Map<String, Value>>,
-    #[serde(default)]
-    num_labels: Option<usize>,
+    #[serde(flatten)]
+    classifier: ClassifierFields,
 }
 
 fn positions() -> usize {
@@ -124,8 +121,7 @@ impl ModernBertConfig {
                 raw.hidden_size, raw.num_attention_heads
             )));
         }
-        let classifier = raw.architectures.iter().any(|a| a.ends_with("ForSequenceClassification"));
-        let num_labels = classifier.then(|| raw.num_labels.or(raw.id2label.as_ref().map(|m| m.len())).unwrap_or(2));
+        let num_labels = raw.classifier.labels();
         Ok(ModernBertConfig {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,

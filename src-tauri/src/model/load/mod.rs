@@ -94,18 +94,17 @@ pub use hf_dir::config_from_json;
 /// read as a chat model's is.
 pub fn load_embedder(dir: &Path, backend: &Backend) -> Result<crate::model::encoder::Embedder> {
     use crate::model::encoder::{decoder_role, DecoderEncoder, Embedder};
-    let raw = match crate::model::checkpoint::read_json(&dir.join("config.json")) {
-        Ok(raw) => raw,
-        // The encoder's loader says what is missing.
-        Err(_) => return Embedder::load_encoder(dir, backend),
-    };
+    if !dir.is_dir() {
+        return Err(ModelError::NotFound { path: dir.join("config.json") });
+    }
+    let raw = crate::model::checkpoint::read_json(&dir.join("config.json"))?;
     let text = crate::model::arch::text_config(&raw);
     match decoder_role(dir, &text) {
         Some(role) => {
             let (_, transformer) = hf_dir::load_transformer(dir, backend, &LoadOptions::default())?;
             Embedder::from_decoder(dir, DecoderEncoder::new(dir, transformer, &text)?, role)
         }
-        None => Embedder::load_encoder(dir, backend),
+        None => Embedder::load_encoder(dir, &raw, backend),
     }
 }
 
