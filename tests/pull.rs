@@ -193,3 +193,76 @@ async fn search_results_say_what_a_repo_would_serve_here() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(configs(&hub), 2, "kept from the first search");
 }
+
+/// Discover's opening list needs no network: each recommended quantization with what it would
+/// take and serve here, those on disk marked; and whether the Hub answers is asked apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn recommendations_say_what_fits_here_and_what_is_on_disk() {
+    let hub = FakeHub::start(vec![tiny_repo()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = "mlx-community/Llama-3.2-3B-Instruct-4bit";
+    synthetic::write_tiny_model(&dir.path().join(on_disk), Arch::Llama, 3, None).unwrap();
+    let s = state(dir.path(), &hub);
+
+    let (status, body) = send(&s, request("GET", "/admin/recommended", Value::Null)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["ceiling_bytes"], s.models.memory_budget());
+    let uses = list["uses"].as_array().unwrap();
+    let ids: Vec<&str> = uses.iter().filter_map(|u| u["id"].as_str()).collect();
+    assert_eq!(ids, ["coding", "chat", "reasoning", "small", "embeddings"]);
+    let models: Vec<&Value> = uses.iter().flat_map(|u| u["models"].as_array().unwrap()).collect();
+    for model in &models {
+        let choice = model["choice"].as_u64().unwrap() as usize;
+        let offered = &model["quantizations"][choice];
+        assert_eq!(model["fit"], offered["fit"], "{model}");
+        assert!(offered["memory_needed_bytes"].as_u64().unwrap() > offered["weights_bytes"].as_u64().unwrap());
+        let chat = model["kind"] == "chat";
+        assert_eq!(offered["plan"].is_object(), chat, "a context plan for chat models only: {model}");
+        let on_disk_here = offered["repo"] == on_disk;
+        assert_eq!(offered["downloaded"], on_disk_here, "{offered}");
+    }
+    assert!(models.iter().any(|m| m["quantizations"][0]["downloaded"] == true), "the local one is marked");
+
+    // A model's page, on disk and on the Hub: card, config summary, files, what it takes here.
+    let (status, body) = send(&s, request("GET", &format!("/admin/model-info?id={on_disk}"), Value::Null)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let info: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((info["source"].as_str(), info["config"]["model_type"].as_str()), (Some("disk"), Some("llama")));
+    assert!(info["files"].as_array().unwrap().iter().any(|f| f["name"] == "config.json"), "{info}");
+    assert!(info["plan"]["context_tokens"].as_u64().unwrap() > 0 && info["kv_per_1k_tokens"]["kv8"].is_u64(), "{info}");
+    let (status, body) = send(&s, request("GET", &format!("/admin/model-info?repo={REPO}"), Value::Null)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let info: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((info["source"].as_str(), info["readme"].as_str()), (Some("hub"), Some("# tiny\n")));
+    assert_eq!(info["config"]["layers"], 2, "{info}");
+    assert!(info["plan"].is_object() && info["files"].as_array().unwrap().len() >= 4, "{info}");
+    for (uri, want) in [
+        ("/admin/model-info?id=no-such-model", StatusCode::NOT_FOUND),
+        ("/admin/model-info", StatusCode::BAD_REQUEST),
+        ("/admin/model-info?repo=..%2Fetc", StatusCode::BAD_REQUEST),
+        ("/admin/model-info?repo=test-org%2Fmissing", StatusCode::NOT_FOUND),
+    ] {
+        let (status, body) = send(&s, request("GET", uri, Value::Null)).await;
+        assert_eq!(status, want, "{uri}: {body}");
+    }
+
+    let (status, body) = send(&s, request("GET", "/admin/hub", Value::Null)).await;
+    assert_eq!(status, StatusCode::OK);
+    let reach: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((reach["reachable"].as_bool(), reach["error"].is_null()), (Some(true), true), "{reach}");
+    // Nothing listening: unreachable, with the cause.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let residency = Residency::new(Catalog::new(StorePaths::only(dir.path())), ResidencyConfig::default());
+    let offline = AppState::with_hub(
+        residency,
+        ServerConfig::default(),
+        HubClient::new(&format!("http://127.0.0.1:{port}"), None),
+    );
+    let (_, body) = send(&offline, request("GET", "/admin/hub", Value::Null)).await;
+    let reach: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reach["reachable"], false, "{reach}");
+    assert!(reach["error"].as_str().is_some_and(|e| !e.is_empty()), "{reach}");
+}

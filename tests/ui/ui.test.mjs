@@ -4,7 +4,7 @@
 //   node --test tests/ui/
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { bf16ParamsFor, startFakeHub } from "./fake-hub.mjs";
@@ -15,6 +15,10 @@ const TINY_REPO = "test-org/tiny-qwen2-mlx";
 const OTHER_REPO = "test-org/tiny-qwen3-mlx";
 const TIGHT_REPO = "mlx-community/Tight-Fit-bf16-mlx";
 const HUGE_REPO = "mlx-community/Huge-405B-bf16-mlx";
+// Discover's recommendations (FASTMLX_RECOMMENDED): a tiny model on the fake Hub, listed after
+// one too big for any machine, so the one that fits must be sorted first.
+const REC_REPO = "test-org/tiny-recommended";
+const REC_TOO_BIG = "test-org/colossal-recommended";
 
 let server;
 let browser;
@@ -23,7 +27,11 @@ let hubFiles;
 
 before(async () => {
   hubFiles = mkdtempSync(path.join(tmpdir(), "fastmlx-ui-hub-"));
+  const recDir = makeTinyModel(path.join(hubFiles, "rec"), "qwen3");
+  const recList = path.join(hubFiles, "recommended.json");
+  writeFileSync(recList, JSON.stringify(recommendedList(JSON.parse(readFileSync(path.join(recDir, "config.json"), "utf8")))));
   hub = await startFakeHub([
+    { id: REC_REPO, dir: recDir, downloads: 1, likes: 0 },
     { id: TINY_REPO, dir: makeTinyModel(path.join(hubFiles, "a"), "qwen2"), downloads: 1234, likes: 5, params: { F32: 362_000 } },
     { id: OTHER_REPO, dir: makeTinyModel(path.join(hubFiles, "b"), "qwen3"), downloads: 10, likes: 1, params: { F32: 362_000 } },
     { id: TIGHT_REPO, downloads: 50_000, likes: 300, params: bf16ParamsFor(0.63) },
@@ -32,7 +40,7 @@ before(async () => {
   // Drafting forced (speculative decoding, same output): the Live page's acceptance is then shown.
   server = await startServer({
     tinyModels: ["tiny-llama", "tiny-doomed"],
-    env: { HF_ENDPOINT: hub.url, HF_TOKEN: "", FASTMLX_SPECULATIVE: "ngram" },
+    env: { HF_ENDPOINT: hub.url, HF_TOKEN: "", FASTMLX_SPECULATIVE: "ngram", FASTMLX_RECOMMENDED: recList },
   });
   browser = await launchBrowser();
 });
@@ -43,6 +51,24 @@ after(async () => {
   await hub?.close();
   if (hubFiles) rmSync(hubFiles, { recursive: true, force: true });
 });
+
+/** A recommendations file: the tiny model (config `tiny`) and a 1.6T-parameter one, one use. */
+function recommendedList(tiny) {
+  const colossal = { model_type: "llama", hidden_size: 32768, intermediate_size: 131072, num_hidden_layers: 128,
+    num_attention_heads: 128, num_key_value_heads: 8, vocab_size: 128256, max_position_embeddings: 131072,
+    rms_norm_eps: 1e-5, rope_theta: 500000, tie_word_embeddings: false };
+  return {
+    version: 1,
+    updated: "2026-12-05",
+    uses: [{ id: "coding", title: "Coding agents", blurb: "For the tests." }],
+    models: [
+      { name: "Colossal", uses: ["coding"], kind: "chat", parameters_b: 1650, summary: "Too big anywhere.", config: colossal,
+        quantizations: [{ repo: REC_TOO_BIG, label: "BF16", bits_per_weight: 16 }] },
+      { name: "Tiny", uses: ["coding"], kind: "chat", parameters_b: 0.0004, summary: "Fits anywhere.", config: tiny,
+        quantizations: [{ repo: REC_REPO, label: "F32", bits_per_weight: 32 }] },
+    ],
+  };
+}
 
 async function open(route, options) {
   const { context, page } = await openPage(browser, options);
@@ -185,6 +211,64 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal(await page.getByTestId("message").count(), 0);
       await page.locator("[data-testid=conversation-item]", { hasText: "capital of France" }).click();
       assert.equal(await page.getByTestId("message").count(), 4);
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("chat: edit a sent message, regenerate, per-conversation settings, search, export", async () => {
+    const { context, page } = await open("chat");
+    try {
+      await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: server.base });
+      await page.getByTestId("chat-new").click();
+      const select = page.getByTestId("chat-model");
+      await until(async () => (await select.locator("option").allTextContents()).some((t) => t.includes(SMOL)), "the model list");
+      await select.selectOption(SMOL);
+      await page.getByTestId("chat-temperature").fill("0");
+      await page.getByTestId("chat-max-tokens").fill("6");
+      const done = async () =>
+        until(async () => (await page.locator("[data-testid=message][data-streaming=true]").count()) === 0 && (await page.getByTestId("regenerate").count()) === 1, "the reply to end", { timeout: 60_000 });
+      await page.getByTestId("chat-input").fill("Say hello.");
+      await page.getByTestId("chat-input").press("Enter");
+      await done();
+      const messages = page.getByTestId("message");
+      const first = await text(messages.nth(1).getByTestId("message-content"));
+
+      // Regenerate: the same history answered again (greedy: the same answer), still one reply.
+      await page.getByTestId("regenerate").click();
+      await done();
+      assert.equal(await messages.count(), 2);
+      assert.equal(await text(messages.nth(1).getByTestId("message-content")), first);
+
+      // Edit the question: the conversation goes on from it.
+      await messages.nth(0).getByTestId("edit").click();
+      await page.getByTestId("edit-input").fill("Say goodbye.");
+      await page.getByTestId("edit-send").click();
+      await done();
+      assert.equal(await messages.count(), 2);
+      assert.equal(await text(messages.nth(0).getByTestId("message-content")), "Say goodbye.");
+
+      // The settings belong to this conversation: a new one starts from the defaults.
+      await page.getByTestId("chat-new").click();
+      assert.equal(await page.getByTestId("chat-max-tokens").inputValue(), "");
+      await page.locator("[data-testid=conversation-item]", { hasText: "Say hello" }).click();
+      assert.equal(await page.getByTestId("chat-max-tokens").inputValue(), "6");
+
+      // Search by title or content.
+      const items = page.getByTestId("conversation-item");
+      await page.getByTestId("chat-search").fill("GOODBYE");
+      await until(async () => (await items.count()) === 1, "one conversation says goodbye");
+      await page.getByTestId("chat-search").fill("no conversation says this");
+      await until(async () => (await items.count()) === 0, "none listed");
+      await page.getByTestId("chat-search").fill("");
+
+      // Export as Markdown.
+      await page.getByTestId("chat-export").click();
+      const markdown = await page.evaluate(() => navigator.clipboard.readText());
+      assert.match(markdown, /^# Say hello\./);
+      assert.match(markdown, /## You\n\nSay goodbye\./);
+      assert.ok(markdown.includes(`## Assistant (${SMOL})`), markdown);
       assertClean(page);
     } finally {
       await context.close();
@@ -375,6 +459,14 @@ describe("web UI", { concurrency: false }, () => {
       assert.equal(await text(hit(TINY_REPO).getByTestId("quant-badge")), "F32", "from the dtypes");
       assert.match(await text(hit(TINY_REPO)), /↓ 1\.2K/);
       assert.match(await text(hit(HUGE_REPO)), /810 GB/);
+      // Filters narrow the results: a family, then only what fits and loads here.
+      await page.getByTestId("filter-family").selectOption("qwen2");
+      assert.deepEqual(await page.getByTestId("search-hit").evaluateAll((els) => els.map((e) => e.dataset.repo)), [TINY_REPO]);
+      await page.getByTestId("filter-family").selectOption("");
+      await page.getByTestId("filter-fits").check();
+      const fitting = await page.getByTestId("search-hit").evaluateAll((els) => els.map((e) => e.dataset.repo));
+      assert.deepEqual(fitting, [TINY_REPO, OTHER_REPO]);
+      await page.getByTestId("filter-fits").uncheck();
 
       // Download, slowly: progress shows, then cancel.
       hub.setDelay(150);
@@ -427,6 +519,97 @@ describe("web UI", { concurrency: false }, () => {
       assertClean(page);
     } finally {
       await context.close();
+    }
+  });
+
+  test("discover: opens on recommendations for this Mac; one click downloads and serves", async () => {
+    const { context, page } = await open("discover");
+    try {
+      const card = (repo) => page.locator(`[data-testid=rec-model][data-repo="${repo}"]`);
+      await card(REC_REPO).waitFor();
+      const order = await page.getByTestId("rec-model").evaluateAll((els) => els.map((e) => e.dataset.repo));
+      assert.deepEqual(order, [REC_REPO, REC_TOO_BIG], "the one that fits first");
+      assert.equal(await text(card(REC_REPO).getByTestId("rec-fit")), "fits");
+      assert.equal(await text(card(REC_TOO_BIG).getByTestId("rec-fit")), "too big");
+      assert.match(await text(card(REC_REPO).getByTestId("plan-context")), /^4 × [\d.]+k? ctx/);
+      assert.equal(await page.getByTestId("offline-note").count(), 0, "the fake Hub answers");
+      await screenshot(page, "discover-recommended");
+
+      hub.setDelay(2);
+      await card(REC_REPO).getByTestId("rec-get").click();
+      await card(REC_REPO).getByTestId("rec-serving").waitFor({ timeout: 60_000 });
+      const status = await api(server, "/admin/status");
+      assert.ok(status.loaded.some((m) => m.id === REC_REPO), "served after the download");
+      // Searching leaves the list; "Recommended" brings it back, marked as on disk.
+      await page.getByTestId("search-input").fill("tiny-recommended");
+      await page.getByTestId("search-button").click();
+      await page.locator(`[data-testid=search-hit][data-repo="${REC_REPO}"]`).waitFor();
+      await page.getByTestId("back-to-recommended").click();
+      await card(REC_REPO).getByTestId("rec-serving").waitFor();
+      await fetch(`${server.base}/admin/unload`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: REC_REPO }) });
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("discover: offline, the list still shows, with a note; a first run opens on it", async () => {
+    const { context, page } = await openPage(browser);
+    try {
+      await page.route("**/admin/hub", (route) =>
+        route.fulfill({ json: { endpoint: "https://huggingface.co", reachable: false, error: "dns error: failed to lookup address" } }),
+      );
+      // No model on disk: the app opens on Discover rather than an empty table.
+      await page.route("**/admin/models", (route) => route.fulfill({ json: [] }));
+      await page.goto(`${server.base}/ui/`);
+      await page.getByTestId("page-discover").waitFor();
+      await page.getByTestId("rec-model").first().waitFor();
+      assert.match(await text(page.getByTestId("offline-note")), /cannot be reached \(dns error.*downloading needs a connection/s);
+      await screenshot(page, "discover-offline");
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("a model's page: shape, memory here with and without KV quantization, files, client configs", async () => {
+    const { context, page } = await open("models");
+    try {
+      await page.locator('[data-testid=model-row][data-model="tiny-llama"] [data-testid=model-link]').click();
+      await page.getByTestId("page-model").waitFor();
+      assert.equal(await text(page.getByTestId("model-page-id")), "tiny-llama");
+      await page.getByTestId("model-config").waitFor();
+      assert.match(await text(page.getByTestId("model-config")), /Familyllama.*Layers2/s);
+      assert.match(await text(page.getByTestId("model-memory")), /KV per 1k tokens/);
+      assert.match(await text(page.getByTestId("model-context")), /Context for 4 requests/);
+      assert.match(await text(page.getByTestId("model-files")), /config\.json/);
+      assert.match(await text(page.getByTestId("model-snippet-codex")), /tiny-llama/);
+      await screenshot(page, "model");
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("look: every page in light and dark, wide and narrow, none wider than its window", async () => {
+    for (const colorScheme of ["light", "dark"]) {
+      for (const width of [1280, 420]) {
+        const { context, page } = await openPage(browser, { viewport: { width, height: 820 }, colorScheme });
+        try {
+          for (const [route, hash] of [["models"], ["discover"], ["live"], ["server"], ["chat"], ["model", "model?id=tiny-llama"]]) {
+            await page.goto(`${server.base}/ui/#/${hash ?? route}`);
+            await page.getByTestId(`page-${route}`).waitFor();
+            await page.waitForTimeout(400); // the data arrives (the Live page streams: never idle)
+            const bg = await page.evaluate(() => getComputedStyle(document.documentElement).backgroundColor);
+            const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+            assert.ok(overflow <= 1, `${route} at ${width}px (${colorScheme}) is ${overflow}px wider than the window`);
+            await screenshot(page, `${route}-${colorScheme}-${width}`);
+            if (colorScheme === "dark") assert.ok(bg !== "rgb(255, 255, 255)", `${route}: dark background`);
+          }
+          assertClean(page);
+        } finally {
+          await context.close();
+        }
+      }
     }
   });
 

@@ -264,6 +264,49 @@ export interface SearchHit {
   plan: ServingPlan | null;
 }
 
+/** One quantization of a recommended model, as it would be on this machine. */
+export interface RecommendedQuant {
+  repo: string;
+  label: string;
+  weights_bytes: number | null;
+  memory_needed_bytes: number | null;
+  fit: "fits" | "tight" | "too big" | null;
+  /** Chat models: the context four requests get here (with and without KV quantization). */
+  plan: ServingPlan | null;
+  /** On disk already: served with one click, no download. */
+  downloaded: boolean;
+}
+
+export interface RecommendedModel {
+  name: string;
+  kind: ModelKind;
+  summary: string;
+  uses: string[];
+  model_type: string | null;
+  parameters: number | null;
+  max_context: number | null;
+  /** The badge of the quantization offered. */
+  fit: RecommendedQuant["fit"];
+  /** Index of the quantization offered: the best one that fits here. */
+  choice: number;
+  quantizations: RecommendedQuant[];
+}
+
+/** `GET /admin/recommended`: the curated list, per use, the best model that fits first. */
+export interface Recommendations {
+  version: number;
+  updated: string;
+  ceiling_bytes: number;
+  uses: { id: string; title: string; blurb: string; models: RecommendedModel[] }[];
+}
+
+/** `GET /admin/hub`: whether downloads can work from here. */
+export interface HubStatus {
+  endpoint: string;
+  reachable: boolean;
+  error: string | null;
+}
+
 export interface Settings {
   /** null where the server does not listen on TCP (the desktop app before it starts). */
   api_url: string | null;

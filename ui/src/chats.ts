@@ -27,6 +27,9 @@ export interface Conversation {
   system: string;
   messages: Message[];
   updated: number;
+  /** This conversation's sampling (as typed; empty: the server's default). */
+  temperature?: string;
+  maxTokens?: string;
 }
 
 const LIST = "fastmlx.chats";
@@ -78,4 +81,24 @@ export function newConversation(model: string, system = ""): Conversation {
 export function titleOf(text: string): string {
   const line = text.trim().split("\n")[0];
   return line.length > 48 ? `${line.slice(0, 47)}…` : line || "New chat";
+}
+
+/** Whether a conversation's title or any of its messages contains `query` (any case). */
+export function matches(c: Conversation, query: string): boolean {
+  const q = query.trim().toLowerCase();
+  if (!q) return true;
+  return c.title.toLowerCase().includes(q) || c.messages.some((m) => m.content.toLowerCase().includes(q));
+}
+
+/** The conversation as Markdown: its system prompt, then each turn under its speaker. */
+export function toMarkdown(c: Conversation): string {
+  const parts = [`# ${c.title}`, `_${c.model || "no model"} · ${new Date(c.updated).toISOString().slice(0, 16).replace("T", " ")}_`];
+  if (c.system.trim()) parts.push(`**System prompt:** ${c.system.trim()}`);
+  for (const m of c.messages) {
+    parts.push(m.role === "user" ? "## You" : `## Assistant${m.model ? ` (${m.model})` : ""}`);
+    if (m.reasoning) parts.push(`<details><summary>Reasoning</summary>\n\n${m.reasoning}\n\n</details>`);
+    if (m.content) parts.push(m.content);
+    if (m.error) parts.push(`> Error: ${m.error}`);
+  }
+  return parts.join("\n\n") + "\n";
 }

@@ -1,13 +1,14 @@
 import "./locale"; // first: it must run before uPlot loads
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
-import { isDesktop } from "./api";
+import { getJson, isDesktop, type LocalModel } from "./api";
 import { hasNative, openChat } from "./native";
 import { ModelsPage } from "./pages/Models";
 import { DiscoverPage } from "./pages/Discover";
 import { LivePage } from "./pages/Live";
 import { ServerPage } from "./pages/Server";
 import { ChatPage } from "./pages/Chat";
+import { ModelPage } from "./pages/ModelPage";
 import "uplot/dist/uPlot.min.css";
 import "./style.css";
 
@@ -17,6 +18,7 @@ const pages = {
   live: { title: "Live", view: LivePage },
   server: { title: "Server", view: ServerPage },
   chat: { title: "Chat", view: ChatPage },
+  model: { title: "Model", view: ModelPage },
 } as const;
 
 type Route = keyof typeof pages;
@@ -26,11 +28,27 @@ function currentRoute(): Route {
   return name in pages ? (name as Route) : "models";
 }
 
+/**
+ * A first run (no model on disk) opens on Discover's recommendations rather than an empty
+ * table: only when the app was opened on its default page, never away from a page asked for.
+ */
+async function openOnDiscoverIfEmpty() {
+  const opened = window.location.hash.replace(/^#\/?/, "");
+  if (opened !== "" && opened !== "models") return;
+  try {
+    const models = await getJson<LocalModel[]>("/admin/models");
+    if (models.length === 0 && currentRoute() === "models") window.location.hash = "#/discover";
+  } catch {
+    // The Models page shows why the list cannot be read.
+  }
+}
+
 function App() {
   const [route, setRoute] = useState<Route>(currentRoute);
   useEffect(() => {
     const onHash = () => setRoute(currentRoute());
     window.addEventListener("hashchange", onHash);
+    openOnDiscoverIfEmpty();
     return () => window.removeEventListener("hashchange", onHash);
   }, []);
   useEffect(() => {

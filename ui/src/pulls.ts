@@ -9,6 +9,9 @@ export interface PullView extends Partial<PullStatus> {
   state: PullStatus["state"];
   /** Connected to its event stream now. */
   following: boolean;
+  /** Asked to be served once downloaded (Discover's one click), and how that went. */
+  serve?: "waiting" | "loading" | "serving" | "failed";
+  serveMessage?: string;
 }
 
 const pulls = new Map<string, PullView>();
@@ -20,7 +23,8 @@ function set(repo: string, patch: Partial<PullView>) {
   listeners.forEach((l) => l());
 }
 
-export function startPull(repo: string, gguf?: string) {
+export function startPull(repo: string, gguf?: string, options: { serve?: boolean } = {}) {
+  if (options.serve) set(repo, { serve: "waiting", serveMessage: undefined });
   if (pulls.get(repo)?.following) return;
   set(repo, { state: "running", message: undefined, following: true });
   const body: Record<string, string> = { repo };
@@ -29,11 +33,29 @@ export function startPull(repo: string, gguf?: string) {
   streamJson<PullStatus>("/admin/pull", { method: "POST", json: body }, (event) => {
     finished = event.state !== "running";
     set(repo, { ...event, following: !finished });
+    if (event.state === "done" && pulls.get(repo)?.serve === "waiting") serveModel(repo, event.id ?? repo);
   })
     .then(() => {
       if (!finished) set(repo, { following: false, state: "failed", message: "lost the progress stream; resume to follow it again" });
     })
     .catch((e: Error) => set(repo, { following: false, state: "failed", message: e.message }));
+}
+
+/** Loads a model (a finished pull's, under its catalog id), so requests go to it. */
+export async function serveModel(repo: string, id: string) {
+  set(repo, { serve: "loading", serveMessage: undefined });
+  try {
+    await postJson("/admin/load", { model: id });
+    set(repo, { serve: "serving" });
+  } catch (e) {
+    set(repo, { serve: "failed", serveMessage: (e as Error).message });
+  }
+}
+
+/** Loads a model already on disk from Discover (no pull to follow): shown as a finished one. */
+export function serveLocal(repo: string) {
+  if (!pulls.has(repo)) set(repo, { state: "done", following: false });
+  return serveModel(repo, repo);
 }
 
 export async function cancelPull(repo: string) {

@@ -185,6 +185,7 @@ fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
             Ok(())
         }
         Action::OpenDashboard => show_window(app, Window::Dashboard).map_err(Into::into),
+        Action::ChooseModel => show_discover(app).map_err(Into::into),
         Action::OpenChat => show_window(app, Window::Chat).map_err(Into::into),
         Action::CopyApiUrl => match control.url() {
             Some(url) => app.clipboard().write_text(url).map_err(Into::into),
@@ -205,6 +206,15 @@ fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
     };
     if let Err(e) = result {
         tracing::error!("{id}: {e:#}");
+    }
+}
+
+/// The dashboard on Discover's recommendations (the first run's way to a model).
+fn show_discover<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
+    show_window(app, Window::Dashboard)?;
+    match app.get_webview_window(Window::Dashboard.label()) {
+        Some(window) => window.eval("window.location.hash = '#/discover'"),
+        None => Ok(()),
     }
 }
 

@@ -25,6 +25,8 @@ pub struct TrayState {
 pub enum Action {
     ServeModel(String),
     OpenDashboard,
+    /// The dashboard on its recommendations (Discover), for a first run with no model.
+    ChooseModel,
     OpenChat,
     CopyApiUrl,
     ToggleServer,
@@ -56,6 +58,7 @@ impl Action {
         match self {
             Action::ServeModel(model) => format!("{MODEL_PREFIX}{model}"),
             Action::OpenDashboard => "open-dashboard".into(),
+            Action::ChooseModel => "choose-model".into(),
             Action::OpenChat => "open-chat".into(),
             Action::CopyApiUrl => "copy-api-url".into(),
             Action::ToggleServer => "toggle-server".into(),
@@ -70,6 +73,7 @@ impl Action {
         }
         Some(match id {
             "open-dashboard" => Action::OpenDashboard,
+            "choose-model" => Action::ChooseModel,
             "open-chat" => Action::OpenChat,
             "copy-api-url" => Action::CopyApiUrl,
             "toggle-server" => Action::ToggleServer,
@@ -95,7 +99,11 @@ pub fn status_line(state: &TrayState) -> String {
 pub fn menu(state: &TrayState) -> Vec<Item> {
     let mut items = vec![Item::Label(status_line(state)), Item::Separator];
     if state.models.is_empty() && state.encoders.is_empty() {
-        items.push(Item::Label("No local models: Open Dashboard → Discover".into()));
+        items.push(Item::Button {
+            action: Action::ChooseModel,
+            label: "No model yet – Choose one…".into(),
+            enabled: true,
+        });
     }
     for id in &state.models {
         items.push(Item::Model {
@@ -197,7 +205,10 @@ mod tests {
         assert!(items.iter().any(|i| matches!(i, Item::Button { label, .. } if label == "Start Server")));
         let empty = menu(&TrayState { models: vec![], serving: None, ..state() });
         assert_eq!(empty[0], Item::Label("No model loaded · http://127.0.0.1:8080/v1".into()));
-        assert!(matches!(&empty[2], Item::Label(l) if l.contains("Discover")));
+        assert_eq!(
+            empty[2],
+            Item::Button { action: Action::ChooseModel, label: "No model yet – Choose one…".into(), enabled: true }
+        );
     }
 
     #[test]
@@ -205,6 +216,7 @@ mod tests {
         for action in [
             Action::ServeModel("org/m:q4".into()),
             Action::OpenDashboard,
+            Action::ChooseModel,
             Action::OpenChat,
             Action::CopyApiUrl,
             Action::ToggleServer,

@@ -2,6 +2,7 @@
 //! rest of the API (Host allow-list, API key). List, search the Hub, pull (progress as
 //! server-sent events), cancel, delete, load, unload, status.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use super::{ApiError, AppState};
 use crate::engine::memory::ServingPlan;
 use crate::store::fit::hub_estimate;
 use crate::store::hub::SearchHit;
+use crate::store::model_info::{self, ModelInfo};
+use crate::store::recommended::{ForThisMachine, RecommendedList};
 use crate::store::{CatalogError, LocalModel, PullRequest, PullStatus, PullWatch};
 
 #[derive(Serialize)]
@@ -160,6 +163,73 @@ pub async fn search(
     Ok(Json(results))
 }
 
+/// Discover's opening list: the recommended models, with what each would take and serve on
+/// this machine, and which are on disk already. Read at each request (a list named by
+/// `FASTMLX_RECOMMENDED` can be edited while the server runs); needs no network.
+pub async fn recommended(State(state): State<AppState>) -> Result<Json<ForThisMachine>, ApiError> {
+    let residency = state.models.clone();
+    tokio::task::spawn_blocking(move || {
+        let list = RecommendedList::from_env().map_err(ApiError::internal)?;
+        let local: HashSet<String> = residency.local_models().into_iter().map(|m| m.id).collect();
+        let max_batch = residency.config().engine.max_batch;
+        Ok(Json(list.for_this_machine(residency.memory_budget(), max_batch, &local)))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+#[derive(Deserialize)]
+pub struct InfoQuery {
+    /// A model on disk (its catalog id)...
+    id: Option<String>,
+    /// ...or a repo on the Hub.
+    repo: Option<String>,
+}
+
+/// A model's page: its card, config summary, files and what it takes and serves here.
+pub async fn model_info(
+    State(state): State<AppState>,
+    Query(q): Query<InfoQuery>,
+) -> Result<Json<ModelInfo>, ApiError> {
+    match (q.id, q.repo) {
+        (Some(id), None) => {
+            let residency = state.models.clone();
+            tokio::task::spawn_blocking(move || {
+                let model = residency.find_local(&id).map_err(|_| ApiError::model_not_found(&id))?;
+                let plan = residency.plan_for(&model);
+                Ok(Json(model_info::local(&model, plan)))
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+        }
+        (None, Some(repo)) => {
+            if !is_repo_id(&repo) {
+                return Err(ApiError::invalid(
+                    "repo",
+                    "repo must be a Hugging Face id like mlx-community/Qwen3-4B-4bit",
+                ));
+            }
+            let (ceiling, max_batch) = (state.models.memory_budget(), state.models.config().engine.max_batch);
+            let info = model_info::hub(state.pulls.hub(), &repo, ceiling, max_batch).await.map_err(hub_error)?;
+            Ok(Json(info))
+        }
+        _ => Err(ApiError::invalid("id", "give id (a model on disk) or repo (a Hub repo), one of the two")),
+    }
+}
+
+/// `org/name`, neither part empty nor a path step.
+fn is_repo_id(repo: &str) -> bool {
+    repo.split('/').count() == 2 && !repo.split('/').any(|p| p.is_empty() || p == "." || p == "..")
+}
+
+/// Whether the Hub can be reached from here (Discover tells an offline user that downloading
+/// needs a connection, and still shows the list).
+pub async fn hub_status(State(state): State<AppState>) -> Json<Value> {
+    let hub = state.pulls.hub();
+    let reached = hub.reachable(Duration::from_secs(4)).await;
+    Json(json!({"endpoint": hub.endpoint(), "reachable": reached.is_ok(), "error": reached.err()}))
+}
+
 #[derive(Deserialize)]
 struct PullBody {
     repo: String,
@@ -171,7 +241,7 @@ struct PullBody {
 /// cancel the download: `POST /admin/pull/cancel` does.
 pub async fn pull(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
     let body: PullBody = parse(&body)?;
-    if body.repo.split('/').count() != 2 || body.repo.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+    if !is_repo_id(&body.repo) {
         return Err(ApiError::invalid(
             "repo",
             "repo must be a Hugging Face id like mlx-community/Qwen2.5-0.5B-Instruct-4bit",

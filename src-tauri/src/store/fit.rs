@@ -70,11 +70,18 @@ pub fn hub_estimate(
 }
 
 /// The plan for a model of shape `config` whose weights take `weights` bytes once loaded.
-fn plan_from(config: &ModelConfig, weights: u64, ceiling: u64, max_batch: usize) -> ServingPlan {
-    let gpu = crate::mlx::gpu_available();
-    // Keys and values are kept in the compute dtype: f32 on a CPU, the model's 16 bits on Metal.
-    let act_bytes = if gpu { 2 } else { 4 };
-    serving_plan(config, weights, ceiling, act_bytes, gpu, PLAN_ROWS, max_batch)
+pub(crate) fn plan_from(config: &ModelConfig, weights: u64, ceiling: u64, max_batch: usize) -> ServingPlan {
+    serving_plan(config, weights, ceiling, kv_element_bytes(), crate::mlx::gpu_available(), PLAN_ROWS, max_batch)
+}
+
+/// Bytes of one key or value element: they are kept in the compute dtype, f32 on a CPU, the
+/// model's 16 bits on Metal.
+pub(crate) fn kv_element_bytes() -> usize {
+    if crate::mlx::gpu_available() {
+        2
+    } else {
+        4
+    }
 }
 
 #[cfg(test)]

@@ -189,6 +189,25 @@ impl HubClient {
         self.retry
     }
 
+    /// Whether the Hub answers at all (any HTTP status counts) within `wait`: Discover says
+    /// so when it does not (offline, a proxy), since only downloads need it.
+    pub async fn reachable(&self, wait: Duration) -> Result<(), String> {
+        let mut url = self.url(&["api", "models"]).map_err(|e| e.to_string())?;
+        url.query_pairs_mut().append_pair("limit", "1");
+        match tokio::time::timeout(wait, self.http.get(url).send()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                // The deepest cause says what happened ("failed to lookup address ...").
+                let mut cause: &dyn std::error::Error = &e;
+                while let Some(inner) = cause.source() {
+                    cause = inner;
+                }
+                Err(cause.to_string())
+            }
+            Err(_) => Err(format!("no answer within {} s", wait.as_secs())),
+        }
+    }
+
     /// The repo's files (sizes, LFS sha256) at `revision`, and the commit that names.
     pub async fn repo_info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HubError> {
         let mut url = self.url(&["api", "models"])?;

@@ -10,9 +10,11 @@ pub mod hub;
 mod hub_shape;
 mod human;
 mod layout;
+pub mod model_info;
 mod model_kv;
 mod pull;
 mod quant_label;
+pub mod recommended;
 mod residency;
 pub mod select;
 

@@ -1,17 +1,19 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { getJson, isDesktop, request, readEvents, type ServerStatus } from "../api";
-import { openDashboard } from "../native";
+import { copyText, openDashboard } from "../native";
 import { ErrorBox, Spinner } from "../components/common";
 import { Markdown } from "../components/Markdown";
 import {
   currentId,
   lastModel,
   loadChats,
+  matches,
   newConversation,
   saveChats,
   setCurrentId,
   setLastModel,
   titleOf,
+  toMarkdown,
   type Conversation,
   type Message,
   type ReplyStats,
@@ -43,15 +45,19 @@ export function ChatPage() {
   const [input, setInput] = useState("");
   const [error, setError] = useState<string | null>(null);
   const [streaming, setStreaming] = useState<string | null>(null);
-  const [temperature, setTemperature] = useState("0.7");
-  const [maxTokens, setMaxTokens] = useState("");
   const [showSystem, setShowSystem] = useState(false);
+  const [search, setSearch] = useState("");
+  /** The user message being edited: its index and the new text. */
+  const [editing, setEditing] = useState<{ at: number; text: string } | null>(null);
+  const [exported, setExported] = useState(false);
   const abort = useRef<AbortController | null>(null);
   const list = useRef<HTMLDivElement>(null);
   const stick = useRef(true);
   const inputBox = useRef<HTMLTextAreaElement>(null);
 
   const conv = chats.find((c) => c.id === current) ?? chats[0];
+  const temperature = conv?.temperature ?? "0.7";
+  const maxTokens = conv?.maxTokens ?? "";
 
   // The model list: loaded ones first.
   useEffect(() => {
@@ -122,25 +128,67 @@ export function ChatPage() {
     });
   }
 
-  async function send() {
+  function send() {
     const text = input.trim();
     if (!text || streaming || !conv) return;
+    if (generate([...conv.messages, { role: "user", content: text }])) setInput("");
+  }
+
+  /** The last answer again, from the same history. */
+  function regenerate() {
+    if (!conv || streaming) return;
+    const at = conv.messages.length - 1;
+    if (at < 1 || conv.messages[at].role !== "assistant") return;
+    generate(conv.messages.slice(0, at));
+  }
+
+  /** A sent message changed: the conversation goes on from it, what followed it dropped. */
+  function resendEdited() {
+    if (!conv || !editing || streaming || !editing.text.trim()) return;
+    if (generate([...conv.messages.slice(0, editing.at), { role: "user", content: editing.text.trim() }])) setEditing(null);
+  }
+
+  function exportMarkdown() {
+    if (!conv) return;
+    const text = toMarkdown(conv);
+    copyText(text);
+    setExported(true);
+    setTimeout(() => setExported(false), 1200);
+  }
+
+  function downloadMarkdown() {
+    if (!conv) return;
+    const url = URL.createObjectURL(new Blob([toMarkdown(conv)], { type: "text/markdown" }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `${conv.title.replace(/[^\w\- ]+/g, "").trim() || "chat"}.md`;
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  /** Streams an answer to `history` (ending with the user's message) into the current conversation. */
+  function generate(history: Message[]): boolean {
+    if (!conv) return false;
     if (!conv.model) {
       setError("Choose a model first.");
-      return;
+      return false;
     }
     setError(null);
-    setInput("");
     stick.current = true;
     const id = conv.id;
     const model = conv.model;
-    const history = [...conv.messages, { role: "user" as const, content: text }];
+    const first = history.find((m) => m.role === "user");
     update(id, (c) => ({
       ...c,
-      title: c.messages.length === 0 ? titleOf(text) : c.title,
+      title: c.messages.length === 0 && first ? titleOf(first.content) : c.title,
       updated: Date.now(),
       messages: [...history, { role: "assistant", content: "", model }],
     }));
+    stream(id, model, history);
+    return true;
+  }
+
+  async function stream(id: string, model: string, history: Message[]) {
 
     const messages = [
       ...(conv.system.trim() ? [{ role: "system", content: conv.system }] : []),
@@ -233,9 +281,17 @@ export function ChatPage() {
         <button class="primary" onClick={startNew} data-testid="chat-new">
           + New chat
         </button>
+        <input
+          type="search"
+          class="chat-search"
+          placeholder="Search chats"
+          value={search}
+          onInput={(e) => setSearch((e.target as HTMLInputElement).value)}
+          data-testid="chat-search"
+        />
         <ul class="conversations" data-testid="conversation-list">
           {sorted
-            .filter((c) => c.messages.length > 0 || c.id === current)
+            .filter((c) => (c.messages.length > 0 || c.id === current) && matches(c, search))
             .map((c) => (
               <li
                 key={c.id}
@@ -288,12 +344,24 @@ export function ChatPage() {
           </button>
           <label class="inline small-text">
             temp
-            <input type="number" min="0" max="2" step="0.1" value={temperature} onInput={(e) => setTemperature((e.target as HTMLInputElement).value)} data-testid="chat-temperature" />
+            <input type="number" min="0" max="2" step="0.1" value={temperature} onInput={(e) => update(conv.id, (c) => ({ ...c, temperature: (e.target as HTMLInputElement).value }))} data-testid="chat-temperature" />
           </label>
           <label class="inline small-text">
             max tokens
-            <input type="number" min="1" step="1" placeholder="auto" value={maxTokens} onInput={(e) => setMaxTokens((e.target as HTMLInputElement).value)} data-testid="chat-max-tokens" />
+            <input type="number" min="1" step="1" placeholder="auto" value={maxTokens} onInput={(e) => update(conv.id, (c) => ({ ...c, maxTokens: (e.target as HTMLInputElement).value }))} data-testid="chat-max-tokens" />
           </label>
+          {conv && conv.messages.length > 0 && (
+            <>
+              <button class="small" onClick={exportMarkdown} title="Copy the conversation as Markdown" data-testid="chat-export">
+                {exported ? "Copied" : "Copy as Markdown"}
+              </button>
+              {!isDesktop && (
+                <button class="small" onClick={downloadMarkdown} title="Save the conversation as a Markdown file" data-testid="chat-download">
+                  Download
+                </button>
+              )}
+            </>
+          )}
           {isDesktop && (
             <button class="small dashboard-link" onClick={() => openDashboard()} data-testid="open-dashboard">
               Dashboard
@@ -334,10 +402,30 @@ export function ChatPage() {
                 )}
                 {m.role === "assistant" ? (
                   <Markdown text={m.content} testid="message-content" />
+                ) : editing?.at === i ? (
+                  <div class="edit">
+                    <textarea
+                      rows={3}
+                      value={editing.text}
+                      onInput={(e) => setEditing({ at: i, text: (e.target as HTMLTextAreaElement).value })}
+                      data-testid="edit-input"
+                    />
+                    <button class="small primary" onClick={resendEdited} disabled={streaming !== null} data-testid="edit-send">
+                      Send
+                    </button>
+                    <button class="small" onClick={() => setEditing(null)}>
+                      Cancel
+                    </button>
+                  </div>
                 ) : (
                   <div class="plain" data-testid="message-content">
                     {m.content}
                   </div>
+                )}
+                {m.role === "user" && editing?.at !== i && streaming === null && (
+                  <button class="link small-text msg-action" onClick={() => setEditing({ at: i, text: m.content })} data-testid="edit">
+                    Edit
+                  </button>
                 )}
                 {live && !m.content && !m.reasoning && <Spinner label="waiting for the first token" />}
                 {m.error && (
@@ -352,6 +440,11 @@ export function ChatPage() {
                     {m.stats.finish_reason === "length" && " · cut at max tokens"}
                     {m.model && ` · ${m.model}`}
                   </div>
+                )}
+                {last && m.role === "assistant" && streaming === null && (
+                  <button class="link small-text msg-action" onClick={regenerate} data-testid="regenerate">
+                    Regenerate
+                  </button>
                 )}
               </div>
             );

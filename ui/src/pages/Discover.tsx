@@ -2,8 +2,11 @@ import { useEffect, useState } from "preact/hooks";
 import { getJson, type SearchHit } from "../api";
 import { Badge, ErrorBox, Spinner } from "../components/common";
 import { fitKind, PlanContext } from "../components/PlanCell";
-import { bytes, count, duration, params, percent } from "../format";
-import { attachRunning, cancelPull, startPull, usePulls, type PullView } from "../pulls";
+import { PullControls } from "../components/PullControls";
+import { RecommendedList, useRecommendations } from "../components/Recommended";
+import { bytes, count, params } from "../format";
+import { attachRunning, usePulls } from "../pulls";
+import { modelPageHref } from "../links";
 
 let lastQuery = "";
 let lastHits: SearchHit[] | null = null;
@@ -37,8 +40,23 @@ export function DiscoverPage() {
     }
   }
 
-  // Pulls not among the hits (running from before, or from another search) are listed first.
-  const shown = new Set((hits ?? []).map((h) => h.id));
+  const recommended = useRecommendations();
+  const [filters, setFilters] = useState<Filters>(noFilters);
+  const shownHits = hits?.filter((h) => passes(h, filters)) ?? null;
+
+  function backToRecommended() {
+    lastQuery = "";
+    lastHits = null;
+    setQuery("");
+    setHits(null);
+  }
+
+  // Pulls not shown below (running from before, or from another search) are listed first.
+  const shown = new Set(
+    hits
+      ? hits.map((h) => h.id)
+      : (recommended.list?.uses ?? []).flatMap((u) => u.models.flatMap((m) => m.quantizations.map((q) => q.repo))),
+  );
   const others = [...pulls.values()].filter((p) => !shown.has(p.repo));
 
   return (
@@ -58,6 +76,11 @@ export function DiscoverPage() {
         <button class="primary" type="submit" disabled={searching} data-testid="search-button">
           {searching ? <Spinner /> : "Search"}
         </button>
+        {hits && (
+          <button type="button" onClick={backToRecommended} data-testid="back-to-recommended">
+            Recommended
+          </button>
+        )}
       </form>
       <ErrorBox error={error} onClose={() => setError(null)} />
       {others.length > 0 && (
@@ -73,14 +96,21 @@ export function DiscoverPage() {
           ))}
         </div>
       )}
+      {!hits && <RecommendedList state={recommended} pulls={pulls} />}
       {hits && hits.length === 0 && <p class="muted">No models found.</p>}
-      {hits && hits.length > 0 && (
+      {hits && hits.length > 0 && <FilterBar hits={hits} filters={filters} onChange={setFilters} />}
+      {shownHits && hits && hits.length > 0 && shownHits.length === 0 && (
+        <p class="muted">No result passes these filters.</p>
+      )}
+      {shownHits && shownHits.length > 0 && (
         <div class="hits" data-testid="search-results">
-          {hits.map((h) => (
+          {shownHits.map((h) => (
             <div class="hit" key={h.id} data-testid="search-hit" data-repo={h.id}>
               <div class="hit-main">
                 <div class="id">
-                  {h.id}
+                  <a href={modelPageHref("repo", h.id)} data-testid="hit-link">
+                    {h.id}
+                  </a>
                   {h.fit && (
                     <Badge kind={fitKind[h.fit] ?? "muted"} testid="fit-badge">
                       {h.fit}
@@ -127,80 +157,68 @@ function isGguf(h: SearchHit): boolean {
   return h.library === "gguf" || h.tags.includes("gguf");
 }
 
-/** Which GGUF file of the repo to fetch, by name or quantization. */
-function GgufPattern({ value, onInput }: { value: string; onInput: (value: string) => void }) {
-  return (
-    <input
-      class="gguf"
-      placeholder="file or quant, e.g. Q4_K_M"
-      value={value}
-      onInput={(e) => onInput((e.target as HTMLInputElement).value)}
-      data-testid="gguf-pattern"
-    />
-  );
+
+interface Filters {
+  family: string;
+  quantization: string;
+  size: string;
+  fitsOnly: boolean;
 }
 
-function PullControls({ repo, pull, gguf = false }: { repo: string; pull: PullView | undefined; gguf?: boolean }) {
-  const [error, setError] = useState<string | null>(null);
-  const [pattern, setPattern] = useState("");
-  const start = () => startPull(repo, gguf && pattern.trim() ? pattern.trim() : undefined);
-  if (!pull) {
-    return (
-      <div class="pull">
-        {gguf && <GgufPattern value={pattern} onInput={setPattern} />}
-        <button class="small primary" onClick={start} data-testid="download">
-          Download
-        </button>
-      </div>
-    );
+const noFilters: Filters = { family: "", quantization: "", size: "", fitsOnly: false };
+
+/** Download sizes to choose among (what a Mac's memory is measured against). */
+const sizes: Record<string, [number, number]> = {
+  "under 4 GB": [0, 4e9],
+  "4 to 16 GB": [4e9, 16e9],
+  "16 to 48 GB": [16e9, 48e9],
+  "over 48 GB": [48e9, Infinity],
+};
+
+function passes(h: SearchHit, f: Filters): boolean {
+  if (f.family && h.model_type !== f.family) return false;
+  if (f.quantization && h.quantization !== f.quantization) return false;
+  if (f.size) {
+    const [low, high] = sizes[f.size];
+    if (h.storage_bytes == null || h.storage_bytes < low || h.storage_bytes >= high) return false;
   }
-  const p = pull.progress;
-  const pct = p ? percent(p.done, p.total) : 0;
-  const cancel = async () => {
-    setError(null);
-    try {
-      await cancelPull(repo);
-    } catch (e) {
-      setError((e as Error).message);
-    }
-  };
+  return !f.fitsOnly || (h.fit === "fits" && !h.unsupported);
+}
+
+/** Family, quantization and size among the results, and "only what fits and loads here". */
+function FilterBar({ hits, filters, onChange }: { hits: SearchHit[]; filters: Filters; onChange: (f: Filters) => void }) {
+  const distinct = (values: (string | null)[]) => [...new Set(values.filter((v): v is string => !!v))].sort();
+  const families = distinct(hits.map((h) => h.model_type));
+  const quantizations = distinct(hits.map((h) => h.quantization));
+  const select = (key: "family" | "quantization" | "size", label: string, options: string[]) => (
+    <select
+      value={filters[key]}
+      onChange={(e) => onChange({ ...filters, [key]: (e.target as HTMLSelectElement).value })}
+      data-testid={`filter-${key}`}
+      aria-label={label}
+    >
+      <option value="">any {label}</option>
+      {options.map((o) => (
+        <option key={o} value={o}>
+          {o}
+        </option>
+      ))}
+    </select>
+  );
   return (
-    <div class="pull" data-testid="pull" data-state={pull.state}>
-      {pull.state === "running" && (
-        <>
-          <div class="progress" data-testid="progress">
-            <div class="bar" style={{ width: `${pct}%` }} />
-          </div>
-          <div class="pull-meta muted small-text" data-testid="progress-text">
-            {pct.toFixed(0)}%{p && p.total > 0 && ` of ${bytes(p.total)}`}
-            {p && p.bytes_per_sec > 0 && ` · ${(p.bytes_per_sec / 1e6).toFixed(1)} MB/s`}
-            {p?.eta_secs != null && ` · ${duration(p.eta_secs)} left`}
-            {p?.file && ` · ${p.file}`}
-            {p && p.files_total > 0 && ` (${p.files_done}/${p.files_total})`}
-          </div>
-          <button class="small" onClick={cancel} data-testid="cancel">
-            Cancel
-          </button>
-        </>
-      )}
-      {pull.state === "done" && (
-        <span data-testid="pull-done">
-          <Badge kind="ok">downloaded</Badge> <a href="#/models">Open in Models</a>
-        </span>
-      )}
-      {(pull.state === "cancelled" || pull.state === "failed") && (
-        <>
-          <span class={pull.state === "failed" ? "error-text" : "muted"} data-testid="pull-message">
-            {pull.state === "failed" ? pull.message ?? "failed" : "cancelled"}
-            {p && p.total > 0 && ` at ${percent(p.done, p.total).toFixed(0)}%`}
-          </span>
-          {gguf && <GgufPattern value={pattern} onInput={setPattern} />}
-          <button class="small primary" onClick={start} data-testid="resume">
-            Resume
-          </button>
-        </>
-      )}
-      {error && <span class="error-text">{error}</span>}
+    <div class="filters" data-testid="filters">
+      {select("family", "family", families)}
+      {select("quantization", "quantization", quantizations)}
+      {select("size", "size", Object.keys(sizes))}
+      <label>
+        <input
+          type="checkbox"
+          checked={filters.fitsOnly}
+          onChange={(e) => onChange({ ...filters, fitsOnly: (e.target as HTMLInputElement).checked })}
+          data-testid="filter-fits"
+        />{" "}
+        only what fits and loads here
+      </label>
     </div>
   );
 }

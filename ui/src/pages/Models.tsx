@@ -3,6 +3,7 @@ import { ApiError, getJson, modelPath, postJson, request, type LocalModel, type 
 import { Badge, ErrorBox, Spinner } from "../components/common";
 import { PlanCell } from "../components/PlanCell";
 import { bytes, duration, params } from "../format";
+import { modelPageHref } from "../links";
 
 const sourceNames: Record<string, string> = { fastmlx: "FastMLX", "hf-cache": "HF cache", lmstudio: "LM Studio", folder: "model folder", path: "--model path" };
 
@@ -150,7 +151,7 @@ export function ModelsPage() {
                   <tr key={m.id} data-testid="model-row" data-model={m.id} data-loaded={String(m.loaded)}>
                     <td class="model-id">
                       <div class="id" title={m.path}>
-                        {m.id}
+                        {external ? m.id : <a href={modelPageHref("id", m.id)} data-testid="model-link">{m.id}</a>}
                       </div>
                       <div class="badges">
                         {m.loaded && (
