@@ -18,7 +18,7 @@ ARGS=(--gen-tokens 64 --runs 1 "$@")
 # quantized_matmul, a prefill quantized from the first token takes many minutes at 4k tokens.
 START=${KV_START:-0}
 echo "machine: $(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)"
-# CONTEXTS="4096" runs one length only (16k takes most of an hour on 2 CPU cores).
+# CONTEXTS="4096" runs one length only (16k takes about an hour on 2 CPU cores: six 16k prefills).
 for ctx in ${CONTEXTS:-4096 16384}; do
   for bits in 0 8 4; do
     # SmolLM2 was trained on 8192 tokens: 16k is a benchmark's context only (both servers run it).

@@ -51,6 +51,9 @@ pub fn bench_prompt(n: usize, salt: usize) -> Vec<u32> {
     (0..n).map(|i| 1000 + ((i + salt * 7) as u32 * 7919) % 30000).collect()
 }
 
+/// The longest prompt a single-stream warm-up runs.
+const WARM_UP_TOKENS: usize = 512;
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.concurrency.is_empty() {
         single_stream(&args)
@@ -76,7 +79,11 @@ fn single_stream(args: &BenchArgs) -> anyhow::Result<()> {
         ignore_eos: true,
         kv_format,
     };
-    generate(&model, &request, |_| {})?; // warm-up
+    // Warm-up: kernels and buffers, on at most 512 prompt tokens (a 16k prefill would double a
+    // long benchmark's time for nothing; mlx-lm's side warms up on 256).
+    let warm_up =
+        GenerateRequest { prompt_ids: bench_prompt(args.prompt_tokens.min(WARM_UP_TOKENS), 0), ..request.clone() };
+    generate(&model, &warm_up, |_| {})?;
     let mut prompt_tps = Vec::new();
     let mut decode_tps = Vec::new();
     let mut ttft = Vec::new();
