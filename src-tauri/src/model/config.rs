@@ -518,6 +518,15 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The KV-cache quantization at `bits` this model's heads allow: 64 elements per scale
+    /// where they can (mlx-lm's default), else 32; `None` where neither divides them.
+    pub fn kv_quant_for(&self, bits: i32) -> Option<crate::model::KvQuant> {
+        [64, 32]
+            .into_iter()
+            .map(|group_size| crate::model::KvQuant { bits, group_size })
+            .find(|&q| self.check_kv_format(crate::model::KvFormat { quant: Some(q), start: 0 }).is_ok())
+    }
+
     /// A rough parameter count (embeddings + layers, every expert), for listings and memory
     /// estimates.
     pub fn parameter_count(&self) -> u64 {

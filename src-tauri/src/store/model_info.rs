@@ -10,7 +10,7 @@ use super::fit::{kv_element_bytes, plan_from};
 use super::hub::{HubClient, HubError};
 use super::LocalModel;
 use crate::engine::memory::ServingPlan;
-use crate::model::{KvFormat, KvQuant, ModelConfig};
+use crate::model::{KvFormat, ModelConfig};
 
 /// A card longer than this is cut (model cards are a few KiB; some paste whole papers).
 const README_LIMIT: u64 = 256 << 10;
@@ -97,10 +97,7 @@ pub fn kv_per_1k(config: &ModelConfig) -> KvPer1k {
     let act = kv_element_bytes();
     let full = config.kv_footprint(act);
     let quantized = |bits: i32| {
-        let quant = [64, 32]
-            .into_iter()
-            .map(|group_size| KvQuant { bits, group_size })
-            .find(|&q| config.check_kv_format(KvFormat { quant: Some(q), start: 0 }).is_ok())?;
+        let quant = config.kv_quant_for(bits)?;
         let q = config.kv_footprint_in(act, KvFormat { quant: Some(quant), start: 0 }).quantized?;
         Some((q.full_per_token + q.windowed_per_token) as u64 * 1000)
     };

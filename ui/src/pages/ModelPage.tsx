@@ -3,11 +3,12 @@
 // clients' configurations with its id filled in.
 import { useEffect, useState } from "preact/hooks";
 import { getJson, serverOrigin, type ServingPlan, type Settings } from "../api";
-import { Badge, CopyButton, ErrorBox, Spinner } from "../components/common";
+import { Badge, ErrorBox, Spinner } from "../components/common";
 import { Markdown } from "../components/Markdown";
 import { fitKind } from "../components/PlanCell";
 import { bytes, params } from "../format";
 import { clientSnippets } from "../snippets";
+import { SnippetCards } from "../components/SnippetCards";
 
 interface ConfigSummary {
   model_type: string;
@@ -195,20 +196,7 @@ export function ModelPage() {
             <p class="muted">No model card.</p>
           )}
           <h2>Connect your tools to it</h2>
-          <div class="snippets">
-            {snippets.map((s) => (
-              <div class="snippet card" key={s.id} data-testid={`model-snippet-${s.id}`}>
-                <div class="snippet-head">
-                  <b>{s.name}</b>
-                  <span class="muted small-text">{s.where}</span>
-                  <CopyButton text={s.text} />
-                </div>
-                <pre>
-                  <code>{s.text}</code>
-                </pre>
-              </div>
-            ))}
-          </div>
+          <SnippetCards snippets={snippets} testid="model-snippet" />
         </div>
       )}
     </section>

@@ -2,6 +2,7 @@ import { useEffect, useState } from "preact/hooks";
 import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { clientSnippets } from "../snippets";
+import { SnippetCards } from "../components/SnippetCards";
 import { getLaunchAtLogin, hasNative, setLaunchAtLogin } from "../native";
 
 interface Form {
@@ -272,20 +273,7 @@ export function ServerPage() {
         </div>
       )}
       <h2>Connect your tools</h2>
-      <div class="snippets">
-        {snippets.map((s) => (
-          <div class="snippet card" key={s.id} data-testid={`snippet-${s.id}`}>
-            <div class="snippet-head">
-              <b>{s.name}</b>
-              <span class="muted small-text">{s.where}</span>
-              <CopyButton text={s.text} testid={`copy-${s.id}`} />
-            </div>
-            <pre>
-              <code>{s.text}</code>
-            </pre>
-          </div>
-        ))}
-      </div>
+      <SnippetCards snippets={snippets} testid="snippet" copyTestid="copy" />
     </section>
   );
 }

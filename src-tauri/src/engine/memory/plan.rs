@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::{kv_budget, largest_fitting, CostModel};
-use crate::model::{KvQuant, ModelConfig};
+use crate::model::ModelConfig;
 
 /// What the process holds besides its models (MLX's runtime, OpenBLAS, the HTTP server):
 /// `fastmlx serve` held 254 MiB resident after unloading SmolLM2 (Linux, debug build).
@@ -86,14 +86,7 @@ pub fn serving_plan(
     let max = config.max_position_embeddings.max(1);
     let plan = |cost: &CostModel| plan_with(cost, max, weights, ceiling, rows, max_batch);
     let (low, budget) = plan(&full);
-    // 64 elements per scale where the heads allow it (mlx-lm's default), else 32.
-    let quantized = |bits: i32| {
-        let quant = [64, 32]
-            .into_iter()
-            .map(|group_size| KvQuant { bits, group_size })
-            .find(|&q| config.check_kv_format(crate::model::KvFormat { quant: Some(q), start: 0 }).is_ok())?;
-        Some(plan(&full.clone().with_kv_quant(Some(quant))).0)
-    };
+    let quantized = |bits: i32| Some(plan(&full.clone().with_kv_quant(Some(config.kv_quant_for(bits)?))).0);
     ServingPlan {
         ceiling_bytes: ceiling,
         weights_bytes: weights,
