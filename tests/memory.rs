@@ -86,11 +86,20 @@ fn measure(t: &Transformer, cost: &CostModel, rows: usize, n: usize, depth: usiz
 /// hybrid's layers overlap decides a few hundred KB: Qwen3.5 at 1 row x 64 tokens measured 1.07
 /// to 1.32 MB here and never above 1.07 MB in five readings on a CI machine, against a prediction
 /// of 1.75 MB that must cover the overlap. On a real model's steps (hundreds of MB) it is nothing.
+/// A prediction is wasteful past WASTE times the measured peak (and half a MiB, for the small
+/// steps); most must be within it, none past GROSS_WASTE. Not every one within WASTE: how much of a
+/// step MLX's worker has freed when the peak is read depends on timing, so one point's peak moves by
+/// up to 1.7x between runs (Qwen2-MoE, 16 rows x 16 after 470: 2.8 to 4.9 MB in one run's five
+/// readings; Qwen3.5 at the same point read 4.8 MB in one CI run, 6.6 MB in the next), and a
+/// prediction that must cover the high readings sits past WASTE of a run of low ones.
 const WASTE: f64 = 1.5;
+const GROSS_WASTE: f64 = 2.0;
 const WASTE_ALLOWANCE: usize = 512 << 10;
+/// The share of points whose prediction must be within WASTE of the measured peak.
+const WITHIN_WASTE: f64 = 0.95;
 
-fn waste_bound(measured: usize) -> usize {
-    (measured as f64 * WASTE) as usize + WASTE_ALLOWANCE
+fn waste_bound(measured: usize, factor: f64) -> usize {
+    (measured as f64 * factor) as usize + WASTE_ALLOWANCE
 }
 
 #[test]
@@ -130,7 +139,8 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
         let cost = CostModel::new(&t.config, act, backend.gpu);
         let name = format!("{}{}", arch.model_type(), if options.moe { " (moe)" } else { "" });
         for &(rows, n, depth) in &points {
-            let outside = |predicted: usize, low: usize, high: usize| predicted < low || predicted > waste_bound(high);
+            let outside =
+                |predicted: usize, low: usize, high: usize| predicted < low || predicted > waste_bound(high, WASTE);
             let (predicted, measured) = measure(t, &cost, rows, n, depth);
             // One reading can mislead both ways. MLX's CPU worker frees a step's buffers on its
             // own thread, so the peak varies from run to run (Qwen3.5, 1 row x 64 tokens: 1.07 to
@@ -150,8 +160,8 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
             let ratio = predicted as f64 / measured.max(1) as f64;
             println!("{name:<28} {rows:>5} {n:>5} {depth:>5} {predicted:>12} {measured:>12} {ratio:>6.2}");
             all += 1;
-            within += usize::from(ratio <= WASTE);
-            if outside(predicted, low, high) {
+            within += usize::from(predicted <= waste_bound(high, WASTE));
+            if predicted < low || predicted > waste_bound(high, GROSS_WASTE) {
                 failures.push(format!(
                     "{name} at {rows} rows x {n} tokens after {depth}: predicted {predicted}, measured {low} to {high}"
                 ));
@@ -161,8 +171,12 @@ fn predicted_step_memory_bounds_mlx_peak_for_every_architecture() {
     println!("{within} of {all} predictions within {WASTE}x of the measured peak");
     assert!(
         failures.is_empty(),
-        "predictions outside [measured, {WASTE} x measured + {WASTE_ALLOWANCE} B]:\n{}",
+        "predictions outside [measured, {GROSS_WASTE} x measured + {WASTE_ALLOWANCE} B]:\n{}",
         failures.join("\n")
+    );
+    assert!(
+        within as f64 >= WITHIN_WASTE * all as f64,
+        "only {within} of {all} predictions within {WASTE} x measured + {WASTE_ALLOWANCE} B"
     );
 }
 

@@ -157,6 +157,9 @@ fn a_concurrent_request_reuses_a_prompt_as_soon_as_it_is_prefilled() {
     engine.shutdown();
 }
 
+/// Allocations elsewhere in the process that MLX's process-wide peak counter may catch in a step.
+const STRAY_BYTES: usize = 64 << 10;
+
 /// Agents that share a long system prompt, all at once (with one request that does not): their
 /// rows hold the system prompt once, not once each, and every answer is a cold engine's.
 fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize, label: &str) {
@@ -172,9 +175,17 @@ fn concurrent_agents(dir: &Path, vocab: usize, system_len: usize, agents: usize,
     let outcomes: Vec<Outcome> = streams.into_iter().map(collect).collect();
     let m = wait_idle(&warm);
     // Rows joining the segment and leaving the group are copied between steps, not inside the
-    // next one: every step stayed within its predicted memory.
-    assert!(m.memory.worst_ratio <= 1.0, "{label}: a step over its predicted memory: {:?}", m.memory);
+    // next one: every step stayed within its predicted memory. Judged in bytes: MLX's peak counter
+    // is process-wide, and a step measured a few kilobytes over (Gemma3: ratio 1.006 once in CI)
+    // is another thread's allocation, while a row copied inside a step is its whole sequence.
     let per_token = warm.model_info().kv_bytes_per_token;
+    let one_row = system_len * per_token;
+    println!("{label}: {:?}, a row's system prompt {one_row} B", m.memory);
+    assert!(
+        m.memory.worst_excess_bytes <= STRAY_BYTES.min(one_row / 8),
+        "{label}: a step over its predicted memory: {:?}",
+        m.memory
+    );
     // The cache's blocks of the system prompt became views of the segment: once it is gone they
     // are copies of their own again, counted in the cache's bytes, and still serve.
     assert!(m.prefix_cache_bytes >= system_len / 64 * 64 * per_token, "{label}: {m:?}");

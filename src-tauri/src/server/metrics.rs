@@ -68,6 +68,12 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         "The largest measured / predicted ratio of a step's working memory (above 1: an underestimate).",
         &|m| m.memory.worst_ratio,
     );
+    put(
+        "memory_prediction_worst_excess_bytes",
+        "gauge",
+        "The most bytes a step's working memory measured over its prediction (0: never underestimated).",
+        &|m| m.memory.worst_excess_bytes as f64,
+    );
     put("memory_prefill_narrowed_total", "counter", "Prefill chunks narrowed to fit under the ceiling.", &|m| {
         m.memory.narrowed as f64
     });

@@ -33,6 +33,10 @@ pub struct Calibration {
     pub measured_bytes: usize,
     /// The largest measured / predicted ratio seen (above 1: an underestimate).
     pub worst_ratio: f64,
+    /// The most bytes a step measured over its prediction (0: none did). Beside the ratio because
+    /// MLX's peak counter is process-wide: a few kilobytes another thread allocated during a small
+    /// step move the ratio, while a buffer the cost model missed shows as its own size.
+    pub worst_excess_bytes: usize,
     pub steps: u64,
     /// Prefill chunks narrowed to fit, and steps that waited for memory.
     pub narrowed: u64,
@@ -158,6 +162,7 @@ impl Governor {
         if predicted > 0 {
             c.worst_ratio = c.worst_ratio.max(measured as f64 / predicted as f64);
         }
+        c.worst_excess_bytes = c.worst_excess_bytes.max(measured.saturating_sub(predicted));
     }
 
     /// Called while the engine has nothing to do: once idle for [`GIVE_BACK_AFTER`], MLX's
