@@ -19,6 +19,8 @@ const HUGE_REPO = "mlx-community/Huge-405B-bf16-mlx";
 // one too big for any machine, so the one that fits must be sorted first.
 const REC_REPO = "test-org/tiny-recommended";
 const REC_TOO_BIG = "test-org/colossal-recommended";
+const REC_MID = "test-org/mid-8b-recommended";
+const REC_LARGE = "test-org/large-70b-recommended";
 
 let server;
 let browser;
@@ -52,11 +54,14 @@ after(async () => {
   if (hubFiles) rmSync(hubFiles, { recursive: true, force: true });
 });
 
-/** A recommendations file: the tiny model (config `tiny`) and a 1.6T-parameter one, one use. */
+/** A recommendations file, one use: the tiny model (config `tiny`), Llama-shaped 8B at 16 bits
+ * (16 GB of weights), 70B at 4.5 bits (40 GB) and a 1.6T-parameter one that fits nowhere. */
 function recommendedList(tiny) {
-  const colossal = { model_type: "llama", hidden_size: 32768, intermediate_size: 131072, num_hidden_layers: 128,
-    num_attention_heads: 128, num_key_value_heads: 8, vocab_size: 128256, max_position_embeddings: 131072,
-    rms_norm_eps: 1e-5, rope_theta: 500000, tie_word_embeddings: false };
+  const llama = (hidden, intermediate, layers, heads) => ({ model_type: "llama", hidden_size: hidden,
+    intermediate_size: intermediate, num_hidden_layers: layers, num_attention_heads: heads, num_key_value_heads: 8,
+    vocab_size: 128256, max_position_embeddings: 131072, rms_norm_eps: 1e-5, rope_theta: 500000,
+    tie_word_embeddings: false });
+  const colossal = llama(32768, 131072, 128, 128);
   return {
     version: 1,
     updated: "2026-12-05",
@@ -64,6 +69,10 @@ function recommendedList(tiny) {
     models: [
       { name: "Colossal", uses: ["coding"], kind: "chat", parameters_b: 1650, summary: "Too big anywhere.", config: colossal,
         quantizations: [{ repo: REC_TOO_BIG, label: "BF16", bits_per_weight: 16 }] },
+      { name: "Large", uses: ["coding"], kind: "chat", parameters_b: 70.6, summary: "A 70B.", config: llama(8192, 28672, 80, 64),
+        quantizations: [{ repo: REC_LARGE, label: "4-bit", bits_per_weight: 4.5 }] },
+      { name: "Mid", uses: ["coding"], kind: "chat", parameters_b: 8.0, summary: "An 8B.", config: llama(4096, 14336, 32, 32),
+        quantizations: [{ repo: REC_MID, label: "BF16", bits_per_weight: 16 }] },
       { name: "Tiny", uses: ["coding"], kind: "chat", parameters_b: 0.0004, summary: "Fits anywhere.", config: tiny,
         quantizations: [{ repo: REC_REPO, label: "F32", bits_per_weight: 32 }] },
     ],
@@ -322,9 +331,84 @@ describe("web UI", { concurrency: false }, () => {
       await reasoning.locator("summary").click();
       assert.equal(await reasoning.evaluate((d) => d.open), true);
       assert.equal(await page.getByTestId("chat-system").inputValue(), "Be brief.");
+      // Highlighted in the fence's language; the copy is still the plain code.
+      const code = md.locator("pre code");
+      assert.equal(await code.getAttribute("data-language"), "python");
+      assert.equal(await code.locator(".hljs-built_in").first().textContent(), "print");
+      assert.equal(await code.locator(".hljs-string").first().textContent(), "'hi'");
+      const tokenColor = await code.locator(".hljs-string").first().evaluate((e) => getComputedStyle(e).color);
+      const plainColor = await code.evaluate((e) => getComputedStyle(e).color);
+      assert.notEqual(tokenColor, plainColor, "strings coloured");
       await md.getByTestId("code-copy").click();
       assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "print('hi')\n");
       await screenshot(page, "chat-markdown");
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("chat: tools offered, the model's call shown, its result sent back", async () => {
+    const { context, page } = await open("chat");
+    try {
+      const select = page.getByTestId("chat-model");
+      await until(async () => (await select.locator("option").allTextContents()).some((t) => t.includes(SMOL)), "the model list");
+      await page.getByTestId("chat-new").click();
+      await select.selectOption(SMOL);
+      await page.getByTestId("chat-temperature").fill("0");
+      await page.getByTestId("chat-max-tokens").fill("40");
+      await page.getByTestId("chat-tools-toggle").click();
+      const tools = page.getByTestId("chat-tools-input");
+      await tools.fill("[{\"name\": \"get_weather\"");
+      assert.match(await text(page.getByTestId("chat-tools-error")), /^Not sent: not JSON/);
+      // A bare function is taken as the tool wrapping it; an enum keeps the forced call short.
+      const weather = { name: "get_weather", description: "The weather in a city",
+        parameters: { type: "object", properties: { city: { type: "string", enum: ["Paris", "Oslo"] } }, required: ["city"] } };
+      await tools.fill(JSON.stringify([weather]));
+      assert.equal(await text(page.getByTestId("chat-tools-count")), "1 tool offered");
+      assert.equal(await text(page.getByTestId("chat-tools-toggle")), "Tools (1)");
+      await page.getByTestId("chat-tools-force").check();
+
+      const bodies = [];
+      page.on("request", (r) => r.url().endsWith("/v1/chat/completions") && bodies.push(r.postDataJSON()));
+      await page.getByTestId("chat-input").fill("What is the weather in Paris?");
+      await page.getByTestId("chat-send").click();
+      const call = page.getByTestId("tool-call");
+      await call.waitFor({ timeout: 120_000 });
+      await page.getByTestId("tool-results").waitFor({ timeout: 120_000 });
+      assert.equal(await call.getAttribute("data-name"), "get_weather");
+      assert.deepEqual(JSON.parse(await text(call.getByTestId("tool-call-arguments"))), { city: "Paris" });
+      assert.deepEqual(bodies[0].tools, [{ type: "function", function: weather }]);
+      assert.equal(bodies[0].tool_choice, "required");
+      // Sent whole once parsed: its speed is over the whole request, not one chunk's instant.
+      const rate = Number((await text(page.getByTestId("reply-stats").first())).match(/([\d.]+) tok\/s/)?.[1]);
+      assert.ok(rate > 0 && rate < 1000, `a believable speed: ${rate}`);
+      await screenshot(page, "chat-tool-call");
+
+      // The result goes back as a tool message answering the call; the model goes on.
+      await page.getByTestId("chat-tools-force").uncheck();
+      await page.getByTestId("tool-result-input").fill('{"temperature_c": 21, "sky": "clear"}');
+      await page.getByTestId("tool-results-send").click();
+      await page.getByTestId("tool-result").waitFor();
+      const answer = page.locator("[data-testid=message][data-role=assistant]").last();
+      await until(async () => (await page.getByTestId("message").count()) === 4 && (await answer.getAttribute("data-streaming")) === "false", "the answer after the result", { timeout: 120_000 });
+      assert.deepEqual(bodies[1].messages.map((m) => m.role), ["user", "assistant", "tool"]);
+      const [, assistant, result] = bodies[1].messages;
+      assert.equal(assistant.role, "assistant");
+      assert.equal(assistant.tool_calls[0].function.name, "get_weather");
+      assert.deepEqual(result, { role: "tool", tool_call_id: assistant.tool_calls[0].id, content: '{"temperature_c": 21, "sky": "clear"}' });
+      assert.equal(bodies[1].tool_choice, undefined, "no longer forced");
+      assert.equal(await answer.getByTestId("message-error").count(), 0);
+      assert.ok(Number(await answer.getByTestId("reply-stats").getAttribute("data-tokens")) > 0, "the model answered");
+
+      // Kept across a reload, calls and result included (saved shortly after the answer ends).
+      await until(
+        () => page.evaluate(() => (localStorage.getItem("fastmlx.chats") ?? "").includes('"role":"tool"')),
+        "the conversation saved",
+      );
+      await page.reload();
+      await page.getByTestId("tool-result").waitFor();
+      assert.equal(await page.getByTestId("tool-call").count(), (await answer.getByTestId("tool-call").count()) + 1);
       assertClean(page);
     } finally {
       await context.close();
@@ -528,7 +612,7 @@ describe("web UI", { concurrency: false }, () => {
       const card = (repo) => page.locator(`[data-testid=rec-model][data-repo="${repo}"]`);
       await card(REC_REPO).waitFor();
       const order = await page.getByTestId("rec-model").evaluateAll((els) => els.map((e) => e.dataset.repo));
-      assert.deepEqual(order, [REC_REPO, REC_TOO_BIG], "the one that fits first");
+      assert.equal(order[0], REC_REPO, "the one that fits first");
       assert.equal(await text(card(REC_REPO).getByTestId("rec-fit")), "fits");
       assert.equal(await text(card(REC_TOO_BIG).getByTestId("rec-fit")), "too big");
       assert.match(await text(card(REC_REPO).getByTestId("plan-context")), /^4 × [\d.]+k? ctx/);
@@ -547,6 +631,49 @@ describe("web UI", { concurrency: false }, () => {
       await page.getByTestId("back-to-recommended").click();
       await card(REC_REPO).getByTestId("rec-serving").waitFor();
       await fetch(`${server.base}/admin/unload`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: REC_REPO }) });
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("discover: plans for a Mac of 8, 16, 32 and 128 GB, the best that fits first", async () => {
+    const { context, page } = await open("discover");
+    try {
+      await page.getByTestId("rec-model").first().waitFor();
+      // What each machine can hold: the 8B at 16 bits needs 16 GB of weights (more than a 16 GB
+      // Mac's 11.2 GB share), the 70B at 4.5 bits 40 GB (more than a 32 GB Mac's 22.4 GB).
+      const expected = {
+        8: { [REC_REPO]: true, [REC_MID]: false, [REC_LARGE]: false, [REC_TOO_BIG]: false },
+        16: { [REC_REPO]: true, [REC_MID]: false, [REC_LARGE]: false, [REC_TOO_BIG]: false },
+        32: { [REC_REPO]: true, [REC_MID]: true, [REC_LARGE]: false, [REC_TOO_BIG]: false },
+        128: { [REC_REPO]: true, [REC_MID]: true, [REC_LARGE]: true, [REC_TOO_BIG]: false },
+      };
+      const rank = { fits: 0, tight: 1, "too big": 2 };
+      for (const [gb, fitting] of Object.entries(expected)) {
+        await page.getByTestId("rec-machine").selectOption(gb);
+        const article = gb === "8" ? "an" : "a";
+        await until(async () => (await text(page.locator(".rec-head h2"))) === `Recommended for ${article} ${gb} GB Mac`, `the ${gb} GB plan`);
+        const cards = () => page.getByTestId("rec-model").evaluateAll((els) => els.map((e) => [e.dataset.repo, e.dataset.fit]));
+        // The list is swapped when the server answers: wait for this machine's badges.
+        const fits = await until(async () => {
+          const now = await cards();
+          const ok = now.length === 4 && now.every(([repo, fit]) => (fit !== "too big") === fitting[repo]);
+          return ok && now;
+        }, `badges for ${gb} GB: ${JSON.stringify(fitting)}`);
+        const ranks = fits.map(([, fit]) => rank[fit]);
+        assert.deepEqual(ranks, [...ranks].sort(), `${gb} GB: the best that fits first: ${JSON.stringify(fits)}`);
+        const served = await api(server, `/admin/recommended?machine_gb=${gb}`);
+        assert.equal(served.ceiling_bytes, Math.floor((Number(gb) * 2 ** 30) / 100) * 70, "70 % of the machine");
+        if (gb === "8") await screenshot(page, "discover-8gb");
+      }
+      await page.getByTestId("rec-machine").selectOption("");
+      await until(async () => (await text(page.locator(".rec-head h2"))) === "Recommended for this Mac", "back to this Mac");
+      const bad = await fetch(`${server.base}/admin/recommended?machine_gb=lots`);
+      assert.equal(bad.status, 400);
+      assert.match((await bad.json()).error.message, /invalid query string/);
+      const huge = await fetch(`${server.base}/admin/recommended?machine_gb=5000`);
+      assert.equal((await huge.json()).error.param, "machine_gb");
       assertClean(page);
     } finally {
       await context.close();

@@ -11,10 +11,22 @@ export interface ReplyStats {
   stopped?: boolean;
 }
 
+/** A function call the model asked for (its arguments as the model wrote them: JSON text). */
+export interface ToolCall {
+  id: string;
+  name: string;
+  arguments: string;
+}
+
 export interface Message {
-  role: "user" | "assistant";
+  role: "user" | "assistant" | "tool";
   content: string;
   reasoning?: string;
+  /** Assistant messages: the calls the model made. */
+  toolCalls?: ToolCall[];
+  /** Tool messages: the call answered, and its function's name. */
+  toolCallId?: string;
+  name?: string;
   model?: string;
   stats?: ReplyStats;
   error?: string;
@@ -30,6 +42,9 @@ export interface Conversation {
   /** This conversation's sampling (as typed; empty: the server's default). */
   temperature?: string;
   maxTokens?: string;
+  /** Functions the model may call, as typed (an OpenAI `tools` array in JSON), and whether it must. */
+  tools?: string;
+  forceTool?: boolean;
 }
 
 const LIST = "fastmlx.chats";
@@ -95,9 +110,11 @@ export function toMarkdown(c: Conversation): string {
   const parts = [`# ${c.title}`, `_${c.model || "no model"} · ${new Date(c.updated).toISOString().slice(0, 16).replace("T", " ")}_`];
   if (c.system.trim()) parts.push(`**System prompt:** ${c.system.trim()}`);
   for (const m of c.messages) {
-    parts.push(m.role === "user" ? "## You" : `## Assistant${m.model ? ` (${m.model})` : ""}`);
+    const speaker = { user: "## You", assistant: `## Assistant${m.model ? ` (${m.model})` : ""}`, tool: `## Tool result (${m.name ?? "?"})` };
+    parts.push(speaker[m.role]);
     if (m.reasoning) parts.push(`<details><summary>Reasoning</summary>\n\n${m.reasoning}\n\n</details>`);
-    if (m.content) parts.push(m.content);
+    if (m.content) parts.push(m.role === "tool" ? "```\n" + m.content + "\n```" : m.content);
+    for (const call of m.toolCalls ?? []) parts.push(`**Call** \`${call.name}\`\n\n\`\`\`json\n${call.arguments}\n\`\`\``);
     if (m.error) parts.push(`> Error: ${m.error}`);
   }
   return parts.join("\n\n") + "\n";

@@ -58,6 +58,10 @@ pub struct AppArgs {
     /// Start with no window open (the menu-bar icon only), as at login.
     #[arg(long)]
     hidden: bool,
+    /// Serve no model at start, not even the default one: as on a first run, the menu bar
+    /// offers to choose one.
+    #[arg(long, conflicts_with = "model")]
+    no_model: bool,
 }
 
 #[derive(Subcommand)]
@@ -145,7 +149,7 @@ pub fn main() -> ExitCode {
 
 #[cfg(feature = "desktop")]
 fn run_app(args: AppArgs) -> anyhow::Result<()> {
-    crate::desktop::run(args.serve, args.hidden)
+    crate::desktop::run(args.serve, args.hidden, args.no_model)
 }
 
 #[cfg(not(feature = "desktop"))]

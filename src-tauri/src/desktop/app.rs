@@ -32,8 +32,8 @@ impl Window {
 }
 
 /// `fastmlx app`: serves like `fastmlx serve` and shows the menu-bar icon (and, unless
-/// `hidden`, the dashboard).
-pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
+/// `hidden`, the dashboard); serves its first model unless `no_model`.
+pub fn run(args: ServeArgs, hidden: bool, no_model: bool) -> anyhow::Result<()> {
     let runtime = Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build()?);
     let models = args.residency()?;
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
@@ -58,7 +58,7 @@ pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
     }
     // The first model loads in the background: the menu says "loading…" meanwhile.
     // A path given at start is added to the catalog, so the menu and the API know it by its id.
-    if let Ok(first) = args.first_model() {
+    if let Some(first) = args.first_model().ok().filter(|_| !no_model) {
         match models.catalog().find_or_add_path(&first.to_string_lossy()) {
             Ok(model) => control.serve_model(model.id),
             Err(e) => tracing::error!("cannot serve {}: {e}", first.display()),
@@ -68,13 +68,7 @@ pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
     let app = tauri::Builder::default()
         .plugin(tauri_plugin_clipboard_manager::init())
         .manage(control.clone())
-        .invoke_handler(tauri::generate_handler![
-            super::commands::open_chat,
-            super::commands::open_dashboard,
-            super::commands::copy_text,
-            super::commands::get_launch_at_login,
-            super::commands::set_launch_at_login
-        ])
+        .invoke_handler(invoke_handler())
         .setup(move |app| {
             #[cfg(target_os = "macos")]
             app.set_activation_policy(tauri::ActivationPolicy::Accessory);
@@ -95,6 +89,28 @@ pub fn run(args: ServeArgs, hidden: bool) -> anyhow::Result<()> {
     control.stop_server();
     runtime.block_on(models.unload_all());
     Ok(())
+}
+
+/// The commands the web UI may invoke.
+#[cfg(not(feature = "desktop-tests"))]
+fn invoke_handler<R: Runtime>() -> impl Fn(tauri::ipc::Invoke<R>) -> bool + Send + Sync + 'static {
+    use super::commands::*;
+    tauri::generate_handler![open_chat, open_dashboard, copy_text, get_launch_at_login, set_launch_at_login]
+}
+
+/// The commands the web UI may invoke, and the menu's rows and clicks for the desktop tests.
+#[cfg(feature = "desktop-tests")]
+fn invoke_handler<R: Runtime>() -> impl Fn(tauri::ipc::Invoke<R>) -> bool + Send + Sync + 'static {
+    use super::commands::*;
+    tauri::generate_handler![
+        open_chat,
+        open_dashboard,
+        copy_text,
+        get_launch_at_login,
+        set_launch_at_login,
+        test_tray_menu,
+        test_tray_click
+    ]
 }
 
 /// The tray icon. Some Linux desktops have no tray host, and without the appindicator library
@@ -176,7 +192,7 @@ fn spawn_menu_refresh<R: Runtime>(app: AppHandle<R>) {
     });
 }
 
-fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
+pub(super) fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
     let Some(action) = Action::from_id(id) else { return };
     let control = app.state::<Arc<Control>>().inner().clone();
     let result: anyhow::Result<()> = match action {

@@ -36,6 +36,52 @@ fn unsupported() -> String {
     "launch at login is not available on this system".into()
 }
 
+/// One row of the menu-bar menu as the desktop tests read it.
+#[cfg(feature = "desktop-tests")]
+#[derive(serde::Serialize)]
+pub struct MenuRow {
+    /// The action a click runs (None: a label or separator).
+    id: Option<String>,
+    label: String,
+    enabled: bool,
+}
+
+/// The menu-bar menu as it stands: the rows `tray::menu` builds from the state the menu was last
+/// drawn from. For the desktop tests under Xvfb, where no tray host draws a menu to click.
+#[cfg(feature = "desktop-tests")]
+#[tauri::command]
+pub fn test_tray_menu<R: Runtime>(app: AppHandle<R>) -> Vec<MenuRow> {
+    use std::sync::Arc;
+    use tauri::Manager;
+
+    use super::control::Control;
+    use super::tray::{self, model_label, Action, Item};
+
+    let control = app.state::<Arc<Control>>().inner().clone();
+    let shown = control.shown.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let state = shown.unwrap_or_else(|| control.tray_state());
+    tray::menu(&state)
+        .into_iter()
+        .map(|item| match item {
+            Item::Label(label) => MenuRow { id: None, label, enabled: false },
+            Item::Separator => MenuRow { id: None, label: "-".into(), enabled: false },
+            Item::Model { id, loading, .. } => MenuRow {
+                id: Some(Action::ServeModel(id.clone()).id()),
+                label: model_label(&id, loading),
+                enabled: !loading,
+            },
+            Item::Button { action, label, enabled } => MenuRow { id: Some(action.id()), label, enabled },
+        })
+        .collect()
+}
+
+/// Runs a menu item's action exactly as a click on it does.
+#[cfg(feature = "desktop-tests")]
+#[tauri::command]
+pub fn test_tray_click<R: Runtime>(app: AppHandle<R>, id: String) {
+    super::app::on_action(&app, &id);
+}
+
 /// The commands through Tauri's IPC on its mock runtime (no display): the windows they open and
 /// the launch-at-login entry they write. Needs the `desktop-tests` feature (Tauri's `test`).
 #[cfg(all(test, feature = "desktop-tests"))]

@@ -45,7 +45,12 @@ pub fn machine_memory_bytes() -> u64 {
 
 /// [`USABLE_PERCENT`] of the machine's memory: the default budget for resident models.
 pub fn usable_memory_bytes() -> u64 {
-    machine_memory_bytes() / 100 * USABLE_PERCENT
+    usable_share(machine_memory_bytes())
+}
+
+/// [`USABLE_PERCENT`] of a machine with `memory` bytes.
+pub fn usable_share(memory: u64) -> u64 {
+    memory / 100 * USABLE_PERCENT
 }
 
 /// The memory ceiling when none is configured: [`USABLE_PERCENT`] of the machine, and on Metal

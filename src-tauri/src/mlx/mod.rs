@@ -15,7 +15,7 @@ pub use limits::{
     recommended_working_set, MlxLimits,
 };
 pub use memory::{
-    default_ceiling, default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes,
+    default_ceiling, default_kv_budget, machine_memory_bytes, total_memory_bytes, usable_memory_bytes, usable_share,
     FALLBACK_MEMORY_BYTES, USABLE_PERCENT,
 };
 

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +15,7 @@ use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::extract::{parse, ApiJson};
+use super::extract::{parse, ApiJson, ApiQuery};
 use super::{ApiError, AppState};
 use crate::engine::memory::ServingPlan;
 use crate::store::fit::hub_estimate;
@@ -90,7 +90,7 @@ pub struct DeleteQuery {
 pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<DeleteQuery>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<Json<Value>, ApiError> {
     if state.models.loaded().iter().any(|m| m.id == id) {
         state.models.unload(&id).await?;
@@ -138,7 +138,7 @@ pub struct SearchResult {
 
 pub async fn search(
     State(state): State<AppState>,
-    Query(q): Query<SearchQuery>,
+    ApiQuery(q): ApiQuery<SearchQuery>,
 ) -> Result<Json<Vec<SearchResult>>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let hits = state.pulls.hub().search(&q.q, limit, !q.all).await.map_err(hub_error)?;
@@ -163,16 +163,40 @@ pub async fn search(
     Ok(Json(results))
 }
 
+#[derive(Deserialize)]
+pub struct RecommendedQuery {
+    /// Plan for a Mac with this much memory instead of this one ("what would fit if I bought..."):
+    /// its usable share, as FastMLX's default ceiling would take it there.
+    machine_gb: Option<u32>,
+}
+
+/// The most memory a Mac is asked about: 512 GB is the largest Mac Studio; twice that leaves room.
+const MAX_MACHINE_GB: u32 = 1024;
+
 /// Discover's opening list: the recommended models, with what each would take and serve on
-/// this machine, and which are on disk already. Read at each request (a list named by
-/// `FASTMLX_RECOMMENDED` can be edited while the server runs); needs no network.
-pub async fn recommended(State(state): State<AppState>) -> Result<Json<ForThisMachine>, ApiError> {
+/// this machine (or a Mac with `machine_gb`), and which are on disk already. Read at each request
+/// (a list named by `FASTMLX_RECOMMENDED` can be edited while the server runs); needs no network.
+pub async fn recommended(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<RecommendedQuery>,
+) -> Result<Json<ForThisMachine>, ApiError> {
+    let ceiling = match query.machine_gb {
+        Some(gb @ 1..=MAX_MACHINE_GB) => Some(crate::mlx::usable_share(u64::from(gb) << 30)),
+        Some(gb) => {
+            return Err(ApiError::invalid(
+                "machine_gb",
+                format!("machine_gb must be between 1 and {MAX_MACHINE_GB} (GB of memory), not {gb}"),
+            ))
+        }
+        None => None,
+    };
     let residency = state.models.clone();
     tokio::task::spawn_blocking(move || {
         let list = RecommendedList::from_env().map_err(ApiError::internal)?;
         let local: HashSet<String> = residency.local_models().into_iter().map(|m| m.id).collect();
         let max_batch = residency.config().engine.max_batch;
-        Ok(Json(list.for_this_machine(residency.memory_budget(), max_batch, &local)))
+        let ceiling = ceiling.unwrap_or_else(|| residency.memory_budget());
+        Ok(Json(list.for_this_machine(ceiling, max_batch, &local)))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
@@ -189,7 +213,7 @@ pub struct InfoQuery {
 /// A model's page: its card, config summary, files and what it takes and serves here.
 pub async fn model_info(
     State(state): State<AppState>,
-    Query(q): Query<InfoQuery>,
+    ApiQuery(q): ApiQuery<InfoQuery>,
 ) -> Result<Json<ModelInfo>, ApiError> {
     match (q.id, q.repo) {
         (Some(id), None) => {

@@ -1,11 +1,12 @@
 //! `GET /admin/cache` (the prefix cache of each loaded model: bytes, blocks, hit counts) and
 //! `DELETE /admin/cache[?model=id]` (empty it, for one model or all).
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::extract::ApiQuery;
 use super::{ApiError, AppState};
 
 fn entry(id: &str, m: &crate::engine::Metrics) -> Value {
@@ -35,7 +36,7 @@ pub struct ClearQuery {
     model: Option<String>,
 }
 
-pub async fn clear(State(state): State<AppState>, Query(q): Query<ClearQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn clear(State(state): State<AppState>, ApiQuery(q): ApiQuery<ClearQuery>) -> Result<Json<Value>, ApiError> {
     let engines = state.models.engines();
     let chosen: Vec<_> = engines.iter().filter(|s| q.model.as_ref().is_none_or(|m| *m == s.id)).collect();
     if let (Some(model), true) = (&q.model, chosen.is_empty()) {

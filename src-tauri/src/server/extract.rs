@@ -2,7 +2,8 @@
 //! is answered in the API's own error envelope, never axum's plain-text rejections.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
@@ -43,4 +44,19 @@ pub fn parse<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiErr
             _ => ApiError::invalid(&path, format!("{path}: {message}")),
         }
     })
+}
+
+/// A query-string extractor answering a malformed query (`?machine_gb=lots`) in the API's error
+/// envelope, as [`ApiJson`] does for bodies.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(ApiError::bad_request(format!("invalid query string: {}", rejection.body_text()))),
+        }
+    }
 }

@@ -1,8 +1,9 @@
-// The model's text as markdown, sanitized (the model may write any HTML), with a copy button on
-// every code block and links opening outside the app.
+// The model's text as markdown, sanitized (the model may write any HTML), with code blocks
+// highlighted and a copy button on each, and links opening outside the app.
 import DOMPurify from "dompurify";
 import { marked } from "marked";
 import { useLayoutEffect, useMemo, useRef } from "preact/hooks";
+import { highlightCode } from "../highlight";
 import { copyText } from "../native";
 
 marked.setOptions({ gfm: true, breaks: true });
@@ -23,6 +24,7 @@ export function Markdown({ text, testid }: { text: string; testid?: string }) {
   const box = useRef<HTMLDivElement>(null);
 
   useLayoutEffect(() => {
+    if (box.current) highlightCode(box.current);
     for (const pre of box.current?.querySelectorAll("pre") ?? []) {
       if (pre.querySelector(":scope > button.code-copy")) continue;
       const button = document.createElement("button");

@@ -10,37 +10,78 @@ import { fitKind, PlanContext } from "./PlanCell";
 import { PullControls } from "./PullControls";
 import { modelPageHref } from "../links";
 
+/** The Macs one may plan for besides this one, in GB (the memory configurations Apple sells). */
+const MACHINE_SIZES = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512];
+
+/** "a 16 GB Mac", "an 8 GB Mac" (said "eight", "eighteen", "eighty"). */
+function aMac(gb: number): string {
+  return `${/^(8|18|8\d)$/.test(String(gb)) ? "an" : "a"} ${gb} GB Mac`;
+}
+
 export interface RecommendedState {
   list: Recommendations | null;
   hub: HubStatus | null;
   error: string | null;
+  /** Planned for a Mac with this many GB; null: this Mac. */
+  machineGb: number | null;
+  setMachineGb: (gb: number | null) => void;
 }
 
 export function useRecommendations(): RecommendedState {
   const [list, setList] = useState<Recommendations | null>(null);
   const [hub, setHub] = useState<HubStatus | null>(null);
   const [error, setError] = useState<string | null>(null);
+  const [machineGb, setMachineGb] = useState<number | null>(null);
   useEffect(() => {
-    getJson<Recommendations>("/admin/recommended")
-      .then(setList)
-      .catch((e: Error) => setError(e.message));
+    const query = machineGb == null ? "" : `?machine_gb=${machineGb}`;
+    let current = true;
+    getJson<Recommendations>(`/admin/recommended${query}`)
+      .then((l) => current && (setList(l), setError(null)))
+      .catch((e: Error) => current && setError(e.message));
+    return () => {
+      current = false;
+    };
+  }, [machineGb]);
+  useEffect(() => {
     // Apart: the list needs no network, and shows before the Hub has answered (or not).
     getJson<HubStatus>("/admin/hub")
       .then(setHub)
       .catch(() => setHub(null));
   }, []);
-  return { list, hub, error };
+  return { list, hub, error, machineGb, setMachineGb };
 }
 
 export function RecommendedList({ state, pulls }: { state: RecommendedState; pulls: Map<string, PullView> }) {
-  const { list, hub, error } = state;
+  const { list, hub, error, machineGb, setMachineGb } = state;
   if (error) return <ErrorBox error={error} />;
   if (!list) return <Spinner label="loading recommendations" />;
   return (
     <div class="recommended" data-testid="recommended">
       <div class="rec-head">
-        <h2>Recommended for this Mac</h2>
-        <span class="muted small-text" title="the memory ceiling FastMLX keeps to (Server page)">
+        <h2>Recommended for {machineGb == null ? "this Mac" : aMac(machineGb)}</h2>
+        <label class="rec-machine muted small-text">
+          Plan for{" "}
+          <select
+            value={machineGb == null ? "" : String(machineGb)}
+            onChange={(e) => {
+              const v = (e.target as HTMLSelectElement).value;
+              setMachineGb(v === "" ? null : Number(v));
+            }}
+            data-testid="rec-machine"
+          >
+            <option value="">this Mac</option>
+            {MACHINE_SIZES.map((gb) => (
+              <option key={gb} value={String(gb)}>
+                {aMac(gb)}
+              </option>
+            ))}
+          </select>
+        </label>
+        <span
+          class="muted small-text"
+          data-testid="rec-ceiling"
+          title={machineGb == null ? "the memory ceiling FastMLX keeps to (Server page)" : "FastMLX's default share of that Mac's memory"}
+        >
           {bytes(list.ceiling_bytes)} for models · list of {list.updated}
         </span>
       </div>

@@ -3,6 +3,8 @@ import { getJson, isDesktop, request, readEvents, type ServerStatus } from "../a
 import { copyText, openDashboard } from "../native";
 import { ErrorBox, Spinner } from "../components/common";
 import { Markdown } from "../components/Markdown";
+import { ToolCallCards, ToolResult, ToolResultsForm, ToolsEditor } from "../components/ToolCalls";
+import { chatBody, parseTools, Reply } from "../chatRequest";
 import {
   currentId,
   lastModel,
@@ -25,12 +27,6 @@ interface ModelOption {
   loaded: boolean;
 }
 
-interface Chunk {
-  choices?: { delta?: { content?: string | null; reasoning_content?: string | null }; finish_reason?: string | null }[];
-  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number } | null;
-  error?: { message: string };
-}
-
 function initialState(): { chats: Conversation[]; current: string } {
   const chats = loadChats();
   const saved = currentId();
@@ -46,6 +42,7 @@ export function ChatPage() {
   const [error, setError] = useState<string | null>(null);
   const [streaming, setStreaming] = useState<string | null>(null);
   const [showSystem, setShowSystem] = useState(false);
+  const [showTools, setShowTools] = useState(false);
   const [search, setSearch] = useState("");
   /** The user message being edited: its index and the new text. */
   const [editing, setEditing] = useState<{ at: number; text: string } | null>(null);
@@ -190,15 +187,7 @@ export function ChatPage() {
 
   async function stream(id: string, model: string, history: Message[]) {
 
-    const messages = [
-      ...(conv.system.trim() ? [{ role: "system", content: conv.system }] : []),
-      ...history.filter((m) => !m.error && (m.content || m.role === "user")).map((m) => ({ role: m.role, content: m.content })),
-    ];
-    const body: Record<string, unknown> = { model, messages, stream: true, stream_options: { include_usage: true } };
-    const temp = parseFloat(temperature);
-    if (Number.isFinite(temp)) body.temperature = temp;
-    const max = parseInt(maxTokens, 10);
-    if (Number.isFinite(max) && max > 0) body.max_tokens = max;
+    const body = chatBody(conv, model, history);
 
     const controller = new AbortController();
     abort.current = controller;
@@ -206,43 +195,38 @@ export function ChatPage() {
     const started = performance.now();
     let first: number | null = null;
     let chunks = 0;
-    let finish: string | null = null;
-    let usage: Chunk["usage"] = null;
-    let content = "";
-    let reasoning = "";
+    const reply = new Reply();
     try {
       const res = await request("/v1/chat/completions", { method: "POST", json: body, signal: controller.signal });
       await readEvents(res, (data) => {
-        let chunk: Chunk;
+        let chunk;
         try {
           chunk = JSON.parse(data);
         } catch {
           return;
         }
-        if (chunk.error) throw new Error(chunk.error.message);
-        if (chunk.usage) usage = chunk.usage;
-        const choice = chunk.choices?.[0];
-        if (!choice) return;
-        const delta = choice.delta ?? {};
-        if (delta.content || delta.reasoning_content) {
+        if (reply.add(chunk)) {
           first ??= performance.now();
           chunks++;
-          content += delta.content ?? "";
-          reasoning += delta.reasoning_content ?? "";
-          updateLast(id, (m) => ({ ...m, content, reasoning: reasoning || undefined }));
+          const fields = reply.fields();
+          updateLast(id, (m) => ({ ...m, ...fields }));
         }
-        if (choice.finish_reason) finish = choice.finish_reason;
       });
       const end = performance.now();
-      const tokens = usage ? (usage as NonNullable<Chunk["usage"]>).completion_tokens : chunks;
-      const secs = first != null && end - first > 0 && tokens > 1 ? (end - first) / 1000 : (end - started) / 1000;
+      const usage = reply.usage;
+      const tokens = usage ? usage.completion_tokens : chunks;
+      // From the first chunk on: the decode speed, TTFT apart. An answer that came in one chunk
+      // (a tool call is sent whole once parsed) is timed from the request.
+      // (Set in the callback: TypeScript's narrowing cannot see it.)
+      const firstAt = first as number | null;
+      const fromFirst = firstAt != null && chunks > 1 && end - firstAt > 0 && tokens > 1;
+      const secs = fromFirst && firstAt != null ? (end - firstAt) / 1000 : (end - started) / 1000;
       const stats: ReplyStats = {
-        prompt_tokens: usage ? (usage as NonNullable<Chunk["usage"]>).prompt_tokens : undefined,
+        prompt_tokens: usage?.prompt_tokens,
         completion_tokens: tokens,
-        // from the first token on: the decode speed, TTFT apart
-        tokens_per_sec: secs > 0 ? (first != null && tokens > 1 ? tokens - 1 : tokens) / secs : null,
-        ttft_ms: first != null ? first - started : null,
-        finish_reason: finish,
+        tokens_per_sec: secs > 0 ? (fromFirst ? tokens - 1 : tokens) / secs : null,
+        ttft_ms: firstAt != null ? firstAt - started : null,
+        finish_reason: reply.finish,
       };
       updateLast(id, (m) => ({ ...m, stats }));
     } catch (e) {
@@ -273,6 +257,8 @@ export function ChatPage() {
   }
 
   const sorted = [...chats].sort((a, b) => b.updated - a.updated);
+  const { tools: offered, error: toolsError } = parseTools(conv?.tools);
+  const toolCount = offered?.length ?? 0;
   const busyHere = streaming === conv?.id;
 
   return (
@@ -342,6 +328,14 @@ export function ChatPage() {
           <button class={`small ${showSystem || conv?.system ? "on" : ""}`} onClick={() => setShowSystem(!showSystem)} data-testid="chat-system-toggle">
             System prompt
           </button>
+          <button
+            class={`small ${showTools || conv?.tools?.trim() ? "on" : ""}`}
+            onClick={() => setShowTools(!showTools)}
+            title="Functions the model may call"
+            data-testid="chat-tools-toggle"
+          >
+            Tools{toolCount ? ` (${toolCount})` : ""}
+          </button>
           <label class="inline small-text">
             temp
             <input type="number" min="0" max="2" step="0.1" value={temperature} onInput={(e) => update(conv.id, (c) => ({ ...c, temperature: (e.target as HTMLInputElement).value }))} data-testid="chat-temperature" />
@@ -378,6 +372,14 @@ export function ChatPage() {
             data-testid="chat-system"
           />
         )}
+        {conv && (showTools || toolsError) && (
+          <ToolsEditor
+            text={conv.tools ?? ""}
+            force={conv.forceTool ?? false}
+            onText={(tools) => update(conv.id, (c) => ({ ...c, tools }))}
+            onForce={(forceTool) => update(conv.id, (c) => ({ ...c, forceTool }))}
+          />
+        )}
         <ErrorBox error={error} onClose={() => setError(null)} />
         <div
           class="messages"
@@ -400,8 +402,13 @@ export function ChatPage() {
                     <div class="reasoning-text">{m.reasoning}</div>
                   </details>
                 )}
-                {m.role === "assistant" ? (
-                  <Markdown text={m.content} testid="message-content" />
+                {m.role === "tool" ? (
+                  <ToolResult message={m} />
+                ) : m.role === "assistant" ? (
+                  <>
+                    {(m.content || !m.toolCalls?.length) && <Markdown text={m.content} testid="message-content" />}
+                    {m.toolCalls?.length ? <ToolCallCards calls={m.toolCalls} /> : null}
+                  </>
                 ) : editing?.at === i ? (
                   <div class="edit">
                     <textarea
@@ -427,7 +434,7 @@ export function ChatPage() {
                     Edit
                   </button>
                 )}
-                {live && !m.content && !m.reasoning && <Spinner label="waiting for the first token" />}
+                {live && !m.content && !m.reasoning && !m.toolCalls && <Spinner label="waiting for the first token" />}
                 {m.error && (
                   <div class="error-text" data-testid="message-error">
                     {m.error}
@@ -441,6 +448,14 @@ export function ChatPage() {
                     {m.model && ` · ${m.model}`}
                   </div>
                 )}
+                {last && m.role === "assistant" && streaming === null && m.toolCalls?.length ? (
+                  <ToolResultsForm
+                    key={`${conv.id}-${i}`}
+                    calls={m.toolCalls}
+                    disabled={streaming !== null}
+                    onSend={(results) => generate([...conv.messages, ...results])}
+                  />
+                ) : null}
                 {last && m.role === "assistant" && streaming === null && (
                   <button class="link small-text msg-action" onClick={regenerate} data-testid="regenerate">
                     Regenerate
