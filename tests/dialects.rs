@@ -179,7 +179,10 @@ async fn ollama_chat_and_generate() {
             "options.temperature",
         ),
         (json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"}), "keep_alive"),
-        (json!({"model": h.id, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), "images"),
+        (
+            json!({"model": h.id, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
+            "the image is not PNG, JPEG, WebP or GIF",
+        ),
         (json!({"model": h.id, "messages": [{"role": "user", "content": "x"}], "format": 7}), "format"),
         (json!({"messages": [{"role": "user", "content": "x"}]}), "model"),
     ] {
@@ -364,7 +367,7 @@ async fn anthropic_errors_in_anthropic_shape() {
         (json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}), "max_tokens"),
         (
             json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
-            "image",
+            "messages[0].content[0].source.type: field required",
         ),
         (
             json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "warm"}),

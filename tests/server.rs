@@ -178,7 +178,7 @@ async fn bad_requests_get_the_openai_envelope() {
                     .to_string(),
             ),
             StatusCode::BAD_REQUEST,
-            Some("messages[0]"),
+            Some("messages[0].content[0]"),
         ),
         ("n = 2", post("/v1/chat/completions", chat(json!({"n": 2}))), StatusCode::BAD_REQUEST, Some("n")),
         (

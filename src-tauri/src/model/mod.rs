@@ -10,6 +10,7 @@ mod kernels;
 pub mod layers;
 pub mod load;
 pub mod transformer;
+pub mod vision;
 pub mod weights;
 
 pub use cache::{BatchKvCache, KvCache, KvFootprint, KvFormat, KvQuant, KvTensor, LayerCache, Positions};

@@ -173,12 +173,55 @@ fn text_of(value: &Value, param: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A `tool_result`'s content as the chat core takes a tool message's: its text, or with images
+/// (Claude Code returns screenshots this way) text and image parts in order.
+fn tool_result_content(value: &Value, param: &str, is_error: bool) -> Result<Value, ApiError> {
+    let error_prefix = |text: String| if is_error { format!("Error: {text}") } else { text };
+    let Value::Array(blocks) = value else { return Ok(Value::String(error_prefix(text_of(value, param)?))) };
+    if !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("image")) {
+        return Ok(Value::String(error_prefix(text_of(value, param)?)));
+    }
+    let mut parts = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let at = format!("{param}[{i}]");
+        match block.get("type").and_then(Value::as_str) {
+            Some("image") => parts.push(image_block(block, &at)?),
+            _ => parts.push(json!({"type": "text", "text": text_of(&Value::Array(vec![block.clone()]), &at)?})),
+        }
+    }
+    if is_error {
+        parts.insert(0, json!({"type": "text", "text": "Error: "}));
+    }
+    Ok(Value::Array(parts))
+}
+
+/// An `image` block as the chat core's image part: `{"type": "base64", "media_type", "data"}`
+/// as a data URL; a `url` source as its URL (which the core refuses to fetch, saying why).
+fn image_block(block: &Value, param: &str) -> Result<Value, ApiError> {
+    let source = block
+        .get("source")
+        .and_then(Value::as_object)
+        .ok_or_else(|| ApiError::invalid(param, format!("{param}.source: field required")))?;
+    let field = |key: &str| {
+        source
+            .get(key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid(param, format!("{param}.source.{key}: field required")))
+    };
+    let url = match source.get("type").and_then(Value::as_str) {
+        Some("base64") => format!("data:{};base64,{}", field("media_type")?, field("data")?),
+        Some("url") => field("url")?.to_string(),
+        Some(other) => {
+            return Err(ApiError::invalid(param, format!("{param}.source.type: {other:?} is not one of base64, url")))
+        }
+        None => return Err(ApiError::invalid(param, format!("{param}.source.type: field required"))),
+    };
+    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+}
+
 fn unsupported_block(kind: &str, param: &str) -> ApiError {
     match kind {
-        "image" | "document" => ApiError::invalid(
-            param,
-            format!("{param}: {kind} blocks are not supported: the served models are text-only"),
-        ),
+        "document" => ApiError::invalid(param, format!("{param}: document blocks are not supported")),
         _ => ApiError::invalid(param, format!("{param}: blocks of type {kind:?} are not supported here")),
     }
 }
@@ -210,11 +253,18 @@ fn convert_message(
         _ => return Err(ApiError::invalid(param, format!("{param}.content: must be a string or a list of blocks"))),
     };
     let mut text = Vec::new();
+    // The user's images, in order among the text (`text` keeps the text alone).
+    let mut parts: Vec<Value> = Vec::new();
     let mut calls = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = format!("{param}.content[{j}]");
         match block.get("type").and_then(Value::as_str) {
-            Some("text") => text.push(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+            Some("text") => {
+                let t = block.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
+                parts.push(json!({"type": "text", "text": t}));
+                text.push(t);
+            }
+            Some("image") if role == "user" => parts.push(image_block(block, &at)?),
             // Earlier thinking is not shown to the model again, as the templates do.
             Some("thinking" | "redacted_thinking") if role == "assistant" => {}
             Some("tool_use") if role == "assistant" => {
@@ -237,13 +287,11 @@ fn convert_message(
                     .get("tool_use_id")
                     .and_then(Value::as_str)
                     .ok_or_else(|| ApiError::invalid(&at, format!("{at}.tool_use_id: field required")))?;
-                let mut content = match block.get("content") {
-                    None | Some(Value::Null) => String::new(),
-                    Some(c) => text_of(c, &format!("{at}.content"))?,
+                let is_error = block.get("is_error").and_then(Value::as_bool) == Some(true);
+                let content = match block.get("content") {
+                    None | Some(Value::Null) => Value::String(if is_error { "Error: ".into() } else { String::new() }),
+                    Some(c) => tool_result_content(c, &format!("{at}.content"), is_error)?,
                 };
-                if block.get("is_error").and_then(Value::as_bool) == Some(true) {
-                    content = format!("Error: {content}");
-                }
                 let mut tool = json!({"role": "tool", "tool_call_id": id, "content": content});
                 if let Some(name) = tool_names.get(id) {
                     tool["name"] = json!(name);
@@ -261,6 +309,8 @@ fn convert_message(
             m["tool_calls"] = Value::Array(calls);
         }
         out.push(m);
+    } else if parts.iter().any(|p| p["type"] == "image_url") {
+        out.push(json!({"role": "user", "content": parts}));
     } else if !text.is_empty() || !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result")) {
         out.push(json!({"role": "user", "content": text}));
     }
@@ -383,6 +433,30 @@ mod tests {
         assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], json!({"type": "object"}));
         let bad = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "xml"}}});
         assert_eq!(to_chat(&bad, false).unwrap_err().param.as_deref(), Some("output_config.format"));
+    }
+
+    #[test]
+    fn images_become_the_chat_cores_image_parts_in_turns_and_tool_results() {
+        let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}});
+        let part = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+        let body = json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": true,
+                                          "content": [{"type": "text", "text": "partial"}, image]}]}]});
+        let chat = to_chat(&body, false).unwrap().0;
+        assert_eq!(chat.messages[0]["content"], json!([part, {"type": "text", "text": "What is it?"}]));
+        assert_eq!(
+            chat.messages[2]["content"],
+            json!([{"type": "text", "text": "Error: "}, {"type": "text", "text": "partial"}, part])
+        );
+        // Text-only turns stay strings.
+        let plain = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+        assert_eq!(to_chat(&plain, false).unwrap().0.messages[0]["content"], json!("hi"));
+        let url = json!({"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}});
+        let chat =
+            to_chat(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [url]}]}), false);
+        assert_eq!(chat.unwrap().0.messages[0]["content"][0]["image_url"]["url"], "https://x.test/a.png");
     }
 
     #[test]

@@ -1,20 +1,31 @@
 //! A chat request's messages and tools as chat templates expect them, checked: anything
 //! malformed is a 400 naming the message or tool.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
+use super::images::{image_part, ImageInput, MAX_IMAGES};
 use crate::server::ApiError;
 
-/// Messages as the chat template expects them: `content` as one string (text parts joined),
-/// `developer` as `system`, tool-call arguments as objects (what the templates `tojson`).
-pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, ApiError> {
+/// A request's messages as the chat template expects them, and the images they carry.
+pub struct Normalized {
+    pub messages: Vec<Value>,
+    /// In the order they appear; each stands in its message's content as `{"type": "image"}`.
+    pub images: Vec<ImageInput>,
+}
+
+/// Messages as the chat template expects them: `content` as one string (text parts joined) or,
+/// in a message with images, a list of `{"type": "text", "text"}` and `{"type": "image"}` parts
+/// (as the vision models' templates read them); `developer` as `system`, tool-call arguments as
+/// objects (what the templates `tojson`).
+pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Normalized, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     if messages.len() > max {
         return Err(ApiError::invalid("messages", format!("at most {max} messages are allowed")));
     }
-    messages
+    let mut images = Vec::new();
+    let messages = messages
         .iter()
         .enumerate()
         .map(|(i, m)| {
@@ -41,11 +52,11 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
             let content = match m.get("content") {
                 None | Some(Value::Null) => Value::Null,
                 Some(Value::String(s)) => Value::String(s.clone()),
-                Some(Value::Array(parts)) => Value::String(join_text_parts(parts, &param)?),
+                Some(Value::Array(parts)) => content_parts(parts, &param, &mut images)?,
                 Some(_) => {
                     return Err(ApiError::invalid(
                         &param,
-                        format!("{param}.content must be a string or a list of text parts"),
+                        format!("{param}.content must be a string or a list of text and image parts"),
                     ))
                 }
             };
@@ -60,7 +71,14 @@ pub fn normalize_messages(messages: &[Value], max: usize) -> Result<Vec<Value>, 
             }
             Ok(Value::Object(m))
         })
-        .collect()
+        .collect::<Result<Vec<Value>, ApiError>>()?;
+    if images.len() > MAX_IMAGES {
+        return Err(ApiError::invalid(
+            &images[MAX_IMAGES].param,
+            format!("{} images in one request: at most {MAX_IMAGES} are taken", images.len()),
+        ));
+    }
+    Ok(Normalized { messages, images })
 }
 
 /// Takes off the final assistant message, to be continued: its text follows the generation prompt.
@@ -94,11 +112,23 @@ pub fn with_descriptions(tools: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for part in parts {
+/// A message's content parts: their text joined, or with images the parts in order (images
+/// read and checked into `images`).
+fn content_parts(parts: &[Value], param: &str, images: &mut Vec<ImageInput>) -> Result<Value, ApiError> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut has_image = false;
+    for (j, part) in parts.iter().enumerate() {
         match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(t)) => text.push_str(t),
+            (Some("text"), Some(t)) => match out.last_mut() {
+                // Adjacent text parts join, as they always have.
+                Some(Value::String(text)) => text.push_str(t),
+                _ => out.push(Value::String(t.to_string())),
+            },
+            (Some("image_url"), _) => {
+                images.push(image_part(part, &format!("{param}.content[{j}]"))?);
+                out.push(json!({"type": "image"}));
+                has_image = true;
+            }
             (Some(kind), _) => {
                 return Err(ApiError::invalid(
                     param,
@@ -108,7 +138,14 @@ fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
             _ => return Err(ApiError::invalid(param, format!("{param}: each content part needs a type"))),
         }
     }
-    Ok(text)
+    if !has_image {
+        return Ok(Value::String(out.into_iter().filter_map(|v| v.as_str().map(str::to_string)).collect()));
+    }
+    Ok(Value::Array(
+        out.into_iter()
+            .map(|v| if let Value::String(text) = v { json!({"type": "text", "text": text}) } else { v })
+            .collect(),
+    ))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 pub mod answer;
 pub mod fim;
 pub mod format;
+pub mod images;
 mod messages;
 pub mod model;
 mod named_arguments;

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::messages::{final_assistant_text, normalize_messages, with_descriptions};
+use super::messages::{final_assistant_text, normalize_messages, with_descriptions, Normalized};
 use super::model::ChatModel;
 use super::structured::{answer_shape, AnswerShape, ShapeContext, ShapeRequest};
 use crate::server::{ApiError, ServerConfig};
@@ -13,7 +13,7 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
-    /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text or text parts, ...}`;
+    /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text, or text and `image_url` parts (data URLs), ...}`;
     /// assistant turns may carry `tool_calls`, tool turns a `tool_call_id`.
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Value>,
@@ -123,7 +123,18 @@ fn system_prompt_end(
 /// Validates the messages and tools, renders `model`'s chat template and tokenizes.
 pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -> Result<RenderedChat, ApiError> {
     let info = &model.info;
-    let messages = normalize_messages(&request.messages, config.max_messages)?;
+    let Normalized { messages, images } = normalize_messages(&request.messages, config.max_messages)?;
+    if let Some(image) = images.first() {
+        // Checked first (a malformed image is refused as such), then refused whole: no family's
+        // vision tower runs in FastMLX yet, and answering about an image it never saw would mislead.
+        return Err(ApiError::invalid(
+            &image.param,
+            format!(
+                "{}: the model {} reads text only in FastMLX; send the request without images",
+                image.param, info.name
+            ),
+        ));
+    }
     let template = info.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt")
     })?;

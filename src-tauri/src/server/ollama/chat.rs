@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use super::params::{apply_keep_alive, keep_alive, model_name, named, nanos, options, timestamp, Fallback};
 use crate::engine::{Finish, FinishReason};
 use crate::server::chat::format::ModelFormat;
+use crate::server::chat::images::bare_base64_url;
 use crate::server::chat::outcome::{text_beside_calls, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
 use crate::server::chat::stream::{AnswerEvent, AnswerStream};
@@ -74,9 +75,7 @@ pub async fn generate(
         }
     };
     let (prompt, suffix, system) = (text_field("prompt")?, text_field("suffix")?, text_field("system")?);
-    if body.get("images").and_then(Value::as_array).is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::invalid("images", "images are not supported: the served models are text-only"));
-    }
+    let images = images_of(body.get("images"), "images")?;
     if !text_field("template")?.is_empty() {
         return Err(ApiError::invalid(
             "template",
@@ -95,6 +94,9 @@ pub async fn generate(
     let mut common = options(&body)?.to_common(&id, streaming)?;
     common.header_priority = header;
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
+    if (raw || !suffix.is_empty()) && !images.is_empty() {
+        return Err(ApiError::invalid("images", "images need the chat template: not with raw or suffix"));
+    }
     if raw || !suffix.is_empty() {
         common.fill_in_the_middle = !suffix.is_empty();
         let prompt = if suffix.is_empty() {
@@ -127,7 +129,13 @@ pub async fn generate(
     if !system.is_empty() {
         messages.push(json!({"role": "system", "content": system}));
     }
-    messages.push(json!({"role": "user", "content": prompt}));
+    if images.is_empty() {
+        messages.push(json!({"role": "user", "content": prompt}));
+    } else {
+        let mut parts = images;
+        parts.push(json!({"type": "text", "text": prompt}));
+        messages.push(json!({"role": "user", "content": parts}));
+    }
     let request = ChatRequest {
         messages,
         response_format: response_format(body.get("format"))?,
@@ -173,6 +181,25 @@ async fn load_or_unload(
     Ok(Json(answer).into_response())
 }
 
+/// A message's (or `/api/generate`'s) `images`: bare base64 strings, as the chat core's image
+/// parts (their type read from their bytes).
+fn images_of(images: Option<&Value>, param: &str) -> Result<Vec<Value>, ApiError> {
+    match images {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let data = v
+                    .as_str()
+                    .ok_or_else(|| ApiError::invalid(param, format!("{param}[{i}] must be a base64 string")))?;
+                Ok(json!({"type": "image_url", "image_url": {"url": bare_base64_url(data)}}))
+            })
+            .collect(),
+        Some(_) => Err(ApiError::invalid(param, format!("{param} must be a list of base64 strings"))),
+    }
+}
+
 /// Ollama's messages as OpenAI's: tool-call arguments (objects) as JSON text with ids the
 /// following `tool` messages answer in order; `tool_name` as the tool message's name.
 fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
@@ -182,13 +209,15 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         let param = format!("messages[{i}]");
         let mut m: Map<String, Value> =
             m.as_object().cloned().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
-        if m.get("images").and_then(Value::as_array).is_some_and(|i| !i.is_empty()) {
-            return Err(ApiError::invalid(
-                &param,
-                format!("{param}: images are not supported: the served models are text-only"),
-            ));
-        }
+        let images = images_of(m.get("images"), &format!("{param}.images"))?;
         m.remove("images");
+        if !images.is_empty() {
+            // The images first, then the text: how the vision models' own examples put them.
+            let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+            let mut parts = images;
+            parts.push(json!({"type": "text", "text": text}));
+            m.insert("content".into(), Value::Array(parts));
+        }
         // Earlier thinking is not shown to the model again (as Ollama's templates do).
         m.remove("thinking");
         if let Some(Value::Array(calls)) = m.remove("tool_calls") {
@@ -400,7 +429,13 @@ mod tests {
         assert_eq!(out[2]["tool_call_id"], out[1]["tool_calls"][0]["id"]);
         assert_eq!(out[2]["name"], "w");
         let images = vec![json!({"role": "user", "content": "x", "images": ["aGk="]})];
-        assert_eq!(to_openai_messages(&images).unwrap_err().param.as_deref(), Some("messages[0]"));
+        let converted = to_openai_messages(&images).unwrap();
+        assert_eq!(
+            converted[0]["content"],
+            json!([{"type": "image_url", "image_url": {"url": "data:;base64,aGk="}}, {"type": "text", "text": "x"}])
+        );
+        let not_text = vec![json!({"role": "user", "content": "x", "images": [7]})];
+        assert_eq!(to_openai_messages(&not_text).unwrap_err().param.as_deref(), Some("messages[0].images"));
     }
 
     #[test]

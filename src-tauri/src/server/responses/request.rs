@@ -207,20 +207,34 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
                 other => return Err(ApiError::invalid(param, format!("{param}.role {other:?} is not one of user, assistant, system, developer"))),
             };
             let content = match item.get("content") {
-                Some(Value::String(s)) => s.clone(),
+                Some(Value::String(s)) => Value::String(s.clone()),
                 Some(Value::Array(parts)) => {
+                    // Text joined; with images, the chat core's text and image parts in order.
                     let mut text = String::new();
+                    let mut chat_parts = Vec::new();
                     for (j, part) in parts.iter().enumerate() {
-                        match part.get("type").and_then(Value::as_str) {
-                            Some("input_text" | "output_text" | "text") => text.push_str(part.get("text").and_then(Value::as_str).unwrap_or_default()),
-                            Some(other @ ("input_image" | "input_file" | "input_audio")) => {
-                                return Err(ApiError::invalid(param, format!("{param}.content[{j}]: {other} is not supported: the served models are text-only")))
+                        let piece = match part.get("type").and_then(Value::as_str) {
+                            Some("input_text" | "output_text" | "text") => part.get("text").and_then(Value::as_str).unwrap_or_default(),
+                            Some("refusal") => part.get("refusal").and_then(Value::as_str).unwrap_or_default(),
+                            Some("input_image") => {
+                                let at = format!("{param}.content[{j}]");
+                                let url = match (part.get("image_url").and_then(Value::as_str), part.get("file_id")) {
+                                    (Some(url), _) => url,
+                                    (None, Some(_)) => return Err(ApiError::invalid(&at, format!("{at}: file_id images are not supported (there is no Files API here); send image_url as a data URL"))),
+                                    (None, None) => return Err(ApiError::invalid(&at, format!("{at}.image_url: field required"))),
+                                };
+                                chat_parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                                continue;
                             }
-                            Some("refusal") => text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or_default()),
+                            Some(other @ ("input_file" | "input_audio")) => {
+                                return Err(ApiError::invalid(param, format!("{param}.content[{j}]: {other} is not supported")))
+                            }
                             other => return Err(ApiError::invalid(param, format!("{param}.content[{j}]: content of type {other:?} is not supported"))),
-                        }
+                        };
+                        text.push_str(piece);
+                        chat_parts.push(json!({"type": "text", "text": piece}));
                     }
-                    text
+                    if chat_parts.iter().any(|p| p["type"] == "image_url") { Value::Array(chat_parts) } else { Value::String(text) }
                 }
                 _ => return Err(ApiError::invalid(param, format!("{param}.content must be text or a list of content parts"))),
             };

@@ -1,0 +1,112 @@
+"""Images through the official clients against `fastmlx serve` with SmolLM2, a model without
+vision (issue 36): each dialect's image shape is read and checked (OpenAI `image_url` data URLs,
+Responses `input_image`, Anthropic `image` blocks, in a user turn and inside a Claude-Code-shaped
+`tool_result`, Ollama `images`), then refused with a 400 in the SDK's own exception that names
+the model; malformed and hostile images are refused with their own reason; the server keeps
+serving."""
+
+import base64
+import struct
+import zlib
+
+import anthropic
+import ollama
+import openai
+import pytest
+
+
+def png(width, height, rows=None):
+    """A PNG of `width` x `height` grey pixels (stdlib only); `rows` overrides the pixel data."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = rows if rows is not None else b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+PNG = png(4, 3)
+B64 = base64.b64encode(PNG).decode()
+DATA_URL = f"data:image/png;base64,{B64}"
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server["url"], api_key="unused", max_retries=0)
+
+
+def ask(oai, server, url, text="What is in this picture?"):
+    return oai.chat.completions.create(model=server["model"], max_tokens=4, messages=[
+        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}])
+
+
+def test_openai_image_url_is_read_then_refused_naming_the_model(oai, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(oai, server, DATA_URL)
+    error = e.value.body
+    assert error["param"] == "messages[0].content[1]"
+    assert server["model"] in error["message"] and "reads text only" in error["message"]
+
+
+def test_responses_input_image(oai, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=server["model"], max_output_tokens=4, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Describe it."}, {"type": "input_image", "image_url": DATA_URL}]}])
+    assert server["model"] in e.value.body["message"]
+
+
+def test_anthropic_image_blocks_and_a_screenshot_in_a_tool_result(server):
+    client = anthropic.Anthropic(base_url=server["base"], api_key="any", max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="claude-x", max_tokens=4, messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}])
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert server["model"] in e.value.message
+    # How Claude Code returns a screenshot: an image inside the tool's result.
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="claude-x", max_tokens=4, messages=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [{"type": "text", "text": "Here it is."}, image]}]}],
+            tools=[{"name": "screenshot", "description": "Take a screenshot", "input_schema": {"type": "object"}}])
+    assert server["model"] in e.value.message
+
+
+def test_ollama_images(server):
+    client = ollama.Client(host=server["ollama"])
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=server["model"], messages=[{"role": "user", "content": "What is this?", "images": [PNG]}])
+    assert e.value.status_code == 400 and server["model"] in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model=server["model"], prompt="What is this?", images=[B64])
+    assert e.value.status_code == 400 and server["model"] in e.value.error
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("https://example.com/cat.png", "not fetched"),
+    (f"data:image/jpeg;base64,{B64}", "is image/png, not image/jpeg"),
+    (f"data:image/bmp;base64,{B64}", "image/bmp is not taken"),
+    (f"data:image/png;base64,{base64.b64encode(b'GIF89a but not really').decode()}", "is image/gif, not image/png"),
+    (f"data:image/png;base64,{base64.b64encode(b'plain text').decode()}", "not PNG, JPEG"),
+    # Cut inside its header (a body cut short is found when the pixels are decoded, for a model that sees).
+    (f"data:image/png;base64,{base64.b64encode(PNG[:20]).decode()}", "cannot be decoded"),
+    (f"data:image/png;base64,{base64.b64encode(png(100_000, 100_000, rows=b'')).decode()}", "100000 x 100000 pixels"),
+    ("data:image/png;base64,not base64!", "base64 is invalid"),
+])
+def test_hostile_and_malformed_images_are_refused_with_their_reason(oai, server, url, reason):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(oai, server, url)
+    assert reason in e.value.body["message"], e.value.body["message"]
+    assert e.value.body["param"] == "messages[0].content[1]"
+
+
+def test_fifty_images_are_refused_and_the_server_keeps_serving(oai, server):
+    parts = [{"type": "image_url", "image_url": {"url": DATA_URL}} for _ in range(50)]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=server["model"], max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Compare them."}, *parts]}])
+    assert "50 images in one request: at most 32" in e.value.body["message"]
+    answer = oai.chat.completions.create(model=server["model"], max_tokens=4, temperature=0,
+                                         messages=[{"role": "user", "content": "Say hi."}])
+    assert answer.choices[0].message.content
