@@ -83,3 +83,70 @@ fn decoding_resizing_and_pixel_values_equal_the_reference_processor() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Qwen3-VL's vision tower on a tiny random model against mlx-vlm 0.7.6's own `VisionModel`
+/// (tests/data/reference/vision_qwen3_vl.json, from scripts/reference/vision_qwen3_vl.py): two
+/// images in one batch, each attending within itself; the merged features and the deepstack ones.
+#[test]
+fn the_qwen3_vl_vision_tower_equals_mlx_vlms() {
+    use fastmlx::model::checkpoint::read_safetensors;
+    use fastmlx::model::vision::qwen_tower::{QwenVisionConfig, QwenVisionTower};
+    use fastmlx::model::weights::{QuantConfig, Weights};
+
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/vision_qwen3_vl.json");
+    let dir = common::root().join("tests/data/vision/tiny_qwen3_vl_vision");
+    let config: QwenVisionConfig = serde_json::from_value(
+        common::read_json("tests/data/vision/tiny_qwen3_vl_vision/config.json")["vision_config"].clone(),
+    )
+    .unwrap();
+    let mut weights =
+        Weights::new(read_safetensors(&dir).unwrap(), dir.clone(), QuantConfig::default(), mlx_rs::Dtype::Float32);
+    let tower = QwenVisionTower::build(config, &mut weights, "vision_tower.").unwrap();
+    let processor = QwenImageConfig { patch_size: 8, min_pixels: 65_536, max_pixels: 16_777_216, ..Default::default() };
+    let (mut rows, mut grids, mut row_len) = (Vec::new(), Vec::new(), 0);
+    for name in ["small.png", "banner.gif"] {
+        let bytes = std::fs::read(common::root().join(format!("tests/data/vision/{name}"))).unwrap();
+        let pixels = preprocess(&decode(&bytes, None).unwrap(), &processor).unwrap();
+        rows.extend_from_slice(&pixels.values);
+        grids.push(pixels.grid);
+        row_len = pixels.row_len;
+    }
+    assert_eq!(serde_json::json!(grids), reference["grids"]);
+    let pixels = mlx_rs::Array::from_slice(&rows, &[(rows.len() / row_len) as i32, row_len as i32]);
+    let features = tower.forward(&pixels, &grids).unwrap();
+    let check = |got: &mlx_rs::Array, want: &Value, what: &str| {
+        let shape: Vec<i32> = got.shape().to_vec();
+        assert_eq!(serde_json::json!(shape), want["shape"], "{what}");
+        let values: Vec<f32> = got.as_slice::<f32>().to_vec();
+        let width = shape[1] as usize;
+        let close = |a: f64, b: f64, scale: f64| (a - b).abs() <= 1e-4 * scale.max(1.0);
+        for (i, want_sum) in want["row_sums"].as_array().unwrap().iter().enumerate() {
+            let sum: f64 = values[i * width..(i + 1) * width].iter().map(|&v| f64::from(v)).sum();
+            let want_sum = want_sum.as_f64().unwrap();
+            assert!(close(sum, want_sum, want_sum.abs()), "{what}: row {i} sums to {sum}, not {want_sum}");
+        }
+        for (i, w) in want["first"].as_array().unwrap().iter().enumerate() {
+            let w = w.as_f64().unwrap();
+            assert!(close(f64::from(values[i]), w, w.abs()), "{what}: value {i} is {}, not {w}", values[i]);
+        }
+        let abs: f64 = values.iter().map(|v| f64::from(v.abs())).sum();
+        let want_abs = want["abs_sum"].as_f64().unwrap();
+        assert!((abs - want_abs).abs() <= 1e-5 * want_abs, "{what}: |values| sum to {abs}, not {want_abs}");
+    };
+    features.merged.eval().unwrap();
+    check(&features.merged, &reference["merged"], "merged");
+    assert_eq!(features.deepstack.len(), 2);
+    for (j, d) in features.deepstack.iter().enumerate() {
+        d.eval().unwrap();
+        check(d, &reference["deepstack"][j], &format!("deepstack {j}"));
+    }
+    // Hugging Face's layout keeps the patch kernel channels-first: the same tower.
+    let mut tensors = read_safetensors(&dir).unwrap();
+    let kernel = tensors.remove("vision_tower.patch_embed.proj.weight").unwrap();
+    tensors.insert("vision_tower.patch_embed.proj.weight".into(), kernel.transpose_axes(&[0, 4, 1, 2, 3]).unwrap());
+    let mut weights = Weights::new(tensors, dir.clone(), QuantConfig::default(), mlx_rs::Dtype::Float32);
+    let hf = QwenVisionTower::build(tower.config.clone(), &mut weights, "vision_tower.").unwrap();
+    let again = hf.forward(&pixels, &grids).unwrap().merged;
+    assert!(again.all_close(&features.merged, 1e-6, 1e-6, None).unwrap(), "channels-first kernel");
+}

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::config::{QuantMode, QuantSpec};
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{quant_ops, Embedding, Linear, RmsNorm, SwitchLinear, SwitchMatrix};
+use crate::model::layers::{quant_ops, Embedding, LayerNorm, Linear, RmsNorm, SwitchLinear, SwitchMatrix};
 
 /// How the checkpoint says its linear layers are quantized.
 #[derive(Debug, Clone, Default)]
@@ -107,6 +107,15 @@ impl Weights {
 
     pub fn norm(&mut self, prefix: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: self.take_float(&format!("{prefix}.weight"), &[dim])?, eps })
+    }
+
+    /// The LayerNorm at `prefix` over `dim` features (with a bias unless `bias` is false).
+    pub fn layer_norm(&mut self, prefix: &str, dim: i32, eps: f32, bias: bool) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: self.take_float(&format!("{prefix}.weight"), &[dim])?,
+            bias: if bias { Some(self.take_float(&format!("{prefix}.bias"), &[dim])?) } else { None },
+            eps,
+        })
     }
 
     /// The linear layer at `prefix` mapping `inputs` to `outputs` features.

@@ -8,38 +8,8 @@ use mlx_rs::{Array, Dtype};
 
 use super::config::EncoderConfig;
 use crate::model::error::Result;
-use crate::model::layers::{Embedding, Linear};
+use crate::model::layers::{Embedding, LayerNorm, Linear};
 use crate::model::weights::Weights;
-
-/// LayerNorm with its weight and bias (BERT's, not the RMS norm of decoders; ModernBERT's has
-/// no bias).
-pub struct LayerNorm {
-    weight: Array,
-    bias: Option<Array>,
-    eps: f32,
-}
-
-impl LayerNorm {
-    pub fn take(weights: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<LayerNorm> {
-        LayerNorm::take_with(weights, prefix, dim, eps, true)
-    }
-
-    pub fn take_with(weights: &mut Weights, prefix: &str, dim: i32, eps: f32, bias: bool) -> Result<LayerNorm> {
-        Ok(LayerNorm {
-            weight: weights.take_float(&format!("{prefix}.weight"), &[dim])?,
-            bias: if bias { Some(weights.take_float(&format!("{prefix}.bias"), &[dim])?) } else { None },
-            eps,
-        })
-    }
-
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(mlx_rs::fast::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps)?)
-    }
-
-    pub(super) fn arrays(&self) -> Vec<&Array> {
-        std::iter::once(&self.weight).chain(&self.bias).collect()
-    }
-}
 
 struct EncoderLayer {
     query: Linear,
@@ -70,7 +40,7 @@ impl Encoder {
         let positions = weights.take_float("embeddings.position_embeddings.weight", &[config.max_positions, h])?;
         let token_types =
             weights.take_float("embeddings.token_type_embeddings.weight", &[config.type_vocab_size, h])?;
-        let embedding_norm = LayerNorm::take(weights, "embeddings.LayerNorm", h, eps)?;
+        let embedding_norm = weights.layer_norm("embeddings.LayerNorm", h, eps, true)?;
         let layers = (0..config.num_layers)
             .map(|l| {
                 let p = format!("encoder.layer.{l}");
@@ -79,10 +49,10 @@ impl Encoder {
                     key: weights.linear(&format!("{p}.attention.self.key"), h, h, true)?,
                     value: weights.linear(&format!("{p}.attention.self.value"), h, h, true)?,
                     attention_out: weights.linear(&format!("{p}.attention.output.dense"), h, h, true)?,
-                    attention_norm: LayerNorm::take(weights, &format!("{p}.attention.output.LayerNorm"), h, eps)?,
+                    attention_norm: weights.layer_norm(&format!("{p}.attention.output.LayerNorm"), h, eps, true)?,
                     up: weights.linear(&format!("{p}.intermediate.dense"), i, h, true)?,
                     down: weights.linear(&format!("{p}.output.dense"), h, i, true)?,
-                    output_norm: LayerNorm::take(weights, &format!("{p}.output.LayerNorm"), h, eps)?,
+                    output_norm: weights.layer_norm(&format!("{p}.output.LayerNorm"), h, eps, true)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

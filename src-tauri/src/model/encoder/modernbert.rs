@@ -12,11 +12,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-use super::bert::LayerNorm;
 use super::config::ClassifierFields;
 use super::decoder::pass_mask;
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{Embedding, Linear};
+use crate::model::layers::{Embedding, LayerNorm, Linear};
 use crate::model::weights::Weights;
 
 #[derive(Debug, Clone)]
@@ -175,7 +174,7 @@ impl ModernBert {
     /// Takes the model's tensors (Hugging Face's `ModernBertModel` names, `model.` removed).
     pub fn build(config: ModernBertConfig, weights: &mut Weights) -> Result<ModernBert> {
         let (h, i, eps, bias) = (config.hidden_size, config.intermediate_size, config.norm_eps, config.norm_bias);
-        let norm = |weights: &mut Weights, name: &str| LayerNorm::take_with(weights, name, h, eps, bias);
+        let norm = |weights: &mut Weights, name: &str| weights.layer_norm(name, h, eps, bias);
         let words = weights.embedding("embeddings.tok_embeddings", config.vocab_size, h)?;
         let embedding_norm = norm(weights, "embeddings.norm")?;
         let layers = (0..config.num_layers)
@@ -258,7 +257,7 @@ impl ModernBertClassifier {
         let h = config.hidden_size;
         Ok(ModernBertClassifier {
             dense: weights.linear("head.dense", h, h, config.classifier_bias)?,
-            norm: LayerNorm::take_with(weights, "head.norm", h, config.norm_eps, config.norm_bias)?,
+            norm: weights.layer_norm("head.norm", h, config.norm_eps, config.norm_bias)?,
             out: weights.linear("classifier", labels as i32, h, true)?,
             cls: config.classifier_cls,
         })

@@ -12,10 +12,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-use super::bert::LayerNorm;
 use super::decoder::pass_mask;
 use crate::model::error::{ModelError, Result};
-use crate::model::layers::{Embedding, Linear};
+use crate::model::layers::{Embedding, LayerNorm, Linear};
 use crate::model::weights::Weights;
 
 #[derive(Debug, Clone)]
@@ -163,18 +162,18 @@ impl NomicBert {
         } else {
             None
         };
-        let embedding_norm = LayerNorm::take(weights, "emb_ln", h, eps)?;
+        let embedding_norm = weights.layer_norm("emb_ln", h, eps, true)?;
         let layers = (0..config.num_layers)
             .map(|l| {
                 let p = format!("encoder.layers.{l}");
                 Ok(Layer {
                     qkv: weights.linear(&format!("{p}.attn.Wqkv"), 3 * h, h, false)?,
                     attention_out: weights.linear(&format!("{p}.attn.out_proj"), h, h, false)?,
-                    attention_norm: LayerNorm::take(weights, &format!("{p}.norm1"), h, eps)?,
+                    attention_norm: weights.layer_norm(&format!("{p}.norm1"), h, eps, true)?,
                     up: weights.linear(&format!("{p}.mlp.fc11"), i, h, false)?,
                     gate: weights.linear(&format!("{p}.mlp.fc12"), i, h, false)?,
                     down: weights.linear(&format!("{p}.mlp.fc2"), h, i, false)?,
-                    mlp_norm: LayerNorm::take(weights, &format!("{p}.norm2"), h, eps)?,
+                    mlp_norm: weights.layer_norm(&format!("{p}.norm2"), h, eps, true)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

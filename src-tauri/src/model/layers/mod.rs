@@ -19,7 +19,7 @@ pub use gated_delta::{DeltaProjections, GatedDeltaNet};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpProjections};
 pub use moe::{MoeBlock, ParallelExperts, ScaledRouter, SharedExpert, SwitchGlu, SwitchLinear, SwitchMatrix};
-pub use norm::RmsNorm;
+pub use norm::{LayerNorm, RmsNorm};
 pub use per_layer_input::{PerLayerGate, PerLayerInputs};
 pub use rope::Rope;
 pub use short_conv::ShortConv;

@@ -4,6 +4,7 @@
 
 pub mod image;
 pub mod qwen;
+pub mod qwen_tower;
 pub mod resample;
 
 pub use image::{decode, inspect, DecodedImage, ImageError, ImageHeader, MediaType, MAX_PIXELS};
