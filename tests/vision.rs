@@ -150,3 +150,22 @@ fn the_qwen3_vl_vision_tower_equals_mlx_vlms() {
     let again = hf.forward(&pixels, &grids).unwrap().merged;
     assert!(again.all_close(&features.merged, 1e-6, 1e-6, None).unwrap(), "channels-first kernel");
 }
+
+/// Qwen3-VL's 3D positions for prompts with images equal mlx-vlm's `get_rope_index`
+/// (tests/data/reference/vision_mrope.json): images first, last, two with text between.
+#[test]
+fn mrope_positions_equal_mlx_vlms() {
+    use fastmlx::model::vision::mrope::mrope_positions;
+
+    let reference = common::read_json("tests/data/reference/vision_mrope.json");
+    let image_token = reference["image_token"].as_u64().unwrap() as u32;
+    let merge = reference["merge"].as_u64().unwrap() as usize;
+    for case in reference["cases"].as_array().unwrap() {
+        let tokens: Vec<u32> = common::ids(&case["tokens"]);
+        let grids: Vec<[usize; 3]> = serde_json::from_value(case["grids"].clone()).unwrap();
+        let (positions, delta) = mrope_positions(&tokens, image_token, &grids, merge).unwrap();
+        let by_axis: Vec<Vec<i32>> = (0..3).map(|a| positions.iter().map(|p| p[a]).collect()).collect();
+        assert_eq!(serde_json::json!(by_axis), case["positions"], "{}", case["name"]);
+        assert_eq!(i64::from(delta), case["delta"].as_i64().unwrap(), "{}", case["name"]);
+    }
+}

@@ -3,6 +3,7 @@
 //! tower takes, equal to the reference processor's.
 
 pub mod image;
+pub mod mrope;
 pub mod qwen;
 pub mod qwen_tower;
 pub mod resample;
