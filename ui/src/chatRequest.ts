@@ -15,6 +15,9 @@ export interface Chunk {
   error?: { message: string };
 }
 
+/** A conversation's temperature until it sets one (as typed in its field). */
+export const DEFAULT_TEMPERATURE = "0.7";
+
 /** A conversation's tools as typed: the `tools` to send, or why they cannot be. Empty text: none. */
 export function parseTools(text: string | undefined): { tools: unknown[] | null; error: string | null } {
   if (!text?.trim()) return { tools: null, error: null };
@@ -55,7 +58,7 @@ export function chatBody(conv: Conversation, model: string, history: Message[]):
   const kept = history.filter((m) => !m.error && (m.content || m.role !== "assistant" || m.toolCalls?.length));
   const messages = [...(conv.system.trim() ? [{ role: "system", content: conv.system }] : []), ...kept.map(apiMessage)];
   const body: Record<string, unknown> = { model, messages, stream: true, stream_options: { include_usage: true } };
-  const temp = parseFloat(conv.temperature ?? "0.7");
+  const temp = parseFloat(conv.temperature ?? DEFAULT_TEMPERATURE);
   if (Number.isFinite(temp)) body.temperature = temp;
   const max = parseInt(conv.maxTokens ?? "", 10);
   if (Number.isFinite(max) && max > 0) body.max_tokens = max;

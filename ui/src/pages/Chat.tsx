@@ -4,7 +4,7 @@ import { copyText, openDashboard } from "../native";
 import { ErrorBox, Spinner } from "../components/common";
 import { Markdown } from "../components/Markdown";
 import { ToolCallCards, ToolResult, ToolResultsForm, ToolsEditor } from "../components/ToolCalls";
-import { chatBody, parseTools, Reply } from "../chatRequest";
+import { chatBody, DEFAULT_TEMPERATURE, parseTools, Reply } from "../chatRequest";
 import {
   currentId,
   lastModel,
@@ -53,7 +53,7 @@ export function ChatPage() {
   const inputBox = useRef<HTMLTextAreaElement>(null);
 
   const conv = chats.find((c) => c.id === current) ?? chats[0];
-  const temperature = conv?.temperature ?? "0.7";
+  const temperature = conv?.temperature ?? DEFAULT_TEMPERATURE;
   const maxTokens = conv?.maxTokens ?? "";
 
   // The model list: loaded ones first.

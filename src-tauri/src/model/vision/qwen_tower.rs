@@ -252,27 +252,17 @@ impl QwenVisionTower {
             let step = if n > 1 { (side as f32 - 1.0) / (n as f32 - 1.0) } else { 0.0 };
             (0..n).map(|i| i as f32 * step).collect()
         };
-        for &[t, h, w] in grids {
-            let (hs, ws) = (linspace(h), linspace(w));
-            for _ in 0..t {
-                for bh in 0..h / m {
-                    for bw in 0..w / m {
-                        for mh in 0..m {
-                            for mw in 0..m {
-                                let (y, x) = (hs[bh * m + mh], ws[bw * m + mw]);
-                                let (y0, x0) = (y as usize, x as usize);
-                                let (y1, x1) = ((y0 + 1).min(side - 1), (x0 + 1).min(side - 1));
-                                let (dy, dx) = (y - y0 as f32, x - x0 as f32);
-                                let corners = [(y0, x0), (y0, x1), (y1, x0), (y1, x1)];
-                                let mix = [(1.0 - dy) * (1.0 - dx), (1.0 - dy) * dx, dy * (1.0 - dx), dy * dx];
-                                for k in 0..4 {
-                                    indices[k].push((corners[k].0 * side + corners[k].1) as i32);
-                                    weights[k].push(mix[k]);
-                                }
-                            }
-                        }
-                    }
-                }
+        let spaced: Vec<(Vec<f32>, Vec<f32>)> = grids.iter().map(|&[_, h, w]| (linspace(h), linspace(w))).collect();
+        for (image, row, col) in merge_order(grids, m) {
+            let (y, x) = (spaced[image].0[row], spaced[image].1[col]);
+            let (y0, x0) = (y as usize, x as usize);
+            let (y1, x1) = ((y0 + 1).min(side - 1), (x0 + 1).min(side - 1));
+            let (dy, dx) = (y - y0 as f32, x - x0 as f32);
+            let corners = [(y0, x0), (y0, x1), (y1, x0), (y1, x1)];
+            let mix = [(1.0 - dy) * (1.0 - dx), (1.0 - dy) * dx, dy * (1.0 - dx), dy * dx];
+            for k in 0..4 {
+                indices[k].push((corners[k].0 * side + corners[k].1) as i32);
+                weights[k].push(mix[k]);
             }
         }
         let n = indices[0].len() as i32;
@@ -297,23 +287,11 @@ impl QwenVisionTower {
         let m = self.config.spatial_merge_size;
         let inv_freq: Vec<f32> = (0..dim / 2).map(|j| 1.0 / ROPE_THETA.powf((2 * j) as f32 / dim as f32)).collect();
         let mut angles: Vec<f32> = Vec::new();
-        for &[t, h, w] in grids {
-            for _ in 0..t {
-                for bh in 0..h / m {
-                    for bw in 0..w / m {
-                        for mh in 0..m {
-                            for mw in 0..m {
-                                let (row, col) = ((bh * m + mh) as f32, (bw * m + mw) as f32);
-                                let row_part = inv_freq.iter().map(|f| row * f);
-                                let col_part = inv_freq.iter().map(|f| col * f);
-                                let one: Vec<f32> = row_part.chain(col_part).collect();
-                                angles.extend_from_slice(&one);
-                                angles.extend_from_slice(&one);
-                            }
-                        }
-                    }
-                }
-            }
+        for (_, row, col) in merge_order(grids, m) {
+            let one: Vec<f32> =
+                inv_freq.iter().map(|f| row as f32 * f).chain(inv_freq.iter().map(|f| col as f32 * f)).collect();
+            angles.extend_from_slice(&one);
+            angles.extend_from_slice(&one);
         }
         let n = (angles.len() / head_dim) as i32;
         let angles = Array::from_slice(&angles, &[n, 1, head_dim as i32]);
@@ -336,6 +314,19 @@ impl QwenVisionTower {
         }
         all
     }
+}
+
+/// Each patch's image, row and column, image after image (every frame of it) and, within one, in
+/// merge-group order: the order the processor cuts patches in, and so the tower's rows.
+fn merge_order(grids: &[[usize; 3]], m: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    grids.iter().enumerate().flat_map(move |(image, &[t, h, w])| {
+        let frame = (0..h / m).flat_map(move |bh| {
+            (0..w / m)
+                .flat_map(move |bw| (0..m).flat_map(move |mh| (0..m).map(move |mw| (image, bh * m + mh, bw * m + mw))))
+        });
+        let frame: Vec<(usize, usize, usize)> = frame.collect();
+        (0..t).flat_map(move |_| frame.clone())
+    })
 }
 
 impl Merger {

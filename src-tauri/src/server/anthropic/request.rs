@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
+use crate::server::chat::images::text_or_parts;
 use crate::server::chat::{ChatRequest, CommonParams, StopParam};
 use crate::server::ApiError;
 
@@ -309,10 +310,12 @@ fn convert_message(
             m["tool_calls"] = Value::Array(calls);
         }
         out.push(m);
-    } else if parts.iter().any(|p| p["type"] == "image_url") {
-        out.push(json!({"role": "user", "content": parts}));
-    } else if !text.is_empty() || !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result")) {
-        out.push(json!({"role": "user", "content": text}));
+    } else {
+        let content = text_or_parts(parts);
+        let has_results = blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"));
+        if content.is_array() || content.as_str().is_some_and(|t| !t.is_empty()) || !has_results {
+            out.push(json!({"role": "user", "content": content}));
+        }
     }
     Ok(())
 }

@@ -82,6 +82,15 @@ fn data_url(url: &str, param: &str) -> Result<(Option<MediaType>, Vec<u8>), ApiE
     Ok((declared, bytes))
 }
 
+/// A message's content from OpenAI-shaped parts: the text joined when there is no image (as every
+/// text-only message has always been), else the parts in order. What each dialect hands the core.
+pub fn text_or_parts(parts: Vec<Value>) -> Value {
+    if parts.iter().any(|p| p["type"] == "image_url" || p["type"] == "image") {
+        return Value::Array(parts);
+    }
+    Value::String(parts.iter().filter_map(|p| p["text"].as_str()).collect())
+}
+
 /// An image as a data URL with its type unsaid (Ollama's images are bare base64).
 pub fn bare_base64_url(data: &str) -> String {
     format!("data:;base64,{data}")

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::images::{image_part, ImageInput, MAX_IMAGES};
+use super::images::{image_part, text_or_parts, ImageInput, MAX_IMAGES};
 use crate::server::ApiError;
 
 /// A request's messages as the chat template expects them, and the images they carry.
@@ -116,18 +116,12 @@ pub fn with_descriptions(tools: &[Value]) -> Vec<Value> {
 /// read and checked into `images`).
 fn content_parts(parts: &[Value], param: &str, images: &mut Vec<ImageInput>) -> Result<Value, ApiError> {
     let mut out: Vec<Value> = Vec::new();
-    let mut has_image = false;
     for (j, part) in parts.iter().enumerate() {
         match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(t)) => match out.last_mut() {
-                // Adjacent text parts join, as they always have.
-                Some(Value::String(text)) => text.push_str(t),
-                _ => out.push(Value::String(t.to_string())),
-            },
+            (Some("text"), Some(t)) => out.push(json!({"type": "text", "text": t})),
             (Some("image_url"), _) => {
                 images.push(image_part(part, &format!("{param}.content[{j}]"))?);
                 out.push(json!({"type": "image"}));
-                has_image = true;
             }
             (Some(kind), _) => {
                 return Err(ApiError::invalid(
@@ -138,14 +132,7 @@ fn content_parts(parts: &[Value], param: &str, images: &mut Vec<ImageInput>) -> 
             _ => return Err(ApiError::invalid(param, format!("{param}: each content part needs a type"))),
         }
     }
-    if !has_image {
-        return Ok(Value::String(out.into_iter().filter_map(|v| v.as_str().map(str::to_string)).collect()));
-    }
-    Ok(Value::Array(
-        out.into_iter()
-            .map(|v| if let Value::String(text) = v { json!({"type": "text", "text": text}) } else { v })
-            .collect(),
-    ))
+    Ok(text_or_parts(out))
 }
 
 #[cfg(test)]

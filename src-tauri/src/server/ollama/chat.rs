@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::params::{apply_keep_alive, keep_alive, model_name, named, nanos, options, timestamp, Fallback};
 use crate::engine::{Finish, FinishReason};
 use crate::server::chat::format::ModelFormat;
-use crate::server::chat::images::bare_base64_url;
+use crate::server::chat::images::{bare_base64_url, text_or_parts};
 use crate::server::chat::outcome::{text_beside_calls, with_server_timing};
 use crate::server::chat::raw::{self, RawError, RawPrompt};
 use crate::server::chat::stream::{AnswerEvent, AnswerStream};
@@ -129,13 +129,7 @@ pub async fn generate(
     if !system.is_empty() {
         messages.push(json!({"role": "system", "content": system}));
     }
-    if images.is_empty() {
-        messages.push(json!({"role": "user", "content": prompt}));
-    } else {
-        let mut parts = images;
-        parts.push(json!({"type": "text", "text": prompt}));
-        messages.push(json!({"role": "user", "content": parts}));
-    }
+    messages.push(json!({"role": "user", "content": images_then(images, &prompt)}));
     let request = ChatRequest {
         messages,
         response_format: response_format(body.get("format"))?,
@@ -181,6 +175,14 @@ async fn load_or_unload(
     Ok(Json(answer).into_response())
 }
 
+/// A message's content with its images first, then its text (how the vision models' own examples
+/// put them); the text alone when there are none.
+fn images_then(images: Vec<Value>, text: &str) -> Value {
+    let mut parts = images;
+    parts.push(json!({"type": "text", "text": text}));
+    text_or_parts(parts)
+}
+
 /// A message's (or `/api/generate`'s) `images`: bare base64 strings, as the chat core's image
 /// parts (their type read from their bytes).
 fn images_of(images: Option<&Value>, param: &str) -> Result<Vec<Value>, ApiError> {
@@ -212,11 +214,8 @@ fn to_openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         let images = images_of(m.get("images"), &format!("{param}.images"))?;
         m.remove("images");
         if !images.is_empty() {
-            // The images first, then the text: how the vision models' own examples put them.
             let text = m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-            let mut parts = images;
-            parts.push(json!({"type": "text", "text": text}));
-            m.insert("content".into(), Value::Array(parts));
+            m.insert("content".into(), images_then(images, &text));
         }
         // Earlier thinking is not shown to the model again (as Ollama's templates do).
         m.remove("thinking");

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use crate::server::chat::images::text_or_parts;
 use crate::server::chat::{ChatRequest, CommonParams};
 use crate::server::ApiError;
 
@@ -210,7 +211,6 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
                 Some(Value::String(s)) => Value::String(s.clone()),
                 Some(Value::Array(parts)) => {
                     // Text joined; with images, the chat core's text and image parts in order.
-                    let mut text = String::new();
                     let mut chat_parts = Vec::new();
                     for (j, part) in parts.iter().enumerate() {
                         let piece = match part.get("type").and_then(Value::as_str) {
@@ -231,10 +231,9 @@ fn convert_item(item: &Value, param: &str, out: &mut Vec<Value>) -> Result<(), A
                             }
                             other => return Err(ApiError::invalid(param, format!("{param}.content[{j}]: content of type {other:?} is not supported"))),
                         };
-                        text.push_str(piece);
                         chat_parts.push(json!({"type": "text", "text": piece}));
                     }
-                    if chat_parts.iter().any(|p| p["type"] == "image_url") { Value::Array(chat_parts) } else { Value::String(text) }
+                    text_or_parts(chat_parts)
                 }
                 _ => return Err(ApiError::invalid(param, format!("{param}.content must be text or a list of content parts"))),
             };
