@@ -169,3 +169,97 @@ fn mrope_positions_equal_mlx_vlms() {
         assert_eq!(i64::from(delta), case["delta"].as_i64().unwrap(), "{}", case["name"]);
     }
 }
+
+/// A case of tests/data/reference/vision_qwen3_vl_generate.json as a request: its prompt's
+/// placeholders expanded by FastMLX's processor (checked equal to the reference's), its images
+/// prepared, greedy for the reference's number of tokens.
+fn qwen3_vl_request(
+    processor: &fastmlx::model::vision::ImageProcessor,
+    case: &Value,
+    images: &[fastmlx::model::vision::DecodedImage],
+) -> fastmlx::engine::Request {
+    let ids: Vec<u32> = common::ids(&case["prompt_ids"]);
+    let (expanded, prepared) = processor.prepare(&ids, images).unwrap();
+    assert_eq!(expanded, common::ids(&case["expanded_ids"]), "{}: expanded prompt", case["name"]);
+    let grids: Vec<[usize; 3]> = prepared.images.iter().map(|i| i.pixels.grid).collect();
+    assert_eq!(serde_json::json!(grids), case["grids"], "{}", case["name"]);
+    let mut request = common::engine::request(&expanded, case["output_ids"].as_array().unwrap().len());
+    request.images = (!prepared.images.is_empty()).then(|| std::sync::Arc::new(prepared));
+    request
+}
+
+fn case_images(case: &Value) -> Vec<fastmlx::model::vision::DecodedImage> {
+    case["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|name| {
+            let path = common::root().join("tests/data/vision").join(name.as_str().unwrap());
+            decode(&std::fs::read(path).unwrap(), None).unwrap()
+        })
+        .collect()
+}
+
+/// A tiny random Qwen3-VL (tests/data/vision/tiny_qwen3_vl, written by
+/// scripts/reference/vision_qwen3_vl_generate.py with mlx-vlm 0.7.6's own classes) gives
+/// mlx-vlm's greedy tokens for one image, two in one message, tall and wide ones, an image in the
+/// second turn and text alone: each alone, all batched together, and prefilled in chunks that
+/// cut through the images. The next request with the same image hits the prefix cache past it
+/// and gives the same tokens; the same prompt with another picture of the same size does not
+/// reuse anything from its image on.
+#[test]
+fn qwen3_vl_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
+    use fastmlx::engine::EngineConfig;
+
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/vision_qwen3_vl_generate.json");
+    let dir = common::root().join("tests/data/vision/tiny_qwen3_vl");
+    let cases = reference["cases"].as_array().unwrap();
+    let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
+    let processor = model.vision.as_ref().expect("Qwen3-VL's tower is loaded").processor.clone();
+    drop(model);
+    let requests: Vec<_> = cases.iter().map(|c| qwen3_vl_request(&processor, c, &case_images(c))).collect();
+    let want = |i: usize| common::ids(&cases[i]["output_ids"]);
+
+    for (prefill_chunk, label) in [(2048, "whole"), (37, "in chunks of 37")] {
+        let engine =
+            common::engine::start(&dir, EngineConfig { prefill_chunk, prefix_cache_bytes: 0, ..Default::default() });
+        // Alone.
+        for (i, request) in requests.iter().enumerate() {
+            let got = common::collect(engine.submit(request.clone()).unwrap());
+            assert_eq!(got.tokens, want(i), "{label}, alone: {}", cases[i]["name"]);
+        }
+        // Together: rows join the batch as their prefills end and leave as they finish.
+        let streams: Vec<_> = requests.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
+        for (i, stream) in streams.into_iter().enumerate() {
+            assert_eq!(common::collect(stream).tokens, want(i), "{label}, batched: {}", cases[i]["name"]);
+        }
+        common::engine::wait_idle(&engine);
+    }
+
+    // The prefix cache: the same image again is a hit past it; another picture is not.
+    let engine = common::engine::start(&dir, EngineConfig { prefix_cache_bytes: 64 << 20, ..Default::default() });
+    let one = &requests[0];
+    let cold = common::collect(engine.submit(one.clone()).unwrap());
+    let warm = common::collect(engine.submit(one.clone()).unwrap());
+    let image = &one.images.as_ref().unwrap().images[0];
+    assert_eq!((cold.tokens.clone(), warm.tokens.clone()), (want(0), want(0)));
+    assert!(
+        warm.finish.usage.cached_tokens > image.start + image.tokens,
+        "the next request reuses the image: {} cached",
+        warm.finish.usage.cached_tokens
+    );
+    let mut other = case_images(&cases[0]);
+    other[0].rgb.iter_mut().for_each(|v| *v = 255 - *v);
+    other[0].hash[0] ^= 1;
+    let edited = qwen3_vl_request(&processor, &cases[0], &other);
+    let edited = common::collect(engine.submit(edited).unwrap());
+    assert!(
+        edited.finish.usage.cached_tokens <= image.start,
+        "another picture of the same size reuses only the text before it: {} cached, the image starts at {}",
+        edited.finish.usage.cached_tokens,
+        image.start
+    );
+    let metrics = common::engine::wait_idle(&engine);
+    assert_eq!(metrics.images_encoded_total, 2, "the repeated image is not encoded twice");
+}

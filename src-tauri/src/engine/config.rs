@@ -113,4 +113,6 @@ pub struct ModelInfo {
     pub draft_model: Option<String>,
     /// Whether its own multi-token-prediction head drafts (`mtp`, or `auto` without a draft model).
     pub mtp_head: bool,
+    /// How it reads images, for a model that sees (`None`: text only).
+    pub vision: Option<Arc<crate::model::vision::ImageProcessor>>,
 }

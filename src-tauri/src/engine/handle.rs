@@ -221,6 +221,9 @@ impl EngineHandle {
         if r.prompt_ids.len() >= info.context_length {
             return Err(SubmitError::PromptTooLong { tokens: r.prompt_ids.len(), limit: info.context_length });
         }
+        if let Some(images) = &r.images {
+            check_images(info, r, images).map_err(SubmitError::Invalid)?;
+        }
         if let Some(bad) = r.prompt_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
             return Err(SubmitError::Invalid(format!(
                 "token id {bad} is outside the vocabulary ({})",
@@ -278,4 +281,29 @@ impl Drop for EngineHandle {
             self.shutdown();
         }
     }
+}
+
+/// A request's images agree with its prompt: the model sees, the positions and keys cover the
+/// prompt, and each image's tokens are image tokens inside it.
+fn check_images(info: &ModelInfo, r: &Request, images: &crate::model::vision::PromptImages) -> Result<(), String> {
+    let Some(processor) = &info.vision else {
+        return Err(format!("the model {} reads text only in FastMLX", info.name));
+    };
+    let len = r.prompt_ids.len();
+    if images.positions.len() > len || images.key_ids.len() > len {
+        return Err("the images' positions do not match the prompt".into());
+    }
+    for (k, image) in images.images.iter().enumerate() {
+        let span = r.prompt_ids.get(image.start..image.start + image.tokens);
+        if !span.is_some_and(|s| s.iter().all(|&t| t == processor.image_token)) {
+            return Err(format!("image {k}'s tokens are not where the prompt has them"));
+        }
+        let [t, h, w] = image.pixels.grid;
+        if t * h * w != image.tokens * processor.merge * processor.merge
+            || image.pixels.values.len() != t * h * w * image.pixels.row_len
+        {
+            return Err(format!("image {k}'s pixels do not match its {} tokens", image.tokens));
+        }
+    }
+    Ok(())
 }

@@ -114,6 +114,8 @@ pub struct Metrics {
     pub errors_total: u64,
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
+    /// Images run through the vision tower (not those taken from the cache of encoded images).
+    pub images_encoded_total: u64,
     /// Speculative decoding: tokens drafted, and those the model accepted; verify steps run.
     pub draft_tokens_total: u64,
     pub draft_accepted_total: u64,
@@ -124,6 +126,8 @@ pub struct Metrics {
     pub prefix_cache_misses: u64,
     pub prefix_cache_tokens_reused: u64,
     pub prefix_cache_bytes: usize,
+    /// Bytes held by the cache of encoded images.
+    pub encoded_images_bytes: usize,
     pub prefix_cache_blocks: usize,
     pub prefix_cache_evictions: u64,
     /// Its disk tier: bytes and blocks on disk, blocks read back, writes skipped (queue full),

@@ -18,6 +18,7 @@ mod scheduler;
 mod sequence;
 pub mod speculative;
 pub mod turns;
+mod vision;
 
 pub use config::{
     EngineConfig, FaultInjector, ModelInfo, DEFAULT_ITL_BUDGET, DEFAULT_KV_RESERVE_AHEAD, DEFAULT_MAX_QUEUE_WAIT,

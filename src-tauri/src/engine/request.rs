@@ -47,6 +47,9 @@ pub struct Request {
     /// Whether its rows may draft tokens (speculative decoding, when the engine does): its
     /// output is the same either way; off, it is never slowed by verifying drafts.
     pub speculative: bool,
+    /// The prompt's images (their tokens are in `prompt_ids`), for a model that sees: the
+    /// engine encodes them as part of prefill. Prepared by the model's `ImageProcessor`.
+    pub images: Option<Arc<crate::model::vision::PromptImages>>,
 }
 
 impl Request {
@@ -66,6 +69,30 @@ impl Request {
             snapshot_at: None,
             turn_boundary: Vec::new(),
             speculative: true,
+            images: None,
+        }
+    }
+
+    /// What the prefix cache knows the prompt by: its tokens, each image's drawn from the image's
+    /// hash (two screenshots of the same size have the same tokens, not the same keys).
+    pub fn cache_key(&self) -> std::borrow::Cow<'_, [u32]> {
+        with_image_keys(&self.prompt_ids, self.images.as_deref())
+    }
+}
+
+/// `tokens` (a prompt, or a prompt and what followed it) with the images' tokens replaced by
+/// their keys.
+pub(crate) fn with_image_keys<'a>(
+    tokens: &'a [u32],
+    images: Option<&crate::model::vision::PromptImages>,
+) -> std::borrow::Cow<'a, [u32]> {
+    match images {
+        None => std::borrow::Cow::Borrowed(tokens),
+        Some(images) => {
+            let keyed = images.key_ids.len().min(tokens.len());
+            let mut key = images.key_ids[..keyed].to_vec();
+            key.extend_from_slice(&tokens[keyed..]);
+            std::borrow::Cow::Owned(key)
         }
     }
 }

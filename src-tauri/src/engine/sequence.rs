@@ -60,6 +60,8 @@ pub(crate) struct Sequence {
     /// Told when it is first admitted (`RequestStream::started`); dropped unsent when it ends
     /// before.
     pub started: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Its images' features once encoded (by the prompt's image order), while it prefills them.
+    pub image_features: Vec<Option<crate::model::vision::qwen_tower::VisionFeatures>>,
     /// Tokens of the caller's prompt (a parked row resumes with its output as part of its prompt).
     prompt_len: usize,
     /// Its whole sequence may take this many positions (prompt and most tokens).
@@ -75,7 +77,7 @@ pub(crate) struct Sequence {
 impl Sequence {
     pub fn new(
         id: RequestId,
-        request: Request,
+        mut request: Request,
         events: UnboundedSender<Event>,
         info: &super::config::ModelInfo,
         reserve_ahead: usize,
@@ -85,6 +87,9 @@ impl Sequence {
         let room = info.context_length.min(info.kv_capacity_tokens.max(request.prompt_ids.len() + 1));
         let max_tokens = request.max_tokens.min(room - request.prompt_ids.len());
         let footprint = info.kv_footprint;
+        // Drafts are proposed from text alone; a row with images decodes plainly.
+        request.speculative &= request.images.is_none();
+        let images = request.images.as_ref().map_or(0, |i| i.images.len());
         let max_len = request.prompt_ids.len() + max_tokens;
         let reserve_ahead = reserve_ahead.max(1);
         let reserved = max_len.min(request.prompt_ids.len() + reserve_ahead);
@@ -113,6 +118,7 @@ impl Sequence {
             warm: false,
             record: None,
             started: None,
+            image_features: (0..images).map(|_| None).collect(),
             parked: 0,
             drafter: None,
             prompt_len: request.prompt_ids.len(),
@@ -130,6 +136,19 @@ impl Sequence {
     /// The prompt and what was generated so far.
     pub fn tokens(&self) -> &[u32] {
         self.continuation.history()
+    }
+
+    /// [`Self::tokens`] as the prefix cache keys them (see `Request::cache_key`).
+    pub fn cache_tokens(&self) -> std::borrow::Cow<'_, [u32]> {
+        super::request::with_image_keys(self.tokens(), self.request.images.as_deref())
+    }
+
+    /// Token `index`'s M-RoPE positions (time, row, column).
+    pub fn rope_position(&self, index: usize) -> [i32; 3] {
+        match &self.request.images {
+            Some(images) => images.position(index),
+            None => [index as i32; 3],
+        }
     }
 
     /// The caller dropped its stream.

@@ -60,7 +60,8 @@ impl Arch {
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
+            // Qwen3-VL's text model is Qwen3's, with M-RoPE (`rope_scaling.mrope_section`).
+            "qwen3" | "qwen3_vl" | "qwen3_vl_text" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
             "qwen3_moe" => Arch::Qwen3Moe,
             "qwen2_moe" => Arch::Qwen2Moe,
@@ -145,6 +146,16 @@ pub struct RopeConfig {
     /// Interleaved pairs (GPT-J style) instead of split halves (NeoX/HF style).
     pub traditional: bool,
     pub scaling: Option<RopeScaling>,
+}
+
+/// How M-RoPE shares the rotating frequencies among the time, row and column positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MropeConfig {
+    /// Frequencies per axis (time, row, column), summing to half the rotating dimensions.
+    pub section: [usize; 3],
+    /// Qwen3-VL's and Qwen3.5's layout (row and column frequencies interleaved with time's)
+    /// rather than Qwen2-VL's three blocks.
+    pub interleaved: bool,
 }
 
 /// How a linear layer's weights are quantized, as MLX stores them.
@@ -343,6 +354,9 @@ pub struct ModelConfig {
     /// Multi-token-prediction layers the checkpoint may ship (`mtp.*`, Qwen3.5 and Qwen3-Next:
     /// `mtp_num_hidden_layers`); 0: none.
     pub mtp_layers: usize,
+    /// Multimodal rotary positions (Qwen-VL's `mrope_section`): text rotates as plain rotary,
+    /// image tokens by their time, row and column.
+    pub mrope: Option<MropeConfig>,
 }
 
 /// Hybrids: most layers keep a fixed-size state per sequence (Qwen3-Next's and Qwen3.5's Gated

@@ -100,6 +100,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     put("requests_cancelled_total", "counter", "Requests cancelled.", &|m| m.cancelled_total as f64);
     put("requests_failed_total", "counter", "Requests ended by an error.", &|m| m.errors_total as f64);
     put("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &|m| m.prompt_tokens_total as f64);
+    put("images_encoded_total", "counter", "Images run through the vision tower.", &|m| m.images_encoded_total as f64);
     put("generated_tokens_total", "counter", "Tokens generated.", &|m| m.generated_tokens_total as f64);
     put("draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", &|m| m.draft_tokens_total as f64);
     put("draft_accepted_total", "counter", "Drafted tokens the model accepted.", &|m| m.draft_accepted_total as f64);
@@ -114,6 +115,9 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         m.prefix_cache_tokens_reused as f64
     });
     put("prefix_cache_bytes", "gauge", "Bytes held by the prefix cache (RAM).", &|m| m.prefix_cache_bytes as f64);
+    put("encoded_images_bytes", "gauge", "Bytes held by the cache of encoded images.", &|m| {
+        m.encoded_images_bytes as f64
+    });
     put("prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache (RAM).", &|m| {
         m.prefix_cache_blocks as f64
     });

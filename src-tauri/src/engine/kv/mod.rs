@@ -118,11 +118,11 @@ impl KvManager {
         let began = Instant::now();
         let shared = self.shared_start(seq, limit, &mut rows);
         let Some(prefix) = self.prefix.as_mut() else { return (empty(), 0) };
-        let prompt = &seq.request.prompt_ids;
+        let prompt = seq.request.cache_key();
         let restored = if shared > 0 {
-            prefix.restore_after(prompt, limit, layers, shared)
+            prefix.restore_after(&prompt, limit, layers, shared)
         } else {
-            prefix.restore(prompt, limit, layers)
+            prefix.restore(&prompt, limit, layers)
         };
         seq.restore_time = began.elapsed();
         match restored {
@@ -163,8 +163,8 @@ impl KvManager {
         self.prefix.is_some()
             && !self.recurrent
             && members.any(|member| {
-                let shared =
-                    member.request.prompt_ids.iter().zip(&seq.request.prompt_ids).take_while(|(a, b)| a == b).count();
+                let (theirs, ours) = (member.request.cache_key(), seq.request.cache_key());
+                let shared = theirs.iter().zip(ours.iter()).take_while(|(a, b)| a == b).count();
                 shared >= BLOCK_TOKENS && member.prefilled < shared / BLOCK_TOKENS * BLOCK_TOKENS
             })
     }
@@ -175,8 +175,9 @@ impl KvManager {
     pub fn prefilled(&mut self, group: &Batch, n: usize) {
         let Some(prefix) = self.prefix.as_mut() else { return };
         for (row, seq) in group.seqs.iter().enumerate() {
+            let key = seq.request.cache_key();
             if self.recurrent && seq.request.snapshot_at == Some(seq.prefilled) {
-                let tokens = &seq.request.prompt_ids[..seq.prefilled];
+                let tokens = &key[..seq.prefilled];
                 if let Err(e) = prefix.store_row(tokens, &group.cache, row, true) {
                     tracing::warn!("prefix cache: cannot keep a state at the system prompt's end: {e}");
                 }
@@ -185,7 +186,7 @@ impl KvManager {
             if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
                 // A recurrent layer's state is kept every SNAPSHOT_TOKENS (chunks end there).
                 let snapshot = seq.prefilled == whole && whole.is_multiple_of(SNAPSHOT_TOKENS);
-                let tokens = &seq.request.prompt_ids[..whole];
+                let tokens = &key[..whole];
                 if let Err(e) = prefix.store_row(tokens, &group.cache, row, snapshot) {
                     tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
                 }
@@ -200,8 +201,8 @@ impl KvManager {
         let Some(prefix) = self.prefix.as_mut() else { return };
         for &row in done {
             let seq = &group.seqs[row];
-            let prompt = &seq.request.prompt_ids[..seq.prefilled];
-            if let Err(e) = prefix.store_row(prompt, &group.cache, row, true) {
+            let key = seq.request.cache_key();
+            if let Err(e) = prefix.store_row(&key[..seq.prefilled], &group.cache, row, true) {
                 tracing::warn!("prefix cache: cannot store a prompt: {e}");
             }
         }
@@ -210,7 +211,7 @@ impl KvManager {
             if matches!(seq.finished, Some(FinishReason::Stop | FinishReason::Length)) {
                 let caches: Option<Vec<_>> = group.cache.iter().map(BatchKvCache::only_row).collect();
                 if let Some(caches) = caches {
-                    prefix.keep_hot(&seq.request.prompt_ids[..seq.prefilled], caches);
+                    prefix.keep_hot(&seq.request.cache_key()[..seq.prefilled], caches);
                 }
             }
         }
@@ -231,7 +232,7 @@ impl KvManager {
                 continue;
             }
             let snapshot = len.is_multiple_of(SNAPSHOT_TOKENS);
-            if let Err(e) = prefix.store_row(&seq.tokens()[..len], &running.cache, row, snapshot) {
+            if let Err(e) = prefix.store_row(&seq.cache_tokens()[..len], &running.cache, row, snapshot) {
                 tracing::warn!("prefix cache: cannot store a generated block: {e}");
             }
         }
@@ -249,7 +250,7 @@ impl KvManager {
                 continue;
             }
             let Some(&len) = lengths.get(row) else { continue };
-            let tokens = seq.tokens();
+            let tokens = seq.cache_tokens();
             let len = (len.max(0) as usize).min(tokens.len());
             if let Err(e) = prefix.store_row(&tokens[..len], &running.cache, row, true) {
                 tracing::warn!("prefix cache: cannot store a finished sequence: {e}");

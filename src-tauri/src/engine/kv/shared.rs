@@ -44,7 +44,8 @@ impl KvManager {
     /// for it, making the segment when its prompt starts like another request's: 0 when it
     /// does not take one.
     pub(super) fn shared_start(&mut self, seq: &Sequence, limit: usize, rows: &mut Rows<'_>) -> usize {
-        let prompt = &seq.request.prompt_ids;
+        let prompt = seq.request.cache_key();
+        let prompt = prompt.as_ref();
         if seq.warm {
             return 0;
         }
@@ -60,9 +61,9 @@ impl KvManager {
             .iter()
             .chain(rows.waiting)
             .filter(|s| !s.warm)
-            .map(|s| s.request.prompt_ids.as_slice())
-            .chain(rows.running.seqs.iter().filter(|s| !s.warm).map(Sequence::tokens));
-        let common = others.map(|o| common_len(o, prompt)).max().unwrap_or(0);
+            .map(|s| s.request.cache_key())
+            .chain(rows.running.seqs.iter().filter(|s| !s.warm).map(Sequence::cache_tokens));
+        let common = others.map(|o| common_len(&o, prompt)).max().unwrap_or(0);
         let len = common.min(limit) / BLOCK_TOKENS * BLOCK_TOKENS;
         if len < MIN_SHARED {
             return 0;
@@ -94,14 +95,14 @@ impl KvManager {
         let group: Vec<usize> = (0..rows.group.len())
             .filter(|&r| {
                 let s = &rows.group.seqs[r];
-                !s.warm && !rows.group.is_after_shared(r) && s.prefilled >= n && starts(&s.request.prompt_ids)
+                !s.warm && !rows.group.is_after_shared(r) && s.prefilled >= n && starts(&s.request.cache_key())
             })
             .collect();
         let lengths = rows.running.lengths();
         let running: Vec<usize> = (0..rows.running.len())
             .filter(|&r| {
                 let s = &rows.running.seqs[r];
-                !s.warm && !rows.running.is_after_shared(r) && lengths[r] as usize >= n && starts(s.tokens())
+                !s.warm && !rows.running.is_after_shared(r) && lengths[r] as usize >= n && starts(&s.cache_tokens())
             })
             .collect();
         // Windowed layers hold their window either way: only the full layers are spared.

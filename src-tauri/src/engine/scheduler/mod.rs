@@ -15,6 +15,7 @@ use tokio::sync::watch;
 mod park;
 mod prefill;
 mod verify;
+mod vision;
 mod warm;
 
 use super::batch::Batch;
@@ -84,6 +85,8 @@ pub(crate) struct Scheduler {
     mtp: Option<MtpDrafter>,
     /// The last forward's hidden states `[rows, positions, hidden]`, kept for the head to feed on.
     step_hidden: Option<Array>,
+    /// Images encoded lately, by content hash (a model that sees).
+    encoded: super::vision::EncodedImages,
 }
 
 impl Scheduler {
@@ -147,6 +150,7 @@ impl Scheduler {
             memory_ceiling: ceiling,
             draft_model: draft.as_ref().map(|d| d.name().to_string()),
             mtp_head: model_mtp.is_some(),
+            vision: model.vision.as_ref().map(|v| v.processor.clone()),
         };
         tracing::info!(
             "{}: memory ceiling {} MB, {} MB held with the model loaded, KV budget {} MB ({} tokens)",
@@ -187,6 +191,7 @@ impl Scheduler {
             mtp: model_mtp,
             step_hidden: None,
             draft,
+            encoded: Default::default(),
         }
     }
 
@@ -391,8 +396,10 @@ impl Scheduler {
     /// `predicted` bytes: logits of every position, on the host.
     fn forward_running(&mut self, ids: &Array, predicted: usize) -> Result<Vec<f32>, String> {
         let _in_flight = self.memory.begin_step(predicted);
+        let positions = self.running_positions(ids.dim(1) as usize).map_err(|e| e.to_string())?;
+        let step = crate::model::transformer::StepInputs { images: None, positions: positions.as_ref() };
         let t = &self.model.transformer;
-        let hidden = t.forward_hidden(ids, &mut self.running.cache).map_err(|e| e.to_string())?;
+        let hidden = t.forward_hidden_with(ids, &mut self.running.cache, step).map_err(|e| e.to_string())?;
         let logits = t.logits(&hidden).and_then(|l| Ok(l.as_dtype(Dtype::Float32)?)).map_err(|e| e.to_string())?;
         // The head feeds on the step's hidden states once its tokens are sampled.
         self.step_hidden = self.mtp.is_some().then_some(hidden);
@@ -485,6 +492,7 @@ impl Scheduler {
         // The engine's own turn-boundary prefill is not a request waiting for an answer.
         m.queued = self.waiting.len() + self.group.seqs.iter().filter(|s| !s.warm).count();
         m.batch_size = decoded;
+        m.encoded_images_bytes = self.encoded.bytes();
         m.prefill_tokens_per_sec = prefill_rate;
         m.decode_tokens_per_sec = decode_rate;
         m.kv_tokens = self.running.cache.iter().map(BatchKvCache::held_tokens).max().unwrap_or(0);

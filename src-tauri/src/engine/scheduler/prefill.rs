@@ -132,6 +132,7 @@ impl Scheduler {
                 }
             }
             self.feed_head_prompts(n);
+            self.drop_prefilled_images();
             budget = Some(left.saturating_sub(rows * n));
             processed += rows * n;
             self.metrics.prompt_tokens_total += (rows * n) as u64;
@@ -152,8 +153,10 @@ impl Scheduler {
         };
         let pending = self.kv.pending_growth(&self.group, &self.running);
         let mut headroom = self.memory.headroom(pending);
-        // What nothing uses gives way first: MLX's buffer cache, then the prefix cache's RAM tier.
-        if cost(&self.memory, n) > headroom && crate::mlx::memory_stats().cache > 0 {
+        // What nothing uses gives way first: MLX's buffer cache and the encoded images, then the
+        // prefix cache's RAM tier.
+        if cost(&self.memory, n) > headroom && (crate::mlx::memory_stats().cache > 0 || self.encoded.bytes() > 0) {
+            self.encoded.clear();
             crate::mlx::give_back();
             headroom = self.memory.headroom(pending);
         }
@@ -211,7 +214,12 @@ impl Scheduler {
     /// Prefills the next `n` tokens of every member (`ids`, `[rows, n]`); returns the logits of
     /// the last position of each member whose prompt this chunk ends, in group order.
     fn forward_group(&mut self, ids: &Array, n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
-        let hidden = self.model.transformer.forward_hidden(ids, &mut self.group.cache)?;
+        let extras = self.group_extras(n)?;
+        let step = crate::model::transformer::StepInputs {
+            images: extras.as_ref().and_then(|e| e.images.as_ref()),
+            positions: extras.as_ref().map(|e| &e.positions),
+        };
+        let hidden = self.model.transformer.forward_hidden_with(ids, &mut self.group.cache, step)?;
         // The MTP head feeds on the chunk's hidden states once the tokens after them are known.
         self.step_hidden = self.mtp.is_some().then(|| hidden.clone());
         let ending: Vec<i32> =

@@ -11,8 +11,11 @@
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::Scheduler;
-use crate::engine::request::{Event, FinishReason, Request};
+use std::sync::Arc;
+
+use crate::engine::request::{with_image_keys, Event, FinishReason, Request};
 use crate::engine::sequence::Sequence;
+use crate::model::vision::PromptImages;
 
 /// The most tokens such a prefill may compute: the boundary and little else (a long one would
 /// be a prefill nobody asked for, holding up whoever comes next).
@@ -21,8 +24,8 @@ const MOST_TOKENS: usize = 64;
 /// The last finished chat answer's next turn, to prefill once the engine is idle.
 #[derive(Default)]
 pub(super) struct NextTurn {
-    /// What that turn starts with.
-    tokens: Option<Vec<u32>>,
+    /// What that turn starts with, and the conversation's images (their tokens are in it).
+    tokens: Option<(Vec<u32>, Option<Arc<PromptImages>>)>,
     /// The event stream of its prefill, held so that it never reads as abandoned.
     events: Option<UnboundedReceiver<Event>>,
 }
@@ -37,7 +40,7 @@ impl NextTurn {
     /// the one to prefill.
     pub fn answer_ended(&mut self, seq: &Sequence) {
         if let Some(tokens) = next_turn_start(seq) {
-            self.tokens = Some(tokens);
+            self.tokens = Some((tokens, seq.request.images.clone()));
         }
     }
 }
@@ -66,14 +69,15 @@ impl Scheduler {
     /// Starts the prefill of the last finished answer's turn boundary when the kept buffers
     /// hold all but a few of its tokens; true when it started.
     pub(super) fn start_next_turn(&mut self) -> bool {
-        let Some(tokens) = self.warm.tokens.take() else { return false };
-        let Some(cached) = self.kv.hot_shares(&tokens) else { return false };
+        let Some((tokens, images)) = self.warm.tokens.take() else { return false };
+        let Some(cached) = self.kv.hot_shares(&with_image_keys(&tokens, images.as_deref())) else { return false };
         if cached + MOST_TOKENS < tokens.len() || cached == tokens.len() || tokens.len() >= self.info.context_length {
             return false;
         }
         let (events, receiver) = unbounded_channel();
         // One token is sampled at the end of a prefill; it is not used.
-        let request = Request::new(tokens, 1);
+        let mut request = Request::new(tokens, 1);
+        request.images = images;
         let mut seq = Sequence::new(0, request, events, &self.info, 1);
         seq.warm = true;
         self.warm.events = Some(receiver);

@@ -23,7 +23,7 @@ mod wrapped;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
+use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, MropeConfig, RopeConfig, RopeScaling};
 
 pub use wrapped::{canonical_tensor_name, text_config};
 
@@ -152,7 +152,7 @@ fn default_positions() -> usize {
 /// Builds the normalised config of `arch` from its `config.json`.
 pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
     let config = base_config(arch, hf)?;
-    match arch {
+    let config = match arch {
         Arch::Llama => llama::adapt(config, hf),
         Arch::Mistral => mistral::adapt(config, hf),
         Arch::Qwen2 => qwen2::adapt(config, hf),
@@ -170,7 +170,14 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Lfm2 => lfm2::adapt(config, hf),
         Arch::SmolLm3 => smollm3::adapt(config, hf),
         Arch::SeedOss => seed_oss::adapt(config, hf),
+    }?;
+    if let Some(m) = config.mrope.filter(|m| m.section.iter().sum::<usize>() != config.rope.dims / 2) {
+        return Err(format!(
+            "mrope_section {:?} must sum to half the {} rotating dimensions",
+            m.section, config.rope.dims
+        ));
     }
+    Ok(config)
 }
 
 /// The llama-family reading every architecture starts from.
@@ -231,7 +238,20 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         gemma4: None,
         hybrid: None,
         mtp_layers: 0,
+        mrope: mrope(hf.rope_scaling.as_ref().or(hf.extra.rope_parameters.as_ref()))?,
     })
+}
+
+/// M-RoPE's sections, where the rotary settings name them.
+fn mrope(value: Option<&Value>) -> Result<Option<MropeConfig>, String> {
+    let Some(section) = value.and_then(|v| v.get("mrope_section")).filter(|s| !s.is_null()) else { return Ok(None) };
+    let parts: Vec<usize> = section
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).map(|n| n as usize).collect())
+        .unwrap_or_default();
+    let [t, h, w] = parts[..] else { return Err(format!("mrope_section must be three integers: {section}")) };
+    let interleaved = value.and_then(|v| v.get("mrope_interleaved")).and_then(Value::as_bool).unwrap_or(false);
+    Ok(Some(MropeConfig { section: [t, h, w], interleaved }))
 }
 
 /// Reads `rope_scaling` (`type` or `rope_type`; "default" means none).

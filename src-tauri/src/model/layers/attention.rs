@@ -8,7 +8,7 @@ use mlx_rs::Array;
 use crate::model::cache::{AttentionMask, KvTensor, LayerCache, Positions};
 use crate::model::error::Result;
 use crate::model::kernels::{host_softmax, kv_matmul};
-use crate::model::layers::{shared_attention, Linear, RmsNorm, Rope};
+use crate::model::layers::{shared_attention, CosSin, Linear, RmsNorm, Rope};
 
 /// One logit per query head that joins every softmax with a zero value, so a head can attend
 /// to nothing (gpt-oss): as an array for MLX's kernel and as host floats for the CPU path.
@@ -85,21 +85,25 @@ impl Attention {
         out
     }
 
-    /// Rotary positions, where this layer has them.
-    fn rotate(&self, x: Array, positions: &Positions) -> Result<Array> {
-        match &self.rope {
-            Some(rope) => rope.forward(&x, positions),
-            None => Ok(x),
+    /// Rotary positions, where this layer has them: the step's explicit rotation (M-RoPE with
+    /// images) or the layer's own at the cache's positions.
+    fn rotate(&self, x: Array, positions: &Positions, rotation: Option<&CosSin>) -> Result<Array> {
+        match (&self.rope, rotation) {
+            (None, _) => Ok(x),
+            (Some(_), Some(rotation)) => super::mrope::apply(&x, rotation),
+            (Some(rope), None) => rope.forward(&x, positions),
         }
     }
 
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`, and the keys and values attended over (all
     /// the cached ones), for layers that reuse them.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         x: &Array,
         mask: &AttentionMask,
         positions: &Positions,
+        rotation: Option<&CosSin>,
         query_scale: Option<&Array>,
         cache: &mut impl LayerCache,
         kv: KeysValues,
@@ -138,7 +142,7 @@ impl Attention {
             (q, None)
         };
         let q = normed(heads(q, self.num_heads)?, &self.q_norm)?;
-        let q = self.rotate(q, positions)?;
+        let q = self.rotate(q, positions, rotation)?;
         // Ministral 3: queries scaled with their position (after the rotation, as the reference).
         let q = match query_scale {
             Some(s) => q.multiply(s)?,
@@ -147,7 +151,7 @@ impl Attention {
         let (k, v) = match (kv, kv_new) {
             (KeysValues::Reused(kv), _) => kv.clone(),
             (KeysValues::Own, Some((k, v))) => {
-                let k = self.rotate(normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions)?;
+                let k = self.rotate(normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions, rotation)?;
                 let v = heads(v, self.num_kv_heads)?;
                 let v = match self.v_norm {
                     Some(eps) => mlx_rs::fast::rms_norm(&v, None, eps)?,

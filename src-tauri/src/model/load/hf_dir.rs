@@ -12,18 +12,16 @@ use crate::model::arch::{self, HfConfig};
 use crate::model::checkpoint::{quant_config, read_json, read_safetensors, stored_dtype};
 use crate::model::config::Arch;
 use crate::model::error::{ModelError, Result};
+use crate::model::vision::qwen_tower::QwenVisionTower;
+use crate::model::vision::{ImageProcessor, VisionModel};
 use crate::model::weights::Weights;
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-pub fn load(
-    dir: &Path,
-    backend: &Backend,
-    options: &super::LoadOptions,
-) -> Result<(Transformer, Tokenizer, Option<ChatTemplate>)> {
-    let (raw, transformer) = load_transformer(dir, backend, options)?;
+pub fn load(dir: &Path, backend: &Backend, options: &super::LoadOptions) -> Result<super::Loaded> {
+    let (raw, transformer, vision) = load_parts(dir, backend, options)?;
     let (tokenizer, template) = load_tokenizer(dir, &raw)?;
-    Ok((transformer, tokenizer, template))
+    Ok((transformer, tokenizer, template, vision))
 }
 
 /// The transformer of the folder (no tokenizer) and its `config.json`'s text part: a chat
@@ -34,6 +32,17 @@ pub(super) fn load_transformer(
     backend: &Backend,
     options: &super::LoadOptions,
 ) -> Result<(Value, Transformer)> {
+    let (raw, transformer, _) = load_parts(dir, backend, options)?;
+    Ok((raw, transformer))
+}
+
+/// The transformer, its config's text part, and the vision side where the checkpoint has one
+/// FastMLX runs (Qwen3-VL's).
+fn load_parts(
+    dir: &Path,
+    backend: &Backend,
+    options: &super::LoadOptions,
+) -> Result<(Value, Transformer, Option<VisionModel>)> {
     let config_path = dir.join("config.json");
     let (raw, hf, mut config) = read_configs(dir)?;
 
@@ -48,13 +57,47 @@ pub(super) fn load_transformer(
             false => Some(format!("model.{name}")),
         });
     }
+    let vision = load_vision(dir, &mut weights)?;
     weights.rename_all(arch::canonical_tensor_name);
     arch::sanitize(&config, &mut weights)?;
     if hf.tie_word_embeddings.is_none() {
         config.tie_word_embeddings = !weights.contains("lm_head.weight");
     }
     let transformer = Transformer::build(config, &mut weights)?;
-    Ok((raw, transformer))
+    Ok((raw, transformer, vision))
+}
+
+/// The vision tower and processor of a Qwen3-VL checkpoint (the tower's tensors under
+/// `vision_tower.` as mlx-community writes them, or `model.visual.` as Hugging Face does); `None`
+/// for other families and for checkpoints shipped without the tower.
+fn load_vision(dir: &Path, weights: &mut Weights) -> Result<Option<VisionModel>> {
+    let config_path = dir.join("config.json");
+    let outer = read_json(&config_path)?;
+    if !matches!(outer.get("model_type").and_then(Value::as_str), Some("qwen3_vl")) {
+        return Ok(None);
+    }
+    let Some(prefix) = ["vision_tower.", "model.visual.", "visual."]
+        .into_iter()
+        .find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
+    else {
+        return Ok(None);
+    };
+    let invalid = |message: String| ModelError::Config { path: config_path.clone(), message };
+    let tower_config = serde_json::from_value(outer.get("vision_config").cloned().unwrap_or_default())
+        .map_err(|e| invalid(format!("vision_config: {e}")))?;
+    let optional = |name: &str| -> Result<Value> {
+        let path = dir.join(name);
+        if path.exists() {
+            read_json(&path)
+        } else {
+            Ok(Value::Null)
+        }
+    };
+    let processor =
+        ImageProcessor::from_json(&outer, &optional("preprocessor_config.json")?, &optional("processor_config.json")?)
+            .map_err(invalid)?;
+    let tower = QwenVisionTower::build(tower_config, weights, prefix)?;
+    Ok(Some(VisionModel { processor: std::sync::Arc::new(processor), tower }))
 }
 
 /// The model's shape from `config.json` alone (no weights read): what the memory planner needs.

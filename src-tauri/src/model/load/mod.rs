@@ -47,9 +47,14 @@ pub struct LoadedModel {
     pub tokenizer: Arc<Tokenizer>,
     /// `None` when the model ships no chat template (a base model).
     pub chat_template: Option<Arc<ChatTemplate>>,
-    /// Bytes the weights take in memory.
+    /// Bytes the weights take in memory (the vision tower's included).
     pub weights_bytes: usize,
+    /// The vision tower and image processor, for a checkpoint whose images FastMLX reads.
+    pub vision: Option<crate::model::vision::VisionModel>,
 }
+
+/// What a loader reads: the transformer, tokenizer, chat template and vision side.
+type Loaded = (Transformer, Tokenizer, Option<ChatTemplate>, Option<crate::model::vision::VisionModel>);
 
 /// Loads the model at `path` (a folder with `config.json`, or a `.gguf` file).
 pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
@@ -64,19 +69,24 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| path.display().to_string());
-    let (transformer, tokenizer, chat_template) = if path.is_dir() {
+    let (transformer, tokenizer, chat_template, vision) = if path.is_dir() {
         hf_dir::load(path, backend, options)?
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        gguf::load(path, backend, options)?
+        let (transformer, tokenizer, template) = gguf::load(path, backend, options)?;
+        (transformer, tokenizer, template, None)
     } else {
         return Err(ModelError::Config {
             path: path.to_path_buf(),
             message: "not a model: expected a folder with config.json or a .gguf file".into(),
         });
     };
-    let weights_bytes = transformer
-        .materialize()
-        .map_err(|e| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() })?;
+    let weights_error = |e: ModelError| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() };
+    let mut weights_bytes = transformer.materialize().map_err(weights_error)?;
+    if let Some(vision) = &vision {
+        let arrays = vision.arrays();
+        mlx_rs::transforms::eval(arrays.iter().copied()).map_err(|e| weights_error(e.into()))?;
+        weights_bytes += arrays.iter().map(|a| a.nbytes()).sum::<usize>();
+    }
     Ok(LoadedModel {
         name,
         path: path.to_path_buf(),
@@ -84,6 +94,7 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
         tokenizer: Arc::new(tokenizer),
         chat_template: chat_template.map(Arc::new),
         weights_bytes,
+        vision,
     })
 }
 

@@ -13,9 +13,9 @@ use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
 use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
 use crate::model::error::Result;
 use crate::model::layers::{
-    Attention, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, Mlp, MlpProjections, MoeBlock,
-    ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv,
-    Sinks, SwitchGlu,
+    Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, MRope, Mlp, MlpProjections,
+    MoeBlock, ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert,
+    ShortConv, Sinks, SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -88,6 +88,8 @@ pub struct DecoderLayer {
 struct LayerInputs<'a> {
     mask: &'a crate::model::cache::AttentionMask,
     positions: &'a Positions,
+    /// The step's explicit rotation (M-RoPE positions given), for every attention layer.
+    rotation: Option<&'a CosSin>,
     query_scale: Option<&'a Array>,
     /// This layer's slice of Gemma 4's per-layer inputs.
     per_layer: Option<Array>,
@@ -121,7 +123,8 @@ impl DecoderLayer {
     pub(crate) fn forward_alone<C: LayerCache>(&self, h: &Array, cache: &mut C) -> Result<Array> {
         let positions = cache.positions()?;
         let mask = cache.mask(h.dim(1), None)?;
-        let inputs = LayerInputs { mask: &mask, positions: &positions, query_scale: None, per_layer: None };
+        let inputs =
+            LayerInputs { mask: &mask, positions: &positions, rotation: None, query_scale: None, per_layer: None };
         Ok(self.forward(h, inputs, cache, KeysValues::Own)?.0)
     }
 
@@ -148,7 +151,15 @@ impl DecoderLayer {
         let x = self.input_norm.forward(h)?;
         let (r, kv) = match &self.mixer {
             Mixer::Attention(attention) => {
-                let (r, kv) = attention.forward(&x, inputs.mask, inputs.positions, inputs.query_scale, cache, kv)?;
+                let (r, kv) = attention.forward(
+                    &x,
+                    inputs.mask,
+                    inputs.positions,
+                    inputs.rotation,
+                    inputs.query_scale,
+                    cache,
+                    kv,
+                )?;
                 (r, Some(kv))
             }
             Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
@@ -202,6 +213,25 @@ pub struct Transformer {
     per_layer_inputs: Option<PerLayerInputs>,
     /// The checkpoint's multi-token-prediction head, where it ships one.
     pub mtp: Option<MtpHead>,
+    /// Multimodal rotary positions (Qwen-VL, Qwen3.5), used where a step gives them.
+    mrope: Option<MRope>,
+}
+
+/// Image features placed in a step's input: at the positions `mask` marks (`[B, L, 1]`), the
+/// input embeddings are `embeds` (`[B, L, hidden]`), and each of the first layers' outputs gains
+/// its `deepstack` features (Qwen3-VL), the same shape.
+pub struct ImageInputs {
+    pub mask: Array,
+    pub embeds: Array,
+    pub deepstack: Vec<Array>,
+}
+
+/// What a forward may take besides token ids, for sequences with images.
+#[derive(Default, Clone, Copy)]
+pub struct StepInputs<'a> {
+    pub images: Option<&'a ImageInputs>,
+    /// M-RoPE's (time, row, column) positions of every token of the step, `[3, B, L]` int32.
+    pub positions: Option<&'a Array>,
 }
 
 impl Transformer {
@@ -277,6 +307,7 @@ impl Transformer {
             None => None,
         };
         let mtp = MtpHead::build(c, weights, &norm)?;
+        let mrope = c.mrope.as_ref().map(|m| MRope::new(m, c.rope.theta, c.rope.dims)).transpose()?;
         let norm = norm(weights, "model.norm", hidden)?;
         let lm_head = if c.tie_word_embeddings || !weights.contains("lm_head.weight") {
             None
@@ -289,7 +320,7 @@ impl Transformer {
             (None, Some(_)) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
             _ => None,
         };
-        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs, mtp })
+        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs, mtp, mrope })
     }
 
     /// Every array of the model.
@@ -302,6 +333,7 @@ impl Transformer {
         out.extend(self.per_layer_inputs.iter().flat_map(PerLayerInputs::arrays));
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
+        out.extend(self.mrope.iter().flat_map(MRope::arrays));
         out
     }
 
@@ -359,7 +391,22 @@ impl Transformer {
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
     /// what `cache` holds (one cache per layer that keeps one, all with the same layout).
     pub fn forward_hidden<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
+        self.forward_hidden_with(ids, cache, StepInputs::default())
+    }
+
+    /// [`Self::forward_hidden`] with images in the input and, where given, M-RoPE positions.
+    pub fn forward_hidden_with<C: LayerCache>(&self, ids: &Array, cache: &mut [C], step: StepInputs) -> Result<Array> {
         let mut h = self.embed_tokens(ids)?;
+        if let Some(images) = step.images {
+            h = mlx_rs::ops::select(&images.mask, images.embeds.as_dtype(h.dtype())?, &h)?;
+        }
+        let rotation = match (step.positions, &self.mrope) {
+            (Some(p), Some(mrope)) => Some(mrope.cos_sin(p, h.dtype())?),
+            (Some(_), None) => {
+                return Err(crate::model::ModelError::Mlx("M-RoPE positions for a model without M-RoPE".into()))
+            }
+            (None, _) => None,
+        };
         let per_layer = self.per_layer_inputs.as_ref().map(|p| p.forward(ids, &h)).transpose()?;
         let len = ids.dim(1);
         // Windowed layers let go of what no new token can see; all of them hold the same
@@ -390,6 +437,7 @@ impl Transformer {
             let inputs = LayerInputs {
                 mask,
                 positions: &positions,
+                rotation: rotation.as_ref(),
                 query_scale: query_scale.as_ref(),
                 per_layer: per_layer.as_ref().map(|p| p.index((.., .., i as i32, ..))),
             };
@@ -407,7 +455,12 @@ impl Transformer {
                 }
                 None => layer.forward(&h, inputs, layer_cache, KeysValues::Own)?,
             };
-            h = out;
+            h = match step.images.and_then(|images| images.deepstack.get(i).map(|d| (images, d))) {
+                Some((images, deep)) => {
+                    mlx_rs::ops::select(&images.mask, add(&out, deep.as_dtype(out.dtype())?)?, &out)?
+                }
+                None => out,
+            };
             if reusing {
                 produced[slot] = kv;
             }
@@ -449,6 +502,17 @@ impl Transformer {
     pub fn forward<C: LayerCache>(&self, ids: &Array, cache: &mut [C]) -> Result<Array> {
         let hidden = self.forward_hidden(ids, cache)?;
         self.logits(&hidden)
+    }
+
+    /// [`Self::forward`] with a step's images and positions.
+    pub fn forward_with<C: LayerCache>(&self, ids: &Array, cache: &mut [C], step: StepInputs) -> Result<Array> {
+        let hidden = self.forward_hidden_with(ids, cache, step)?;
+        self.logits(&hidden)
+    }
+
+    /// Whether the model takes M-RoPE positions (a Qwen-VL or Qwen3.5 text model).
+    pub fn has_mrope(&self) -> bool {
+        self.mrope.is_some()
     }
 }
 

@@ -6,6 +6,8 @@ pub mod image;
 pub mod mrope;
 pub mod qwen;
 pub mod qwen_tower;
+pub mod qwen_vl;
 pub mod resample;
 
 pub use image::{decode, inspect, DecodedImage, ImageError, ImageHeader, MediaType, MAX_PIXELS};
+pub use qwen_vl::{ImageProcessor, PromptImage, PromptImages, VisionModel};

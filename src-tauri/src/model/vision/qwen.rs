@@ -113,6 +113,11 @@ impl QwenImageConfig {
         Ok(c)
     }
 
+    /// Bytes of one patch's pixel values (f32).
+    pub fn row_len_bytes(&self) -> usize {
+        3 * self.temporal_patch_size * self.patch_size * self.patch_size * 4
+    }
+
     /// The side every resized dimension is a multiple of: a merged group of patches.
     pub fn factor(&self) -> usize {
         self.patch_size * self.merge_size

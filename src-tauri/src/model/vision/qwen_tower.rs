@@ -99,6 +99,7 @@ struct Merger {
 
 /// What the tower makes of a batch of images: one row per language-model token, in the order of
 /// the images and, within each, of the merge groups; and the deepstack features, row for row.
+#[derive(Clone)]
 pub struct VisionFeatures {
     pub merged: Array,
     pub deepstack: Vec<Array>,

@@ -1,0 +1,176 @@
+//! Images in prefill: before a chunk that meets an image's tokens, the image is encoded (from
+//! the engine's cache of encoded images when the same picture came lately, else in one vision
+//! tower call for every image the chunk's rows need, under the memory governor), and the chunk's
+//! input takes the features at those tokens, with every row's M-RoPE positions. Decode and verify
+//! steps give positions too while a running row has images (its later tokens sit at their index
+//! plus the prompt's delta).
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::Array;
+
+use super::Scheduler;
+use crate::model::transformer::ImageInputs;
+use crate::model::vision::qwen_tower::VisionFeatures;
+use crate::model::ModelError;
+
+/// A step's inputs beside its token ids: image features, where the chunk meets images, and
+/// M-RoPE positions `[3, rows, width]`.
+pub(super) struct StepExtras {
+    pub images: Option<ImageInputs>,
+    pub positions: Array,
+}
+
+impl Scheduler {
+    /// The extras of the group's next chunk of `n` tokens per member, its images encoded first;
+    /// `None` when no member has images.
+    pub(super) fn group_extras(&mut self, n: usize) -> Result<Option<StepExtras>, ModelError> {
+        if !self.group.seqs.iter().any(|s| s.request.images.is_some()) {
+            return Ok(None);
+        }
+        self.encode_images_for(n)?;
+        let rows = self.group.len();
+        let members = &self.group.seqs;
+        let starts: Vec<usize> = members.iter().map(|s| s.prefilled).collect();
+        let positions = positions_of(members.iter().zip(&starts).map(|(s, &from)| (s, from)), n)?;
+        // Each (row, image) the chunk meets: its features, and the chunk's columns it fills.
+        let mut parts: Vec<&VisionFeatures> = Vec::new();
+        let mut gather = vec![0i32; rows * n];
+        let mut mask = vec![false; rows * n];
+        let mut base = 0usize;
+        for (r, seq) in members.iter().enumerate() {
+            let Some(images) = &seq.request.images else { continue };
+            let (from, to) = (starts[r], starts[r] + n);
+            for (k, image) in images.overlapping(from, to) {
+                let features = seq.image_features[k]
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Mlx(format!("image {k} of request {} was not encoded", seq.id)))?;
+                for index in image.start.max(from)..(image.start + image.tokens).min(to) {
+                    mask[r * n + index - from] = true;
+                    gather[r * n + index - from] = (base + index - image.start) as i32;
+                }
+                base += image.tokens;
+                parts.push(features);
+            }
+        }
+        if parts.is_empty() {
+            return Ok(Some(StepExtras { images: None, positions }));
+        }
+        let shape = [rows as i32, n as i32];
+        let gather = Array::from_slice(&gather, &[(rows * n) as i32]);
+        let placed = |pick: &dyn Fn(&VisionFeatures) -> &Array| -> Result<Array, ModelError> {
+            let all: Vec<&Array> = parts.iter().map(|f| pick(f)).collect();
+            let all = concatenate(&all, 0)?;
+            let hidden = all.dim(-1);
+            Ok(all.take_axis(&gather, 0)?.reshape(&[shape[0], shape[1], hidden])?)
+        };
+        let embeds = placed(&|f| &f.merged)?;
+        let layers = parts[0].deepstack.len();
+        let deepstack = (0..layers).map(|j| placed(&|f| &f.deepstack[j])).collect::<Result<Vec<_>, _>>()?;
+        let mask = Array::from_slice(&mask, &[shape[0], shape[1], 1]);
+        Ok(Some(StepExtras { images: Some(ImageInputs { mask, embeds, deepstack }), positions }))
+    }
+
+    /// Every image the group's next `n` tokens per member meet has its features: taken from the
+    /// cache of encoded images, or encoded now, all in one tower call.
+    fn encode_images_for(&mut self, n: usize) -> Result<(), ModelError> {
+        let mut missing: Vec<(usize, usize)> = Vec::new();
+        for (r, seq) in self.group.seqs.iter_mut().enumerate() {
+            let Some(images) = seq.request.images.clone() else { continue };
+            for (k, image) in images.overlapping(seq.prefilled, seq.prefilled + n) {
+                if seq.image_features[k].is_some() {
+                    continue;
+                }
+                match self.encoded.get(&image.hash) {
+                    Some(features) => seq.image_features[k] = Some(features),
+                    None => missing.push((r, k)),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let vision =
+            self.model.vision.as_ref().ok_or_else(|| ModelError::Mlx("the model has no vision tower".into()))?;
+        // One encoding per distinct picture.
+        let mut hashes: Vec<[u8; 32]> = Vec::new();
+        let mut pixels = Vec::new();
+        for &(r, k) in &missing {
+            let image = &self.group.seqs[r].request.images.as_ref().expect("has images").images[k];
+            if !hashes.contains(&image.hash) {
+                hashes.push(image.hash);
+                pixels.push(&image.pixels);
+            }
+        }
+        let patches: usize = pixels.iter().map(|p| p.grid.iter().product::<usize>()).sum();
+        let largest = pixels.iter().map(|p| p.grid.iter().product::<usize>()).max().unwrap_or(0);
+        let dtype_bytes = if self.model.transformer.dtype == mlx_rs::Dtype::Float32 { 4 } else { 2 };
+        let predicted = vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), dtype_bytes);
+        let began = std::time::Instant::now();
+        let in_flight = self.memory.begin_step(predicted);
+        let features = vision.encode(&pixels);
+        let features = features.and_then(|features| {
+            let arrays = features.iter().flat_map(|f| std::iter::once(&f.merged).chain(&f.deepstack));
+            mlx_rs::transforms::eval(arrays)?;
+            Ok(features)
+        });
+        self.memory.end_step();
+        drop(in_flight);
+        let features = features?;
+        tracing::debug!(
+            "vision: {} images, {patches} patches encoded in {:.0} ms",
+            hashes.len(),
+            began.elapsed().as_secs_f64() * 1e3
+        );
+        self.metrics.images_encoded_total += hashes.len() as u64;
+        for (hash, f) in hashes.iter().zip(&features) {
+            self.encoded.insert(*hash, f.clone());
+        }
+        for (r, k) in missing {
+            let seq = &mut self.group.seqs[r];
+            let hash = seq.request.images.as_ref().expect("has images").images[k].hash;
+            let at = hashes.iter().position(|h| *h == hash).expect("encoded");
+            seq.image_features[k] = Some(features[at].clone());
+        }
+        Ok(())
+    }
+
+    /// After a chunk: features of images a member has prefilled past are let go.
+    pub(super) fn drop_prefilled_images(&mut self) {
+        for seq in &mut self.group.seqs {
+            let Some(images) = seq.request.images.clone() else { continue };
+            for (k, image) in images.images.iter().enumerate() {
+                if image.start + image.tokens <= seq.prefilled {
+                    seq.image_features[k] = None;
+                }
+            }
+        }
+    }
+
+    /// M-RoPE positions for a step of `width` tokens per running row, when a row has images.
+    pub(super) fn running_positions(&self, width: usize) -> Result<Option<Array>, ModelError> {
+        if !self.running.seqs.iter().any(|s| s.request.images.is_some()) {
+            return Ok(None);
+        }
+        // A row's next input is its last token, not yet in its cache.
+        let rows = self.running.seqs.iter().map(|s| (s, s.tokens().len() - 1));
+        Ok(Some(positions_of(rows, width)?))
+    }
+}
+
+/// `[3, rows, width]` positions of `width` tokens per row from each row's `start` index.
+fn positions_of<'a>(
+    rows: impl Iterator<Item = (&'a crate::engine::sequence::Sequence, usize)>,
+    width: usize,
+) -> Result<Array, ModelError> {
+    let rows: Vec<_> = rows.collect();
+    let mut data = vec![0i32; 3 * rows.len() * width];
+    for (r, (seq, start)) in rows.iter().enumerate() {
+        for i in 0..width {
+            let p = seq.rope_position(start + i);
+            for (axis, value) in p.into_iter().enumerate() {
+                data[(axis * rows.len() + r) * width + i] = value;
+            }
+        }
+    }
+    Ok(Array::from_slice(&data, &[3, rows.len() as i32, width as i32]))
+}
