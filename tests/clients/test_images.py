@@ -1,11 +1,18 @@
-"""Images through the official clients against `fastmlx serve` with SmolLM2, a model without
-vision (issue 36): each dialect's image shape is read and checked (OpenAI `image_url` data URLs,
-Responses `input_image`, Anthropic `image` blocks, in a user turn and inside a Claude-Code-shaped
-`tool_result`, Ollama `images`), then refused with a 400 in the SDK's own exception that names
-the model; malformed and hostile images are refused with their own reason; the server keeps
-serving."""
+"""Images through the official clients (issue 36).
+
+Against `fastmlx serve` with SmolLM2, a model without vision: each dialect's image shape is read
+and checked (OpenAI `image_url` data URLs, Responses `input_image`, Anthropic `image` blocks, in a
+user turn and inside a Claude-Code-shaped `tool_result`, Ollama `images`), then refused with a 400
+in the SDK's own exception that names the model; malformed and hostile images are refused with
+their own reason; the server keeps serving.
+
+Against a tiny random Qwen3-VL (tests/data/vision/tiny_qwen3_vl): the answer about an image is
+mlx-vlm's greedy tokens (tests/data/reference/vision_qwen3_vl_generate.json), the same through
+every dialect; the conversation's next turn reuses the image from the prefix cache; a body cut
+short and images past the context window are refused; the server keeps serving."""
 
 import base64
+import json
 import struct
 import zlib
 
@@ -13,6 +20,7 @@ import anthropic
 import ollama
 import openai
 import pytest
+from conftest import ROOT, launch
 
 
 def png(width, height, rows=None):
@@ -110,3 +118,82 @@ def test_fifty_images_are_refused_and_the_server_keeps_serving(oai, server):
     answer = oai.chat.completions.create(model=server["model"], max_tokens=4, temperature=0,
                                          messages=[{"role": "user", "content": "Say hi."}])
     assert answer.choices[0].message.content
+
+
+# A model that sees.
+VL_MODEL = ROOT / "tests/data/vision/tiny_qwen3_vl"
+VL_REFERENCE = json.loads((ROOT / "tests/data/reference/vision_qwen3_vl_generate.json").read_text())
+ONE_IMAGE = next(c for c in VL_REFERENCE["cases"] if c["name"] == "one image")
+SMALL = (ROOT / "tests/data/vision/small.png").read_bytes()
+SMALL_URL = "data:image/png;base64," + base64.b64encode(SMALL).decode()
+QUESTION = "What is this?"
+
+
+@pytest.fixture(scope="module")
+def seeing(tmp_path_factory):
+    yield from launch(tmp_path_factory, "client-tests-vision.log", ["--model", str(VL_MODEL)])
+
+
+@pytest.fixture(scope="module")
+def vl(seeing):
+    return openai.OpenAI(base_url=seeing["url"], api_key="unused", max_retries=0)
+
+
+def ask_about_small(vl, seeing):
+    return vl.chat.completions.create(
+        model=seeing["model"], max_tokens=len(ONE_IMAGE["output_ids"]), temperature=0, logprobs=True,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": SMALL_URL}},
+                                               {"type": "text", "text": QUESTION}]}])
+
+
+def test_an_image_gets_mlx_vlms_answer_and_the_next_turn_reuses_it(vl, seeing):
+    answer = ask_about_small(vl, seeing)
+    got = b"".join(bytes(t.bytes) for t in answer.choices[0].logprobs.content)
+    assert list(got) == ONE_IMAGE["output_ids"]
+    assert answer.usage.prompt_tokens == len(ONE_IMAGE["expanded_ids"])
+    again = ask_about_small(vl, seeing)
+    assert again.choices[0].message.content == answer.choices[0].message.content
+    vision_end = ONE_IMAGE["expanded_ids"].index(260)
+    assert again.usage.prompt_tokens_details.cached_tokens > vision_end
+
+
+def test_every_dialect_reads_the_image_the_same(vl, seeing):
+    n = len(ONE_IMAGE["output_ids"])
+    want = ask_about_small(vl, seeing).choices[0].message.content
+    b64 = base64.b64encode(SMALL).decode()
+    client = anthropic.Anthropic(base_url=seeing["base"], api_key="any", max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}
+    message = client.messages.create(model="claude-x", max_tokens=n, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}])
+    assert message.content[0].text == want
+    ollama_client = ollama.Client(host=seeing["ollama"])
+    chat = ollama_client.chat(model=seeing["model"], messages=[{"role": "user", "content": QUESTION, "images": [SMALL]}],
+                              options={"temperature": 0, "num_predict": n})
+    assert chat.message.content == want
+    response = vl.responses.create(model=seeing["model"], max_output_tokens=n, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": SMALL_URL},
+                                     {"type": "input_text", "text": QUESTION}]}])
+    assert response.output_text == want
+    # Claude Code's screenshot: an image inside a tool's result, answered.
+    shot = client.messages.create(model="claude-x", max_tokens=n, messages=[
+        {"role": "user", "content": "Take a screenshot."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "Here it is."}, image]}]}],
+        tools=[{"name": "screenshot", "description": "Take a screenshot", "input_schema": {"type": "object"}}])
+    assert shot.usage.input_tokens > 40 and shot.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_a_seeing_model_refuses_broken_and_oversized_images_and_keeps_serving(vl, seeing):
+    cut = "data:image/png;base64," + base64.b64encode(SMALL[: len(SMALL) // 2]).decode()
+    with pytest.raises(openai.BadRequestError) as e:
+        vl.chat.completions.create(model=seeing["model"], max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": cut}}]}])
+    assert e.value.body["param"] == "messages[0].content[0]" and "decoded" in e.value.body["message"]
+    # 32 images of 1,000 x 1,000: 16,000 tokens for a 4,096-token context, refused before decoding.
+    big = "data:image/png;base64," + base64.b64encode(png(1000, 1000)).decode()
+    with pytest.raises(openai.BadRequestError) as e:
+        vl.chat.completions.create(model=seeing["model"], max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}} for _ in range(32)]}])
+    assert "the context window is 4096" in e.value.body["message"], e.value.body["message"]
+    assert ask_about_small(vl, seeing).choices[0].message.content

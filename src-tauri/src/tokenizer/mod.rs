@@ -40,6 +40,8 @@ pub struct Tokenizer {
     add_bos_id: Option<u32>,
     /// Built on first use (constrained decoding).
     constraint_vocabulary: OnceLock<Result<Arc<Vocabulary>, String>>,
+    /// Every token's own bytes, built on first use (log-probabilities' `bytes`).
+    raw_bytes: OnceLock<Vec<Vec<u8>>>,
 }
 
 impl Tokenizer {
@@ -58,7 +60,16 @@ impl Tokenizer {
                 eos_ids.push(*id);
             }
         }
-        Tokenizer { inner, literal, bos_token, eos_token, eos_ids, add_bos_id, constraint_vocabulary: OnceLock::new() }
+        Tokenizer {
+            inner,
+            literal,
+            bos_token,
+            eos_token,
+            eos_ids,
+            add_bos_id,
+            constraint_vocabulary: OnceLock::new(),
+            raw_bytes: OnceLock::new(),
+        }
     }
 
     pub fn from_file(path: &Path) -> Result<tokenizers::Tokenizer, TokenizerError> {
@@ -117,6 +128,19 @@ impl Tokenizer {
         self.constraint_vocabulary
             .get_or_init(|| Vocabulary::new(self.token_byte_table(SPECIAL_MARKER), &self.eos_ids).map(Arc::new))
             .clone()
+    }
+
+    /// The bytes token `id` stands for (a byte-level token may hold half a UTF-8 character,
+    /// which decoding it alone turns into U+FFFD); a special token's are its text.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        // A marker no text token starts with is dropped from the special ones.
+        const MARKER: u8 = 0xFF;
+        let table = self.raw_bytes.get_or_init(|| self.token_byte_table(MARKER));
+        match table.get(id as usize) {
+            Some(bytes) if self.is_special(id) => bytes.get(1..).unwrap_or_default().to_vec(),
+            Some(bytes) => bytes.clone(),
+            None => Vec::new(),
+        }
     }
 
     /// Every token's bytes by id; a special token's are `marker` then its text.

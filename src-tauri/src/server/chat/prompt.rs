@@ -1,12 +1,16 @@
 //! A chat request in the server's common form (OpenAI's chat shape: every dialect translates
 //! into it), validated, rendered with the model's chat template and tokenized.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::images::ImageInput;
 use super::messages::{final_assistant_text, normalize_messages, with_descriptions, Normalized};
 use super::model::ChatModel;
 use super::structured::{answer_shape, AnswerShape, ShapeContext, ShapeRequest};
+use crate::model::vision::{decode, DecodedImage, PromptImages};
 use crate::server::{ApiError, ServerConfig};
 use crate::tokenizer::chat_template::{ChatTemplate, RenderRequest};
 use crate::tokenizer::Tokenizer;
@@ -75,6 +79,8 @@ pub struct RenderedChat {
     pub message_starts: Vec<usize>,
     /// For a model with recurrent layers: where the system prompt ends (tokens).
     pub snapshot_at: Option<usize>,
+    /// The prompt's images, their tokens in `prompt_ids` (a model that sees).
+    pub images: Option<Arc<PromptImages>>,
 }
 
 /// The character offset in `text` where each message's content is found, in order (a message
@@ -124,17 +130,8 @@ fn system_prompt_end(
 pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -> Result<RenderedChat, ApiError> {
     let info = &model.info;
     let Normalized { messages, images } = normalize_messages(&request.messages, config.max_messages)?;
-    if let Some(image) = images.first() {
-        // Checked first (a malformed image is refused as such), then refused whole: no family's
-        // vision tower runs in FastMLX yet, and answering about an image it never saw would mislead.
-        return Err(ApiError::invalid(
-            &image.param,
-            format!(
-                "{}: the model {} reads text only in FastMLX; send the request without images",
-                image.param, info.name
-            ),
-        ));
-    }
+    // Checked before the template runs, so that a text-only model refuses images whatever else.
+    let decoded = read_images(info, &images)?;
     let template = info.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt")
     })?;
@@ -164,12 +161,59 @@ pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -
         text.push_str(&prefill);
     }
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (prompt_ids, images) = match (&info.vision, decoded.is_empty()) {
+        (Some(processor), false) => {
+            let (ids, prepared) =
+                processor.prepare(&prompt_ids, &decoded).map_err(|e| ApiError::invalid("messages", e))?;
+            (ids, Some(Arc::new(prepared)))
+        }
+        _ => (prompt_ids, None),
+    };
     let shape = AnswerShape { prompt_tools: None, ..shape };
     let message_starts = message_starts(&text, &messages);
     let recurrent = info.kv_footprint.state_bytes > 0;
     let snapshot_at =
         recurrent.then(|| system_prompt_end(template, &render, &text, &prompt_ids, &info.tokenizer)).flatten();
-    Ok(RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at })
+    Ok(RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at, images })
+}
+
+/// The request's images decoded, for a model that sees them: refused whole for a text-only model
+/// (answering about an image it never saw would mislead), and, before any pixel is decoded, when
+/// their tokens alone would not fit the context window (which bounds the memory their pixels
+/// take).
+fn read_images(info: &crate::engine::ModelInfo, images: &[ImageInput]) -> Result<Vec<DecodedImage>, ApiError> {
+    let Some(first) = images.first() else { return Ok(Vec::new()) };
+    let Some(processor) = &info.vision else {
+        return Err(ApiError::invalid(
+            &first.param,
+            format!(
+                "{}: the model {} reads text only in FastMLX; send the request without images",
+                first.param, info.name
+            ),
+        ));
+    };
+    let mut tokens = 0;
+    for image in images {
+        let (h, w) = (image.header.height as usize, image.header.width as usize);
+        tokens += processor.image.image_tokens(h, w).map_err(|e| ApiError::invalid(&image.param, e))?;
+    }
+    if tokens >= info.context_length {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the {} images alone take {tokens} tokens; the context window is {}",
+                images.len(),
+                info.context_length
+            ),
+        ));
+    }
+    images
+        .iter()
+        .map(|image| {
+            decode(&image.bytes, Some(image.header.media_type))
+                .map_err(|e| ApiError::invalid(&image.param, format!("{}: {e}", image.param)))
+        })
+        .collect()
 }
 
 /// The tokens the chat template writes between an answer and the next user message, found by

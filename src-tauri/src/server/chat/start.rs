@@ -29,7 +29,8 @@ pub struct StartedChat {
 /// Serves the model (loading it if needed), renders and tokenizes the prompt, and submits it.
 pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
     let model = serve(state, common.model.as_deref()).await?;
-    let RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at } = render(&model, request, &state.config)?;
+    let RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at, images } =
+        render(&model, request, &state.config)?;
     let ChatModel { served, info, format } = model;
     let template = info.chat_template.as_ref().expect("rendered with a template");
     let prompt_tokens = prompt_ids.len();
@@ -45,6 +46,7 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
     engine_request.grammar = shape.grammar.clone();
     engine_request.prompt_parts = message_starts;
     engine_request.snapshot_at = snapshot_at;
+    engine_request.images = images;
     engine_request.turn_boundary = turn_boundary(template, &info.tokenizer, template_kwargs(request)?);
     let stream = super::stream::started(served.engine.submit(engine_request)?).await?;
     Ok(StartedChat {

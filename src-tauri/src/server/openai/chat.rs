@@ -159,7 +159,7 @@ fn call_delta(index: usize, id: Option<String>, name: Option<String>, arguments:
 fn token_logprob(tokenizer: &Tokenizer, l: &EngineLogprob) -> TokenLogprob {
     let top = |token: u32, logprob: f32| {
         let text = tokenizer.decode(&[token], false).unwrap_or_default();
-        TopLogprob { bytes: text.as_bytes().to_vec(), token: text, logprob }
+        TopLogprob { bytes: tokenizer.token_bytes(token), token: text, logprob }
     };
     let chosen = top(l.token, l.logprob);
     TokenLogprob {
