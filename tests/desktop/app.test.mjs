@@ -1,12 +1,13 @@
 // The real desktop app end to end (tests/desktop/harness.mjs starts it): loads the test model from
 // the Models page, chats in the chat window (opened by the app's own `open_chat` command) and sees
-// the streamed answer, watches the Live graphs move while requests run, changes a setting and
+// the streamed answer and attaches a pasted image, watches the Live graphs move while requests run, changes a setting and
 // sees it applied.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import path from "node:path";
-import { api, attr, binary, click, exec, find, go, launch, quit, screenshot, SMOL, until, wd } from "./harness.mjs";
+import { api, attr, binary, click, exec, find, go, launch, quit, root, screenshot, SMOL, until, wd } from "./harness.mjs";
 
 before(() =>
   launch({
@@ -72,6 +73,18 @@ test("chat: the chat window streams an answer", async () => {
     await screenshot("chat");
   }
   assert.match(reply, /Paris/, reply);
+  // A screenshot pasted into the chat window's page is attached (its remove button takes it off).
+  const png = readFileSync(path.join(root, "tests/data/vision/small.png")).toString("base64");
+  await exec(
+    `const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
+     const data = new DataTransfer();
+     data.items.add(new File([bytes], "shot.png", { type: "image/png" }));
+     document.querySelector("[data-testid=chat-input]").dispatchEvent(new ClipboardEvent("paste", { clipboardData: data, bubbles: true }));`,
+    [png],
+  );
+  await until(async () => (await exec(`return document.querySelectorAll("[data-testid=attachment] img").length;`)) === 1, "the pasted image attached");
+  await click("[data-testid=attachment-remove]");
+  await until(async () => (await exec(`return document.querySelectorAll("[data-testid=attachment]").length;`)) === 0, "the image removed");
   await wd("POST", "/window", { handle: dashboard });
 });
 

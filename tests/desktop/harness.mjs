@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+export const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 export const binary = process.env.FASTMLX_BIN ?? path.join(root, "target/debug/fastmlx");
 const driverBinary = process.env.WEBKIT_WEBDRIVER ?? "/usr/bin/WebKitWebDriver";
 const shots = path.join(root, "target/desktop-screenshots");

@@ -4,11 +4,11 @@
 //   node --test tests/ui/
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { bf16ParamsFor, startFakeHub } from "./fake-hub.mjs";
-import { api, launchBrowser, makeTinyModel, openPage, screenshot, startServer, until } from "./harness.mjs";
+import { api, launchBrowser, makeTinyModel, openPage, root, screenshot, startServer, until } from "./harness.mjs";
 
 const SMOL = "SmolLM2-135M-Instruct.Q4_1";
 const TINY_REPO = "test-org/tiny-qwen2-mlx";
@@ -409,6 +409,67 @@ describe("web UI", { concurrency: false }, () => {
       await page.reload();
       await page.getByTestId("tool-result").waitFor();
       assert.equal(await page.getByTestId("tool-call").count(), (await answer.getByTestId("tool-call").count()) + 1);
+      assertClean(page);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("chat: images attached, pasted and dropped, answered by a model that sees, kept", async () => {
+    // The tiny Qwen3-VL of tests/vision.rs, found with the other models.
+    const vl = "tiny_qwen3_vl";
+    cpSync(path.join(root, "tests/data/vision", vl), path.join(server.modelsDir, vl), { recursive: true });
+    const { context, page } = await open("chat");
+    try {
+      const select = page.getByTestId("chat-model");
+      await until(async () => (await select.locator("option").allTextContents()).some((t) => t.includes(vl)), "the model list");
+      await page.getByTestId("chat-new").click();
+      await select.selectOption(vl);
+      await page.getByTestId("chat-temperature").fill("0");
+      await page.getByTestId("chat-max-tokens").fill("12");
+      const small = path.join(root, "tests/data/vision/small.png");
+      // Picked: an image and a file that is not one.
+      await page.getByTestId("chat-attach-input").setInputFiles([small, path.join(root, "README.md")]);
+      await until(async () => (await page.getByTestId("attachment").count()) === 1, "the picked image");
+      assert.match(await text(page.getByTestId("attach-error")), /README\.md: not a PNG, JPEG, WebP or GIF image/);
+      // Pasted and dropped, as a screenshot tool and a file manager give them.
+      const png = readFileSync(path.join(root, "tests/data/vision/tall.png")).toString("base64");
+      await page.evaluate((b64) => {
+        const file = () => new File([Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))], "shot.png", { type: "image/png" });
+        const paste = new DataTransfer();
+        paste.items.add(file());
+        document.querySelector("[data-testid=chat-input]").dispatchEvent(new ClipboardEvent("paste", { clipboardData: paste, bubbles: true }));
+        const drop = new DataTransfer();
+        drop.items.add(file());
+        document.querySelector("[data-testid=composer]").dispatchEvent(new DragEvent("drop", { dataTransfer: drop, bubbles: true }));
+      }, png);
+      await until(async () => (await page.getByTestId("attachment").count()) === 3, "the pasted and dropped images");
+      await page.getByTestId("attachment-remove").last().click();
+      assert.equal(await page.getByTestId("attachment").count(), 2);
+
+      const bodies = [];
+      page.on("request", (r) => r.url().endsWith("/v1/chat/completions") && bodies.push(r.postDataJSON()));
+      await page.getByTestId("chat-input").fill("What is this?");
+      await page.getByTestId("chat-send").click();
+      const answer = page.locator("[data-testid=message][data-role=assistant]").last();
+      await until(async () => (await answer.getAttribute("data-streaming")) === "false" && (await answer.getByTestId("reply-stats").count()) === 1, "the answer", { timeout: 120_000 });
+      assert.equal(await answer.getByTestId("message-error").count(), 0);
+      assert.ok(Number(await answer.getByTestId("reply-stats").getAttribute("data-tokens")) > 0, "the model answered");
+      const parts = bodies[0].messages[0].content;
+      assert.deepEqual(parts.map((p) => p.type), ["image_url", "image_url", "text"]);
+      assert.ok(parts[0].image_url.url.startsWith("data:image/png;base64,"));
+      assert.equal(await page.getByTestId("attachment").count(), 0, "sent with the message");
+      assert.equal(await page.getByTestId("message-image").count(), 2);
+      await screenshot(page, "chat-images");
+
+      // Kept across a reload, the images shown with the message.
+      await until(
+        () => page.evaluate(() => (localStorage.getItem("fastmlx.chats") ?? "").includes("data:image/png;base64,")),
+        "the conversation saved",
+      );
+      await page.reload();
+      await page.getByTestId("message-image").first().waitFor();
+      assert.equal(await page.getByTestId("message-image").count(), 2);
       assertClean(page);
     } finally {
       await context.close();

@@ -50,6 +50,11 @@ function apiMessage(m: Message): Record<string, unknown> {
       tool_calls: m.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })),
     };
   }
+  if (m.role === "user" && m.images?.length) {
+    // Images first, as the vision models' own chat examples put them.
+    const images = m.images.map((url) => ({ type: "image_url", image_url: { url } }));
+    return { role: "user", content: [...images, ...(m.content ? [{ type: "text", text: m.content }] : [])] };
+  }
   return { role: m.role, content: m.content };
 }
 

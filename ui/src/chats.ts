@@ -21,6 +21,10 @@ export interface ToolCall {
 export interface Message {
   role: "user" | "assistant" | "tool";
   content: string;
+  /** User messages: attached images, as data URLs. */
+  images?: string[];
+  /** Images not kept when storage was full (their count). */
+  imagesDropped?: number;
   reasoning?: string;
   /** Assistant messages: the calls the model made. */
   toolCalls?: ToolCall[];
@@ -63,13 +67,30 @@ export function loadChats(): Conversation[] {
 export function saveChats(list: Conversation[]) {
   // Empty conversations are not worth keeping.
   const kept = list.filter((c) => c.messages.length > 0);
-  try {
-    localStorage.setItem(LIST, JSON.stringify(kept));
-  } catch {
-    // full: drop the oldest half and try once more
-    const recent = [...kept].sort((a, b) => b.updated - a.updated).slice(0, Math.ceil(kept.length / 2));
-    localStorage.setItem(LIST, JSON.stringify(recent));
+  const attempts = [
+    kept,
+    // full: drop the oldest half...
+    [...kept].sort((a, b) => b.updated - a.updated).slice(0, Math.ceil(kept.length / 2)),
+    // ...then the images, which take most of the room (their count stays).
+    kept.map(withoutImages),
+  ];
+  for (const attempt of attempts) {
+    try {
+      localStorage.setItem(LIST, JSON.stringify(attempt));
+      return;
+    } catch {
+      // try the next, smaller form
+    }
   }
+}
+
+function withoutImages(c: Conversation): Conversation {
+  return {
+    ...c,
+    messages: c.messages.map(({ images, ...m }) =>
+      images?.length ? { ...m, imagesDropped: (m.imagesDropped ?? 0) + images.length } : m,
+    ),
+  };
 }
 
 export function currentId(): string | null {
@@ -113,6 +134,8 @@ export function toMarkdown(c: Conversation): string {
     const speaker = { user: "## You", assistant: `## Assistant${m.model ? ` (${m.model})` : ""}`, tool: `## Tool result (${m.name ?? "?"})` };
     parts.push(speaker[m.role]);
     if (m.reasoning) parts.push(`<details><summary>Reasoning</summary>\n\n${m.reasoning}\n\n</details>`);
+    const images = (m.images?.length ?? 0) + (m.imagesDropped ?? 0);
+    if (images) parts.push(`_${images} image${images === 1 ? "" : "s"} attached_`);
     if (m.content) parts.push(m.role === "tool" ? "```\n" + m.content + "\n```" : m.content);
     for (const call of m.toolCalls ?? []) parts.push(`**Call** \`${call.name}\`\n\n\`\`\`json\n${call.arguments}\n\`\`\``);
     if (m.error) parts.push(`> Error: ${m.error}`);

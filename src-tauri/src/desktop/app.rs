@@ -256,6 +256,9 @@ pub fn show_window<R: Runtime>(app: &AppHandle<R>, window: Window) -> tauri::Res
         .title(title)
         .inner_size(size.0, size.1)
         .initialization_script(script)
+        // Files dropped on the window reach the page as HTML5 drops (the chat attaches images);
+        // Tauri's own handler would take them first.
+        .disable_drag_drop_handler()
         .build()?;
     Ok(())
 }

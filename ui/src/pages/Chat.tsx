@@ -21,6 +21,7 @@ import {
   type ReplyStats,
 } from "../chats";
 import { ms, rate } from "../format";
+import { IMAGE_TYPES, imageFiles, readImages } from "../attachments";
 
 interface ModelOption {
   id: string;
@@ -39,6 +40,11 @@ export function ChatPage() {
   const [{ chats, current }, setState] = useState(initialState);
   const [models, setModels] = useState<ModelOption[] | null>(null);
   const [input, setInput] = useState("");
+  /** Images attached to the message being written (data URLs), and files refused. */
+  const [attached, setAttached] = useState<string[]>([]);
+  const [attachError, setAttachError] = useState<string | null>(null);
+  const [dragging, setDragging] = useState(false);
+  const filePicker = useRef<HTMLInputElement>(null);
   const [error, setError] = useState<string | null>(null);
   const [streaming, setStreaming] = useState<string | null>(null);
   const [showSystem, setShowSystem] = useState(false);
@@ -127,8 +133,20 @@ export function ChatPage() {
 
   function send() {
     const text = input.trim();
-    if (!text || streaming || !conv) return;
-    if (generate([...conv.messages, { role: "user", content: text }])) setInput("");
+    if ((!text && !attached.length) || streaming || !conv) return;
+    const message: Message = { role: "user", content: text, ...(attached.length ? { images: attached } : {}) };
+    if (generate([...conv.messages, message])) {
+      setInput("");
+      setAttached([]);
+      setAttachError(null);
+    }
+  }
+
+  /** Picked, pasted or dropped files: the images join the message being written. */
+  async function attach(files: File[]) {
+    const { images, refused } = await readImages(files, attached.length);
+    setAttached((a) => [...a, ...images]);
+    setAttachError(refused.length ? refused.join("; ") : null);
   }
 
   /** The last answer again, from the same history. */
@@ -142,7 +160,9 @@ export function ChatPage() {
   /** A sent message changed: the conversation goes on from it, what followed it dropped. */
   function resendEdited() {
     if (!conv || !editing || streaming || !editing.text.trim()) return;
-    if (generate([...conv.messages.slice(0, editing.at), { role: "user", content: editing.text.trim() }])) setEditing(null);
+    const images = conv.messages[editing.at]?.images;
+    const edited: Message = { role: "user", content: editing.text.trim(), ...(images?.length ? { images } : {}) };
+    if (generate([...conv.messages.slice(0, editing.at), edited])) setEditing(null);
   }
 
   function exportMarkdown() {
@@ -177,7 +197,7 @@ export function ChatPage() {
     const first = history.find((m) => m.role === "user");
     update(id, (c) => ({
       ...c,
-      title: c.messages.length === 0 && first ? titleOf(first.content) : c.title,
+      title: c.messages.length === 0 && first ? titleOf(first.content || "Image") : c.title,
       updated: Date.now(),
       messages: [...history, { role: "assistant", content: "", model }],
     }));
@@ -425,9 +445,27 @@ export function ChatPage() {
                     </button>
                   </div>
                 ) : (
-                  <div class="plain" data-testid="message-content">
-                    {m.content}
-                  </div>
+                  <>
+                    {m.images?.length ? (
+                      <div class="message-images">
+                        {m.images.map((url, k) => (
+                          <a key={k} href={url} target="_blank" rel="noreferrer">
+                            <img src={url} alt={`image ${k + 1}`} data-testid="message-image" />
+                          </a>
+                        ))}
+                      </div>
+                    ) : null}
+                    {m.imagesDropped ? (
+                      <div class="muted small-text" data-testid="message-images-dropped">
+                        {m.imagesDropped} image{m.imagesDropped === 1 ? "" : "s"} not kept (storage full)
+                      </div>
+                    ) : null}
+                    {m.content && (
+                      <div class="plain" data-testid="message-content">
+                        {m.content}
+                      </div>
+                    )}
+                  </>
                 )}
                 {m.role === "user" && editing?.at !== i && streaming === null && (
                   <button class="link small-text msg-action" onClick={() => setEditing({ at: i, text: m.content })} data-testid="edit">
@@ -465,19 +503,76 @@ export function ChatPage() {
             );
           })}
         </div>
+        {attached.length || attachError ? (
+          <div class="attachments" data-testid="attachments">
+            {attached.map((url, k) => (
+              <div class="attachment" key={k} data-testid="attachment">
+                <img src={url} alt={`attached image ${k + 1}`} />
+                <button
+                  type="button"
+                  class="link"
+                  title="Remove"
+                  onClick={() => setAttached((a) => a.filter((_, j) => j !== k))}
+                  data-testid="attachment-remove"
+                >
+                  ×
+                </button>
+              </div>
+            ))}
+            {attachError && (
+              <div class="error-text small-text" data-testid="attach-error">
+                {attachError}
+              </div>
+            )}
+          </div>
+        ) : null}
         <form
-          class="composer"
+          class={`composer${dragging ? " dragging" : ""}`}
           onSubmit={(e) => {
             e.preventDefault();
             send();
           }}
+          onDragOver={(e) => {
+            if (!e.dataTransfer?.types.includes("Files")) return;
+            e.preventDefault();
+            setDragging(true);
+          }}
+          onDragLeave={() => setDragging(false)}
+          onDrop={(e) => {
+            e.preventDefault();
+            setDragging(false);
+            attach(imageFiles(e.dataTransfer));
+          }}
+          data-testid="composer"
         >
+          <input
+            ref={filePicker}
+            type="file"
+            accept={IMAGE_TYPES.join(",")}
+            multiple
+            hidden
+            onChange={(e) => {
+              const input = e.target as HTMLInputElement;
+              attach(Array.from(input.files ?? []));
+              input.value = "";
+            }}
+            data-testid="chat-attach-input"
+          />
+          <button type="button" class="attach" title="Attach images (or paste or drop them)" onClick={() => filePicker.current?.click()} data-testid="chat-attach">
+            Image
+          </button>
           <textarea
             ref={inputBox}
             rows={2}
             placeholder="Message"
             value={input}
             onInput={(e) => setInput((e.target as HTMLTextAreaElement).value)}
+            onPaste={(e) => {
+              const files = imageFiles(e.clipboardData);
+              if (!files.length) return;
+              e.preventDefault();
+              attach(files);
+            }}
             onKeyDown={(e) => {
               if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
                 e.preventDefault();
@@ -491,7 +586,7 @@ export function ChatPage() {
               Stop
             </button>
           ) : (
-            <button type="submit" class="primary" disabled={!input.trim() || streaming !== null} data-testid="chat-send">
+            <button type="submit" class="primary" disabled={(!input.trim() && !attached.length) || streaming !== null} data-testid="chat-send">
               Send
             </button>
           )}
