@@ -204,19 +204,29 @@ fn case_images(case: &Value) -> Vec<fastmlx::model::vision::DecodedImage> {
 /// scripts/reference/vision_qwen3_vl_generate.py with mlx-vlm 0.7.6's own classes) gives
 /// mlx-vlm's greedy tokens for one image, two in one message, tall and wide ones, an image in the
 /// second turn and text alone: each alone, all batched together, and prefilled in chunks that
-/// cut through the images. The next request with the same image hits the prefix cache past it
-/// and gives the same tokens; the same prompt with another picture of the same size does not
-/// reuse anything from its image on.
+/// cut through the images. The conversation's next turn hits the prefix cache past the image; the
+/// same prompt with another picture of the same size does not reuse anything from its image on.
 #[test]
 fn qwen3_vl_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
+    sees_as_mlx_vlm("qwen3_vl");
+}
+
+/// The same for Qwen3.5 (the hybrid: Gated DeltaNet layers and gated full attention with partial
+/// M-RoPE; the same tower without deepstack), its cache hits resuming from snapshots.
+#[test]
+fn qwen3_5_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
+    sees_as_mlx_vlm("qwen3_5");
+}
+
+fn sees_as_mlx_vlm(family: &str) {
     use fastmlx::engine::EngineConfig;
 
     let _mlx = common::mlx_lock();
-    let reference = common::read_json("tests/data/reference/vision_qwen3_vl_generate.json");
-    let dir = common::root().join("tests/data/vision/tiny_qwen3_vl");
+    let reference = common::read_json(&format!("tests/data/reference/vision_{family}_generate.json"));
+    let dir = common::root().join(format!("tests/data/vision/tiny_{family}"));
     let cases = reference["cases"].as_array().unwrap();
     let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
-    let processor = model.vision.as_ref().expect("Qwen3-VL's tower is loaded").processor.clone();
+    let processor = model.vision.as_ref().expect("the vision tower is loaded").processor.clone();
     drop(model);
     let requests: Vec<_> = cases.iter().map(|c| qwen3_vl_request(&processor, c, &case_images(c))).collect();
     let want = |i: usize| common::ids(&cases[i]["output_ids"]);
@@ -237,16 +247,23 @@ fn qwen3_vl_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
         common::engine::wait_idle(&engine);
     }
 
-    // The prefix cache: the same image again is a hit past it; another picture is not.
+    // The prefix cache: the conversation's next turn (the answer and a new question after it) reuses
+    // the image; another picture of the same size does not.
     let engine = common::engine::start(&dir, EngineConfig { prefix_cache_bytes: 64 << 20, ..Default::default() });
     let one = &requests[0];
     let cold = common::collect(engine.submit(one.clone()).unwrap());
-    let warm = common::collect(engine.submit(one.clone()).unwrap());
+    assert_eq!(cold.tokens, want(0));
+    let mut next_turn = one.clone();
+    next_turn.prompt_ids.extend(&cold.tokens);
+    next_turn.prompt_ids.extend([258, 10, 257]);
+    next_turn.prompt_ids.extend(b"user\nAnd now?".map(u32::from));
+    next_turn.prompt_ids.extend([258, 10, 257]);
+    next_turn.prompt_ids.extend(b"assistant\n".map(u32::from));
+    let warm = common::collect(engine.submit(next_turn).unwrap());
     let image = &one.images.as_ref().unwrap().images[0];
-    assert_eq!((cold.tokens.clone(), warm.tokens.clone()), (want(0), want(0)));
     assert!(
         warm.finish.usage.cached_tokens > image.start + image.tokens,
-        "the next request reuses the image: {} cached",
+        "the next turn reuses the image: {} cached",
         warm.finish.usage.cached_tokens
     );
     let mut other = case_images(&cases[0]);

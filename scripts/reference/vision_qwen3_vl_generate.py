@@ -1,18 +1,21 @@
-"""Greedy tokens of a tiny random Qwen3-VL (issue 36) from mlx-vlm 0.7.6's own `qwen3_vl.Model`
-and `generate_step`: one image, two images in one message, a tall and a wide image, an image in
-the second turn, and text alone. Writes the whole model folder in the mlx-community layout
-(`language_model.*`, `vision_tower.*`, the outer config with `text_config` and `vision_config`,
-`preprocessor_config.json` with 8-pixel patches, a byte-level tokenizer with Qwen's vision
-tokens and a Qwen3-VL-shaped chat template) to tests/data/vision/tiny_qwen3_vl/ and the prompts,
-grids and tokens to tests/data/reference/vision_qwen3_vl_generate.json.
+"""Greedy tokens of tiny random Qwen3-VL and Qwen3.5 models (issue 36) from mlx-vlm 0.7.6's own
+`qwen3_vl.Model` / `qwen3_5.Model` and `generate_step`: one image, two images in one message, a
+tall and a wide image, an image in the second turn, and text alone. Writes each model folder in
+the mlx-community layout (`language_model.*`, `vision_tower.*`, the outer config with
+`text_config` and `vision_config`, `preprocessor_config.json` with 8-pixel patches, a byte-level
+tokenizer with Qwen's vision tokens and a Qwen-VL-shaped chat template) to
+tests/data/vision/tiny_<family>/ and the prompts, grids and tokens to
+tests/data/reference/vision_<family>_generate.json.
 
 Regenerate (from the repository root):
 
-    .cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py
+    .cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py [qwen3_vl|qwen3_5]
 """
 
+import importlib
 import json
 import pathlib
+import sys
 from importlib.metadata import version
 
 import mlx.core as mx
@@ -21,12 +24,9 @@ from mlx.utils import tree_flatten
 from PIL import Image
 
 from mlx_vlm.generate.ar import generate_step
-from mlx_vlm.models.qwen3_vl.config import ModelConfig, TextConfig, VisionConfig
 from mlx_vlm.models.qwen3_vl.processing_qwen3_vl import Qwen3VLImageProcessor, _to_numpy_image
-from mlx_vlm.models.qwen3_vl.qwen3_vl import Model
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-OUT = ROOT / "tests/data/vision/tiny_qwen3_vl"
 IMAGES = ROOT / "tests/data/vision"
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
@@ -44,12 +44,32 @@ VISION = {
     "num_heads": 2, "patch_size": 8, "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3,
     "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1],
 }
-OUTER = {
-    "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "text_config": TEXT,
-    "vision_config": VISION, "image_token_id": IMAGE_PAD, "video_token_id": VIDEO_PAD,
-    "vision_start_token_id": VISION_START, "vision_end_token_id": VISION_END, "vocab_size": 264,
-    "tie_word_embeddings": False, "eos_token_id": [IM_END, EOT],
+# Qwen3.5: the hybrid (Gated DeltaNet layers, every second one full attention with a gated
+# output and partial rotary), the same tower without deepstack.
+TEXT_3_5 = {
+    "model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 32, "intermediate_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 264,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False, "full_attention_interval": 2,
+    "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                        "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
 }
+FAMILIES = {
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", TEXT, VISION),
+    "qwen3_5": ("Qwen3_5ForConditionalGeneration", TEXT_3_5, {**VISION, "model_type": "qwen3_5",
+                                                               "deepstack_visual_indexes": []}),
+}
+
+
+def outer_config(family):
+    architecture, text, vision = FAMILIES[family]
+    return {
+        "model_type": family, "architectures": [architecture], "text_config": text, "vision_config": vision,
+        "image_token_id": IMAGE_PAD, "video_token_id": VIDEO_PAD, "vision_start_token_id": VISION_START,
+        "vision_end_token_id": VISION_END, "vocab_size": 264, "tie_word_embeddings": False,
+        "eos_token_id": [IM_END, EOT],
+    }
 PREPROCESSOR = {
     "image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 8, "temporal_patch_size": 2, "merge_size": 2,
     "size": {"shortest_edge": 1024, "longest_edge": 65536}, "image_mean": [0.5, 0.5, 0.5],
@@ -118,19 +138,25 @@ def random_like(name, v):
 
 
 def main():
+    family = sys.argv[1] if len(sys.argv) > 1 else "qwen3_vl"
+    package = importlib.import_module(f"mlx_vlm.models.{family}.{family}")
+    configs = importlib.import_module(f"mlx_vlm.models.{family}.config")
+    outer = outer_config(family)
+    _, text, vision = FAMILIES[family]
+    out = ROOT / f"tests/data/vision/tiny_{family}"
     mx.random.seed(3613)
-    config = ModelConfig.from_dict({**OUTER, "text_config": TEXT, "vision_config": VISION})
-    config.text_config = TextConfig(**{k: v for k, v in TEXT.items()})
-    config.vision_config = VisionConfig(**VISION)
-    model = Model(config)
+    config = configs.ModelConfig.from_dict(json.loads(json.dumps(outer)))
+    config.text_config = configs.TextConfig(**json.loads(json.dumps(text)))
+    config.vision_config = configs.VisionConfig(**vision)
+    model = package.Model(config)
     params = {k: random_like(k, v) for k, v in tree_flatten(model.parameters())}
     model.load_weights(list(params.items()))
     model.eval()
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(OUT / "model.safetensors"), params, metadata={"format": "mlx"})
-    write = lambda name, value: (OUT / name).write_text(json.dumps(value, indent=1) + "\n")
-    write("config.json", OUTER)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "mlx"})
+    write = lambda name, value: (out / name).write_text(json.dumps(value, indent=1) + "\n")
+    write("config.json", outer)
     write("preprocessor_config.json", PREPROCESSOR)
     write("tokenizer.json", tokenizer_json())
     write("tokenizer_config.json", {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
@@ -166,9 +192,9 @@ def main():
         out_cases.append({"name": name, "images": images, "grids": grids, "prompt_ids": ids,
                           "expanded_ids": expanded, "output_ids": output})
         print(name, len(expanded), grids, output)
-    (ROOT / "tests/data/reference/vision_qwen3_vl_generate.json").write_text(json.dumps({
-        "description": "mlx-vlm generate_step, greedy, on tests/data/vision/tiny_qwen3_vl (float32, CPU)",
-        "regenerate": ".cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py",
+    (ROOT / f"tests/data/reference/vision_{family}_generate.json").write_text(json.dumps({
+        "description": f"mlx-vlm generate_step, greedy, on tests/data/vision/tiny_{family} (float32, CPU)",
+        "regenerate": f".cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py {family}",
         "tool_versions": {p: version(p) for p in ["mlx", "mlx-vlm", "Pillow"]},
         "cases": out_cases,
     }) + "\n")

@@ -37,7 +37,7 @@ pub(super) fn load_transformer(
 }
 
 /// The transformer, its config's text part, and the vision side where the checkpoint has one
-/// FastMLX runs (Qwen3-VL's).
+/// FastMLX runs (Qwen3-VL's, Qwen3.5's).
 fn load_parts(
     dir: &Path,
     backend: &Backend,
@@ -67,13 +67,14 @@ fn load_parts(
     Ok((raw, transformer, vision))
 }
 
-/// The vision tower and processor of a Qwen3-VL checkpoint (the tower's tensors under
+/// The vision tower and processor of a Qwen3-VL or Qwen3.5 checkpoint (the tower's tensors under
 /// `vision_tower.` as mlx-community writes them, or `model.visual.` as Hugging Face does); `None`
 /// for other families and for checkpoints shipped without the tower.
 fn load_vision(dir: &Path, weights: &mut Weights) -> Result<Option<VisionModel>> {
     let config_path = dir.join("config.json");
     let outer = read_json(&config_path)?;
-    if !matches!(outer.get("model_type").and_then(Value::as_str), Some("qwen3_vl")) {
+    // Qwen3.5 / 3.6 checkpoints carry the same tower (without deepstack) as Qwen3-VL's.
+    if !matches!(outer.get("model_type").and_then(Value::as_str), Some("qwen3_vl" | "qwen3_5" | "qwen3_5_moe")) {
         return Ok(None);
     }
     let Some(prefix) = ["vision_tower.", "model.visual.", "visual."]
