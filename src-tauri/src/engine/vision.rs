@@ -24,6 +24,10 @@ impl EncodedImages {
         Some(features)
     }
 
+    pub fn contains(&self, hash: &[u8; 32]) -> bool {
+        self.entries.iter().any(|(h, _, _)| h == hash)
+    }
+
     pub fn insert(&mut self, hash: [u8; 32], features: VisionFeatures) {
         let bytes = features.merged.nbytes() + features.deepstack.iter().map(|d| d.nbytes()).sum::<usize>();
         if bytes > ENCODED_IMAGES_BYTES || self.entries.iter().any(|(h, _, _)| *h == hash) {

@@ -153,18 +153,25 @@ impl Scheduler {
         };
         let pending = self.kv.pending_growth(&self.group, &self.running);
         let mut headroom = self.memory.headroom(pending);
+        // Images the chunk meets are encoded first, in a step of their own: the chunk fits when
+        // both do.
+        let need = |s: &Self, n: usize| cost(&s.memory, n).max(s.encode_bytes(n));
         // What nothing uses gives way first: MLX's buffer cache and the encoded images, then the
         // prefix cache's RAM tier.
-        if cost(&self.memory, n) > headroom && (crate::mlx::memory_stats().cache > 0 || self.encoded.bytes() > 0) {
+        if need(self, n) > headroom && (crate::mlx::memory_stats().cache > 0 || self.encoded.bytes() > 0) {
             self.encoded.clear();
             crate::mlx::give_back();
             headroom = self.memory.headroom(pending);
         }
-        if cost(&self.memory, n) > headroom && self.kv.give_way(cost(&self.memory, n) - headroom) > 0 {
+        if need(self, n) > headroom && self.kv.give_way(need(self, n) - headroom) > 0 {
             crate::mlx::give_back();
             headroom = self.memory.headroom(pending);
         }
-        let fitted = self.memory.prefill_tokens(rows, &buffers, shared, n, headroom);
+        let mut fitted = self.memory.prefill_tokens(rows, &buffers, shared, n, headroom);
+        if self.encode_bytes(fitted) > headroom {
+            // The chunk stops before the image until its encoding fits.
+            fitted = fitted.min(self.tokens_before_encoding(fitted));
+        }
         if fitted < n {
             tracing::debug!(
                 "prefill: {rows} rows narrowed from {n} to {fitted} tokens to stay under the memory ceiling \

@@ -70,6 +70,57 @@ impl Scheduler {
         Ok(Some(StepExtras { images: Some(ImageInputs { mask, embeds, deepstack }), positions }))
     }
 
+    /// The images the group's next `n` tokens per member meet that are not encoded yet (neither
+    /// held by their row nor in the cache of encoded images): (row, image) pairs.
+    fn images_to_encode(&self, n: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (r, seq) in self.group.seqs.iter().enumerate() {
+            let Some(images) = &seq.request.images else { continue };
+            for (k, image) in images.overlapping(seq.prefilled, seq.prefilled + n) {
+                if seq.image_features[k].is_none() && !self.encoded.contains(&image.hash) {
+                    out.push((r, k));
+                }
+            }
+        }
+        out
+    }
+
+    /// The working memory the vision tower would need to encode what the group's next `n`
+    /// tokens per member meet (0: nothing to encode).
+    pub(super) fn encode_bytes(&self, n: usize) -> usize {
+        let Some(vision) = self.model.vision.as_ref() else { return 0 };
+        let mut seen: Vec<[u8; 32]> = Vec::new();
+        let (mut patches, mut largest) = (0, 0);
+        for (r, k) in self.images_to_encode(n) {
+            let image = &self.group.seqs[r].request.images.as_ref().expect("has images").images[k];
+            if !seen.contains(&image.hash) {
+                seen.push(image.hash);
+                let p: usize = image.pixels.grid.iter().product();
+                patches += p;
+                largest = largest.max(p);
+            }
+        }
+        if patches == 0 {
+            return 0;
+        }
+        let dtype_bytes = if self.model.transformer.dtype == mlx_rs::Dtype::Float32 { 4 } else { 2 };
+        vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), dtype_bytes)
+    }
+
+    /// Tokens per member the group may prefill before the first image (within the next `n`) that
+    /// still needs encoding: where a chunk stops when the encoding does not fit in memory yet.
+    pub(super) fn tokens_before_encoding(&self, n: usize) -> usize {
+        self.images_to_encode(n)
+            .into_iter()
+            .map(|(r, k)| {
+                let seq = &self.group.seqs[r];
+                let image = &seq.request.images.as_ref().expect("has images").images[k];
+                image.start.saturating_sub(seq.prefilled)
+            })
+            .min()
+            .unwrap_or(n)
+    }
+
     /// Every image the group's next `n` tokens per member meet has its features: taken from the
     /// cache of encoded images, or encoded now, all in one tower call.
     fn encode_images_for(&mut self, n: usize) -> Result<(), ModelError> {
@@ -102,9 +153,7 @@ impl Scheduler {
             }
         }
         let patches: usize = pixels.iter().map(|p| p.grid.iter().product::<usize>()).sum();
-        let largest = pixels.iter().map(|p| p.grid.iter().product::<usize>()).max().unwrap_or(0);
-        let dtype_bytes = if self.model.transformer.dtype == mlx_rs::Dtype::Float32 { 4 } else { 2 };
-        let predicted = vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), dtype_bytes);
+        let predicted = self.encode_bytes(n);
         let began = std::time::Instant::now();
         let in_flight = self.memory.begin_step(predicted);
         let features = vision.encode(&pixels);
@@ -116,10 +165,13 @@ impl Scheduler {
         self.memory.end_step();
         drop(in_flight);
         let features = features?;
+        let calibration = self.memory.calibration();
         tracing::debug!(
-            "vision: {} images, {patches} patches encoded in {:.0} ms",
+            "vision: {} images, {patches} patches encoded in {:.0} ms ({} MB of working memory predicted, {} MB measured)",
             hashes.len(),
-            began.elapsed().as_secs_f64() * 1e3
+            began.elapsed().as_secs_f64() * 1e3,
+            calibration.predicted_bytes >> 20,
+            calibration.measured_bytes >> 20
         );
         self.metrics.images_encoded_total += hashes.len() as u64;
         for (hash, f) in hashes.iter().zip(&features) {
