@@ -8,11 +8,13 @@ their own reason; the server keeps serving.
 
 Against a tiny random Qwen3-VL (tests/data/vision/tiny_qwen3_vl): the answer about an image is
 mlx-vlm's greedy tokens (tests/data/reference/vision_qwen3_vl_generate.json), the same through
-every dialect; the conversation's next turn reuses the image from the prefix cache; a body cut
+every dialect; the conversation's next turn reuses the image from the prefix cache; with
+`--fetch-image-urls` an http URL is fetched (a URL that fails is a 400 naming it); a body cut
 short and images past the context window are refused; the server keeps serving."""
 
 import base64
 import json
+import os
 import struct
 import zlib
 
@@ -131,7 +133,10 @@ QUESTION = "What is this?"
 
 @pytest.fixture(scope="module")
 def seeing(tmp_path_factory):
-    yield from launch(tmp_path_factory, "client-tests-vision.log", ["--model", str(VL_MODEL)])
+    # `--fetch-image-urls`: this server fetches http(s) image URLs (the SmolLM2 one refuses them),
+    # here from a server on this machine, never through a proxy the environment names.
+    os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1", "localhost"]))
+    yield from launch(tmp_path_factory, "client-tests-vision.log", ["--model", str(VL_MODEL), "--fetch-image-urls"])
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +202,40 @@ def test_a_seeing_model_refuses_broken_and_oversized_images_and_keeps_serving(vl
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}} for _ in range(32)]}])
     assert "the context window is 4096" in e.value.body["message"], e.value.body["message"]
     assert ask_about_small(vl, seeing).choices[0].message.content
+
+
+def test_with_fetch_image_urls_an_http_image_is_fetched(vl, seeing):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path != "/small.png":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(SMALL)))
+            self.end_headers()
+            self.wfile.write(SMALL)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        def ask_url(url):
+            return vl.chat.completions.create(
+                model=seeing["model"], max_tokens=len(ONE_IMAGE["output_ids"]), temperature=0,
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                       {"type": "text", "text": QUESTION}]}])
+        fetched = ask_url(base + "/small.png")
+        assert fetched.choices[0].message.content == ask_about_small(vl, seeing).choices[0].message.content
+        with pytest.raises(openai.BadRequestError) as e:
+            ask_url(base + "/missing.png")
+        assert e.value.body["param"] == "messages[0].content[0]"
+        assert "could not be fetched: the server answered 404" in e.value.body["message"], e.value.body["message"]
+    finally:
+        httpd.shutdown()

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// that it completes to a call of an offered function with valid arguments.
     #[arg(long, env = "FASTMLX_STRICT_TOOLS")]
     strict_tools: bool,
+    /// Fetch `http(s)` image URLs in requests (by default they are refused: a local server that
+    /// fetches the URLs it is sent lets any web page that reaches it make requests inside your
+    /// network). For a server only your own tools use.
+    #[arg(long, env = "FASTMLX_FETCH_IMAGE_URLS")]
+    fetch_image_urls: bool,
     /// A model name other tools ask for, as NAME=MODEL (repeatable): `qwen2.5:7b=mlx-community/Qwen2.5-7B-Instruct-4bit`;
     /// NAME may end in `*` (`claude-*=...`); an empty MODEL means the model served now.
     #[arg(long = "alias", env = "FASTMLX_ALIASES", value_delimiter = ',')]
@@ -186,6 +191,7 @@ impl ServeArgs {
         config.aliases.extend(self.aliases.iter().cloned());
         config.ollama_port = self.ollama_port;
         config.strict_tools = self.strict_tools;
+        config.fetch_image_urls = self.fetch_image_urls;
         local_access(&mut config, self.host);
         config
     }

@@ -71,6 +71,9 @@ pub struct ServerConfig {
     pub ollama_port: Option<u16>,
     /// `tool_choice: "auto"`: a call the model opens is held to its format's grammar.
     pub strict_tools: bool,
+    /// `http(s)` image URLs in requests are fetched (off: refused, since a local server that
+    /// fetches URLs lets any web page reach your network).
+    pub fetch_image_urls: bool,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             aliases: aliases::defaults(),
             ollama_port: None,
             strict_tools: false,
+            fetch_image_urls: false,
         }
     }
 }

@@ -107,7 +107,8 @@ pub async fn count_tokens(
 ) -> Result<Json<Value>, ApiError> {
     let (chat, common) = request::to_chat(&body, true)?;
     let model = serve(&state, common.model.as_deref()).await?;
-    let rendered = render(&model, &chat, &state.config)?;
+    let fetched = crate::server::chat::with_fetched_images(&state, &chat).await?;
+    let rendered = render(&model, fetched.as_ref().unwrap_or(&chat), &state.config)?;
     Ok(Json(json!({"input_tokens": rendered.prompt_ids.len()})))
 }
 

@@ -6,6 +6,7 @@
 //! translate requests in and render answers out; none of them imports another.
 
 pub mod answer;
+mod fetch_images;
 pub mod fim;
 pub mod format;
 pub mod images;
@@ -26,4 +27,4 @@ pub use model::{serve, ChatModel};
 pub use params::{CommonParams, StopParam, StreamOptions};
 pub use piece::{Piece, ToolCall};
 pub use prompt::{render, ChatRequest, RenderedChat};
-pub use start::{call_id, start, StartedChat};
+pub use start::{call_id, start, with_fetched_images, StartedChat};

@@ -15,7 +15,7 @@ use crate::server::{ApiError, ServerConfig};
 use crate::tokenizer::chat_template::{ChatTemplate, RenderRequest};
 use crate::tokenizer::Tokenizer;
 
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     /// `{"role": "system" | "developer" | "user" | "assistant" | "tool", "content": text, or text and `image_url` parts (data URLs), ...}`;
     /// assistant turns may carry `tool_calls`, tool turns a `tool_call_id`.

@@ -29,6 +29,8 @@ pub struct StartedChat {
 /// Serves the model (loading it if needed), renders and tokenizes the prompt, and submits it.
 pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParams) -> Result<StartedChat, ApiError> {
     let model = serve(state, common.model.as_deref()).await?;
+    let fetched = with_fetched_images(state, request).await?;
+    let request = fetched.as_ref().unwrap_or(request);
     let RenderedChat { text, prompt_ids, shape, message_starts, snapshot_at, images } =
         render(&model, request, &state.config)?;
     let ChatModel { served, info, format } = model;
@@ -57,6 +59,15 @@ pub async fn start(state: &AppState, request: &ChatRequest, common: &CommonParam
         logprobs,
         prompt_tokens,
     })
+}
+
+/// `request` with its `http(s)` image URLs fetched, when the server fetches them and it has any.
+pub async fn with_fetched_images(state: &AppState, request: &ChatRequest) -> Result<Option<ChatRequest>, ApiError> {
+    if !state.config.fetch_image_urls {
+        return Ok(None);
+    }
+    let messages = super::fetch_images::inline_image_urls(&request.messages).await?;
+    Ok(messages.map(|messages| ChatRequest { messages, ..request.clone() }))
 }
 
 /// `call_` and 9 alphanumerics (Mistral's templates insist on 9).
