@@ -82,7 +82,8 @@ impl Default for ServerConfig {
             api_key: None,
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             allowed_origins: Vec::new(),
-            max_body_bytes: 8 << 20,
+            // Images arrive inline as base64: a 20 MB one is 27 MB of JSON (OpenAI takes 50 MB a request).
+            max_body_bytes: 64 << 20,
             max_tokens_limit: 32768,
             max_stop_strings: 16,
             max_stop_length: 256,
