@@ -239,3 +239,16 @@ def test_with_fetch_image_urls_an_http_image_is_fetched(vl, seeing):
         assert "could not be fetched: the server answered 404" in e.value.body["message"], e.value.body["message"]
     finally:
         httpd.shutdown()
+
+
+def test_models_say_whether_they_see(vl, seeing, oai, server):
+    import urllib.request
+
+    listed = {m.id: m.model_extra.get("vision") for m in vl.models.list().data}
+    assert listed[seeing["model"]] is True
+    assert {m.id: m.model_extra.get("vision") for m in oai.models.list().data}[server["model"]] is False
+    # Ollama's clients (Open WebUI among them) offer images where /api/show lists "vision".
+    show = lambda base, model: json.loads(urllib.request.urlopen(urllib.request.Request(
+        base + "/api/show", data=json.dumps({"model": model}).encode(), headers={"Content-Type": "application/json"})).read())
+    assert "vision" in show(seeing["ollama"], seeing["model"])["capabilities"]
+    assert "vision" not in show(server["ollama"], server["model"])["capabilities"]

@@ -444,6 +444,7 @@ describe("web UI", { concurrency: false }, () => {
         document.querySelector("[data-testid=composer]").dispatchEvent(new DragEvent("drop", { dataTransfer: drop, bubbles: true }));
       }, png);
       await until(async () => (await page.getByTestId("attachment").count()) === 3, "the pasted and dropped images");
+      assert.equal(await page.getByTestId("attach-text-only").count(), 0, "this model sees");
       await page.getByTestId("attachment-remove").last().click();
       assert.equal(await page.getByTestId("attachment").count(), 2);
 

@@ -26,6 +26,8 @@ import { IMAGE_TYPES, imageFiles, readImages } from "../attachments";
 interface ModelOption {
   id: string;
   loaded: boolean;
+  /** It reads images. */
+  vision: boolean;
 }
 
 function initialState(): { chats: Conversation[]; current: string } {
@@ -65,14 +67,14 @@ export function ChatPage() {
   // The model list: loaded ones first.
   useEffect(() => {
     Promise.all([
-      getJson<{ data: { id: string; kind?: string }[] }>("/v1/models"),
+      getJson<{ data: { id: string; kind?: string; vision?: boolean }[] }>("/v1/models"),
       getJson<ServerStatus>("/admin/status").catch(() => null),
     ])
       .then(([all, status]) => {
         const loaded = new Set((status?.loaded ?? []).map((m) => m.id));
         // Embedding models and rerankers do not chat.
         const chat = all.data.filter((m) => (m.kind ?? "chat") === "chat");
-        const options = chat.map((m) => ({ id: m.id, loaded: loaded.has(m.id) }));
+        const options = chat.map((m) => ({ id: m.id, loaded: loaded.has(m.id), vision: Boolean(m.vision) }));
         options.sort((a, b) => Number(b.loaded) - Number(a.loaded));
         setModels(options);
       })
@@ -519,6 +521,11 @@ export function ChatPage() {
                 </button>
               </div>
             ))}
+            {attached.length > 0 && models?.some((m) => m.id === conv?.model && !m.vision) && (
+              <div class="muted small-text" data-testid="attach-text-only">
+                {conv?.model} reads text only: choose a model that sees images (Qwen3-VL, Qwen3.5) to send these.
+              </div>
+            )}
             {attachError && (
               <div class="error-text small-text" data-testid="attach-error">
                 {attachError}

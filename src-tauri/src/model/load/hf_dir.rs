@@ -13,6 +13,7 @@ use crate::model::checkpoint::{quant_config, read_json, read_safetensors, stored
 use crate::model::config::Arch;
 use crate::model::error::{ModelError, Result};
 use crate::model::vision::qwen_tower::QwenVisionTower;
+use crate::model::vision::qwen_vl::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
 use crate::model::vision::{ImageProcessor, VisionModel};
 use crate::model::weights::Weights;
 use crate::model::Transformer;
@@ -73,13 +74,13 @@ fn load_parts(
 fn load_vision(dir: &Path, weights: &mut Weights) -> Result<Option<VisionModel>> {
     let config_path = dir.join("config.json");
     let outer = read_json(&config_path)?;
-    // Qwen3.5 / 3.6 checkpoints carry the same tower (without deepstack) as Qwen3-VL's.
-    if !matches!(outer.get("model_type").and_then(Value::as_str), Some("qwen3_vl" | "qwen3_5" | "qwen3_5_moe")) {
+    // Qwen3.5 / 3.6 checkpoints carry the same tower (without deepstack) as Qwen3-VL's; a
+    // conversion for text alone may drop it.
+    let model_type = outer.get("model_type").and_then(Value::as_str).unwrap_or_default();
+    if !FAMILIES_THAT_SEE.contains(&model_type) {
         return Ok(None);
     }
-    let Some(prefix) = ["vision_tower.", "model.visual.", "visual."]
-        .into_iter()
-        .find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
+    let Some(prefix) = TOWER_PREFIXES.into_iter().find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
     else {
         return Ok(None);
     };

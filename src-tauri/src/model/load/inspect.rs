@@ -27,6 +27,9 @@ pub struct ModelSummary {
     pub loaded_bytes: Option<u64>,
     /// `None` when this build can load it; otherwise why not.
     pub unloadable_reason: Option<String>,
+    /// It reads images (a family whose vision tower FastMLX runs, with the tower's weights).
+    #[serde(default)]
+    pub vision: bool,
 }
 
 /// What a model serves.
@@ -81,6 +84,7 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
         size_bytes: folder_size(dir),
         loaded_bytes: None,
         unloadable_reason: None,
+        vision: false,
     };
     let raw: Value = match std::fs::read_to_string(dir.join("config.json"))
         .map_err(|e| e.to_string())
@@ -92,6 +96,7 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
             return summary;
         }
     };
+    summary.vision = reads_images(dir, &raw);
     let raw = arch::text_config(&raw);
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
     summary.architecture = (!model_type.is_empty()).then(|| model_type.clone());
@@ -146,6 +151,45 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     summary
 }
 
+/// Whether the folder's model reads images: a family whose tower FastMLX runs, and the tower's
+/// tensors among its weights (read from the index or the files' headers, no tensor data).
+fn reads_images(dir: &Path, outer: &Value) -> bool {
+    use crate::model::vision::qwen_vl::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
+    let model_type = outer.get("model_type").and_then(Value::as_str).unwrap_or_default();
+    if !FAMILIES_THAT_SEE.contains(&model_type) {
+        return false;
+    }
+    let is_tower = |name: &str| TOWER_PREFIXES.iter().any(|p| name.starts_with(&format!("{p}patch_embed.")));
+    if let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) {
+        let index: Value = serde_json::from_str(&text).unwrap_or_default();
+        return index.get("weight_map").and_then(Value::as_object).is_some_and(|m| m.keys().any(|k| is_tower(k)));
+    }
+    let files = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    files
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .any(|e| safetensors_names(&e.path()).iter().any(|n| is_tower(n)))
+}
+
+/// The tensor names in a safetensors file's header (its first 8 bytes say how long the header is).
+fn safetensors_names(path: &Path) -> Vec<String> {
+    use std::io::Read;
+    let read = || -> std::io::Result<Vec<String>> {
+        let mut file = std::fs::File::open(path)?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)?;
+        let len = u64::from_le_bytes(len);
+        // A header past 100 MB is not a checkpoint's.
+        if len > 100 << 20 {
+            return Ok(Vec::new());
+        }
+        let mut header = vec![0u8; len as usize];
+        file.read_exact(&mut header)?;
+        let header: Value = serde_json::from_slice(&header).unwrap_or_default();
+        Ok(header.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default())
+    };
+    read().unwrap_or_default()
+}
+
 /// A generating model's size, or why this build cannot load it.
 fn inspect_decoder(model_type: &str, raw: &Value, summary: &mut ModelSummary, reasons: &mut Vec<String>) {
     match Arch::from_model_type(model_type) {
@@ -195,6 +239,7 @@ fn inspect_gguf(path: &Path) -> ModelSummary {
         size_bytes,
         loaded_bytes: None,
         unloadable_reason: None,
+        vision: false,
     };
     let header = match gguf_header::read(path) {
         Ok(h) => h,

@@ -14,6 +14,12 @@ use super::qwen_tower::{QwenVisionConfig, QwenVisionTower, VisionFeatures};
 use super::DecodedImage;
 use crate::model::error::{ModelError, Result};
 
+/// The checkpoint families whose vision tower FastMLX runs (outer `model_type`).
+pub const FAMILIES_THAT_SEE: [&str; 3] = ["qwen3_vl", "qwen3_5", "qwen3_5_moe"];
+
+/// Where a checkpoint keeps the tower's tensors: mlx-community's layout, Hugging Face's, older ones'.
+pub const TOWER_PREFIXES: [&str; 3] = ["vision_tower.", "model.visual.", "visual."];
+
 /// What prepares a prompt with images for the model.
 #[derive(Debug, Clone)]
 pub struct ImageProcessor {

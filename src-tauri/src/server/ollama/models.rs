@@ -98,6 +98,10 @@ pub async fn show(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) 
     if fim {
         capabilities.push("insert");
     }
+    // What Open WebUI and Ollama's clients check before they offer to send images.
+    if loaded.as_ref().map_or(summary.vision, |info| info.vision.is_some()) {
+        capabilities.push("vision");
+    }
     let parameters = context.map(|c| format!("num_ctx                        {c}")).unwrap_or_default();
     Ok(Json(json!({
         "license": "",

@@ -94,6 +94,8 @@ pub struct Model {
     pub owned_by: &'static str,
     /// FastMLX's: `chat`, `embedding` or `reranker` (what the model serves).
     pub kind: &'static str,
+    /// FastMLX's: whether it reads images (`image_url` parts and the like).
+    pub vision: bool,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
