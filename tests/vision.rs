@@ -218,6 +218,62 @@ fn qwen3_5_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
     sees_as_mlx_vlm("qwen3_5");
 }
 
+/// The same for Qwen3-VL-MoE (routed experts in every layer but the first).
+#[test]
+fn qwen3_vl_moe_gives_mlx_vlms_tokens_alone_batched_chunked_and_from_the_cache() {
+    sees_as_mlx_vlm("qwen3_vl_moe");
+}
+
+/// Hugging Face's layout of the same Qwen3-VL-MoE (`model.visual.*`, `model.language_model.*`, each
+/// layer's experts fused as `experts.gate_up_proj` / `experts.down_proj`, inputs first, and the patch
+/// kernel channels first) loads to the same model: mlx-vlm's tokens for one image.
+#[test]
+fn qwen3_vl_moe_in_hugging_faces_layout_gives_the_same_tokens() {
+    use fastmlx::model::checkpoint::read_safetensors;
+    use mlx_rs::ops::concatenate;
+
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/vision_qwen3_vl_moe_generate.json");
+    let case = &reference["cases"][0];
+    let source = common::root().join("tests/data/vision/tiny_qwen3_vl_moe");
+    let dir = tempfile::tempdir().unwrap();
+    for file in
+        ["config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+    {
+        std::fs::copy(source.join(file), dir.path().join(file)).unwrap();
+    }
+    let mlx = read_safetensors(&source).unwrap();
+    let hf_name = |name: &str| {
+        name.replace("language_model.model.", "model.language_model.")
+            .replace("language_model.lm_head", "lm_head")
+            .replace("vision_tower.", "model.visual.")
+    };
+    let inputs_first = |a: &mlx_rs::Array| a.transpose_axes(&[0, 2, 1]).unwrap();
+    let mut hf = std::collections::HashMap::new();
+    for (name, array) in &mlx {
+        if let Some(rest) = name.strip_suffix(".switch_mlp.gate_proj.weight") {
+            let up = &mlx[&format!("{rest}.switch_mlp.up_proj.weight")];
+            let fused = concatenate(&[inputs_first(array), inputs_first(up)], -1).unwrap();
+            hf.insert(hf_name(&format!("{rest}.experts.gate_up_proj")), fused);
+        } else if let Some(rest) = name.strip_suffix(".switch_mlp.down_proj.weight") {
+            hf.insert(hf_name(&format!("{rest}.experts.down_proj")), inputs_first(array));
+        } else if name == "vision_tower.patch_embed.proj.weight" {
+            hf.insert(hf_name(name), array.transpose_axes(&[0, 4, 1, 2, 3]).unwrap());
+        } else if !name.ends_with(".switch_mlp.up_proj.weight") {
+            hf.insert(hf_name(name), array.clone());
+        }
+    }
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    mlx_rs::Array::save_safetensors(hf, &metadata, dir.path().join("model.safetensors")).unwrap();
+
+    let model = fastmlx::model::load_model(dir.path(), &fastmlx::mlx::Backend::init()).unwrap();
+    let processor = model.vision.as_ref().expect("the tower under model.visual").processor.clone();
+    drop(model);
+    let request = qwen3_vl_request(&processor, case, &case_images(case));
+    let engine = common::engine::start(dir.path(), fastmlx::engine::EngineConfig::default());
+    assert_eq!(common::collect(engine.submit(request).unwrap()).tokens, common::ids(&case["output_ids"]));
+}
+
 fn sees_as_mlx_vlm(family: &str) {
     use fastmlx::engine::EngineConfig;
 

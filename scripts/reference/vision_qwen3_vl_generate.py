@@ -1,5 +1,5 @@
-"""Greedy tokens of tiny random Qwen3-VL and Qwen3.5 models (issue 36) from mlx-vlm 0.7.6's own
-`qwen3_vl.Model` / `qwen3_5.Model` and `generate_step`: one image, two images in one message, a
+"""Greedy tokens of tiny random Qwen3-VL, Qwen3-VL-MoE and Qwen3.5 models (issue 36) from mlx-vlm 0.7.6's own
+`qwen3_vl` / `qwen3_vl_moe` / `qwen3_5` `Model` and `generate_step`: one image, two images in one message, a
 tall and a wide image, an image in the second turn, and text alone. Writes each model folder in
 the mlx-community layout (`language_model.*`, `vision_tower.*`, the outer config with
 `text_config` and `vision_config`, `preprocessor_config.json` with 8-pixel patches, a byte-level
@@ -9,7 +9,7 @@ tests/data/reference/vision_<family>_generate.json.
 
 Regenerate (from the repository root):
 
-    .cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py [qwen3_vl|qwen3_5]
+    .cache/venv/bin/python scripts/reference/vision_qwen3_vl_generate.py [qwen3_vl|qwen3_vl_moe|qwen3_5]
 """
 
 import importlib
@@ -55,8 +55,12 @@ TEXT_3_5 = {
     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True,
                         "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
 }
+# Qwen3-VL-MoE: Qwen3-VL's attention with routed experts (every layer but the first).
+TEXT_VL_MOE = {**TEXT, "model_type": "qwen3_vl_moe_text", "num_experts": 4, "num_experts_per_tok": 2,
+               "decoder_sparse_step": 1, "mlp_only_layers": [0], "moe_intermediate_size": 16, "norm_topk_prob": True}
 FAMILIES = {
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", TEXT, VISION),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", TEXT_VL_MOE, {**VISION, "model_type": "qwen3_vl_moe"}),
     "qwen3_5": ("Qwen3_5ForConditionalGeneration", TEXT_3_5, {**VISION, "model_type": "qwen3_5",
                                                                "deepstack_visual_indexes": []}),
 }

@@ -63,7 +63,8 @@ impl Arch {
             // Qwen3-VL's text model is Qwen3's, with M-RoPE (`rope_scaling.mrope_section`).
             "qwen3" | "qwen3_vl" | "qwen3_vl_text" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
-            "qwen3_moe" => Arch::Qwen3Moe,
+            // Qwen3-VL-MoE's text model is Qwen3-MoE's, with M-RoPE.
+            "qwen3_moe" | "qwen3_vl_moe" | "qwen3_vl_moe_text" => Arch::Qwen3Moe,
             "qwen2_moe" => Arch::Qwen2Moe,
             "mixtral" => Arch::Mixtral,
             "gemma3_text" => Arch::Gemma3,

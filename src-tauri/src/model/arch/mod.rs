@@ -321,14 +321,15 @@ fn sliding_layers(hf: &HfConfig, layers: usize) -> Result<Option<Vec<bool>>, Str
     }
 }
 
-/// Checkpoint layouts a family must convert before its tensors are read (gpt-oss's and
-/// Gemma 4's fused experts); a no-op for the others.
+/// Checkpoint layouts a family must convert before its tensors are read (gpt-oss's, Gemma 4's
+/// and Qwen3-VL-MoE's fused experts); a no-op for the others.
 pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weights) -> crate::model::error::Result<()> {
     match config.arch {
         Arch::GptOss => gpt_oss::split_fused_experts(weights, config.num_layers),
         Arch::Gemma4 => gemma4::sanitize(weights, config),
         Arch::Qwen3Next | Arch::Qwen35 => qwen3_next::sanitize(weights, config),
         Arch::Lfm2 => lfm2::sanitize(weights, config),
+        Arch::Qwen3Moe => qwen3_moe::split_fused_experts(weights, config.num_layers),
         _ => Ok(()),
     }
 }

@@ -15,7 +15,7 @@ use super::DecodedImage;
 use crate::model::error::{ModelError, Result};
 
 /// The checkpoint families whose vision tower FastMLX runs (outer `model_type`).
-pub const FAMILIES_THAT_SEE: [&str; 3] = ["qwen3_vl", "qwen3_5", "qwen3_5_moe"];
+pub const FAMILIES_THAT_SEE: [&str; 4] = ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"];
 
 /// Where a checkpoint keeps the tower's tensors: mlx-community's layout, Hugging Face's, older ones'.
 pub const TOWER_PREFIXES: [&str; 3] = ["vision_tower.", "model.visual.", "visual."];
