@@ -396,7 +396,7 @@ impl Scheduler {
     /// `predicted` bytes: logits of every position, on the host.
     fn forward_running(&mut self, ids: &Array, predicted: usize) -> Result<Vec<f32>, String> {
         let _in_flight = self.memory.begin_step(predicted);
-        let positions = self.running_positions(ids.dim(1) as usize).map_err(|e| e.to_string())?;
+        let positions = self.running_positions(ids.dim(1) as usize);
         let step = crate::model::transformer::StepInputs { images: None, positions: positions.as_ref() };
         let t = &self.model.transformer;
         let hidden = t.forward_hidden_with(ids, &mut self.running.cache, step).map_err(|e| e.to_string())?;

@@ -30,8 +30,7 @@ impl Scheduler {
         self.encode_images_for(n)?;
         let rows = self.group.len();
         let members = &self.group.seqs;
-        let starts: Vec<usize> = members.iter().map(|s| s.prefilled).collect();
-        let positions = positions_of(members.iter().zip(&starts).map(|(s, &from)| (s, from)), n)?;
+        let positions = positions_of(members.iter().map(|s| (s, s.prefilled)), n);
         // Each (row, image) the chunk meets: its features, and the chunk's columns it fills.
         let mut parts: Vec<&VisionFeatures> = Vec::new();
         let mut gather = vec![0i32; rows * n];
@@ -39,7 +38,7 @@ impl Scheduler {
         let mut base = 0usize;
         for (r, seq) in members.iter().enumerate() {
             let Some(images) = &seq.request.images else { continue };
-            let (from, to) = (starts[r], starts[r] + n);
+            let (from, to) = (seq.prefilled, seq.prefilled + n);
             for (k, image) in images.overlapping(from, to) {
                 let features = seq.image_features[k]
                     .as_ref()
@@ -103,8 +102,7 @@ impl Scheduler {
         if patches == 0 {
             return 0;
         }
-        let dtype_bytes = if self.model.transformer.dtype == mlx_rs::Dtype::Float32 { 4 } else { 2 };
-        vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), dtype_bytes)
+        vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), self.model.transformer.dtype_bytes())
     }
 
     /// Tokens per member the group may prefill before the first image (within the next `n`) that
@@ -199,21 +197,17 @@ impl Scheduler {
     }
 
     /// M-RoPE positions for a step of `width` tokens per running row, when a row has images.
-    pub(super) fn running_positions(&self, width: usize) -> Result<Option<Array>, ModelError> {
+    pub(super) fn running_positions(&self, width: usize) -> Option<Array> {
         if !self.running.seqs.iter().any(|s| s.request.images.is_some()) {
-            return Ok(None);
+            return None;
         }
         // A row's next input is its last token, not yet in its cache.
-        let rows = self.running.seqs.iter().map(|s| (s, s.tokens().len() - 1));
-        Ok(Some(positions_of(rows, width)?))
+        Some(positions_of(self.running.seqs.iter().map(|s| (s, s.tokens().len() - 1)), width))
     }
 }
 
 /// `[3, rows, width]` positions of `width` tokens per row from each row's `start` index.
-fn positions_of<'a>(
-    rows: impl Iterator<Item = (&'a crate::engine::sequence::Sequence, usize)>,
-    width: usize,
-) -> Result<Array, ModelError> {
+fn positions_of<'a>(rows: impl Iterator<Item = (&'a crate::engine::sequence::Sequence, usize)>, width: usize) -> Array {
     let rows: Vec<_> = rows.collect();
     let mut data = vec![0i32; 3 * rows.len() * width];
     for (r, (seq, start)) in rows.iter().enumerate() {
@@ -224,5 +218,5 @@ fn positions_of<'a>(
             }
         }
     }
-    Ok(Array::from_slice(&data, &[3, rows.len() as i32, width as i32]))
+    Array::from_slice(&data, &[3, rows.len() as i32, width as i32])
 }

@@ -45,7 +45,8 @@ fn load_parts(
     options: &super::LoadOptions,
 ) -> Result<(Value, Transformer, Option<VisionModel>)> {
     let config_path = dir.join("config.json");
-    let (raw, hf, mut config) = read_configs(dir)?;
+    let outer = read_json(&config_path)?;
+    let (raw, hf, mut config) = understand_config(&outer, config_path.clone())?;
 
     let tensors = read_safetensors(dir)?;
     let stored = stored_dtype(&raw, &tensors);
@@ -58,7 +59,7 @@ fn load_parts(
             false => Some(format!("model.{name}")),
         });
     }
-    let vision = load_vision(dir, &mut weights)?;
+    let vision = load_vision(dir, &outer, &mut weights)?;
     weights.rename_all(arch::canonical_tensor_name);
     arch::sanitize(&config, &mut weights)?;
     if hf.tie_word_embeddings.is_none() {
@@ -71,9 +72,8 @@ fn load_parts(
 /// The vision tower and processor of a Qwen3-VL or Qwen3.5 checkpoint (the tower's tensors under
 /// `vision_tower.` as mlx-community writes them, or `model.visual.` as Hugging Face does); `None`
 /// for other families and for checkpoints shipped without the tower.
-fn load_vision(dir: &Path, weights: &mut Weights) -> Result<Option<VisionModel>> {
+fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Option<VisionModel>> {
     let config_path = dir.join("config.json");
-    let outer = read_json(&config_path)?;
     // Qwen3.5 / 3.6 checkpoints carry the same tower (without deepstack) as Qwen3-VL's; a
     // conversion for text alone may drop it.
     let model_type = outer.get("model_type").and_then(Value::as_str).unwrap_or_default();
@@ -96,7 +96,7 @@ fn load_vision(dir: &Path, weights: &mut Weights) -> Result<Option<VisionModel>>
         }
     };
     let processor =
-        ImageProcessor::from_json(&outer, &optional("preprocessor_config.json")?, &optional("processor_config.json")?)
+        ImageProcessor::from_json(outer, &optional("preprocessor_config.json")?, &optional("processor_config.json")?)
             .map_err(invalid)?;
     let tower = QwenVisionTower::build(tower_config, weights, prefix)?;
     Ok(Some(VisionModel { processor: std::sync::Arc::new(processor), tower }))

@@ -370,7 +370,8 @@ impl Transformer {
         (0..self.config.kv_cache_layers()).map(|i| self.config.layer_window(i)).collect()
     }
 
-    fn dtype_bytes(&self) -> usize {
+    /// Bytes of one value in the compute dtype.
+    pub fn dtype_bytes(&self) -> usize {
         if self.dtype == Dtype::Float32 {
             4
         } else {
