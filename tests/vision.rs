@@ -4,6 +4,9 @@
 //! decoded pixels, the resized pixels (both of Pillow's pass orders) and the f32 pixel values, for a
 //! screenshot, a tall image, one under the minimum size with an alpha channel and a GIF, each under
 //! three checkpoints' settings; JPEGs (with and without chroma subsampling) decoded within 4 levels.
+//! Gemma 3's and Gemma 4's preprocessing likewise (tests/data/reference/vision_gemma_preprocess.json).
+//! Then each family's tower and generation on tiny random models against the references
+//! (mlx-vlm 0.7.6's classes; for Gemma, with transformers' attention among an image's tokens).
 
 mod common;
 
@@ -170,19 +173,33 @@ fn mrope_positions_equal_mlx_vlms() {
     }
 }
 
-/// A case of tests/data/reference/vision_qwen3_vl_generate.json as a request: its prompt's
-/// placeholders expanded by FastMLX's processor (checked equal to the reference's), its images
-/// prepared, greedy for the reference's number of tokens.
-fn qwen3_vl_request(
+/// A case of tests/data/reference/vision_<family>_generate.json as a request: its prompt's
+/// placeholders expanded by FastMLX's processor (checked equal to the reference's: Gemma 3's in the
+/// rendered text, the others' in the tokens), its images prepared, greedy for the reference's
+/// number of tokens.
+fn reference_request(
     processor: &fastmlx::model::vision::ImageProcessor,
     case: &Value,
     images: &[fastmlx::model::vision::DecodedImage],
 ) -> fastmlx::engine::Request {
-    let ids: Vec<u32> = common::ids(&case["prompt_ids"]);
+    let ids: Vec<u32> = match case.get("expanded_text") {
+        Some(text) if !images.is_empty() => {
+            let ours = processor.expand_text(case["prompt_text"].as_str().unwrap()).unwrap();
+            assert_eq!(ours, text.as_str().unwrap(), "{}: expanded text", case["name"]);
+            common::ids(&case["expanded_ids"])
+        }
+        _ => common::ids(&case["prompt_ids"]),
+    };
     let (expanded, prepared) = processor.prepare(&ids, images).unwrap();
     assert_eq!(expanded, common::ids(&case["expanded_ids"]), "{}: expanded prompt", case["name"]);
-    let grids: Vec<[usize; 3]> = prepared.images.iter().map(|i| i.pixels.grid).collect();
-    assert_eq!(serde_json::json!(grids), case["grids"], "{}", case["name"]);
+    if let Some(grids) = case.get("grids") {
+        let ours: Vec<[usize; 3]> = prepared.images.iter().map(|i| i.pixels.grid).collect();
+        assert_eq!(&serde_json::json!(ours), grids, "{}", case["name"]);
+    }
+    if let Some(tokens) = case.get("tokens_per_image") {
+        let ours: Vec<usize> = prepared.images.iter().map(|i| i.tokens).collect();
+        assert_eq!(&serde_json::json!(ours), tokens, "{}", case["name"]);
+    }
     let mut request = common::engine::request(&expanded, case["output_ids"].as_array().unwrap().len());
     request.images = (!prepared.images.is_empty()).then(|| std::sync::Arc::new(prepared));
     request
@@ -269,7 +286,7 @@ fn qwen3_vl_moe_in_hugging_faces_layout_gives_the_same_tokens() {
     let model = fastmlx::model::load_model(dir.path(), &fastmlx::mlx::Backend::init()).unwrap();
     let processor = model.vision.as_ref().expect("the tower under model.visual").processor.clone();
     drop(model);
-    let request = qwen3_vl_request(&processor, case, &case_images(case));
+    let request = reference_request(&processor, case, &case_images(case));
     let engine = common::engine::start(dir.path(), fastmlx::engine::EngineConfig::default());
     assert_eq!(common::collect(engine.submit(request).unwrap()).tokens, common::ids(&case["output_ids"]));
 }
@@ -284,10 +301,17 @@ fn sees_as_mlx_vlm(family: &str) {
     let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
     let processor = model.vision.as_ref().expect("the vision tower is loaded").processor.clone();
     drop(model);
-    let requests: Vec<_> = cases.iter().map(|c| qwen3_vl_request(&processor, c, &case_images(c))).collect();
+    let requests: Vec<_> = cases.iter().map(|c| reference_request(&processor, c, &case_images(c))).collect();
     let want = |i: usize| common::ids(&cases[i]["output_ids"]);
 
-    for (prefill_chunk, label) in [(2048, "whole"), (37, "in chunks of 37")] {
+    // Gemma's images are prefilled whole (their tokens see each other): chunks of 7, shorter
+    // than an image, grow to hold it.
+    let chunks: &[(usize, &str)] = if family.starts_with("gemma") {
+        &[(2048, "whole"), (37, "in chunks of 37"), (7, "in chunks of 7")]
+    } else {
+        &[(2048, "whole"), (37, "in chunks of 37")]
+    };
+    for &(prefill_chunk, label) in chunks {
         let engine =
             common::engine::start(&dir, EngineConfig { prefill_chunk, prefix_cache_bytes: 0, ..Default::default() });
         // Alone.
@@ -311,10 +335,7 @@ fn sees_as_mlx_vlm(family: &str) {
     assert_eq!(cold.tokens, want(0));
     let mut next_turn = one.clone();
     next_turn.prompt_ids.extend(&cold.tokens);
-    next_turn.prompt_ids.extend([258, 10, 257]);
-    next_turn.prompt_ids.extend(b"user\nAnd now?".map(u32::from));
-    next_turn.prompt_ids.extend([258, 10, 257]);
-    next_turn.prompt_ids.extend(b"assistant\n".map(u32::from));
+    next_turn.prompt_ids.extend(b"\nAnd now?\n".map(u32::from));
     let warm = common::collect(engine.submit(next_turn).unwrap());
     let image = &one.images.as_ref().unwrap().images[0];
     assert!(
@@ -325,7 +346,7 @@ fn sees_as_mlx_vlm(family: &str) {
     let mut other = case_images(&cases[0]);
     other[0].rgb.iter_mut().for_each(|v| *v = 255 - *v);
     other[0].hash[0] ^= 1;
-    let edited = qwen3_vl_request(&processor, &cases[0], &other);
+    let edited = reference_request(&processor, &cases[0], &other);
     let edited = common::collect(engine.submit(edited).unwrap());
     assert!(
         edited.finish.usage.cached_tokens <= image.start,
@@ -335,4 +356,200 @@ fn sees_as_mlx_vlm(family: &str) {
     );
     let metrics = common::engine::wait_idle(&engine);
     assert_eq!(metrics.images_encoded_total, 2, "the repeated image is not encoded twice");
+}
+
+/// Gemma 3 (SigLIP tower, images expanded in the text, each image's tokens seeing each other on
+/// every layer as in transformers) gives transformers' greedy tokens: the reference is mlx-vlm
+/// 0.7.6's own model with transformers' masks (scripts/reference/vision_gemma_generate.py), where
+/// mlx-vlm alone attends causally and answers differently.
+#[test]
+fn gemma3_gives_the_references_tokens_alone_batched_chunked_and_from_the_cache() {
+    sees_as_mlx_vlm("gemma3");
+    gemma_images_across_blocks("gemma3");
+}
+
+/// Gemma 4 (its own tower with 2D rotary positions and pooling, per-layer inputs reading image
+/// tokens as padding, image tokens seeing each other on the sliding layers only, as transformers).
+#[test]
+fn gemma4_gives_the_references_tokens_alone_batched_chunked_and_from_the_cache() {
+    sees_as_mlx_vlm("gemma4");
+    gemma_images_across_blocks("gemma4");
+}
+
+/// The reference's cases tell transformers' attention from mlx-vlm's: following mlx-vlm would
+/// fail them. Then a prompt whose image straddles a prefix-cache block (stored while the prompt
+/// is prefilled): in chunks of 7 it answers as prefilled whole, and again from the cache.
+fn gemma_images_across_blocks(family: &str) {
+    use fastmlx::engine::EngineConfig;
+
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json(&format!("tests/data/reference/vision_{family}_generate.json"));
+    let cases = reference["cases"].as_array().unwrap();
+    assert!(
+        cases.iter().any(|c| c["output_ids"] != c["output_ids_mlx_vlm"]),
+        "the tiny model must answer differently under mlx-vlm's causal masks"
+    );
+    let dir = common::root().join(format!("tests/data/vision/tiny_{family}"));
+    let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
+    let processor = model.vision.as_ref().expect("the vision tower is loaded").processor.clone();
+    drop(model);
+    let case = &cases[0];
+    let request = reference_request(&processor, case, &case_images(case));
+    let image = request.images.as_ref().unwrap().images[0].clone();
+    // Text before the image so that it straddles the 64-token block the cache keeps.
+    let pad = 64 - image.start - image.tokens / 2;
+    let mut ids: Vec<u32> = request.prompt_ids[..1].to_vec();
+    ids.extend(std::iter::repeat_n(u32::from(b'x'), pad));
+    ids.extend(&request.prompt_ids[1..]);
+    let mut padded = request.clone();
+    let mut images = (**request.images.as_ref().unwrap()).clone();
+    images.images[0].start += pad;
+    let start = images.images[0].start;
+    images.key_ids = ids.clone();
+    for j in 0..image.tokens {
+        images.key_ids[start + j] = request.images.as_ref().unwrap().key_ids[image.start + j];
+    }
+    assert!(start < 64 && start + image.tokens > 64, "the image straddles the block");
+    padded.prompt_ids = ids;
+    padded.images = Some(std::sync::Arc::new(images));
+
+    let whole = common::engine::start(&dir, EngineConfig { prefix_cache_bytes: 0, ..Default::default() });
+    let want = common::collect(whole.submit(padded.clone()).unwrap()).tokens;
+    common::engine::wait_idle(&whole);
+    drop(whole);
+    let engine = common::engine::start(
+        &dir,
+        EngineConfig { prefill_chunk: 7, prefix_cache_bytes: 64 << 20, ..Default::default() },
+    );
+    let cold = common::collect(engine.submit(padded.clone()).unwrap());
+    assert_eq!(cold.tokens, want, "in chunks of 7");
+    let warm = common::collect(engine.submit(padded).unwrap());
+    assert!(warm.finish.usage.cached_tokens > start + image.tokens, "the image from the cache");
+    assert_eq!(warm.tokens, cold.tokens);
+    common::engine::wait_idle(&engine);
+}
+
+/// Gemma 3's SigLIP tower with its projector, and Gemma 4's tower with its embedder, on their
+/// tiny random models: each image's features as the language model takes them, against mlx-vlm's
+/// own modules (the `tower` of tests/data/reference/vision_gemma*_generate.json), within 1e-4.
+#[test]
+fn the_gemma_vision_towers_equal_the_references() {
+    let _mlx = common::mlx_lock();
+    for family in ["gemma3", "gemma4"] {
+        let reference = common::read_json(&format!("tests/data/reference/vision_{family}_generate.json"));
+        let dir = common::root().join(format!("tests/data/vision/tiny_{family}"));
+        let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
+        let vision = model.vision.as_ref().expect("the vision tower is loaded");
+        for name in ["small.png", "banner.gif"] {
+            let bytes = std::fs::read(common::root().join(format!("tests/data/vision/{name}"))).unwrap();
+            let case = serde_json::json!({"prompt_ids": [vision.processor.image_token], "images": [name]});
+            let image = decode(&bytes, None).unwrap();
+            let ids: Vec<u32> = match vision.processor.expand_text("<start_of_image>") {
+                Some(_) => vec![vision.processor.image_token; 16],
+                None => common::ids(&case["prompt_ids"]),
+            };
+            let (_, prepared) = vision.processor.prepare(&ids, std::slice::from_ref(&image)).unwrap();
+            let features = vision.encode(&[&prepared.images[0].pixels]).unwrap().remove(0).merged;
+            features.eval().unwrap();
+            let want = &reference["tower"][name];
+            let what = format!("{family} {name}");
+            let shape: Vec<i32> = features.shape().to_vec();
+            assert_eq!(serde_json::json!(shape), want["shape"], "{what}");
+            let values: Vec<f32> = features.as_slice::<f32>().to_vec();
+            let width = shape[1] as usize;
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+            for (i, w) in want["row_sums"].as_array().unwrap().iter().enumerate() {
+                let sum: f64 = values[i * width..(i + 1) * width].iter().map(|&v| f64::from(v)).sum();
+                assert!(close(sum, w.as_f64().unwrap()), "{what}: row {i} sums to {sum}, not {w}");
+            }
+            for (i, w) in want["first"].as_array().unwrap().iter().enumerate() {
+                assert!(
+                    close(f64::from(values[i]), w.as_f64().unwrap()),
+                    "{what}: value {i} is {}, not {w}",
+                    values[i]
+                );
+            }
+            let abs: f64 = values.iter().map(|v| f64::from(v.abs())).sum();
+            let want_abs = want["abs_sum"].as_f64().unwrap();
+            assert!((abs - want_abs).abs() <= 1e-5 * want_abs, "{what}: |values| sum to {abs}, not {want_abs}");
+        }
+    }
+}
+
+/// Gemma 3's and Gemma 4's preprocessing against the references'
+/// (tests/data/reference/vision_gemma_preprocess.json, from
+/// scripts/reference/vision_gemma_preprocess.py): the size resized to, the resized pixels (Pillow's
+/// bilinear and bicubic) and the pixel values to the byte for PNG and GIF (JPEG: sizes and token
+/// counts), each image under Gemma 3's settings and Gemma 4's at 70, 280 and 1,120 tokens. Gemma 4's
+/// values are transformers' (its f64 rescale; mlx-vlm's f32 product is one bit off for half the
+/// byte values, and the reference records both).
+#[test]
+fn gemma_preprocessing_equals_the_reference_processors() {
+    use fastmlx::model::vision::gemma::{Gemma3ImageConfig, Gemma4ImageConfig};
+    use fastmlx::model::vision::resample::{resize, Filter};
+
+    let reference = common::read_json("tests/data/reference/vision_gemma_preprocess.json");
+    let configs = &reference["configs"];
+    let outer = serde_json::json!({"vision_config": {"image_size": 896, "patch_size": 14}, "mm_tokens_per_image": 256});
+    let gemma3 = Gemma3ImageConfig::from_json(&outer, &configs["gemma3"], &Value::Null).unwrap();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for case in reference["cases"].as_array().unwrap() {
+        let config = case["config"].as_str().unwrap();
+        // transformers' own Gemma 3 processor composites an alpha channel onto white, with a flag
+        // the published config leaves off (then it refuses the image); mlx-vlm's pipeline, as
+        // FastMLX, drops the alpha.
+        if config == "gemma3_transformers_rgba" {
+            continue;
+        }
+        let name = case["image"].as_str().unwrap();
+        let label = format!("{name} with {config}");
+        let bytes = std::fs::read(common::root().join(format!("tests/data/vision/{name}"))).unwrap();
+        let image = decode(&bytes, None).unwrap();
+        let exact = !name.ends_with(".jpg");
+        let (w, h, pixels, want_pixels) = if config == "gemma3" {
+            let pixels = gemma3.preprocess(&image);
+            (896, 896, pixels, &case["pixels_sha256"])
+        } else {
+            let mut raw = configs["gemma4"].clone();
+            raw["max_soft_tokens"] = case["max_soft_tokens"].clone();
+            let c = Gemma4ImageConfig::from_json(&Value::Null, &serde_json::json!({ "image_processor": raw })).unwrap();
+            let (h, w) = c.target_size(image.height as usize, image.width as usize).unwrap();
+            assert_eq!(
+                serde_json::json!(c.image_tokens(image.height as usize, image.width as usize).unwrap()),
+                case["tokens"],
+                "{label}"
+            );
+            (w, h, c.preprocess(&image).unwrap(), &case["pixels_sha256_transformers"])
+        };
+        assert_eq!(serde_json::json!([w, h]), case["resized"], "{label}: the size resized to");
+        if !exact {
+            continue;
+        }
+        let filter = if config == "gemma3" { Filter::Bilinear } else { Filter::Bicubic };
+        let resized = resize(&image.rgb, image.width as usize, image.height as usize, w, h, filter);
+        if hex(&resized) != case["resized_sha256"] {
+            failures.push(format!("{label}: resized pixels differ from Pillow's"));
+            continue;
+        }
+        // The reference's values are channels first: undo the patches.
+        let p = (pixels.row_len / 3).isqrt();
+        let (gh, gw) = (pixels.grid[1], pixels.grid[2]);
+        let mut planar = vec![0f32; 3 * h * w];
+        for (k, patch) in pixels.values.chunks_exact(pixels.row_len).enumerate() {
+            let (py, px) = (k / gw, k % gw);
+            for (i, v) in patch.iter().enumerate() {
+                let (y, x, c) = (py * p + i / (3 * p), px * p + (i / 3) % p, i % 3);
+                planar[c * h * w + y * w + x] = *v;
+            }
+        }
+        assert_eq!(gh * p, h, "{label}");
+        let le: Vec<u8> = planar.iter().flat_map(|v| v.to_le_bytes()).collect();
+        if hex(&le) != *want_pixels {
+            failures.push(format!("{label}: pixel values differ: first {:?} vs {}", &planar[..4], case["first"]));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 16, "{checked} cases compared to the byte");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

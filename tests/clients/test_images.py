@@ -10,7 +10,11 @@ Against a tiny random Qwen3-VL (tests/data/vision/tiny_qwen3_vl): the answer abo
 mlx-vlm's greedy tokens (tests/data/reference/vision_qwen3_vl_generate.json), the same through
 every dialect; the conversation's next turn reuses the image from the prefix cache; with
 `--fetch-image-urls` an http URL is fetched (a URL that fails is a 400 naming it); a body cut
-short and images past the context window are refused; the server keeps serving."""
+short and images past the context window are refused; the server keeps serving.
+
+Against tiny random Gemma 3 and Gemma 4 models: their chat templates, Gemma 3's placeholder
+expanded in the rendered text and Gemma 4's in the tokens, give the reference's prompt length and
+tokens (transformers' attention: tests/data/reference/vision_gemma*_generate.json)."""
 
 import base64
 import json
@@ -252,3 +256,40 @@ def test_models_say_whether_they_see(vl, seeing, oai, server):
         base + "/api/show", data=json.dumps({"model": model}).encode(), headers={"Content-Type": "application/json"})).read())
     assert "vision" in show(seeing["ollama"], seeing["model"])["capabilities"]
     assert "vision" not in show(server["ollama"], server["model"])["capabilities"]
+
+
+# Gemma 3 (its placeholder expanded in the rendered text) and Gemma 4 (in the tokens), through
+# their chat templates: the reference's tokens for one image and for two (transformers' attention:
+# each image's tokens see each other; tests/data/reference/vision_gemma*_generate.json).
+def data_url(name):
+    kind = {"png": "png", "gif": "gif", "jpg": "jpeg"}[name.rsplit(".", 1)[1]]
+    return f"data:image/{kind};base64," + base64.b64encode((ROOT / "tests/data/vision" / name).read_bytes()).decode()
+
+
+@pytest.fixture(scope="module", params=["gemma3", "gemma4"])
+def gemma(request, tmp_path_factory):
+    family = request.param
+    reference = json.loads((ROOT / f"tests/data/reference/vision_{family}_generate.json").read_text())
+    for served in launch(tmp_path_factory, f"client-tests-{family}.log",
+                         ["--model", str(ROOT / f"tests/data/vision/tiny_{family}")]):
+        yield served, reference
+
+
+def test_gemma_reads_images_through_its_template(gemma):
+    served, reference = gemma
+    client = openai.OpenAI(base_url=served["url"], api_key="unused", max_retries=0)
+    for case in (c for c in reference["cases"] if c["name"] in ("one image", "two images")):
+        messages = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else [
+            {"type": "image_url", "image_url": {"url": data_url(p["image_url"]["url"])}} if p["type"] == "image_url"
+            else p for p in m["content"]]} for m in case["messages"]]
+        answer = client.chat.completions.create(model=served["model"], max_tokens=len(case["output_ids"]),
+                                                temperature=0, logprobs=True, messages=messages)
+        got = b"".join(bytes(t.bytes) for t in answer.choices[0].logprobs.content)
+        assert answer.usage.prompt_tokens == len(case["expanded_ids"]), case["name"]
+        # The reference's tokens up to the first that is not a byte (a special or unused id).
+        want = []
+        for t in case["output_ids"]:
+            if t >= 256:
+                break
+            want.append(t)
+        assert len(want) >= 3 and list(got[:len(want)]) == want, case["name"]

@@ -298,10 +298,8 @@ fn check_images(info: &ModelInfo, r: &Request, images: &crate::model::vision::Pr
         if !span.is_some_and(|s| s.iter().all(|&t| t == processor.image_token)) {
             return Err(format!("image {k}'s tokens are not where the prompt has them"));
         }
-        let [t, h, w] = image.pixels.grid;
-        if t * h * w != image.tokens * processor.merge * processor.merge
-            || image.pixels.values.len() != t * h * w * image.pixels.row_len
-        {
+        let pixels = &image.pixels;
+        if processor.tokens_of(pixels) != image.tokens || pixels.values.len() != pixels.patches() * pixels.row_len {
             return Err(format!("image {k}'s pixels do not match its {} tokens", image.tokens));
         }
     }

@@ -61,7 +61,7 @@ pub(crate) struct Sequence {
     /// before.
     pub started: Option<tokio::sync::oneshot::Sender<()>>,
     /// Its images' features once encoded (by the prompt's image order), while it prefills them.
-    pub image_features: Vec<Option<crate::model::vision::qwen_tower::VisionFeatures>>,
+    pub image_features: Vec<Option<crate::model::vision::VisionFeatures>>,
     /// Tokens of the caller's prompt (a parked row resumes with its output as part of its prompt).
     prompt_len: usize,
     /// Its whole sequence may take this many positions (prompt and most tokens).

@@ -2,7 +2,7 @@
 //! cache at its image (an edit before it, another system prompt) does not pay the vision tower
 //! again for the same picture. Bounded in bytes; the least recently used go first.
 
-use crate::model::vision::qwen_tower::VisionFeatures;
+use crate::model::vision::VisionFeatures;
 
 /// What the cache may hold: a few screenshots' features (a 1280 x 800 image on Qwen3-VL-8B is
 /// 1,000 tokens x 4,096 x 4 feature sets x 2 bytes: 33 MB).

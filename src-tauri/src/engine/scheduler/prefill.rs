@@ -79,6 +79,15 @@ impl Scheduler {
             // from: which format a token reads depends on its position only (see `KvFormat`).
             let deepest = members.iter().map(|s| s.prefilled).max().unwrap_or(0);
             let n = self.config.kv_format.chunk_before_start(deepest as i32, n);
+            // Images whose tokens see each other are prefilled whole (past a quantization start
+            // if need be); members whose images interlock wait their turn.
+            let Some(n) = self.whole_image_chunk(n, shortest) else {
+                self.group_cap = (self.group.len() - 1).max(1);
+                if self.group.len() > 1 && self.park(self.group.len() - 1) {
+                    continue;
+                }
+                break;
+            };
             // Under the memory ceiling: the chunk narrows until its predicted peak fits.
             let wanted = n;
             let Some((n, predicted)) = self.fit_in_memory(n) else {
@@ -173,6 +182,10 @@ impl Scheduler {
             fitted = fitted.min(self.tokens_before_encoding(fitted));
         }
         if fitted < n {
+            // Narrowed: still not inside an image whose tokens see each other.
+            fitted = self.chunk_before_images(fitted);
+        }
+        if fitted < n {
             tracing::debug!(
                 "prefill: {rows} rows narrowed from {n} to {fitted} tokens to stay under the memory ceiling \
                  ({} MB of headroom)",
@@ -224,7 +237,7 @@ impl Scheduler {
         let extras = self.group_extras(n)?;
         let step = crate::model::transformer::StepInputs {
             images: extras.as_ref().and_then(|e| e.images.as_ref()),
-            positions: extras.as_ref().map(|e| &e.positions),
+            positions: extras.as_ref().and_then(|e| e.positions.as_ref()),
         };
         let hidden = self.model.transformer.forward_hidden_with(ids, &mut self.group.cache, step)?;
         // The MTP head feeds on the chunk's hidden states once the tokens after them are known.

@@ -10,14 +10,14 @@ use mlx_rs::Array;
 
 use super::Scheduler;
 use crate::model::transformer::ImageInputs;
-use crate::model::vision::qwen_tower::VisionFeatures;
+use crate::model::vision::VisionFeatures;
 use crate::model::ModelError;
 
 /// A step's inputs beside its token ids: image features, where the chunk meets images, and
-/// M-RoPE positions `[3, rows, width]`.
+/// M-RoPE positions `[3, rows, width]` for the families that take them.
 pub(super) struct StepExtras {
     pub images: Option<ImageInputs>,
-    pub positions: Array,
+    pub positions: Option<Array>,
 }
 
 impl Scheduler {
@@ -30,11 +30,16 @@ impl Scheduler {
         self.encode_images_for(n)?;
         let rows = self.group.len();
         let members = &self.group.seqs;
-        let positions = positions_of(members.iter().map(|s| (s, s.prefilled)), n);
+        let positions =
+            self.model.transformer.has_mrope().then(|| positions_of(members.iter().map(|s| (s, s.prefilled)), n));
         // Each (row, image) the chunk meets: its features, and the chunk's columns it fills.
         let mut parts: Vec<&VisionFeatures> = Vec::new();
         let mut gather = vec![0i32; rows * n];
         let mut mask = vec![false; rows * n];
+        // Where a family's image tokens see each other: [row, query, key] of the chunk, true
+        // where the key is a later token of the query's image.
+        let whole = self.model.vision.as_ref().is_some_and(|v| v.processor.attention.whole_images());
+        let mut later = if whole { vec![false; rows * n * n] } else { Vec::new() };
         let mut base = 0usize;
         for (r, seq) in members.iter().enumerate() {
             let Some(images) = &seq.request.images else { continue };
@@ -43,9 +48,14 @@ impl Scheduler {
                 let features = seq.image_features[k]
                     .as_ref()
                     .ok_or_else(|| ModelError::Mlx(format!("image {k} of request {} was not encoded", seq.id)))?;
-                for index in image.start.max(from)..(image.start + image.tokens).min(to) {
+                let (lo, hi) = (image.start.max(from), (image.start + image.tokens).min(to));
+                for index in lo..hi {
                     mask[r * n + index - from] = true;
                     gather[r * n + index - from] = (base + index - image.start) as i32;
+                    if whole {
+                        let (i, row) = (index - from, r * n * n);
+                        later[row + i * n + (i + 1)..row + i * n + (hi - from)].fill(true);
+                    }
                 }
                 base += image.tokens;
                 parts.push(features);
@@ -66,7 +76,13 @@ impl Scheduler {
         let layers = parts[0].deepstack.len();
         let deepstack = (0..layers).map(|j| placed(&|f| &f.deepstack[j])).collect::<Result<Vec<_>, _>>()?;
         let mask = Array::from_slice(&mask, &[shape[0], shape[1], 1]);
-        Ok(Some(StepExtras { images: Some(ImageInputs { mask, embeds, deepstack }), positions }))
+        let attention = self.model.vision.as_ref().map(|v| v.processor.attention).unwrap_or_default();
+        let later = (whole && later.contains(&true)).then(|| crate::model::transformer::LaterImageTokens {
+            keys: Array::from_slice(&later, &[shape[0], 1, shape[1], shape[1]]),
+            full: attention.full,
+            sliding: attention.sliding,
+        });
+        Ok(Some(StepExtras { images: Some(ImageInputs { mask, embeds, deepstack, later }), positions }))
     }
 
     /// The images the group's next `n` tokens per member meet that are not encoded yet (neither
@@ -89,20 +105,18 @@ impl Scheduler {
     pub(super) fn encode_bytes(&self, n: usize) -> usize {
         let Some(vision) = self.model.vision.as_ref() else { return 0 };
         let mut seen: Vec<[u8; 32]> = Vec::new();
-        let (mut patches, mut largest) = (0, 0);
+        let mut patches = Vec::new();
         for (r, k) in self.images_to_encode(n) {
             let image = &self.group.seqs[r].request.images.as_ref().expect("has images").images[k];
             if !seen.contains(&image.hash) {
                 seen.push(image.hash);
-                let p: usize = image.pixels.grid.iter().product();
-                patches += p;
-                largest = largest.max(p);
+                patches.push(image.pixels.patches());
             }
         }
-        if patches == 0 {
+        if patches.is_empty() {
             return 0;
         }
-        vision.encode_bytes(patches, largest, crate::mlx::gpu_available(), self.model.transformer.dtype_bytes())
+        vision.encode_bytes(&patches, crate::mlx::gpu_available(), self.model.transformer.dtype_bytes())
     }
 
     /// Tokens per member the group may prefill before the first image (within the next `n`) that
@@ -184,6 +198,58 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Whether a chunk of `m` tokens per member ends outside every member's images (always, for
+    /// families whose image tokens do not see later ones).
+    fn ends_outside_images(&self, m: usize) -> bool {
+        self.group.seqs.iter().all(|seq| {
+            let end = seq.prefilled + m;
+            seq.request
+                .images
+                .as_ref()
+                .is_none_or(|im| im.images.iter().all(|i| end <= i.start || end >= i.start + i.tokens))
+        })
+    }
+
+    fn images_whole(&self) -> bool {
+        self.model.vision.as_ref().is_some_and(|v| v.processor.attention.whole_images())
+    }
+
+    /// The most of `n` tokens per member that ends outside every member's images (0: none does).
+    pub(super) fn chunk_before_images(&self, n: usize) -> usize {
+        if !self.images_whole() {
+            return n;
+        }
+        (1..=n).rev().find(|&m| self.ends_outside_images(m)).unwrap_or(0)
+    }
+
+    /// The chunk of about `n` tokens per member (each at most `shortest` to go) for a family whose
+    /// image tokens see their image's later tokens: an image's keys and values are right only
+    /// when its forward held the whole image, so no chunk ends inside one. The most of `n` that
+    /// ends outside every image, else the least above it (a chunk that starts at or inside an
+    /// image reaches its end); `None` when the members' images leave no such length.
+    pub(super) fn whole_image_chunk(&self, n: usize, shortest: usize) -> Option<usize> {
+        if !self.images_whole() {
+            return Some(n);
+        }
+        let below = self.chunk_before_images(n);
+        if below > 0 {
+            return Some(below);
+        }
+        let mut ends: Vec<usize> = self
+            .group
+            .seqs
+            .iter()
+            .flat_map(|seq| {
+                let images = seq.request.images.as_ref().map(|im| im.images.as_slice()).unwrap_or_default();
+                images.iter().map(move |i| (i.start + i.tokens).saturating_sub(seq.prefilled))
+            })
+            .filter(|&m| m > n && m <= shortest)
+            .collect();
+        ends.push(shortest);
+        ends.sort_unstable();
+        ends.into_iter().find(|&m| self.ends_outside_images(m))
+    }
+
     /// After a chunk: features of images a member has prefilled past are let go.
     pub(super) fn drop_prefilled_images(&mut self) {
         for seq in &mut self.group.seqs {
@@ -198,7 +264,7 @@ impl Scheduler {
 
     /// M-RoPE positions for a step of `width` tokens per running row, when a row has images.
     pub(super) fn running_positions(&self, width: usize) -> Option<Array> {
-        if !self.running.seqs.iter().any(|s| s.request.images.is_some()) {
+        if !self.model.transformer.has_mrope() || !self.running.seqs.iter().any(|s| s.request.images.is_some()) {
             return None;
         }
         // A row's next input is its last token, not yet in its cache.

@@ -164,6 +164,15 @@ impl Attention {
             }
         };
 
+        // Image tokens that see their image's later tokens: known now, with the keys' length.
+        let resolved;
+        let mask = match mask {
+            AttentionMask::WithLaterKeys { base, later } => {
+                resolved = base.with_later_keys(later, k.dim(2))?;
+                &resolved
+            }
+            other => other,
+        };
         let scale = self.scale;
         let sinks = self.sinks.as_ref().map(|s| s.array.as_dtype(q.dtype())).transpose()?;
         let sinks = sinks.as_ref();

@@ -70,7 +70,9 @@ pub fn attention(
         }
         AttentionMask::Causal => true,
         AttentionMask::None => false,
-        AttentionMask::Shared { .. } => return Err(ModelError::Mlx("a shared segment inside a shared mask".into())),
+        AttentionMask::Shared { .. } | AttentionMask::WithLaterKeys { .. } => {
+            return Err(ModelError::Mlx("an unresolved mask inside a shared mask".into()))
+        }
     };
     let (first, second) = if on_host {
         // Rows are (key head, batch, repeat, query): the query head is (key head, repeat).

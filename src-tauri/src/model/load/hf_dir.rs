@@ -12,9 +12,8 @@ use crate::model::arch::{self, HfConfig};
 use crate::model::checkpoint::{quant_config, read_json, read_safetensors, stored_dtype};
 use crate::model::config::Arch;
 use crate::model::error::{ModelError, Result};
-use crate::model::vision::qwen_tower::QwenVisionTower;
-use crate::model::vision::qwen_vl::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
-use crate::model::vision::{ImageProcessor, VisionModel};
+use crate::model::vision::processor::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
+use crate::model::vision::{Family, ImageProcessor, Tower, VisionModel};
 use crate::model::weights::Weights;
 use crate::model::Transformer;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
@@ -69,24 +68,23 @@ fn load_parts(
     Ok((raw, transformer, vision))
 }
 
-/// The vision tower and processor of a Qwen3-VL or Qwen3.5 checkpoint (the tower's tensors under
-/// `vision_tower.` as mlx-community writes them, or `model.visual.` as Hugging Face does); `None`
-/// for other families and for checkpoints shipped without the tower.
+/// The vision tower and processor of a checkpoint that sees (Qwen3-VL, Qwen3.5/3.6, Gemma 3 and
+/// 4), in mlx-community's layout or Hugging Face's; `None` for other families and for
+/// checkpoints shipped without the tower.
 fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Option<VisionModel>> {
     let config_path = dir.join("config.json");
-    // Qwen3.5 / 3.6 checkpoints carry the same tower (without deepstack) as Qwen3-VL's; a
-    // conversion for text alone may drop it.
+    // A conversion for text alone may drop the tower.
     let model_type = outer.get("model_type").and_then(Value::as_str).unwrap_or_default();
     if !FAMILIES_THAT_SEE.contains(&model_type) {
         return Ok(None);
     }
-    let Some(prefix) = TOWER_PREFIXES.into_iter().find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
-    else {
+    let Some((prefix, _)) = TOWER_PREFIXES.into_iter().find(|(p, key)| weights.contains(&format!("{p}{key}"))) else {
         return Ok(None);
     };
+    // Hugging Face's layout puts `model.` before the projector too.
+    let outer_prefix = if prefix.starts_with("model.") { "model." } else { "" };
     let invalid = |message: String| ModelError::Config { path: config_path.clone(), message };
-    let tower_config = serde_json::from_value(outer.get("vision_config").cloned().unwrap_or_default())
-        .map_err(|e| invalid(format!("vision_config: {e}")))?;
+    let vision_config = outer.get("vision_config").cloned().unwrap_or_default();
     let optional = |name: &str| -> Result<Value> {
         let path = dir.join(name);
         if path.exists() {
@@ -98,7 +96,29 @@ fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Optio
     let processor =
         ImageProcessor::from_json(outer, &optional("preprocessor_config.json")?, &optional("processor_config.json")?)
             .map_err(invalid)?;
-    let tower = QwenVisionTower::build(tower_config, weights, prefix)?;
+    let text_hidden = arch::text_config(outer).get("hidden_size").and_then(Value::as_u64).unwrap_or_default() as usize;
+    let tower = match &processor.family {
+        Family::Qwen { .. } => Tower::Qwen(crate::model::vision::qwen_tower::QwenVisionTower::build(
+            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            weights,
+            prefix,
+        )?),
+        Family::Gemma3 { image } => Tower::Siglip(crate::model::vision::siglip::SiglipTower::build(
+            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            image.tokens,
+            text_hidden,
+            weights,
+            prefix,
+            &format!("{outer_prefix}multi_modal_projector."),
+        )?),
+        Family::Gemma4 { .. } => Tower::Gemma4(crate::model::vision::gemma4_tower::Gemma4Tower::build(
+            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            text_hidden,
+            weights,
+            prefix,
+            &format!("{outer_prefix}embed_vision."),
+        )?),
+    };
     Ok(Some(VisionModel { processor: std::sync::Arc::new(processor), tower }))
 }
 

@@ -154,12 +154,12 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
 /// Whether the folder's model reads images: a family whose tower FastMLX runs, and the tower's
 /// tensors among its weights (read from the index or the files' headers, no tensor data).
 fn reads_images(dir: &Path, outer: &Value) -> bool {
-    use crate::model::vision::qwen_vl::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
+    use crate::model::vision::processor::{FAMILIES_THAT_SEE, TOWER_PREFIXES};
     let model_type = outer.get("model_type").and_then(Value::as_str).unwrap_or_default();
     if !FAMILIES_THAT_SEE.contains(&model_type) {
         return false;
     }
-    let is_tower = |name: &str| TOWER_PREFIXES.iter().any(|p| name.starts_with(&format!("{p}patch_embed.")));
+    let is_tower = |name: &str| TOWER_PREFIXES.iter().any(|(p, key)| name == format!("{p}{key}"));
     if let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) {
         let index: Value = serde_json::from_str(&text).unwrap_or_default();
         return index.get("weight_map").and_then(Value::as_object).is_some_and(|m| m.keys().any(|k| is_tower(k)));

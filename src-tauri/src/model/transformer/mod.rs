@@ -7,8 +7,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{add, clip, divide, multiply};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::cache::LayerCache;
 use crate::model::cache::Positions;
+use crate::model::cache::{AttentionMask, LayerCache};
 use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
 use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
 use crate::model::error::Result;
@@ -224,6 +224,16 @@ pub struct ImageInputs {
     pub mask: Array,
     pub embeds: Array,
     pub deepstack: Vec<Array>,
+    /// Where the family's image tokens also see their image's later tokens.
+    pub later: Option<LaterImageTokens>,
+}
+
+/// For each query of the step, the step's later tokens of its image (`[B, 1, L, L]` bool), and
+/// which layer kinds let it see them (Gemma 3: every layer; Gemma 4: the sliding ones).
+pub struct LaterImageTokens {
+    pub keys: Array,
+    pub full: bool,
+    pub sliding: bool,
 }
 
 /// What a forward may take besides token ids, for sequences with images.
@@ -408,7 +418,15 @@ impl Transformer {
             }
             (None, _) => None,
         };
-        let per_layer = self.per_layer_inputs.as_ref().map(|p| p.forward(ids, &h)).transpose()?;
+        // Gemma 4's per-layer inputs read image tokens as padding (id 0), as its reference.
+        let per_layer = match (&self.per_layer_inputs, step.images) {
+            (Some(p), Some(images)) => {
+                let text_ids = mlx_rs::ops::select(&images.mask.squeeze_axes(&[-1])?, Array::from_int(0), ids)?;
+                Some(p.forward(&text_ids.as_dtype(ids.dtype())?, &h)?)
+            }
+            (Some(p), None) => Some(p.forward(ids, &h)?),
+            (None, _) => None,
+        };
         let len = ids.dim(1);
         // Windowed layers let go of what no new token can see; all of them hold the same
         // columns, as do all full layers, so each kind's first cache gives the kind's mask.
@@ -426,6 +444,13 @@ impl Transformer {
             (Some(w), Some((_, c))) => Some(c.mask(len, Some(w))?),
             _ => None,
         };
+        let later = step.images.and_then(|images| images.later.as_ref());
+        let see_later = |mask: AttentionMask, applies: bool| match later {
+            Some(l) if applies => AttentionMask::WithLaterKeys { base: Box::new(mask), later: l.keys.clone() },
+            _ => mask,
+        };
+        let full_mask = see_later(full_mask, later.is_some_and(|l| l.full));
+        let window_mask = window_mask.map(|m| see_later(m, later.is_some_and(|l| l.sliding)));
         let query_scale = self.config.query_scale.map(|s| position_scale(s, &positions, len, h.dtype())).transpose()?;
         // Keys and values of this step by cache, for layers that reuse another's (Gemma 4).
         let reusing = self.config.kv_cache_layers() < self.layers.len();

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::resample::resize_bicubic;
-use super::DecodedImage;
+use super::{DecodedImage, Pixels};
 
 /// The processor's settings, from the checkpoint's `preprocessor_config.json` (overridden by
 /// `processor_config.json`'s `image_processor`, as the reference reads them).
@@ -153,19 +153,8 @@ impl QwenImageConfig {
     }
 }
 
-/// An image as the vision tower takes it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QwenPixels {
-    /// One row per patch (`grid[0] * grid[1] * grid[2]` rows), each `3 * temporal * patch * patch`
-    /// values (channel, time, row, column), in merge-group order.
-    pub values: Vec<f32>,
-    /// (time, height, width) in patches.
-    pub grid: [usize; 3],
-    pub row_len: usize,
-}
-
 /// `image` resized, normalised and cut into patches as the reference processor does.
-pub fn preprocess(image: &DecodedImage, config: &QwenImageConfig) -> Result<QwenPixels, String> {
+pub fn preprocess(image: &DecodedImage, config: &QwenImageConfig) -> Result<Pixels, String> {
     let (width, height) = (image.width as usize, image.height as usize);
     let (h, w) = config.smart_resize(height, width)?;
     let resized =
@@ -207,7 +196,7 @@ pub fn preprocess(image: &DecodedImage, config: &QwenImageConfig) -> Result<Qwen
             }
         }
     }
-    Ok(QwenPixels { values, grid: [1, gh, gw], row_len })
+    Ok(Pixels { values, grid: [1, gh, gw], row_len })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Bicubic resizing as Pillow does it (`Image.resize(size, BICUBIC)` on 8-bit RGB): the reference
-//! processors resize with Pillow, and a float resize, or pixels off by one, changes what the model
+//! Bicubic and bilinear resizing as Pillow does them (`Image.resize(size, BICUBIC | BILINEAR)` on
+//! 8-bit RGB): the reference processors resize with Pillow, and a float resize, or pixels off by one, changes what the model
 //! sees. Pillow resamples in two passes, each with its filter's weights per output pixel normalised
 //! to sum to one, turned into fixed point (22 fractional bits), accumulated in integers and clipped
 //! back to 8 bits between the passes. Across then down, except (Pillow 12 on; the references pin
@@ -8,8 +8,31 @@
 /// Fractional bits of the fixed-point weights: 8 bits of pixel and 2 of headroom (weights can be
 /// negative or sum past one) below 32.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
-/// The bicubic filter's support, in source pixels at scale one.
-const SUPPORT: f64 = 2.0;
+/// Pillow's resampling filters the reference processors use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// Keys's cubic (Qwen-VL, Gemma 4).
+    Bicubic,
+    /// The triangle (Gemma 3).
+    Bilinear,
+}
+
+impl Filter {
+    /// The filter's support, in source pixels at scale one.
+    fn support(self) -> f64 {
+        match self {
+            Filter::Bicubic => 2.0,
+            Filter::Bilinear => 1.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Filter::Bicubic => bicubic(x),
+            Filter::Bilinear => (1.0 - x.abs()).max(0.0),
+        }
+    }
+}
 
 /// Keys's cubic convolution with a = -0.5.
 fn bicubic(x: f64) -> f64 {
@@ -31,11 +54,11 @@ struct Taps {
 }
 
 /// The weights resizing `in_size` pixels to `out_size` (the whole extent: Pillow's default box).
-fn taps(in_size: usize, out_size: usize) -> Taps {
+fn taps(in_size: usize, out_size: usize, filter: Filter) -> Taps {
     // Pillow takes the box's edges as C floats: exact for any size an image may have.
     let scale = in_size as f32 as f64 / out_size as f64;
     let filter_scale = scale.max(1.0);
-    let support = SUPPORT * filter_scale;
+    let support = filter.support() * filter_scale;
     let mut first = Vec::with_capacity(out_size);
     let mut weights = Vec::with_capacity(out_size);
     for out in 0..out_size {
@@ -44,7 +67,7 @@ fn taps(in_size: usize, out_size: usize) -> Taps {
         let lo = ((center - support + 0.5) as i64).max(0) as usize;
         let hi = ((center + support + 0.5) as i64).min(in_size as i64) as usize;
         let reciprocal = 1.0 / filter_scale;
-        let raw: Vec<f64> = (lo..hi).map(|i| bicubic((i as f64 - center + 0.5) * reciprocal)).collect();
+        let raw: Vec<f64> = (lo..hi).map(|i| filter.weight((i as f64 - center + 0.5) * reciprocal)).collect();
         let sum: f64 = raw.iter().sum();
         let fixed = raw
             .iter()
@@ -108,21 +131,27 @@ fn vertical(src: &[u8], width: usize, row0: usize, taps: &Taps) -> Vec<u8> {
 /// `rgb` (`width` x `height`, 3 bytes a pixel, row-major) resized to `out_w` x `out_h` as Pillow's
 /// bicubic resize does, to the byte.
 pub fn resize_bicubic(rgb: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
+    resize(rgb, width, height, out_w, out_h, Filter::Bicubic)
+}
+
+/// `rgb` (`width` x `height`, 3 bytes a pixel, row-major) resized to `out_w` x `out_h` as Pillow's
+/// resize with `filter` does, to the byte.
+pub fn resize(rgb: &[u8], width: usize, height: usize, out_w: usize, out_h: usize, filter: Filter) -> Vec<u8> {
     assert_eq!(rgb.len(), width * height * 3, "an RGB image of {width} x {height}");
     assert!(out_w > 0 && out_h > 0 && width > 0 && height > 0, "an empty image");
-    let down = taps(height, out_h);
+    let down = taps(height, out_h, filter);
     let shrink_h = height as i64 - out_h as i64;
     let shrink_w = width as i64 - out_w as i64;
     if shrink_h > 0 && shrink_h > shrink_w * 2 {
         // Down first: the pass across then has fewer rows to do.
         let fewer = vertical(rgb, width, 0, &down);
-        return if out_w != width { horizontal(&fewer, width, 0, out_h, &taps(width, out_w)) } else { fewer };
+        return if out_w != width { horizontal(&fewer, width, 0, out_h, &taps(width, out_w, filter)) } else { fewer };
     }
     // Only the source rows the vertical pass reads are resized across.
     let row0 = down.first[0];
     let row_end = down.first[out_h - 1] + down.weights[out_h - 1].len();
     let (across, across_row0) = if out_w != width {
-        (horizontal(rgb, width, row0, row_end - row0, &taps(width, out_w)), row0)
+        (horizontal(rgb, width, row0, row_end - row0, &taps(width, out_w, filter)), row0)
     } else {
         (rgb.to_vec(), 0)
     };
@@ -155,7 +184,7 @@ mod tests {
     #[test]
     fn the_weights_sum_to_one_in_fixed_point() {
         for (n, m) in [(1000, 224), (224, 1000), (7, 3), (3, 7), (800, 800)] {
-            let t = taps(n, m);
+            let t = taps(n, m, Filter::Bicubic);
             for w in &t.weights {
                 let sum: i32 = w.iter().sum();
                 assert!((sum - (1 << PRECISION_BITS)).abs() <= w.len() as i32, "{n}->{m}: {sum}");

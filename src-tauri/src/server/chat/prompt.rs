@@ -160,6 +160,10 @@ pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -
     if let Some(prefill) = prefill {
         text.push_str(&prefill);
     }
+    // Gemma 3 expands its image placeholders in the text, before tokenizing, as its reference.
+    if let Some(expanded) = info.vision.as_ref().filter(|_| !decoded.is_empty()).and_then(|p| p.expand_text(&text)) {
+        text = expanded;
+    }
     let prompt_ids = info.tokenizer.encode(&text, false, true).map_err(|e| ApiError::internal(e.to_string()))?;
     let (prompt_ids, images) = match (&info.vision, decoded.is_empty()) {
         (Some(processor), false) => {
@@ -195,7 +199,7 @@ fn read_images(info: &crate::engine::ModelInfo, images: &[ImageInput]) -> Result
     let mut tokens = 0;
     for image in images {
         let (h, w) = (image.header.height as usize, image.header.width as usize);
-        tokens += processor.image.image_tokens(h, w).map_err(|e| ApiError::invalid(&image.param, e))?;
+        tokens += processor.image_tokens(h, w).map_err(|e| ApiError::invalid(&image.param, e))?;
     }
     if tokens >= info.context_length {
         return Err(ApiError::invalid(
