@@ -553,3 +553,39 @@ fn gemma_preprocessing_equals_the_reference_processors() {
     assert!(checked >= 16, "{checked} cases compared to the byte");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The published Gemma configs (tests/data/configs) read as the references read them: Gemma 3's
+/// 256 tokens seeing each other on every layer; Gemma 4's placeholders and token counts, its
+/// image tokens seeing each other on the sliding layers of the 26B-A4B and 31B only; their towers'
+/// shapes.
+#[test]
+fn the_published_gemma_configs_give_their_processors_and_towers() {
+    use fastmlx::model::vision::gemma4_tower::Gemma4VisionConfig;
+    use fastmlx::model::vision::siglip::SiglipConfig;
+    use fastmlx::model::vision::{Family, ImageAttention, ImageProcessor};
+
+    let config = |name: &str| common::read_json(&format!("tests/data/configs/{name}.json"));
+    let gemma3 = config("gemma-3-4b-it");
+    let pre = serde_json::json!({"size": {"height": 896, "width": 896}, "resample": 2, "image_mean": [0.5, 0.5, 0.5],
+                                 "image_std": [0.5, 0.5, 0.5], "rescale_factor": 0.00392156862745098});
+    let p = ImageProcessor::from_json(&gemma3, &pre, &Value::Null).unwrap();
+    assert_eq!((p.image_token, p.attention), (262_144, ImageAttention { full: true, sliding: true }));
+    assert!(matches!(p.family, Family::Gemma3 { ref image } if image.tokens == 256 && image.size == 896));
+    let siglip: SiglipConfig = serde_json::from_value(gemma3["vision_config"].clone()).unwrap();
+    assert_eq!((siglip.num_hidden_layers, siglip.layer_norm_eps), (27, 1e-6));
+
+    let processor = serde_json::json!({"image_processor": {"patch_size": 16, "pooling_kernel_size": 3,
+        "max_soft_tokens": 280, "rescale_factor": 0.00392156862745098, "do_normalize": false, "resample": 3}});
+    for (name, bidirectional, standardize) in
+        [("gemma-4-e2b", false, false), ("gemma-4-31b-it", true, true), ("gemma-4-26b-a4b-it-mlx-4bit", true, true)]
+    {
+        let c = config(name);
+        let p = ImageProcessor::from_json(&c, &Value::Null, &processor).unwrap();
+        assert_eq!(p.image_token, 258_880, "{name}");
+        assert_eq!(p.attention, ImageAttention { full: false, sliding: bidirectional }, "{name}");
+        assert!(matches!(p.family, Family::Gemma4 { boi: 255_999, eoi: 258_882, .. }), "{name}");
+        assert_eq!(p.image_tokens(800, 1280).unwrap(), 13 * 21 + 2, "{name}: a screenshot");
+        let tower: Gemma4VisionConfig = serde_json::from_value(c["vision_config"].clone()).unwrap();
+        assert_eq!(tower.standardize, standardize, "{name}");
+    }
+}
