@@ -589,3 +589,45 @@ fn the_published_gemma_configs_give_their_processors_and_towers() {
         assert_eq!(tower.standardize, standardize, "{name}");
     }
 }
+
+/// Two Gemma 3 prompts prefilled together in chunks of 7 whose images interlock: no common chunk
+/// length ends outside both images (the shorter prompt ends inside the other's image), so one
+/// waits while the other holds its image whole. Each answers as it does alone, prefilled whole.
+#[test]
+fn interlocking_images_prefill_apart_and_answer_as_alone() {
+    use fastmlx::engine::EngineConfig;
+
+    let _mlx = common::mlx_lock();
+    let dir = common::root().join("tests/data/vision/tiny_gemma3");
+    let model = fastmlx::model::load_model(&dir, &fastmlx::mlx::Backend::init()).unwrap();
+    let processor = model.vision.as_ref().unwrap().processor.clone();
+    drop(model);
+    let image = decode(&std::fs::read(common::root().join("tests/data/vision/small.png")).unwrap(), None).unwrap();
+    // <bos>, `before` bytes of text, <start_of_image>, 16 soft tokens, <end_of_image>, `after` bytes.
+    let prompt = |before: usize, after: usize| {
+        let mut ids = vec![257];
+        ids.extend((0..before).map(|i| u32::from(b'a') + (i % 26) as u32));
+        ids.push(260);
+        ids.extend([processor.image_token; 16]);
+        ids.push(261);
+        ids.extend((0..after).map(|i| u32::from(b'A') + (i % 26) as u32));
+        let (ids, images) = processor.prepare(&ids, std::slice::from_ref(&image)).unwrap();
+        let mut request = common::engine::request(&ids, 6);
+        request.images = Some(std::sync::Arc::new(images));
+        request
+    };
+    // A: image at 6..22, 30 tokens; B: image at 21..37, 60 tokens.
+    let (a, b) = (prompt(4, 7), prompt(19, 22));
+    let whole = common::engine::start(&dir, EngineConfig { prefix_cache_bytes: 0, ..Default::default() });
+    let want: Vec<Vec<u32>> =
+        [&a, &b].iter().map(|r| common::collect(whole.submit((*r).clone()).unwrap()).tokens).collect();
+    common::engine::wait_idle(&whole);
+    drop(whole);
+    let engine =
+        common::engine::start(&dir, EngineConfig { prefill_chunk: 14, prefix_cache_bytes: 0, ..Default::default() });
+    let streams = [engine.submit(a).unwrap(), engine.submit(b).unwrap()];
+    for (i, stream) in streams.into_iter().enumerate() {
+        assert_eq!(common::collect(stream).tokens, want[i], "request {i}");
+    }
+    common::engine::wait_idle(&engine);
+}
