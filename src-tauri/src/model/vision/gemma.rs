@@ -128,18 +128,8 @@ impl Gemma3ImageConfig {
         } else {
             resize(&image.rgb, width, height, s, s, Filter::Bilinear)
         };
-        // transformers rescales in f64 and casts to f32, then normalises in f32.
-        let values = resized.chunks_exact(3).flat_map(|px| {
-            (0..3).map(move |c| {
-                let v = (f64::from(px[c]) * self.rescale_factor) as f32;
-                if self.do_normalize {
-                    (v - self.mean[c]) / self.std[c]
-                } else {
-                    v
-                }
-            })
-        });
-        patches(&values.collect::<Vec<f32>>(), s, s, self.patch_size)
+        let values = rescaled(&resized, self.rescale_factor, self.do_normalize.then_some((self.mean, self.std)));
+        patches(&values, s, s, self.patch_size)
     }
 }
 
@@ -203,20 +193,25 @@ impl Gemma4ImageConfig {
         } else {
             resize(&image.rgb, width, height, w, h, Filter::Bicubic)
         };
-        // As transformers rescales (in f64, then to f32); mlx-vlm's f32 product is one bit off
-        // for half the byte values.
-        let values = resized.chunks_exact(3).flat_map(|px| {
-            (0..3).map(move |c| {
-                let v = (f64::from(px[c]) * self.rescale_factor) as f32;
-                if self.do_normalize {
-                    (v - self.mean[c]) / self.std[c]
-                } else {
-                    v
-                }
-            })
-        });
-        Ok(patches(&values.collect::<Vec<f32>>(), h, w, self.patch_size))
+        // As transformers rescales; mlx-vlm's f32 product is one bit off for half the byte values.
+        let values = rescaled(&resized, self.rescale_factor, self.do_normalize.then_some((self.mean, self.std)));
+        Ok(patches(&values, h, w, self.patch_size))
     }
+}
+
+/// 8-bit values as transformers rescales them (in f64, then to f32), then normalised in f32
+/// with (mean, std) per channel where given.
+fn rescaled(rgb: &[u8], factor: f64, normalize: Option<([f32; 3], [f32; 3])>) -> Vec<f32> {
+    rgb.iter()
+        .enumerate()
+        .map(|(i, &u)| {
+            let v = (f64::from(u) * factor) as f32;
+            match normalize {
+                Some((mean, std)) => (v - mean[i % 3]) / std[i % 3],
+                None => v,
+            }
+        })
+        .collect()
 }
 
 /// Interleaved RGB values of an `h` x `w` image cut into `p` x `p` patches, row-major, each
