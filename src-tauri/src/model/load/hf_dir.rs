@@ -85,6 +85,10 @@ fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Optio
     let outer_prefix = if prefix.starts_with("model.") { "model." } else { "" };
     let invalid = |message: String| ModelError::Config { path: config_path.clone(), message };
     let vision_config = outer.get("vision_config").cloned().unwrap_or_default();
+    fn tower_config<T: serde::de::DeserializeOwned>(v: Value, path: &Path) -> Result<T> {
+        serde_json::from_value(v)
+            .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("vision_config: {e}") })
+    }
     let optional = |name: &str| -> Result<Value> {
         let path = dir.join(name);
         if path.exists() {
@@ -99,12 +103,12 @@ fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Optio
     let text_hidden = arch::text_config(outer).get("hidden_size").and_then(Value::as_u64).unwrap_or_default() as usize;
     let tower = match &processor.family {
         Family::Qwen { .. } => Tower::Qwen(crate::model::vision::qwen_tower::QwenVisionTower::build(
-            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            tower_config(vision_config, &config_path)?,
             weights,
             prefix,
         )?),
         Family::Gemma3 { image } => Tower::Siglip(crate::model::vision::siglip::SiglipTower::build(
-            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            tower_config(vision_config, &config_path)?,
             image.tokens,
             text_hidden,
             weights,
@@ -112,7 +116,7 @@ fn load_vision(dir: &Path, outer: &Value, weights: &mut Weights) -> Result<Optio
             &format!("{outer_prefix}multi_modal_projector."),
         )?),
         Family::Gemma4 { .. } => Tower::Gemma4(crate::model::vision::gemma4_tower::Gemma4Tower::build(
-            serde_json::from_value(vision_config).map_err(|e| invalid(format!("vision_config: {e}")))?,
+            tower_config(vision_config, &config_path)?,
             text_hidden,
             weights,
             prefix,

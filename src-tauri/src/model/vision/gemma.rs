@@ -8,6 +8,7 @@
 use serde_json::Value;
 
 use super::resample::{resize, Filter};
+use super::settings::{processor_keys, three, uint};
 use super::{DecodedImage, Pixels};
 
 /// Gemma 3's processor settings: `preprocessor_config.json` and the tower's shape from
@@ -37,39 +38,6 @@ pub struct Gemma4ImageConfig {
     pub do_normalize: bool,
     pub mean: [f32; 3],
     pub std: [f32; 3],
-}
-
-/// A positive integer at `key` of `raw`, or `None` when absent.
-fn uint(raw: &Value, key: &str) -> Result<Option<usize>, String> {
-    match raw.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n > 0)
-            .map(|n| Some(n as usize))
-            .ok_or(format!("{key} must be a positive integer: {v}")),
-    }
-}
-
-/// Three numbers at `key` of `raw` (a mean or a deviation per channel), or `default`.
-fn three(raw: &Value, key: &str, default: [f32; 3]) -> Result<[f32; 3], String> {
-    match raw.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Array(v)) if v.len() == 3 && v.iter().all(Value::is_number) => {
-            Ok([0, 1, 2].map(|i| v[i].as_f64().unwrap_or_default() as f32))
-        }
-        Some(v) => Err(format!("{key} must be three numbers: {v}")),
-    }
-}
-
-/// The processor's keys: `preprocessor_config.json` overridden by `processor_config.json`'s
-/// `image_processor`, as the references read them.
-fn processor_keys(preprocessor: &Value, processor: &Value) -> Value {
-    let mut raw = preprocessor.as_object().cloned().unwrap_or_default();
-    if let Some(over) = processor.get("image_processor").and_then(Value::as_object) {
-        raw.extend(over.clone());
-    }
-    Value::Object(raw)
 }
 
 impl Gemma3ImageConfig {
@@ -109,8 +77,8 @@ impl Gemma3ImageConfig {
             size,
             patch_size,
             tokens,
-            mean: three(&raw, "image_mean", [0.5; 3])?,
-            std: three(&raw, "image_std", [0.5; 3])?,
+            mean: three(&raw, "image_mean")?.unwrap_or([0.5; 3]),
+            std: three(&raw, "image_std")?.unwrap_or([0.5; 3]),
             rescale_factor: raw.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0),
             do_normalize: raw.get("do_normalize").and_then(Value::as_bool).unwrap_or(true),
         };
@@ -142,8 +110,8 @@ impl Gemma4ImageConfig {
             max_soft_tokens: uint(&raw, "max_soft_tokens")?.unwrap_or(280),
             rescale_factor: raw.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0),
             do_normalize: raw.get("do_normalize").and_then(Value::as_bool).unwrap_or(false),
-            mean: three(&raw, "image_mean", [0.0; 3])?,
-            std: three(&raw, "image_std", [1.0; 3])?,
+            mean: three(&raw, "image_mean")?.unwrap_or([0.0; 3]),
+            std: three(&raw, "image_std")?.unwrap_or([1.0; 3]),
         };
         if c.std.contains(&0.0) {
             return Err("image_std must not be zero".into());

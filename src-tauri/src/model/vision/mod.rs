@@ -10,6 +10,7 @@ pub mod processor;
 pub mod qwen;
 pub mod qwen_tower;
 pub mod resample;
+mod settings;
 pub mod siglip;
 pub mod tower;
 

@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::resample::resize_bicubic;
+use super::settings::{processor_keys, three, uint};
 use super::{DecodedImage, Pixels};
 
 /// The processor's settings, from the checkpoint's `preprocessor_config.json` (overridden by
@@ -45,36 +46,18 @@ impl Default for QwenImageConfig {
 impl QwenImageConfig {
     /// From `preprocessor_config.json` and `processor_config.json` (either may be absent: `Null`).
     pub fn from_json(preprocessor: &Value, processor: &Value) -> Result<QwenImageConfig, String> {
-        let mut raw = preprocessor.as_object().cloned().unwrap_or_default();
-        if let Some(over) = processor.get("image_processor").and_then(Value::as_object) {
-            raw.extend(over.clone());
-        }
+        let raw = processor_keys(preprocessor, processor);
         let mut c = QwenImageConfig::default();
-        let uint = |key: &str| -> Result<Option<u64>, String> {
-            match raw.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => {
-                    v.as_u64().filter(|n| *n > 0).map(Some).ok_or(format!("{key} must be a positive integer: {v}"))
-                }
-            }
-        };
-        let three = |key: &str| -> Result<Option<[f32; 3]>, String> {
-            match raw.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Array(v)) if v.len() == 3 && v.iter().all(Value::is_number) => {
-                    Ok(Some([0, 1, 2].map(|i| v[i].as_f64().unwrap_or_default() as f32)))
-                }
-                Some(v) => Err(format!("{key} must be three numbers: {v}")),
-            }
-        };
+        let uint = |key: &str| uint(&raw, key);
+        let three = |key: &str| three(&raw, key);
         if let Some(n) = uint("patch_size")? {
-            c.patch_size = n as usize;
+            c.patch_size = n;
         }
         if let Some(n) = uint("temporal_patch_size")? {
-            c.temporal_patch_size = n as usize;
+            c.temporal_patch_size = n;
         }
         if let Some(n) = uint("merge_size")? {
-            c.merge_size = n as usize;
+            c.merge_size = n;
         }
         let size = raw.get("size").cloned().unwrap_or(Value::Null);
         if let Some(n) = size.get("shortest_edge").and_then(Value::as_u64) {
@@ -84,10 +67,10 @@ impl QwenImageConfig {
             c.max_pixels = n;
         }
         if let Some(n) = uint("min_pixels")? {
-            c.min_pixels = n;
+            c.min_pixels = n as u64;
         }
         if let Some(n) = uint("max_pixels")? {
-            c.max_pixels = n;
+            c.max_pixels = n as u64;
         }
         if let Some(v) = three("image_mean")? {
             c.mean = v;
