@@ -4,7 +4,7 @@
 //! published totals.
 
 use fastmlx::model::arch::{self, HfConfig};
-use fastmlx::model::config::{Activation, Arch, Routing};
+use fastmlx::model::config::{Activation, Arch, NormPlacement, QkNorm, Routing};
 use fastmlx::model::{KvFootprint, ModelConfig};
 
 fn config(file: &str) -> ModelConfig {
@@ -57,7 +57,7 @@ fn qwen3_moe_configs() {
         let c = config(file);
         assert_eq!(c.arch, Arch::Qwen3Moe);
         assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (48, 32, 4, 128), "{file}");
-        assert!(c.qk_norm && !c.qkv_bias && !c.tie_word_embeddings, "{file}");
+        assert!(c.qk_norm.is_some() && !c.qkv_bias && !c.tie_word_embeddings, "{file}");
         let moe = c.moe.as_ref().unwrap();
         assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (128, 8, inter), "{file}");
         assert_eq!(moe.routing, Routing::SoftmaxThenTopK { normalize: true });
@@ -125,14 +125,15 @@ fn gemma3_configs_plain_and_wrapped() {
     let c = config("gemma-3-1b-it.json");
     assert_eq!(c.arch, Arch::Gemma3);
     assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (26, 4, 1, 256));
-    assert!(c.norm_plus_one && c.sandwich_norms && c.qk_norm);
+    assert!(c.norm_plus_one && c.norms == NormPlacement::Sandwich && c.qk_norm.is_some());
     assert_eq!(c.activation, Activation::GeluTanh);
     assert_eq!(c.attention_scale, Some(1.0 / 16.0));
     assert_eq!(c.sliding_window, Some(512));
     let globals: Vec<usize> = (0..26).filter(|&l| c.layer_window(l).is_none()).collect();
     assert_eq!(globals, [5, 11, 17, 23], "every sixth layer is global");
     let gemma = c.gemma.as_ref().unwrap();
-    assert_eq!((gemma.embed_scale, gemma.local_rope_theta), (34.0, 10_000.0));
+    let local = c.sliding_rope.as_ref().unwrap();
+    assert_eq!((gemma.embed_scale, local.theta, local.scaling.is_none()), (34.0, 10_000.0, true));
     assert_eq!((c.rope.theta, c.max_position_embeddings), (1e6, 32_768));
     // Tied head; four norms per block plus q/k norms of 256.
     let hand = Count {
@@ -285,7 +286,7 @@ fn gemma4_configs() {
     ));
     assert_eq!((g.global_rope.theta, g.local_rope.theta, g.global_rope.dims, g.local_rope.dims), (1e6, 1e4, 512, 256));
     assert_eq!(c.attention_scale, Some(1.0));
-    assert!(c.tie_word_embeddings && c.qk_norm && c.sandwich_norms && !c.norm_plus_one);
+    assert!(c.tie_word_embeddings && c.qk_norm.is_some() && c.norms == NormPlacement::Sandwich && !c.norm_plus_one);
     // Shared layers take the last sliding (13) or global (14) layer's keys and values.
     assert_eq!((c.layer_attention(15).kv_source, c.layer_attention(19).kv_source), (Some(13), Some(14)));
     assert_eq!(c.layer_attention(19).head_dim, 512);
@@ -464,7 +465,7 @@ fn lfm2_reads_its_own_field_names() {
     // block_ff_dim 12288, auto-adjusted: two thirds, times 1.0, a multiple of 256.
     assert_eq!(c.intermediate_size, 8192);
     assert_eq!((c.rms_norm_eps, c.rope.theta, c.rope.dims), (1e-5, 1e6, 64));
-    assert!(c.tie_word_embeddings && c.qk_norm);
+    assert!(c.tie_word_embeddings && c.qk_norm.is_some());
     let attention: Vec<usize> = (0..16).filter(|&l| !c.is_recurrent(l)).collect();
     assert_eq!(attention, [2, 5, 8, 10, 12, 14], "full_attn_idxs");
     let h = c.hybrid.as_ref().unwrap();
@@ -479,4 +480,59 @@ fn lfm2_reads_its_own_field_names() {
     assert_eq!(hand, 1_170_340_608, "the model card's count, exactly");
     // State: the last 2 inputs of 2048 channels in each of 10 layers.
     assert_eq!(c.kv_footprint(2).state_bytes, 10 * 2 * 2048 * 2);
+}
+
+#[test]
+fn glm_4_7_reads_as_grouped_sigmoid_experts_after_three_dense_layers() {
+    let c = config("glm-4.7.json");
+    assert_eq!(c.arch, Arch::Glm4Moe);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (92, 96, 8, 128));
+    assert_eq!((c.rope.dims, c.rope.theta, c.rope.scaling.is_none()), (64, 1e6, true), "half of each head rotates");
+    assert!(c.qkv_bias && !c.o_bias && c.qk_norm == Some(QkNorm::PerHead) && !c.tie_word_embeddings);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (160, 8, 1536, Some(1536)));
+    assert!(!moe.shared_expert_gated);
+    let Routing::SigmoidGrouped(g) = moe.routing else { panic!("{:?}", moe.routing) };
+    assert_eq!((g.n_group, g.topk_group, g.normalize, g.norm_eps, g.scale), (1, 1, true, 0.0, 2.5));
+    assert!((0..3).all(|l| !moe.is_sparse(l)) && (3..92).all(|l| moe.is_sparse(l)));
+    // By hand (biases left out, as the estimate does): untied embeddings, 92 attention blocks
+    // with per-head q/k norms, 3 dense MLPs of 12288, 89 layers of 160 experts of 1536 with a
+    // router and its bias and a shared expert of 1536, two norms a layer and the final one.
+    let (h, v) = (5120u64, 151_552u64);
+    let attention = 2 * h * 96 * 128 + 2 * h * 8 * 128 + 2 * 128;
+    let experts = 160 * 3 * h * 1536 + 160 * h + 160 + 3 * h * 1536;
+    let hand = 2 * v * h + 92 * (attention + 2 * h) + 3 * 3 * h * 12288 + 89 * experts + h;
+    assert_eq!(c.parameter_count(), hand);
+    // Published: 355B with the multi-token-prediction layer (one more MoE layer, ~3.9B, which
+    // FastMLX drops), 32B active.
+    assert_within(hand + attention + experts, 355e9, 0.015, "GLM-4.7 with its MTP layer");
+    let active = hand - 89 * 152 * 3 * h * 1536 - 2 * v * h;
+    assert_within(active, 32e9, 0.05, "GLM-4.7 active");
+    // Keys and values: 92 layers x 8 heads x 128 x 2, in bf16.
+    assert_eq!(c.kv_footprint(2).full_per_token, 92 * 2 * 8 * 128 * 2);
+}
+
+#[test]
+fn minimax_m2_reads_as_experts_everywhere_with_whole_projection_norms() {
+    let c = config("minimax-m2.7.json");
+    assert_eq!(c.arch, Arch::MiniMax);
+    assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (62, 48, 8, 128));
+    assert_eq!((c.rope.dims, c.rope.theta), (64, 5e6), "rotary_dim");
+    assert!(!c.qkv_bias && c.qk_norm == Some(QkNorm::Whole) && !c.tie_word_embeddings);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (256, 8, 1536, None));
+    assert!((0..62).all(|l| moe.is_sparse(l)));
+    let Routing::SigmoidGrouped(g) = moe.routing else { panic!("{:?}", moe.routing) };
+    assert_eq!((g.n_group, g.normalize, g.norm_eps, g.scale, g.f32_router), (1, true, 1e-20, 1.0, true));
+    // By hand: untied embeddings; per layer q/k/v/o, q/k norms over the whole projections
+    // (6144 + 1024), 256 experts of 1536, a router and its bias, two norms; the final norm.
+    let (h, v) = (3072u64, 200_064u64);
+    let attention = 2 * h * 48 * 128 + 2 * h * 8 * 128 + 48 * 128 + 8 * 128;
+    let experts = 256 * 3 * h * 1536 + 256 * h + 256;
+    let hand = 2 * v * h + 62 * (attention + experts + 2 * h) + h;
+    assert_eq!(c.parameter_count(), hand);
+    assert_close(hand, 230e9, "MiniMax-M2");
+    // "10B activated": 8 of the 256 experts, the embeddings left out.
+    let active = hand - 62 * 248 * 3 * h * 1536 - 2 * v * h;
+    assert_within(active, 10e9, 0.05, "MiniMax-M2 active");
 }

@@ -78,6 +78,10 @@ TEMPLATES = {
     "qwen3-next-instruct.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "qwen3-next-thinking.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "lfm2.jinja": {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>", "tools": True},
+    # GLM-4.5/4.6 (key/value tag calls, `/nothink`) and MiniMax-M2 (`<minimax:tool_call>` with
+    # `<invoke>`, thinking opened by the generation prompt).
+    "glm-4.6.jinja": {"bos_token": None, "eos_token": "<|endoftext|>", "tools": True},
+    "minimax-m2.jinja": {"bos_token": "]~!b[", "eos_token": "[e~[", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -223,6 +227,23 @@ def cases_for(name, meta):
         two = copy.deepcopy(tool_conversation(""))
         two[1]["tool_calls"].append({"id": "call_2", "type": "function",
                                      "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
+        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
+        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+    if name in ("glm-4.6.jinja", "minimax-m2.jinja"):
+        yield "enable_thinking_false", USER_ONLY, None, True, {"enable_thinking": False}
+        yield "multi_turn_enable_thinking_false", MULTI_TURN, None, True, {"enable_thinking": False}
+        history_with_think = [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "2+2 = 4.", "reasoning_content": "Simple arithmetic."},
+            {"role": "user", "content": "And 3+3?"},
+        ]
+        yield "history_reasoning_dropped", history_with_think, None, True, extra
+        # Reasoning after the last user turn (an agent's call, its result, the next step) is kept.
+        two = copy.deepcopy(tool_conversation(""))
+        two[1]["reasoning_content"] = "Check the weather in both cities."
+        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 3,
+                                                                                     "metric": True, "tags": ["a"]}}})
         two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
         yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
     if name == "lfm2.jinja":

@@ -84,6 +84,14 @@ MODELS = [
     ("smollm3-q4", "smollm3", 4, []),
     ("seed_oss", "seed_oss", None, []),
     ("seed_oss-q8", "seed_oss", 8, []),
+    ("olmo3", "olmo3", None, []),
+    ("olmo3-q4", "olmo3", 4, []),
+    ("glm4_moe", "glm4_moe", None, []),
+    ("glm4_moe-per-expert", "glm4_moe", None, ["--per-expert"]),
+    ("glm4_moe-q4", "glm4_moe", 4, []),
+    ("minimax", "minimax", None, []),
+    ("minimax-per-expert", "minimax", None, ["--per-expert"]),
+    ("minimax-q4", "minimax", 4, []),
 ]
 
 

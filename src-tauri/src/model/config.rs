@@ -27,10 +27,19 @@ pub enum Arch {
     SmolLm3,
     /// Seed-OSS: Llama's layers with biases where its config puts them.
     SeedOss,
+    /// OLMo 3: norms on the branch outputs only, q/k norms over whole projections, three
+    /// sliding-window layers to one full.
+    Olmo3,
+    /// GLM-4.5/4.6/4.7: partial rotary, dense first layers, then experts chosen by biased
+    /// sigmoid scores in groups, beside a shared expert.
+    Glm4Moe,
+    /// MiniMax-M2: experts in every layer chosen by biased sigmoid scores, q/k norms over whole
+    /// projections.
+    MiniMax,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 17] = [
+    pub const ALL: [Arch; 20] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -48,6 +57,9 @@ impl Arch {
         Arch::Lfm2,
         Arch::SmolLm3,
         Arch::SeedOss,
+        Arch::Olmo3,
+        Arch::Glm4Moe,
+        Arch::MiniMax,
     ];
 
     /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
@@ -78,6 +90,10 @@ impl Arch {
             "lfm2" | "lfm2_moe" => Arch::Lfm2,
             "smollm3" => Arch::SmolLm3,
             "seed_oss" => Arch::SeedOss,
+            "olmo3" => Arch::Olmo3,
+            "glm4_moe" => Arch::Glm4Moe,
+            // mlx-lm's name for MiniMax-M2's `minimax_m2` (`utils.py`'s remapping).
+            "minimax" | "minimax_m2" => Arch::MiniMax,
             _ => return None,
         })
     }
@@ -101,6 +117,9 @@ impl Arch {
             Arch::Lfm2 => "lfm2",
             Arch::SmolLm3 => "smollm3",
             Arch::SeedOss => "seed_oss",
+            Arch::Olmo3 => "olmo3",
+            Arch::Glm4Moe => "glm4_moe",
+            Arch::MiniMax => "minimax",
         }
     }
 }
@@ -222,6 +241,31 @@ pub enum Routing {
     /// when `expert_bias` (the bias picks, the unbiased scores weigh), optionally rescaled to sum
     /// to one, times `scale` (LFM2-MoE).
     SigmoidThenTopK { normalize: bool, expert_bias: bool, scale: f32 },
+    /// DeepSeek-V3's `noaux_tc` (GLM-4.x, MiniMax-M2): sigmoid scores in f32; experts chosen by
+    /// score plus the learned bias among the `topk_group` best of `n_group` groups (a group's
+    /// worth: the sum of its two best); the chosen experts' unbiased scores, rescaled to sum to
+    /// one when `normalize` (`+ norm_eps`; DeepSeek only with more than one expert), times `scale`.
+    SigmoidGrouped(GroupedRouting),
+}
+
+/// The settings of [`Routing::SigmoidGrouped`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupedRouting {
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub normalize: bool,
+    pub norm_eps: f32,
+    pub scale: f32,
+    /// MiniMax: the router runs in f32 and the weights return to the input's dtype before the
+    /// experts' outputs are summed (DeepSeek's sum runs in f32).
+    pub f32_router: bool,
+}
+
+impl Routing {
+    /// Whether a learned per-expert bias joins the scores that choose experts.
+    pub fn has_expert_bias(&self) -> bool {
+        matches!(self, Routing::SigmoidThenTopK { expert_bias: true, .. } | Routing::SigmoidGrouped(_))
+    }
 }
 
 /// Mixture-of-experts feed-forward layers: each token goes through `top_k` of `num_experts`
@@ -233,8 +277,11 @@ pub struct MoeConfig {
     /// Hidden size of each expert.
     pub intermediate_size: usize,
     pub routing: Routing,
-    /// A dense expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE).
+    /// A dense expert every token also goes through...
     pub shared_expert_size: Option<usize>,
+    /// ...scaled by a sigmoid gate (Qwen2-MoE's `shared_expert`), or not (DeepSeek's and GLM's
+    /// `shared_experts`).
+    pub shared_expert_gated: bool,
     /// Which layers have experts (the others keep a dense MLP); empty means all.
     pub sparse_layers: Vec<bool>,
     /// Biases on the router and on every expert's projections (gpt-oss).
@@ -260,8 +307,6 @@ pub struct QueryScale {
 pub struct GemmaStyle {
     /// Embeddings multiplied by sqrt(hidden_size) (rounded to bf16, as the reference does).
     pub embed_scale: f32,
-    /// The rotary base of sliding-window layers (global layers use `rope.theta`).
-    pub local_rope_theta: f32,
 }
 
 /// Gemma 4's departures from Gemma 3's block (which it otherwise follows, with plain `weight`
@@ -336,8 +381,8 @@ pub struct ModelConfig {
     pub nope_layers: Vec<usize>,
     /// A learned per-head logit in every attention softmax (gpt-oss's sinks).
     pub attention_sinks: bool,
-    /// RMS norm on each head of q and k before rotary (Qwen3).
-    pub qk_norm: bool,
+    /// RMS norms on q and k before rotary: per head (Qwen3) or over the whole projection.
+    pub qk_norm: Option<QkNorm>,
     /// q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj` (Phi-3).
     pub fused_projections: bool,
     pub activation: Activation,
@@ -345,8 +390,11 @@ pub struct ModelConfig {
     pub attention_scale: Option<f32>,
     /// RMS norms scale by `1 + weight` (Gemma) instead of `weight`.
     pub norm_plus_one: bool,
-    /// Norms on the attention and MLP outputs too, and before the MLP (Gemma's four norms).
-    pub sandwich_norms: bool,
+    /// Where a layer's norms sit.
+    pub norms: NormPlacement,
+    /// The sliding-window layers' rotary settings where they differ from `rope` (Gemma 3's
+    /// base, OLMo 3's unscaled positions).
+    pub sliding_rope: Option<RopeConfig>,
     pub gemma: Option<GemmaStyle>,
     pub moe: Option<MoeConfig>,
     pub query_scale: Option<QueryScale>,
@@ -358,6 +406,26 @@ pub struct ModelConfig {
     /// Multimodal rotary positions (Qwen-VL's `mrope_section`): text rotates as plain rotary,
     /// image tokens by their time, row and column.
     pub mrope: Option<MropeConfig>,
+}
+
+/// What the q/k norms normalise over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Each head (Qwen3, Gemma, GLM-4.x).
+    PerHead,
+    /// The whole projection, before it is split into heads (OLMo 3, MiniMax-M2).
+    Whole,
+}
+
+/// Where a decoder layer's RMS norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before the attention and before the feed-forward (Llama).
+    Pre,
+    /// Before and after both branches (Gemma's four norms; its residual adds clip in f16).
+    Sandwich,
+    /// On the branches' outputs only (OLMo 3): no norm on the layer's input.
+    Post,
 }
 
 /// Hybrids: most layers keep a fixed-size state per sequence (Qwen3-Next's and Qwen3.5's Gated
@@ -587,12 +655,11 @@ impl ModelConfig {
             (None, true) => h * kv,
             (None, false) => 2 * h * kv,
         };
-        let norms = if !self.qk_norm {
-            0
-        } else if a.kv_source.is_some() {
-            a.head_dim as u64
-        } else {
-            2 * a.head_dim as u64
+        let norms = match self.qk_norm {
+            None => 0,
+            Some(QkNorm::Whole) => q + kv,
+            Some(QkNorm::PerHead) if a.kv_source.is_some() => a.head_dim as u64,
+            Some(QkNorm::PerHead) => 2 * a.head_dim as u64,
         };
         2 * h * q + own_kv + norms + gate
     }
@@ -600,7 +667,10 @@ impl ModelConfig {
     /// Layer `l`'s norms and Gemma 4's per-layer input gate and scalar.
     fn layer_extras(&self, _l: usize) -> u64 {
         let h = self.hidden_size as u64;
-        let norms = if self.sandwich_norms { 4 * h } else { 2 * h };
+        let norms = match self.norms {
+            NormPlacement::Sandwich => 4 * h,
+            NormPlacement::Pre | NormPlacement::Post => 2 * h,
+        };
         let per_layer = self.per_layer_input().map_or(0, |p| 2 * h * p.size as u64 + h);
         let scalar = u64::from(self.gemma4.is_some());
         norms + per_layer + scalar
@@ -613,8 +683,9 @@ impl ModelConfig {
         match &self.moe {
             Some(moe) if moe.is_sparse(l) => {
                 let experts = if active { moe.top_k } else { moe.num_experts } as u64;
-                let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + h);
-                let bias = matches!(moe.routing, Routing::SigmoidThenTopK { expert_bias: true, .. });
+                let gate = if moe.shared_expert_gated { h } else { 0 };
+                let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + gate);
+                let bias = moe.routing.has_expert_bias();
                 let router = h * moe.num_experts as u64 + if bias { moe.num_experts as u64 } else { 0 };
                 // Gemma 4 runs its dense MLP beside the experts, with three more norms and a
                 // router that scales its input and each expert.

@@ -121,7 +121,7 @@ impl CostModel {
                             head_dim: a.head_dim,
                             window: config.layer_window(i),
                             keeps_kv: a.kv_source.is_none() && i < config.kv_cache_layers(),
-                            qk_norm: config.qk_norm,
+                            qk_norm: config.qk_norm.is_some(),
                             gated: config.hybrid.as_ref().is_some_and(|h| h.gated_attention()),
                             dense_mlp: !sparse,
                             scores_gone_by_mlp: sparse && config.gemma4.is_some(),

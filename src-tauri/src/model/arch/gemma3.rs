@@ -4,7 +4,7 @@
 //! embeddings scaled by sqrt(hidden), GELU (tanh) feed-forward.
 
 use super::HfConfig;
-use crate::model::config::{Activation, GemmaStyle, ModelConfig};
+use crate::model::config::{Activation, GemmaStyle, ModelConfig, NormPlacement, QkNorm, RopeConfig};
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     let x = &hf.extra;
@@ -15,9 +15,9 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
     }
     // Gemma ties its head to the embeddings unless the config says otherwise.
     config.tie_word_embeddings = hf.tie_word_embeddings.unwrap_or(true);
-    config.qk_norm = true;
+    config.qk_norm = Some(QkNorm::PerHead);
     config.norm_plus_one = true;
-    config.sandwich_norms = true;
+    config.norms = NormPlacement::Sandwich;
     config.activation = Activation::GeluTanh;
     config.attention_scale = Some(x.query_pre_attn_scalar.unwrap_or(256.0).powf(-0.5));
     config.sliding_window = Some(hf.sliding_window.unwrap_or(512));
@@ -28,10 +28,9 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
             (0..config.num_layers).map(|i| (i + 1) % pattern != 0).collect()
         }
     };
-    config.gemma = Some(GemmaStyle {
-        embed_scale: round_to_bf16((config.hidden_size as f32).sqrt()),
-        local_rope_theta: x.rope_local_base_freq.unwrap_or(10_000.0),
-    });
+    config.sliding_rope =
+        Some(RopeConfig { theta: x.rope_local_base_freq.unwrap_or(10_000.0), scaling: None, ..config.rope.clone() });
+    config.gemma = Some(GemmaStyle { embed_scale: round_to_bf16((config.hidden_size as f32).sqrt()) });
     Ok(config)
 }
 

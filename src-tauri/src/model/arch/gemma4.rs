@@ -12,7 +12,9 @@
 use serde_json::Value;
 
 use super::{required, HfConfig};
-use crate::model::config::{Activation, Gemma4Style, ModelConfig, MoeConfig, PerLayerInput, RopeConfig, Routing};
+use crate::model::config::{
+    Activation, Gemma4Style, ModelConfig, MoeConfig, NormPlacement, PerLayerInput, QkNorm, RopeConfig, Routing,
+};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
@@ -22,8 +24,8 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
         config.head_dim = 256;
     }
     config.tie_word_embeddings = hf.tie_word_embeddings.unwrap_or(true);
-    config.qk_norm = true;
-    config.sandwich_norms = true;
+    config.qk_norm = Some(QkNorm::PerHead);
+    config.norms = NormPlacement::Sandwich;
     config.activation = Activation::GeluTanh;
     config.attention_scale = Some(1.0);
     config.sliding_window = Some(hf.sliding_window.unwrap_or(512));
@@ -70,6 +72,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
             )?,
             routing: Routing::TopKThenSoftmax { largest_last: true },
             shared_expert_size: None,
+            shared_expert_gated: false,
             sparse_layers: Vec::new(),
             biases: false,
         })?);

@@ -31,6 +31,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
         intermediate_size: config.intermediate_size,
         routing: Routing::TopKThenSoftmax { largest_last: true },
         shared_expert_size: None,
+        shared_expert_gated: false,
         sparse_layers: Vec::new(),
         biases: true,
     })?);

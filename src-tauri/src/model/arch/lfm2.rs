@@ -5,12 +5,12 @@
 //! names are mapped in `wrapped.rs`. mlx-lm's `lfm2.py` and `lfm2_moe.py` are the reference.
 
 use super::{required, HfConfig};
-use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, RecurrentKind, Routing};
+use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, QkNorm, RecurrentKind, Routing};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
-    config.qk_norm = true;
+    config.qk_norm = Some(QkNorm::PerHead);
     config.tie_word_embeddings = true;
     let types = hf.layer_types.as_ref().ok_or("full_attn_idxs or layer_types is missing")?;
     if types.len() != config.num_layers {
@@ -43,6 +43,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
                 scale: x.routed_scaling_factor.unwrap_or(1.0),
             },
             shared_expert_size: None,
+            shared_expert_gated: false,
             sparse_layers: (0..config.num_layers).map(|l| l >= dense).collect(),
             biases: false,
         })?);

@@ -13,6 +13,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         intermediate_size: config.intermediate_size,
         routing: Routing::TopKThenSoftmax { largest_last: false },
         shared_expert_size: None,
+        shared_expert_gated: false,
         sparse_layers: Vec::new(),
         biases: false,
     })?);

@@ -3,12 +3,15 @@
 
 mod gemma3;
 mod gemma4;
+mod glm4_moe;
 mod gpt_oss;
 mod lfm2;
 mod llama;
+mod minimax;
 mod ministral3;
 mod mistral;
 mod mixtral;
+mod olmo3;
 mod phi3;
 mod qwen2;
 mod qwen2_moe;
@@ -23,7 +26,9 @@ mod wrapped;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::model::config::{Activation, Arch, ModelConfig, MoeConfig, MropeConfig, RopeConfig, RopeScaling};
+use crate::model::config::{
+    Activation, Arch, ModelConfig, MoeConfig, MropeConfig, NormPlacement, RopeConfig, RopeScaling,
+};
 
 pub use wrapped::{canonical_tensor_name, text_config};
 
@@ -132,6 +137,19 @@ pub struct HfExtras {
     /// Seed-OSS: a bias on the attention output and on the MLP's projections.
     pub attention_out_bias: Option<bool>,
     pub mlp_bias: Option<bool>,
+    /// DeepSeek-style experts (GLM-4.x): their count, the shared ones, the dense first layers...
+    pub n_routed_experts: Option<usize>,
+    pub n_shared_experts: Option<usize>,
+    pub first_k_dense_replace: Option<usize>,
+    /// ...and how they are chosen: groups of experts, the best groups kept, the method.
+    pub n_group: Option<usize>,
+    pub topk_group: Option<usize>,
+    pub topk_method: Option<String>,
+    pub scoring_func: Option<String>,
+    /// GLM-4.x (per head) and MiniMax-M2 (whole projections): q/k norms.
+    pub use_qk_norm: Option<bool>,
+    /// MiniMax-M2: how many dimensions of each head rotate.
+    pub rotary_dim: Option<usize>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
@@ -170,6 +188,9 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Lfm2 => lfm2::adapt(config, hf),
         Arch::SmolLm3 => smollm3::adapt(config, hf),
         Arch::SeedOss => seed_oss::adapt(config, hf),
+        Arch::Olmo3 => olmo3::adapt(config, hf),
+        Arch::Glm4Moe => glm4_moe::adapt(config, hf),
+        Arch::MiniMax => minimax::adapt(config, hf),
     }?;
     if let Some(m) = config.mrope.filter(|m| m.section.iter().sum::<usize>() != config.rope.dims / 2) {
         return Err(format!(
@@ -226,12 +247,13 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         mlp_bias: false,
         nope_layers: Vec::new(),
         attention_sinks: false,
-        qk_norm: false,
+        qk_norm: None,
         fused_projections: false,
         activation: Activation::Silu,
         attention_scale: None,
         norm_plus_one: false,
-        sandwich_norms: false,
+        norms: NormPlacement::Pre,
+        sliding_rope: None,
         gemma: None,
         moe: None,
         query_scale: None,
@@ -330,6 +352,7 @@ pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weigh
         Arch::Qwen3Next | Arch::Qwen35 => qwen3_next::sanitize(weights, config),
         Arch::Lfm2 => lfm2::sanitize(weights, config),
         Arch::Qwen3Moe => qwen3_moe::split_fused_experts(weights, config.num_layers),
+        Arch::Glm4Moe => glm4_moe::sanitize(weights, config),
         _ => Ok(()),
     }
 }

@@ -14,6 +14,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
         // mlx-lm (the reference) keeps the top-k softmax weights as they are.
         routing: Routing::SoftmaxThenTopK { normalize: false },
         shared_expert_size: Some(required(x.shared_expert_intermediate_size, "shared_expert_intermediate_size")?),
+        shared_expert_gated: true,
         sparse_layers: Vec::new(),
         biases: false,
     })?);

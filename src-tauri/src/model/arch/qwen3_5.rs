@@ -6,10 +6,10 @@
 //! layer. mlx-lm's `qwen3_5.py` / `qwen3_5_moe.py` are the reference.
 
 use super::{required, HfConfig};
-use crate::model::config::{ModelConfig, MoeConfig, Routing};
+use crate::model::config::{ModelConfig, MoeConfig, QkNorm, Routing};
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
-    config.qk_norm = true;
+    config.qk_norm = Some(QkNorm::PerHead);
     config.hybrid = Some(super::qwen3_next::hybrid(&config, hf, false)?);
     config.mtp_layers = hf.extra.mtp_num_hidden_layers.unwrap_or(0);
     let x = &hf.extra;
@@ -27,6 +27,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
             intermediate_size: required(x.moe_intermediate_size, "moe_intermediate_size")?,
             routing: Routing::SoftmaxThenTopK { normalize: x.norm_topk_prob.unwrap_or(true) },
             shared_expert_size: x.shared_expert_intermediate_size.filter(|&s| s > 0),
+            shared_expert_gated: true,
             sparse_layers: Vec::new(),
             biases: false,
         })?);

@@ -5,12 +5,12 @@
 use mlx_rs::ops::indexing::TryIndexOp;
 
 use super::{required, HfConfig};
-use crate::model::config::{ModelConfig, MoeConfig, Routing};
+use crate::model::config::{ModelConfig, MoeConfig, QkNorm, Routing};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<ModelConfig, String> {
-    config.qk_norm = true;
+    config.qk_norm = Some(QkNorm::PerHead);
     let x = &hf.extra;
     let step = x.decoder_sparse_step.unwrap_or(1).max(1);
     let dense = x.mlp_only_layers.clone().unwrap_or_default();
@@ -24,6 +24,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> std::result::Result<Mode
             normalize: x.norm_topk_prob.unwrap_or(hf.model_type.starts_with("qwen3_vl_moe")),
         },
         shared_expert_size: None,
+        shared_expert_gated: false,
         sparse_layers,
         biases: false,
     })?);

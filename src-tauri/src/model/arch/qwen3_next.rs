@@ -4,12 +4,12 @@
 //! gated shared expert (as Qwen2-MoE's). mlx-lm's `qwen3_next.py` is the reference.
 
 use super::{required, HfConfig};
-use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, RecurrentKind, Routing};
+use crate::model::config::{HybridStyle, ModelConfig, MoeConfig, QkNorm, RecurrentKind, Routing};
 use crate::model::error::Result;
 use crate::model::weights::Weights;
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
-    config.qk_norm = true;
+    config.qk_norm = Some(QkNorm::PerHead);
     config.hybrid = Some(hybrid(&config, hf, true)?);
     config.mtp_layers = hf.extra.mtp_num_hidden_layers.unwrap_or(0);
     // Configs re-saved by newer transformers keep the rotary settings in `rope_parameters`.
@@ -31,6 +31,7 @@ pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, Stri
             intermediate_size: required(x.moe_intermediate_size, "moe_intermediate_size")?,
             routing: Routing::SoftmaxThenTopK { normalize: x.norm_topk_prob.unwrap_or(false) },
             shared_expert_size: x.shared_expert_intermediate_size.filter(|&s| s > 0),
+            shared_expert_gated: true,
             sparse_layers: (0..config.num_layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
             biases: false,
         })?);

@@ -148,7 +148,19 @@ pub fn canonical_tensor_name(name: &str) -> Option<String> {
     } else {
         name.strip_prefix("language_model.").unwrap_or(name).to_string()
     };
-    Some(lfm2_names(gpt_oss_names(mixtral_names(name))))
+    Some(expert_bias_name(lfm2_names(gpt_oss_names(mixtral_names(name)))))
+}
+
+/// The bias that joins the scores choosing experts, wherever a family keeps it (DeepSeek's and
+/// GLM's on the router, `mlp.gate.e_score_correction_bias`; MiniMax's on the block) -> LFM2's
+/// name for it, `mlp.expert_bias`.
+fn expert_bias_name(name: String) -> String {
+    for from in [".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"] {
+        if let Some(head) = name.strip_suffix(from) {
+            return format!("{head}.mlp.expert_bias");
+        }
+    }
+    name
 }
 
 /// LFM2's names -> the shared layout's (its short convolutions keep theirs: `conv.*`): its
@@ -206,6 +218,8 @@ mod tests {
             ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight"),
             ("language_model.lm_head.weight", "lm_head.weight"),
             ("model.layers.3.block_sparse_moe.gate.weight", "model.layers.3.mlp.gate.weight"),
+            ("model.layers.3.mlp.gate.e_score_correction_bias", "model.layers.3.mlp.expert_bias"),
+            ("model.layers.3.block_sparse_moe.e_score_correction_bias", "model.layers.3.mlp.expert_bias"),
             ("model.layers.3.block_sparse_moe.experts.7.w1.weight", "model.layers.3.mlp.experts.7.gate_proj.weight"),
             ("model.layers.3.block_sparse_moe.experts.7.w2.scales", "model.layers.3.mlp.experts.7.down_proj.scales"),
             (

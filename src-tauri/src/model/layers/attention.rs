@@ -55,6 +55,8 @@ pub struct Attention {
     pub o: Linear,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
+    /// The q/k norms span the whole projection (OLMo 3, MiniMax-M2), not each head.
+    pub whole_qk_norm: bool,
     /// An RMS norm without weights on the values (Gemma 4).
     pub v_norm: Option<f32>,
     /// `None`: no rotary positions in this layer (SmolLM3's NoPE layers).
@@ -110,10 +112,13 @@ impl Attention {
     ) -> Result<(Array, (KvTensor, KvTensor))> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |t: Array, n: i32| -> Result<Array> { Ok(t.reshape(&[b, l, n, self.head_dim])?) };
-        let normed = |t: Array, norm: &Option<RmsNorm>| -> Result<Array> {
+        // `t`: `[B, L, n * head_dim]` -> `[B, n, L, head_dim]`, normalised over the whole
+        // projection or per head.
+        let normed = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let t = match norm {
-                Some(norm) => norm.forward(&t)?,
-                None => t,
+                Some(norm) if self.whole_qk_norm => heads(norm.forward(&t)?, n)?,
+                Some(norm) => norm.forward(&heads(t, n)?)?,
+                None => heads(t, n)?,
             };
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
         };
@@ -141,7 +146,7 @@ impl Attention {
         } else {
             (q, None)
         };
-        let q = normed(heads(q, self.num_heads)?, &self.q_norm)?;
+        let q = normed(q, self.num_heads, &self.q_norm)?;
         let q = self.rotate(q, positions, rotation)?;
         // Ministral 3: queries scaled with their position (after the rotation, as the reference).
         let q = match query_scale {
@@ -151,7 +156,7 @@ impl Attention {
         let (k, v) = match (kv, kv_new) {
             (KeysValues::Reused(kv), _) => kv.clone(),
             (KeysValues::Own, Some((k, v))) => {
-                let k = self.rotate(normed(heads(k, self.num_kv_heads)?, &self.k_norm)?, positions, rotation)?;
+                let k = self.rotate(normed(k, self.num_kv_heads, &self.k_norm)?, positions, rotation)?;
                 let v = heads(v, self.num_kv_heads)?;
                 let v = match self.v_norm {
                     Some(eps) => mlx_rs::fast::rms_norm(&v, None, eps)?,

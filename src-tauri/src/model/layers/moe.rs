@@ -2,14 +2,14 @@
 //! the experts run batched, every token of every row through its own experts in one
 //! `gather_mm` / `gather_qmm` per projection (as mlx-lm's `SwitchGLU`), never row by row.
 
-use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
+use mlx_rs::ops::indexing::{put_along_axis, take_along_axis, topk_axis, IndexOp};
 use mlx_rs::ops::{
     add, argpartition_axis, argsort_axis, divide, expand_dims_axes, floor_divide, gather_mm, multiply, negative,
-    sigmoid, softmax_axis, sum_axis,
+    sigmoid, softmax_axis, sum_axis, unflatten,
 };
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
-use crate::model::config::{Activation, QuantSpec, Routing};
+use crate::model::config::{Activation, GroupedRouting, QuantSpec, Routing};
 use crate::model::error::Result;
 use crate::model::layers::mlp::gated;
 use crate::model::layers::quant_ops;
@@ -96,10 +96,11 @@ impl SwitchGlu {
     }
 }
 
-/// A dense expert every token goes through, scaled by `sigmoid(gate(x))` (Qwen2-MoE).
+/// A dense expert every token goes through, scaled by `sigmoid(gate(x))` where it has a gate
+/// (Qwen2-MoE), else added as it is (DeepSeek, GLM).
 pub struct SharedExpert {
     pub mlp: Mlp,
-    pub gate: Linear,
+    pub gate: Option<Linear>,
 }
 
 pub struct MoeBlock {
@@ -115,14 +116,22 @@ pub struct MoeBlock {
 impl MoeBlock {
     /// `x`: `[B, L, hidden]` -> `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let logits = self.router.forward(x)?;
+        let logits = match self.routing {
+            Routing::SigmoidGrouped(g) if g.f32_router => self.router.forward(&x.as_dtype(Dtype::Float32)?)?,
+            _ => self.router.forward(x)?,
+        };
         let (experts, weights) = route(&logits, self.top_k, self.routing, true, self.expert_bias.as_ref())?;
+        let weights = match self.routing {
+            Routing::SigmoidGrouped(g) if g.f32_router => weights.as_dtype(x.dtype())?,
+            _ => weights,
+        };
         let y = weighted_sum(&self.experts.forward(x, &experts)?, &weights)?;
         match &self.shared {
             None => Ok(y),
-            Some(shared) => {
-                let scale = sigmoid(shared.gate.forward(x)?)?;
-                Ok(add(&y, multiply(&scale, shared.mlp.forward(x)?)?)?)
+            Some(SharedExpert { mlp, gate: None }) => Ok(add(&y, mlp.forward(x)?)?),
+            Some(SharedExpert { mlp, gate: Some(gate) }) => {
+                let scale = sigmoid(gate.forward(x)?)?;
+                Ok(add(&y, multiply(&scale, mlp.forward(x)?)?)?)
             }
         }
     }
@@ -133,7 +142,7 @@ impl MoeBlock {
         out.extend(&self.expert_bias);
         if let Some(shared) = &self.shared {
             out.extend(shared.mlp.arrays());
-            out.extend(shared.gate.arrays());
+            out.extend(shared.gate.iter().flat_map(Linear::arrays));
         }
         out
     }
@@ -181,7 +190,38 @@ fn route(logits: &Array, k: i32, routing: Routing, precise: bool, bias: Option<&
             }
             (experts, multiply(&weights, scalar(scale)?)?)
         }
+        Routing::SigmoidGrouped(g) => {
+            let bias =
+                bias.ok_or_else(|| crate::model::ModelError::Mlx("grouped routing needs the expert bias".into()))?;
+            grouped_select(logits, k, g, bias)?
+        }
     })
+}
+
+/// DeepSeek-V3's `group_expert_select`, step for step (the order of the k experts included,
+/// which fixes the order of the weighted sum): groups outside the best `topk_group` have their
+/// biased scores set to 0.0, as the reference does (not -inf).
+fn grouped_select(logits: &Array, k: i32, g: GroupedRouting, bias: &Array) -> Result<(Array, Array)> {
+    let scores = sigmoid(logits.as_dtype(Dtype::Float32)?)?;
+    let mut choosing = add(&scores, bias)?;
+    let n_group = g.n_group as i32;
+    if n_group > 1 {
+        let n = choosing.dim(-1);
+        let grouped = unflatten(&choosing, -1, &[n_group, n / n_group])?;
+        let group_scores = sum_axis(topk_axis(&grouped, 2, -1)?, -1, true)?;
+        let dropped = n_group - g.topk_group as i32;
+        let worst = argpartition_axis(&group_scores, dropped - 1, -2)?.index((.., .., ..dropped, ..));
+        let zeroed = put_along_axis(&grouped, &worst, Array::from_f32(0.0), -2)?;
+        choosing = zeroed.flatten(-2, -1)?;
+    }
+    let experts = argpartition_axis(negative(&choosing)?, k - 1, -1)?.index((.., .., ..k));
+    let mut weights = take_along_axis(&scores, &experts, -1)?;
+    if g.normalize {
+        let sum = sum_axis(&weights, -1, true)?;
+        let sum = if g.norm_eps > 0.0 { add(&sum, Array::from_f32(g.norm_eps))? } else { sum };
+        weights = divide(&weights, &sum)?;
+    }
+    Ok((experts, multiply(&weights, Array::from_f32(g.scale))?))
 }
 
 /// The experts' outputs `[.., k, hidden]` summed with their weights `[.., k]`.

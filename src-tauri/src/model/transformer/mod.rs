@@ -10,7 +10,7 @@ use mlx_rs::{Array, Dtype};
 use crate::model::cache::Positions;
 use crate::model::cache::{AttentionMask, LayerCache};
 use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
-use crate::model::config::{ModelConfig, QueryScale, RopeConfig, Routing};
+use crate::model::config::{ModelConfig, NormPlacement, QkNorm, QueryScale, RopeConfig};
 use crate::model::error::Result;
 use crate::model::layers::{
     Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, MRope, Mlp, MlpProjections,
@@ -30,12 +30,21 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
-    /// `h`: the residual stream; `pre_norm`: the norm before the feed-forward.
-    fn forward(&self, h: &Array, pre_norm: &RmsNorm) -> Result<Array> {
+    /// `h`: the residual stream; `pre_norm`: the norm before the feed-forward, if it has one.
+    fn forward(&self, h: &Array, pre_norm: Option<&RmsNorm>) -> Result<Array> {
+        let normed = || -> Result<Array> {
+            match pre_norm {
+                Some(norm) => norm.forward(h),
+                None => Ok(h.clone()),
+            }
+        };
         match self {
-            FeedForward::Dense(mlp) => mlp.forward(&pre_norm.forward(h)?),
-            FeedForward::Experts(moe) => moe.forward(&pre_norm.forward(h)?),
-            FeedForward::DenseAndExperts(both) => both.forward(h, pre_norm),
+            FeedForward::Dense(mlp) => mlp.forward(&normed()?),
+            FeedForward::Experts(moe) => moe.forward(&normed()?),
+            FeedForward::DenseAndExperts(both) => match pre_norm {
+                Some(norm) => both.forward(h, norm),
+                None => Err(crate::model::ModelError::Mlx("Gemma 4's experts need the norm before them".into())),
+            },
         }
     }
 
@@ -48,11 +57,14 @@ impl FeedForward {
     }
 }
 
-/// Gemma's extra norms: before the feed-forward and on its output (its
-/// `post_attention_layernorm` normalises the attention output instead).
-pub struct SandwichNorms {
-    pre_feedforward: RmsNorm,
+/// The norms on the branches' outputs: on the feed-forward's, and (Gemma) one before it; the
+/// layer's `post_attention_layernorm` then normalises the attention output instead.
+pub struct OutputNorms {
+    /// Gemma's; OLMo 3's feed-forward takes the residual stream as it is.
+    pre_feedforward: Option<RmsNorm>,
     post_feedforward: RmsNorm,
+    /// Gemma's residual adds clip in f16; OLMo 3's are plain.
+    clipped: bool,
 }
 
 /// How a layer mixes tokens: attention over its cached keys, or a recurrence over its state.
@@ -73,11 +85,12 @@ impl Mixer {
 }
 
 pub struct DecoderLayer {
-    input_norm: RmsNorm,
+    /// `None` when only the branch outputs are normalised (OLMo 3).
+    input_norm: Option<RmsNorm>,
     mixer: Mixer,
-    /// Before the feed-forward (Llama), or on the attention output (Gemma, with `sandwich`).
+    /// Before the feed-forward (Llama), or on the attention output (with `output_norms`).
     post_attention_norm: RmsNorm,
-    sandwich: Option<SandwichNorms>,
+    output_norms: Option<OutputNorms>,
     feed_forward: FeedForward,
     /// Gemma 4: the layer's per-layer input gate, and a learned scale on its output.
     per_layer_gate: Option<PerLayerGate>,
@@ -108,10 +121,10 @@ impl DecoderLayer {
         let hidden = c.hidden_size as i32;
         let full = (0..c.num_layers).find(|&i| !c.is_recurrent(i) && c.layer_window(i).is_none()).unwrap_or(0);
         Ok(DecoderLayer {
-            input_norm: norm(weights, &format!("{prefix}.input_layernorm"), hidden)?,
+            input_norm: Some(norm(weights, &format!("{prefix}.input_layernorm"), hidden)?),
             mixer: Mixer::Attention(Box::new(attention(c, full, prefix, weights, norm)?)),
             post_attention_norm: norm(weights, &format!("{prefix}.post_attention_layernorm"), hidden)?,
-            sandwich: None,
+            output_norms: None,
             feed_forward: feed_forward(c, 0, prefix, weights, norm)?,
             per_layer_gate: None,
             output_scale: None,
@@ -129,9 +142,11 @@ impl DecoderLayer {
     }
 
     pub(crate) fn arrays(&self) -> Vec<&Array> {
-        let mut out = vec![&self.input_norm.weight, &self.post_attention_norm.weight];
-        if let Some(s) = &self.sandwich {
-            out.extend([&s.pre_feedforward.weight, &s.post_feedforward.weight]);
+        let mut out: Vec<&Array> = self.input_norm.iter().map(|n| &n.weight).collect();
+        out.push(&self.post_attention_norm.weight);
+        if let Some(n) = &self.output_norms {
+            out.extend(n.pre_feedforward.iter().map(|n| &n.weight));
+            out.push(&n.post_feedforward.weight);
         }
         out.extend(self.mixer.arrays());
         out.extend(self.feed_forward.arrays());
@@ -148,7 +163,10 @@ impl DecoderLayer {
         cache: &mut C,
         kv: KeysValues,
     ) -> Result<(Array, Option<(KvTensor, KvTensor)>)> {
-        let x = self.input_norm.forward(h)?;
+        let x = match &self.input_norm {
+            Some(norm) => norm.forward(h)?,
+            None => h.clone(),
+        };
         let (r, kv) = match &self.mixer {
             Mixer::Attention(attention) => {
                 let (r, kv) = attention.forward(
@@ -165,16 +183,17 @@ impl DecoderLayer {
             Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
             Mixer::ShortConv(conv) => (conv.forward(&x, cache)?, None),
         };
-        let out = match &self.sandwich {
+        let out = match &self.output_norms {
             None => {
                 let h1 = add(h, &r)?;
-                let r = self.feed_forward.forward(&h1, &self.post_attention_norm)?;
+                let r = self.feed_forward.forward(&h1, Some(&self.post_attention_norm))?;
                 add(&h1, &r)?
             }
             Some(norms) => {
-                let h1 = residual(h, &self.post_attention_norm.forward(&r)?)?;
-                let r = self.feed_forward.forward(&h1, &norms.pre_feedforward)?;
-                residual(&h1, &norms.post_feedforward.forward(&r)?)?
+                let add = |x: &Array, y: &Array| if norms.clipped { residual(x, y) } else { Ok(add(x, y)?) };
+                let h1 = add(h, &self.post_attention_norm.forward(&r)?)?;
+                let r = self.feed_forward.forward(&h1, norms.pre_feedforward.as_ref())?;
+                add(&h1, &norms.post_feedforward.forward(&r)?)?
             }
         };
         let out = match (&self.per_layer_gate, &inputs.per_layer) {
@@ -263,13 +282,24 @@ impl Transformer {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = format!("model.layers.{i}");
-            let sandwich = if c.sandwich_norms {
-                Some(SandwichNorms {
-                    pre_feedforward: norm(weights, &format!("{p}.pre_feedforward_layernorm"), hidden)?,
+            let sandwich = c.norms == NormPlacement::Sandwich;
+            let output_norms = match c.norms {
+                NormPlacement::Pre => None,
+                NormPlacement::Sandwich | NormPlacement::Post => Some(OutputNorms {
+                    pre_feedforward: if sandwich {
+                        Some(norm(weights, &format!("{p}.pre_feedforward_layernorm"), hidden)?)
+                    } else {
+                        None
+                    },
                     post_feedforward: norm(weights, &format!("{p}.post_feedforward_layernorm"), hidden)?,
-                })
-            } else {
-                None
+                    clipped: sandwich,
+                }),
+            };
+            let input_norm = match c.norms {
+                NormPlacement::Post => None,
+                NormPlacement::Pre | NormPlacement::Sandwich => {
+                    Some(norm(weights, &format!("{p}.input_layernorm"), hidden)?)
+                }
             };
             let per_layer_gate = match c.gemma4.as_ref().and_then(|g| g.per_layer_input) {
                 Some(pli) => Some(PerLayerGate {
@@ -292,10 +322,10 @@ impl Transformer {
                 Mixer::Attention(Box::new(attention(c, i, &p, weights, &norm)?))
             };
             layers.push(DecoderLayer {
-                input_norm: norm(weights, &format!("{p}.input_layernorm"), hidden)?,
+                input_norm,
                 mixer,
                 post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
-                sandwich,
+                output_norms,
                 feed_forward: feed_forward(c, i, &p, weights, &norm)?,
                 per_layer_gate,
                 output_scale,
@@ -542,12 +572,12 @@ impl Transformer {
     }
 }
 
-/// Layer `i`'s rotary settings: Gemma's local layers use their own base and no scaling;
-/// Gemma 4's global layers their own settings.
+/// Layer `i`'s rotary settings: sliding-window layers may have their own (Gemma 3's base,
+/// OLMo 3's unscaled positions); Gemma 4's layers of each kind have theirs.
 fn layer_rope(c: &ModelConfig, i: usize) -> RopeConfig {
     let local = c.layer_window(i).is_some();
-    match (&c.gemma, &c.gemma4) {
-        (Some(g), _) if local => RopeConfig { theta: g.local_rope_theta, scaling: None, ..c.rope.clone() },
+    match (&c.sliding_rope, &c.gemma4) {
+        (Some(rope), _) if local => rope.clone(),
         (_, Some(g)) if local => g.local_rope.clone(),
         (_, Some(g)) => g.global_rope.clone(),
         _ => c.rope.clone(),
@@ -581,9 +611,11 @@ fn attention(c: &ModelConfig, i: usize, layer: &str, weights: &mut Weights, norm
             v: linear(weights, "v_proj", kv_dim)?,
         }
     };
-    let q_norm = if c.qk_norm { Some(norm(weights, &format!("{p}.q_norm"), head_dim)?) } else { None };
-    let k_norm = if c.qk_norm && shape.kv_source.is_none() {
-        Some(norm(weights, &format!("{p}.k_norm"), head_dim)?)
+    let whole = c.qk_norm == Some(QkNorm::Whole);
+    let (q_width, k_width) = if whole { (q_dim, kv_dim) } else { (head_dim, head_dim) };
+    let q_norm = if c.qk_norm.is_some() { Some(norm(weights, &format!("{p}.q_norm"), q_width)?) } else { None };
+    let k_norm = if c.qk_norm.is_some() && shape.kv_source.is_none() {
+        Some(norm(weights, &format!("{p}.k_norm"), k_width)?)
     } else {
         None
     };
@@ -592,6 +624,7 @@ fn attention(c: &ModelConfig, i: usize, layer: &str, weights: &mut Weights, norm
         o: weights.linear(&format!("{p}.o_proj"), hidden, q_dim, c.o_bias)?,
         q_norm,
         k_norm,
+        whole_qk_norm: whole,
         v_norm: c.gemma4.as_ref().map(|_| c.rms_norm_eps),
         rope: if c.nope_layers.contains(&i) {
             None
@@ -736,10 +769,13 @@ fn feed_forward(
         activation: c.activation,
     };
     let shared = match moe.shared_expert_size {
-        Some(size) => Some(SharedExpert {
+        Some(size) if moe.shared_expert_gated => Some(SharedExpert {
             mlp: dense(weights, &format!("{p}.shared_expert"), size as i32)?,
-            gate: weights.linear(&format!("{p}.shared_expert_gate"), 1, hidden, false)?,
+            gate: Some(weights.linear(&format!("{p}.shared_expert_gate"), 1, hidden, false)?),
         }),
+        Some(size) => {
+            Some(SharedExpert { mlp: dense(weights, &format!("{p}.shared_experts"), size as i32)?, gate: None })
+        }
         None => None,
     };
     Ok(FeedForward::Experts(Box::new(MoeBlock {
@@ -748,11 +784,10 @@ fn feed_forward(
         top_k: moe.top_k as i32,
         routing: moe.routing,
         shared,
-        expert_bias: match moe.routing {
-            Routing::SigmoidThenTopK { expert_bias: true, .. } => {
-                Some(weights.take_f32(&format!("{p}.expert_bias"), &[n])?)
-            }
-            _ => None,
+        expert_bias: if moe.routing.has_expert_bias() {
+            Some(weights.take_f32(&format!("{p}.expert_bias"), &[n])?)
+        } else {
+            None
         },
     })))
 }
