@@ -332,7 +332,8 @@ fn gemma4_configs() {
 }
 
 /// The inspector (model listings, `/api/tags`, the memory estimate) reads each of them as
-/// loadable, with the parameter count above and the quantization the config names.
+/// loadable (but an FP8 release, with the reason), with the parameter count above and the
+/// quantization the config names.
 #[test]
 fn the_inspector_lists_every_family_as_loadable() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/configs");
@@ -348,7 +349,10 @@ fn the_inspector_lists_every_family_as_loadable() {
         std::fs::write(model.path().join("tokenizer.json"), "{}").unwrap();
         std::fs::write(model.path().join("model.safetensors"), "").unwrap();
         let summary = fastmlx::model::inspect(model.path());
-        assert_eq!(summary.unloadable_reason, None, "{file}");
+        // Kimi K2's release is FP8, which FastMLX does not read (its MLX conversions load).
+        let fp8 = file == "kimi-k2-instruct.json";
+        let expected = fp8.then_some("fp8 quantization is not supported (use an MLX conversion)");
+        assert_eq!(summary.unloadable_reason.as_deref(), expected, "{file}");
         assert_eq!(summary.parameters, Some(config(&file).parameter_count()), "{file}");
         if file.starts_with("gpt-oss") {
             assert_eq!(summary.quantization.as_deref(), Some("mxfp4"), "{file}");
@@ -535,4 +539,86 @@ fn minimax_m2_reads_as_experts_everywhere_with_whole_projection_norms() {
     // "10B activated": 8 of the 256 experts, the embeddings left out.
     let active = hand - 62 * 248 * 3 * h * 1536 - 2 * v * h;
     assert_within(active, 10e9, 0.05, "MiniMax-M2 active");
+}
+
+/// A latent-attention layer's parameters by hand: the query (through its bottleneck, with its
+/// norm), the latent and rotary key with the latent's norm, each head's key and value
+/// projections out of the latent, the output.
+fn latent_attention(h: u64, heads: u64, q_rank: u64, rank: u64, nope: u64, rope: u64, value: u64) -> u64 {
+    h * q_rank
+        + q_rank
+        + q_rank * heads * (nope + rope)
+        + h * (rank + rope)
+        + rank
+        + heads * nope * rank
+        + heads * value * rank
+        + heads * value * h
+}
+
+#[test]
+fn glm_4_7_flash_reads_as_latent_attention_with_a_model_report_s_exact_count() {
+    let c = config("glm-4.7-flash.json");
+    assert_eq!(c.arch, Arch::Glm4MoeLite);
+    let mla = c.mla.unwrap();
+    assert_eq!(
+        (mla.q_lora_rank, mla.kv_lora_rank, mla.nope_dim, mla.rope_dim, mla.value_dim),
+        (Some(768), 512, 192, 64, 256)
+    );
+    assert_eq!((c.num_layers, c.num_heads, c.head_dim, c.rope.dims, c.rope.traditional), (47, 20, 256, 64, true));
+    assert_eq!(mla.lora_eps, 1e-5, "mlx-lm's glm4_moe_lite: the model's epsilon (transformers prints 1e-6)");
+    assert_eq!(c.attention_scale, Some(256f32.powf(-0.5)), "no YaRN");
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (64, 4, 1536, Some(1536)));
+    let Routing::SigmoidGrouped(g) = moe.routing else { panic!("{:?}", moe.routing) };
+    assert_eq!((g.norm_eps, g.scale), (1e-20, 1.8));
+    assert!(!moe.is_sparse(0) && (1..47).all(|l| moe.is_sparse(l)));
+    // By hand: untied embeddings, 47 latent-attention layers, one dense MLP of 10240, 46 layers
+    // of 64 experts of 1536 with a router, its bias and a shared expert, norms.
+    let (h, v) = (2048u64, 154_880u64);
+    let attention = latent_attention(h, 20, 768, 512, 192, 64, 256);
+    let experts = 64 * 3 * h * 1536 + 64 * h + 64 + 3 * h * 1536;
+    let hand = 2 * v * h + 47 * (attention + 2 * h) + 3 * h * 10240 + 46 * experts + h;
+    assert_eq!(c.parameter_count(), hand);
+    // A model report (tests/data/configs/SOURCES.md) counts 31,221,488,576 parameters in the
+    // checkpoint: these and the multi-token-prediction layer FastMLX drops (a 48th layer with its
+    // own embeddings, head, input projection [2048, 4096] and three norms).
+    let mtp = attention + experts + 2 * h + 2048 * 4096 + 2 * v * h + 3 * h;
+    assert_eq!(hand + mtp, 31_221_488_576);
+    // The cache: a latent and a rotary key per token and layer, 47 x 576 x 2 bytes in bf16.
+    assert_eq!(c.kv_footprint(2).full_per_token, 47 * 576 * 2);
+    assert!(c.kv_quant_for(8).is_none() && c.kv_quant_for(4).is_none());
+}
+
+#[test]
+fn kimi_k2_reads_as_deepseek_v3_with_a_model_report_s_exact_count() {
+    let c = config("kimi-k2-instruct.json");
+    assert_eq!(c.arch, Arch::DeepseekV3);
+    let mla = c.mla.unwrap();
+    assert_eq!(
+        (mla.q_lora_rank, mla.kv_lora_rank, mla.nope_dim, mla.value_dim, mla.lora_eps),
+        (Some(1536), 512, 128, 128, 1e-6)
+    );
+    assert_eq!((c.num_layers, c.num_heads, c.head_dim, c.rope.theta), (61, 64, 192, 50_000.0));
+    // YaRN's factor 32 with mscale_all_dim 1: 192^-0.5 x (0.1 ln 32 + 1)^2.
+    let s = 0.1 * 32f32.ln() + 1.0;
+    assert!((c.attention_scale.unwrap() - 192f32.powf(-0.5) * s * s).abs() < 1e-7);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (384, 8, 2048, Some(2048)));
+    let Routing::SigmoidGrouped(g) = moe.routing else { panic!("{:?}", moe.routing) };
+    assert_eq!((g.n_group, g.norm_eps, g.scale), (1, 0.0, 2.827));
+    let (h, v) = (7168u64, 163_840u64);
+    let attention = latent_attention(h, 64, 1536, 512, 128, 64, 128);
+    let experts = 384 * 3 * h * 2048 + 384 * h + 384 + 3 * h * 2048;
+    let hand = 2 * v * h + 61 * (attention + 2 * h) + 3 * h * 18432 + 60 * experts + h;
+    assert_eq!(c.parameter_count(), hand);
+    // The model report counts 1,026,470,731,056 tensor elements in the FP8 release: these, the
+    // FP8 blocks' scales (one per 128 x 128 block of every quantized matrix) and the rotary
+    // frequencies each layer stores (56 elements, bf16).
+    let blocks = |rows: u64, cols: u64| rows.div_ceil(128) * cols.div_ceil(128);
+    let attention_scales =
+        blocks(576, h) + blocks(16384, 512) + blocks(h, 8192) + blocks(1536, h) + blocks(12288, 1536) + 56;
+    let mlp_scales = |w: u64| blocks(w, h) * 2 + blocks(h, w);
+    let scales = 61 * attention_scales + mlp_scales(18432) + 60 * (384 * mlp_scales(2048) + mlp_scales(2048));
+    assert_eq!(hand + scales, 1_026_470_731_056);
+    assert_eq!(c.kv_footprint(2).full_per_token, 61 * 576 * 2, "70,272 bytes a token in bf16");
 }

@@ -92,6 +92,10 @@ MODELS = [
     ("minimax", "minimax", None, []),
     ("minimax-per-expert", "minimax", None, ["--per-expert"]),
     ("minimax-q4", "minimax", 4, []),
+    ("deepseek_v3", "deepseek_v3", None, []),
+    ("deepseek_v3-q4", "deepseek_v3", 4, []),
+    ("glm4_moe_lite", "glm4_moe_lite", None, []),
+    ("glm4_moe_lite-q4", "glm4_moe_lite", 4, []),
 ]
 
 

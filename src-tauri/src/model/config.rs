@@ -36,10 +36,14 @@ pub enum Arch {
     /// MiniMax-M2: experts in every layer chosen by biased sigmoid scores, q/k norms over whole
     /// projections.
     MiniMax,
+    /// DeepSeek-V3.x and Kimi K2: multi-head latent attention, grouped sigmoid experts.
+    DeepseekV3,
+    /// GLM-4.7-Flash: DeepSeek-V3's layers with the model's own norm epsilon.
+    Glm4MoeLite,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 20] = [
+    pub const ALL: [Arch; 22] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -60,6 +64,8 @@ impl Arch {
         Arch::Olmo3,
         Arch::Glm4Moe,
         Arch::MiniMax,
+        Arch::DeepseekV3,
+        Arch::Glm4MoeLite,
     ];
 
     /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
@@ -94,6 +100,9 @@ impl Arch {
             "glm4_moe" => Arch::Glm4Moe,
             // mlx-lm's name for MiniMax-M2's `minimax_m2` (`utils.py`'s remapping).
             "minimax" | "minimax_m2" => Arch::MiniMax,
+            // Kimi K2 is DeepSeek-V3's architecture (mlx-lm maps it so).
+            "deepseek_v3" | "kimi_k2" => Arch::DeepseekV3,
+            "glm4_moe_lite" => Arch::Glm4MoeLite,
             _ => return None,
         })
     }
@@ -120,6 +129,8 @@ impl Arch {
             Arch::Olmo3 => "olmo3",
             Arch::Glm4Moe => "glm4_moe",
             Arch::MiniMax => "minimax",
+            Arch::DeepseekV3 => "deepseek_v3",
+            Arch::Glm4MoeLite => "glm4_moe_lite",
         }
     }
 }
@@ -406,6 +417,42 @@ pub struct ModelConfig {
     /// Multimodal rotary positions (Qwen-VL's `mrope_section`): text rotates as plain rotary,
     /// image tokens by their time, row and column.
     pub mrope: Option<MropeConfig>,
+    /// Multi-head latent attention in every layer (DeepSeek-V3): `head_dim` is then the query's
+    /// (`nope + rope`) and `rope` the rotary part's.
+    pub mla: Option<MlaStyle>,
+}
+
+/// Multi-head latent attention's sizes: the cache holds `kv_lora_rank + rope_dim` elements per
+/// token and layer, whatever the head count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlaStyle {
+    /// The queries' low-rank bottleneck (`None`: a direct projection).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// Per head: the query and key dimensions without and with rotary positions, and the value's.
+    pub nope_dim: usize,
+    pub rope_dim: usize,
+    pub value_dim: usize,
+    /// The bottlenecks' norms' epsilon (DeepSeek fixes 1e-6; GLM-4.7-Flash uses the model's).
+    pub lora_eps: f32,
+}
+
+impl MlaStyle {
+    /// Cache elements per token and layer: the latent, then the rotary key.
+    pub fn cache_elements(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+
+    /// The attention's parameters in one layer, for a model of `hidden` and `heads`.
+    fn parameters(&self, hidden: u64, heads: u64) -> u64 {
+        let (rank, nope, rope, value) =
+            (self.kv_lora_rank as u64, self.nope_dim as u64, self.rope_dim as u64, self.value_dim as u64);
+        let query = match self.q_lora_rank.map(|r| r as u64) {
+            Some(q) => hidden * q + q + q * heads * (nope + rope),
+            None => hidden * heads * (nope + rope),
+        };
+        query + hidden * (rank + rope) + rank + heads * nope * rank + heads * value * rank + heads * value * hidden
+    }
 }
 
 /// What the q/k norms normalise over.
@@ -550,6 +597,9 @@ impl ModelConfig {
 
     /// Key and value elements one token adds to the caches (all layers that keep one).
     pub fn kv_elements_per_token(&self) -> usize {
+        if let Some(mla) = &self.mla {
+            return self.num_layers * mla.cache_elements();
+        }
         (0..self.kv_cache_layers())
             .filter(|&i| !self.is_recurrent(i))
             .map(|i| self.layer_attention(i))
@@ -569,9 +619,12 @@ impl ModelConfig {
             Some(q) => q.vector_bytes(head_dim, dtype_bytes),
             None => head_dim * dtype_bytes,
         };
-        let per_layer = |i: usize, quant| {
-            let a = self.layer_attention(i);
-            2 * a.kv_heads * vector(a.head_dim, quant)
+        let per_layer = |i: usize, quant| match &self.mla {
+            Some(mla) => mla.cache_elements() * dtype_bytes,
+            None => {
+                let a = self.layer_attention(i);
+                2 * a.kv_heads * vector(a.head_dim, quant)
+            }
         };
         let layers = || (0..self.kv_cache_layers()).filter(|&i| !self.is_recurrent(i));
         let full = |quant| layers().filter(|&i| self.layer_window(i).is_none()).map(|i| per_layer(i, quant)).sum();
@@ -594,6 +647,12 @@ impl ModelConfig {
     /// not divide a layer's head size), if they cannot.
     pub fn check_kv_format(&self, format: crate::model::KvFormat) -> Result<(), String> {
         let Some(quant) = format.quant else { return Ok(()) };
+        if self.mla.is_some() {
+            // mlx-lm's latent attention takes no quantized cache: there is no reference to match.
+            return Err(
+                "keys and values of latent attention (DeepSeek-V3, Kimi K2, GLM-4.7-Flash) are not quantized".into()
+            );
+        }
         let layers = (0..self.kv_cache_layers()).filter(|&i| !self.is_recurrent(i));
         for head_dim in layers.map(|i| self.layer_attention(i).head_dim).collect::<std::collections::BTreeSet<_>>() {
             quant.check(head_dim as i32).map_err(|e| e.to_string())?;
@@ -641,8 +700,9 @@ impl ModelConfig {
     fn attention_parameters(&self, l: usize) -> u64 {
         let a = self.layer_attention(l);
         let h = self.hidden_size as u64;
-        match &self.hybrid {
-            Some(hybrid) if self.is_recurrent(l) => return hybrid.parameters(h),
+        match (&self.hybrid, &self.mla) {
+            (Some(hybrid), _) if self.is_recurrent(l) => return hybrid.parameters(h),
+            (_, Some(mla)) => return mla.parameters(h, self.num_heads as u64),
             _ => {}
         }
         // The hybrids' attention projects a gate beside every query.

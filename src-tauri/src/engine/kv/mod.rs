@@ -33,6 +33,9 @@ pub(crate) struct KvManager {
     layers: usize,
     /// The model has recurrent layers (their state is kept at snapshots only).
     recurrent: bool,
+    /// Whether rows can attend to a shared segment (not in latent attention, whose layers
+    /// attend through their own masks).
+    segments: bool,
     /// Keys and values of sequences seen before (`None`: turned off).
     prefix: Option<PrefixCache>,
     /// A prompt start the rows that begin with it share, held once (`shared`).
@@ -79,6 +82,7 @@ impl KvManager {
             footprint: info.kv_footprint,
             layers,
             recurrent: t.config.hybrid.is_some(),
+            segments: t.config.mla.is_none(),
             prefix,
             shared: None,
             format: config.kv_format,

@@ -46,7 +46,7 @@ impl KvManager {
     pub(super) fn shared_start(&mut self, seq: &Sequence, limit: usize, rows: &mut Rows<'_>) -> usize {
         let prompt = seq.request.cache_key();
         let prompt = prompt.as_ref();
-        if seq.warm {
+        if seq.warm || !self.segments {
             return 0;
         }
         if let Some(shared) = &self.shared {

@@ -4,7 +4,7 @@
 //! buffers the step adds. The governor admits a step when its prediction fits under the
 //! ceiling, and checks each prediction against MLX's own peak counter.
 
-use crate::model::config::RecurrentKind;
+use crate::model::config::{MlaStyle, RecurrentKind};
 use crate::model::{KvQuant, ModelConfig};
 
 /// Key/value buffers grow by this many positions at a time (`model::cache`'s step).
@@ -51,6 +51,8 @@ enum LayerCost {
         /// The score matrix is freed before the MLP's intermediates are made (Gemma 4's layers
         /// with experts beside the dense MLP, measured: their peak barely grows with context).
         scores_gone_by_mlp: bool,
+        /// Multi-head latent attention: its cache holds a latent and a rotary key per token.
+        latent: Option<MlaStyle>,
     },
     /// A linear-attention layer: its projections' width, its state per sequence (of which the
     /// delta rule's matrices), and the width of its output per token.
@@ -125,6 +127,7 @@ impl CostModel {
                             gated: config.hybrid.as_ref().is_some_and(|h| h.gated_attention()),
                             dense_mlp: !sparse,
                             scores_gone_by_mlp: sparse && config.gemma4.is_some(),
+                            latent: config.mla,
                         }
                     }
                 };
@@ -132,7 +135,8 @@ impl CostModel {
             })
             .collect();
         let fused_head = |d: usize| matches!(d, 64 | 80 | 96 | 128 | 256);
-        let materializes_scores = !gpu || !fused_head(config.head_dim);
+        // Latent attention's scores always exist whole: their rotary part is the mask.
+        let materializes_scores = !gpu || !fused_head(config.head_dim) || config.mla.is_some();
         CostModel {
             act: act_bytes,
             hidden: config.hidden_size,
@@ -160,6 +164,15 @@ impl CostModel {
         quant.map_or(head_dim * self.act, |q| q.vector_bytes(head_dim, self.act))
     }
 
+    /// Bytes one token's keys and values take in a layer of `kv_heads` x `head_dim` (a latent
+    /// attention layer's: its latent and rotary key, never quantized).
+    fn token_bytes(&self, kv_heads: usize, head_dim: usize, latent: Option<MlaStyle>, quant: Option<KvQuant>) -> usize {
+        match latent {
+            Some(m) => m.cache_elements() * self.act,
+            None => 2 * kv_heads * self.vector_bytes(head_dim, quant),
+        }
+    }
+
     /// Bytes a forward of `shape` allocates beyond what is held before it: the largest layer's
     /// intermediates (MLX frees a layer's buffers as the next one runs), the logits, and the
     /// key/value buffers that grow (old and new alive at once while one is copied).
@@ -181,6 +194,22 @@ impl CostModel {
         let residual = r * n * self.hidden * a * if prefill { 6 } else { 4 };
         let per_layer = self.layers.iter().enumerate().map(|(i, &(cost, mlp))| {
             let (mixer, scores) = match cost {
+                LayerCost::Attention { q_heads, latent: Some(m), .. } => {
+                    let width = buffers.get(i).map_or(widest, |b| b.width);
+                    let seen = shared + width + n;
+                    let copies = if prefill { 4 } else { 2 };
+                    let projections = r * n * copies * (q_heads * (m.nope_dim + m.rope_dim) + m.cache_elements()) * a;
+                    // Prefill projects every cached latent to each head's keys and values; decode
+                    // carries the query into the latent space and the output out of it.
+                    let expanded = if prefill {
+                        r * q_heads * seen * (m.nope_dim + m.value_dim) * a
+                    } else {
+                        2 * r * q_heads * m.kv_lora_rank * a
+                    };
+                    // The rotary scores, masked (a copy), and the attention's own scores.
+                    let scores = 3 * r * q_heads * n * seen * a.max(4);
+                    (projections + expanded + scores, scores)
+                }
                 LayerCost::Attention { q_heads, kv_heads, head_dim, window, qk_norm, gated, .. } => {
                     // A layer sharing another's cache sees as many keys as that one; a windowed
                     // layer, what it keeps once it has dropped what no token sees again.
@@ -266,16 +295,16 @@ impl CostModel {
         // The largest layer's old buffers beside their grown copy, and the largest trimmed copy.
         let (mut largest_copy, mut largest_trim) = (0, 0);
         for (i, &(cost, _)) in self.layers.iter().enumerate() {
-            let (LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, .. }, Some(b)) =
+            let (LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, latent, .. }, Some(b)) =
                 (cost, shape.buffers.get(i))
             else {
                 continue;
             };
-            let column = shape.rows * 2 * kv_heads * self.vector_bytes(head_dim, b.quant.or(b.converting));
+            let column = shape.rows * self.token_bytes(kv_heads, head_dim, latent, b.quant.or(b.converting));
             // Quantized first: the quantized copy beside the full-precision buffers it replaces.
             if let Some(q) = b.converting {
                 largest_copy =
-                    largest_copy.max(shape.rows * 2 * kv_heads * self.vector_bytes(head_dim, Some(q)) * b.capacity);
+                    largest_copy.max(shape.rows * self.token_bytes(kv_heads, head_dim, latent, Some(q)) * b.capacity);
             }
             let (mut width, mut capacity) = (b.width, b.capacity);
             // A windowed layer first drops the columns no token will see again, into new buffers.
@@ -338,8 +367,8 @@ impl CostModel {
         self.layers
             .iter()
             .map(|&(c, _)| match c {
-                LayerCost::Attention { kv_heads, head_dim, keeps_kv: true, .. } => {
-                    2 * kv_heads * self.vector_bytes(head_dim, self.kv_quant)
+                LayerCost::Attention { kv_heads, head_dim, keeps_kv: true, latent, .. } => {
+                    self.token_bytes(kv_heads, head_dim, latent, self.kv_quant)
                 }
                 _ => 0,
             })
@@ -353,9 +382,9 @@ impl CostModel {
         self.layers
             .iter()
             .map(|&(c, _)| match c {
-                LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, .. } => {
+                LayerCost::Attention { kv_heads, head_dim, window, keeps_kv: true, latent, .. } => {
                     let held = window.map_or(context, |w| context.min(window_keep(w) as usize + KV_STEP));
-                    2 * kv_heads * self.vector_bytes(head_dim, self.kv_quant) * held
+                    self.token_bytes(kv_heads, head_dim, latent, self.kv_quant) * held
                 }
                 LayerCost::Attention { .. } => 0,
                 LayerCost::Recurrent { state_bytes, .. } => state_bytes,

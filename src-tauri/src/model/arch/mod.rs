@@ -1,6 +1,7 @@
 //! One file per architecture: how its `config.json` maps onto [`ModelConfig`] and how its
 //! checkpoint names map onto the shared transformer's. The maths lives in `model::layers`.
 
+mod deepseek_v3;
 mod gemma3;
 mod gemma4;
 mod glm4_moe;
@@ -150,10 +151,25 @@ pub struct HfExtras {
     pub use_qk_norm: Option<bool>,
     /// MiniMax-M2: how many dimensions of each head rotate.
     pub rotary_dim: Option<usize>,
+    /// Latent attention (DeepSeek-V3): the bottlenecks (`q_lora_rank` absent: 1536, null: none)...
+    #[serde(default, deserialize_with = "present_usize")]
+    pub q_lora_rank: Option<Option<usize>>,
+    pub kv_lora_rank: Option<usize>,
+    /// ...and each head's parts.
+    pub qk_nope_head_dim: Option<usize>,
+    pub qk_rope_head_dim: Option<usize>,
+    pub v_head_dim: Option<usize>,
+    /// DeepSeek: every n-th layer past the dense ones has experts.
+    pub moe_layer_freq: Option<usize>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f32>>, D::Error> {
+    Ok(Some(Option::deserialize(d)?))
+}
+
+/// [`present`] for an integer.
+fn present_usize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<usize>>, D::Error> {
     Ok(Some(Option::deserialize(d)?))
 }
 
@@ -191,6 +207,7 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Olmo3 => olmo3::adapt(config, hf),
         Arch::Glm4Moe => glm4_moe::adapt(config, hf),
         Arch::MiniMax => minimax::adapt(config, hf),
+        Arch::DeepseekV3 | Arch::Glm4MoeLite => deepseek_v3::adapt(config, hf),
     }?;
     if let Some(m) = config.mrope.filter(|m| m.section.iter().sum::<usize>() != config.rope.dims / 2) {
         return Err(format!(
@@ -203,7 +220,10 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
 
 /// The llama-family reading every architecture starts from.
 fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
-    if hf.num_attention_heads == 0 || !hf.hidden_size.is_multiple_of(hf.num_attention_heads) && hf.head_dim.is_none() {
+    // Latent attention's heads are sized by their own fields, whatever hidden / heads is (its
+    // adapter sets them).
+    let sized_apart = hf.head_dim.is_some() || matches!(arch, Arch::DeepseekV3 | Arch::Glm4MoeLite);
+    if hf.num_attention_heads == 0 || !hf.hidden_size.is_multiple_of(hf.num_attention_heads) && !sized_apart {
         return Err(format!(
             "hidden_size {} is not a multiple of num_attention_heads {}",
             hf.hidden_size, hf.num_attention_heads
@@ -261,6 +281,7 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         hybrid: None,
         mtp_layers: 0,
         mrope: mrope(hf.rope_scaling.as_ref().or(hf.extra.rope_parameters.as_ref()))?,
+        mla: None,
     })
 }
 
@@ -298,7 +319,8 @@ fn rope_scaling(value: Option<&Value>, original_max_positions: Option<usize>) ->
             high_freq_factor: num("high_freq_factor").unwrap_or(4.0),
             original_max_position_embeddings: num("original_max_position_embeddings").unwrap_or(8192.0) as usize,
         },
-        "yarn" => RopeScaling::Yarn {
+        // DeepSeek's configs name its YaRN so; the maths is the same.
+        "yarn" | "deepseek_yarn" => RopeScaling::Yarn {
             factor: need("factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")
                 .map(|n| n as usize)
@@ -353,6 +375,7 @@ pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weigh
         Arch::Lfm2 => lfm2::sanitize(weights, config),
         Arch::Qwen3Moe => qwen3_moe::split_fused_experts(weights, config.num_layers),
         Arch::Glm4Moe => glm4_moe::sanitize(weights, config),
+        Arch::DeepseekV3 | Arch::Glm4MoeLite => deepseek_v3::sanitize(weights, config),
         _ => Ok(()),
     }
 }

@@ -53,12 +53,24 @@ fn run(
     Ok(unsafe { Array::from_ptr(out) })
 }
 
-/// `x W^T` for a packed `W` (`transpose`), as `mx.quantized_matmul`.
+/// `x W^T` for a packed `W`, as `mx.quantized_matmul`.
 pub fn quantized_matmul(
     x: &Array,
     w: &Array,
     scales: &Array,
     biases: Option<&Array>,
+    spec: QuantSpec,
+) -> Result<Array> {
+    quantized_matmul_as(x, w, scales, biases, true, spec)
+}
+
+/// `x W^T` (`transpose`) or `x W` for a packed `W`, as `mx.quantized_matmul(.., transpose=..)`.
+pub fn quantized_matmul_as(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
     spec: QuantSpec,
 ) -> Result<Array> {
     run("quantized_matmul", spec, |out, stream| unsafe {
@@ -69,7 +81,7 @@ pub fn quantized_matmul(
             w.as_ptr(),
             scales.as_ptr(),
             ptr_or_none(biases),
-            true,
+            transpose,
             int(spec.group_size),
             int(spec.bits),
             mode_name(spec.mode).as_ptr(),

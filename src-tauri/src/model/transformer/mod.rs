@@ -13,9 +13,9 @@ use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
 use crate::model::config::{ModelConfig, NormPlacement, QkNorm, QueryScale, RopeConfig};
 use crate::model::error::Result;
 use crate::model::layers::{
-    Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, Linear, MRope, Mlp, MlpProjections,
-    MoeBlock, ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert,
-    ShortConv, Sinks, SwitchGlu,
+    Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, LatentAttention, LatentQuery, Linear,
+    MRope, Mlp, MlpProjections, MoeBlock, MultiLinear, ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection,
+    RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv, Sinks, SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -70,6 +70,8 @@ pub struct OutputNorms {
 /// How a layer mixes tokens: attention over its cached keys, or a recurrence over its state.
 pub enum Mixer {
     Attention(Box<Attention>),
+    /// Multi-head latent attention (DeepSeek-V3): its cache holds latents, never reused.
+    Latent(Box<LatentAttention>),
     GatedDelta(Box<GatedDeltaNet>),
     ShortConv(Box<ShortConv>),
 }
@@ -78,6 +80,7 @@ impl Mixer {
     fn arrays(&self) -> Vec<&Array> {
         match self {
             Mixer::Attention(a) => a.arrays(),
+            Mixer::Latent(a) => a.arrays(),
             Mixer::GatedDelta(g) => g.arrays(),
             Mixer::ShortConv(s) => s.arrays(),
         }
@@ -180,6 +183,7 @@ impl DecoderLayer {
                 )?;
                 (r, Some(kv))
             }
+            Mixer::Latent(latent) => (latent.forward(&x, inputs.mask, inputs.positions, cache)?, None),
             Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
             Mixer::ShortConv(conv) => (conv.forward(&x, cache)?, None),
         };
@@ -318,6 +322,8 @@ impl Transformer {
                 Mixer::ShortConv(Box::new(short_conv(c, i, weights)?))
             } else if c.is_recurrent(i) {
                 Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?))
+            } else if c.mla.is_some() {
+                Mixer::Latent(Box::new(latent_attention(c, i, &p, weights)?))
             } else {
                 Mixer::Attention(Box::new(attention(c, i, &p, weights, &norm)?))
             };
@@ -641,6 +647,40 @@ fn attention(c: &ModelConfig, i: usize, layer: &str, weights: &mut Weights, norm
             None
         },
         output_gate: gated_attention(c),
+    })
+}
+
+/// Layer `i`'s multi-head latent attention, from the tensors under `layer`.
+fn latent_attention(c: &ModelConfig, i: usize, layer: &str, weights: &mut Weights) -> Result<LatentAttention> {
+    let m = c.mla.ok_or_else(|| crate::model::ModelError::Mlx("not a latent-attention model".into()))?;
+    let p = format!("{layer}.self_attn");
+    let hidden = c.hidden_size as i32;
+    let heads = c.num_heads as i32;
+    let (rank, nope, rope, value) = (m.kv_lora_rank as i32, m.nope_dim as i32, m.rope_dim as i32, m.value_dim as i32);
+    let query = match m.q_lora_rank {
+        Some(q) => LatentQuery::LowRank {
+            a: weights.linear(&format!("{p}.q_a_proj"), q as i32, hidden, c.qkv_bias)?,
+            norm: weights.norm(&format!("{p}.q_a_layernorm"), q as i32, m.lora_eps)?,
+            b: weights.linear(&format!("{p}.q_b_proj"), heads * (nope + rope), q as i32, false)?,
+        },
+        None => LatentQuery::Direct(weights.linear(&format!("{p}.q_proj"), heads * (nope + rope), hidden, false)?),
+    };
+    let multi = |weights: &mut Weights, name: &str, outputs: i32, inputs: i32| -> Result<MultiLinear> {
+        Ok(MultiLinear(weights.switch_linear(&format!("{p}.{name}"), heads, outputs, inputs, false)?.matrix))
+    };
+    Ok(LatentAttention {
+        query,
+        kv_a: weights.linear(&format!("{p}.kv_a_proj_with_mqa"), rank + rope, hidden, c.qkv_bias)?,
+        kv_norm: weights.norm(&format!("{p}.kv_a_layernorm"), rank, m.lora_eps)?,
+        embed_q: multi(weights, "embed_q", rank, nope)?,
+        unembed_out: multi(weights, "unembed_out", value, rank)?,
+        o: weights.linear(&format!("{p}.o_proj"), hidden, heads * value, c.o_bias)?,
+        rope: Rope::new(&layer_rope(c, i), c.max_position_embeddings)?,
+        heads,
+        nope_dim: nope,
+        rope_dim: rope,
+        rank,
+        scale: c.attention_scale.unwrap_or((c.head_dim as f32).powf(-0.5)),
     })
 }
 
