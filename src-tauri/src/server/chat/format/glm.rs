@@ -3,13 +3,17 @@
 //! `<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>`.
 //! A value is text where the tool's schema says string, else JSON (or a Python literal, as
 //! mlx-lm's `glm47` parser reads it), else text. A call written as a JSON object reads too.
-//! Forced calls have no grammar here: they are plain JSON.
+//! Forced and strict calls are held to this syntax (the tags by id where they are special
+//! tokens of the vocabulary, as in GLM's).
 
 use serde_json::{Map, Value};
 
 use super::hermes::{CLOSE, OPEN};
+use super::lark::{lark_string, marker, text_marker, CallSyntax};
 use super::paired::PairedCalls;
-use super::{call_from_value, CallReader, ChatFormat, ParameterSchemas};
+use super::xml_calls::{call_rules, ArgumentTags, NL};
+use super::{call_from_value, CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
+use crate::constrain::{Grammar, SchemaError};
 use crate::server::chat::piece::ToolCall;
 
 const KEY: (&str, &str) = ("<arg_key>", "</arg_key>");
@@ -33,6 +37,35 @@ impl ChatFormat for Glm {
     fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
         Box::new(PairedCalls::new(OPEN, CLOSE, |body, schemas, _| parse_call(body, schemas).map(|c| vec![c]), schemas))
     }
+
+    fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
+        Some(syntax(spec).and_then(|s| s.forced(spec, None)))
+    }
+
+    fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
+        Some(syntax(spec).and_then(|s| s.strict(spec)))
+    }
+}
+
+/// The function's name right after `<tool_call>`, each argument a key tag and a value tag.
+const TAGS: ArgumentTags = ArgumentTags {
+    function: |_, name| lark_string(name),
+    function_close: |_| String::new(),
+    parameter: |spec, key| {
+        format!("{} {} {} {NL} {}", marker(spec, KEY.0), lark_string(key), marker(spec, KEY.1), marker(spec, VALUE.0))
+    },
+    value_close: VALUE.1,
+};
+
+fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
+    let (rules, calls) = call_rules(spec, &TAGS, "f")?;
+    Ok(CallSyntax {
+        open_lark: marker(spec, OPEN),
+        open_text: text_marker(spec, OPEN),
+        body: format!("{calls} {NL} {}", marker(spec, CLOSE)),
+        separator: Some(NL.into()),
+        rules,
+    })
 }
 
 /// `name<arg_key>k</arg_key><arg_value>v</arg_value>..`, a bare `name`, or a JSON call.

@@ -74,7 +74,7 @@ pub(super) fn text_marker(spec: &CallSpec, text: &str) -> Option<String> {
 }
 
 /// Text matched literally in a Lark regular expression.
-fn regex_text(text: &str) -> String {
+pub(super) fn regex_text(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c.to_string() } else { format!("\\x{:02x}", c as u32) })
         .collect()

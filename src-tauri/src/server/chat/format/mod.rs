@@ -14,6 +14,7 @@ mod plain;
 pub mod reasoning;
 #[cfg(test)]
 mod tests;
+mod xml_calls;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -26,7 +27,7 @@ use crate::tokenizer::ChatTemplate;
 use reasoning::{ReasoningSplitter, ReasoningTags};
 
 /// The formats, each a module with a `detect`: tried in this order on a model's chat template,
-/// the first that recognises it wins (Harmony's and Gemma 4's markers are their own; GLM's and
+/// the first that recognises it wins (Harmony's, Gemma 4's and MiniMax's markers are their own; GLM's and
 /// Qwen's XML templates also hold Hermes' `<tool_call>`, so they come first; Llama's test is the
 /// loosest, so it comes last). A template none of them recognises gets [`plain::Plain`]: no
 /// tool calls are read.
@@ -36,7 +37,7 @@ macro_rules! formats {
         const DETECT: &[Detect] = &[$($format::detect),*];
     };
 }
-formats![harmony, gemma4, pythonic, glm, qwen_xml, hermes, mistral, llama_json];
+formats![harmony, gemma4, pythonic, minimax, glm, qwen_xml, hermes, mistral, llama_json];
 
 /// A format's test of a chat template: the format, when the template writes it.
 type Detect = fn(&str) -> Option<Box<dyn ChatFormat>>;

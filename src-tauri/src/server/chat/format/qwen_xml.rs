@@ -6,9 +6,10 @@
 use serde_json::{Map, Value};
 
 use super::hermes::{CLOSE, OPEN};
-use super::lark::{json_rule, lark_string, CallSyntax};
+use super::lark::{lark_string, CallSyntax};
 use super::paired::PairedCalls;
-use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, Function, ParameterSchemas};
+use super::xml_calls::{call_rules, ArgumentTags, NL};
+use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
 use crate::constrain::{Grammar, SchemaError};
 use crate::server::chat::piece::ToolCall;
 
@@ -38,74 +39,30 @@ impl ChatFormat for QwenXml {
 
     /// A named call's arguments are not JSON here: they are read when the call is complete.
     fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(syntax(spec.functions).and_then(|s| s.forced(spec, None)))
+        Some(syntax(spec).and_then(|s| s.forced(spec, None)))
     }
 
     fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(syntax(spec.functions).and_then(|s| s.strict(spec)))
+        Some(syntax(spec).and_then(|s| s.strict(spec)))
     }
 }
 
-/// A string's value is raw text (anything up to the closing tag, within its length bounds; or
-/// one of its `enum`); other values are JSON of their schema. Properties in the schema's order,
-/// required ones present.
-fn syntax(functions: &[&Function]) -> Result<CallSyntax, SchemaError> {
-    const NL: &str = r#""\n"?"#;
-    const CLOSE_VALUE: &str = r#""</parameter>""#;
-    let mut rules = Vec::new();
-    let mut alternatives = Vec::new();
-    for (i, f) in functions.iter().enumerate() {
-        let required: Vec<&str> = f
-            .parameters
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let mut parts = Vec::new();
-        if let Some(properties) = f.parameters.get("properties").and_then(Value::as_object) {
-            for (j, (key, schema)) in properties.iter().enumerate() {
-                let value = match (schema.get("type").and_then(Value::as_str), schema.get("enum")) {
-                    (Some("string"), Some(Value::Array(values))) => {
-                        let raw: Vec<String> = values.iter().filter_map(Value::as_str).map(lark_string).collect();
-                        format!("{NL} ({}) {NL} {CLOSE_VALUE}", raw.join(" | "))
-                    }
-                    (Some("string"), _) => {
-                        // The text and its closing tag are one lexeme, which ends at the tag's
-                        // first appearance (a lexeme ends only where it cannot go on).
-                        let terminal = format!("F{i}_P{j}");
-                        let bound = |key: &str| schema.get(key).and_then(Value::as_u64);
-                        let length = match (bound("minLength"), bound("maxLength")) {
-                            (None, None) => "*".to_string(),
-                            (min, max) => {
-                                format!("{{{},{}}}", min.unwrap_or(0), max.map(|m| m.to_string()).unwrap_or_default())
-                            }
-                        };
-                        rules.push(format!(
-                            r"{terminal}: /\n?(?s:.{length})\n?<\/parameter>/ & ~/(?s:.*)<\/parameter>(?s:.+)/"
-                        ));
-                        terminal
-                    }
-                    _ => format!("{NL} {} {NL} {CLOSE_VALUE}", json_rule(schema)?),
-                };
-                let rule = format!("f{i}_p{j}");
-                rules.push(format!("{rule}: {} {value} {NL}", lark_string(&format!("<parameter={key}>"))));
-                parts.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
-            }
-        }
-        rules.push(format!(
-            "f{i}: {} {NL} {} {}",
-            lark_string(&format!("<function={}>", f.name)),
-            parts.join(" "),
-            lark_string("</function>")
-        ));
-        alternatives.push(format!("f{i}"));
-    }
+/// `<function=name>`, `<parameter=key>` and their closing tags around each call's parts.
+const TAGS: ArgumentTags = ArgumentTags {
+    function: |_, name| lark_string(&format!("<function={name}>")),
+    function_close: |_| lark_string("</function>"),
+    parameter: |_, key| lark_string(&format!("<parameter={key}>")),
+    value_close: "</parameter>",
+};
+
+fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
+    let (rules, calls) = call_rules(spec, &TAGS, "f")?;
     Ok(CallSyntax {
         open_lark: lark_string(OPEN),
         open_text: Some(OPEN.into()),
-        body: format!("{NL} ({}) {NL} {}", alternatives.join(" | "), lark_string(CLOSE)),
+        body: format!("{NL} {calls} {NL} {}", lark_string(CLOSE)),
         separator: Some(NL.into()),
-        rules: format!("{}\n", rules.join("\n")),
+        rules,
     })
 }
 

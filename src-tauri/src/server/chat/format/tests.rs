@@ -47,6 +47,8 @@ fn formats_from_templates() {
     assert_eq!(of("smollm2.jinja"), "plain");
     assert_eq!(of("gemma4.jinja"), "gemma4");
     assert_eq!(of("lfm2.jinja"), "pythonic");
+    assert_eq!(of("glm-4.6.jinja"), "glm");
+    assert_eq!(of("minimax-m2.jinja"), "minimax");
     for qwen3_5 in ["qwen3.5.jinja", "qwen3.6.jinja", "qwen3-coder.jinja"] {
         assert_eq!(of(qwen3_5), "qwen-xml", "{qwen3_5}");
     }
@@ -87,6 +89,8 @@ const MISTRAL_V11: &str = "[TOOL_CALLS]{{ name }}[ARGS]";
 const MISTRAL_V3: &str = "{{- \"[TOOL_CALLS] [\" }}";
 const LLAMA: &str = "\"parameters\"";
 const QWEN_XML: &str = "<function=x><parameter=y>";
+const GLM: &str = "<tool_call>{{ name }}<arg_key>";
+const MINIMAX: &str = "<minimax:tool_call><invoke name=";
 
 fn functions() -> Vec<Function> {
     vec![
@@ -199,7 +203,7 @@ fn parse(template: &str, text: &str) -> Vec<ToolCall> {
         .collect()
 }
 
-const TEMPLATES: [&str; 5] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML];
+const TEMPLATES: [&str; 7] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX];
 
 #[test]
 fn the_calls_models_write_are_what_the_grammars_allow() {
@@ -211,6 +215,8 @@ fn the_calls_models_write_are_what_the_grammars_allow() {
         (LLAMA, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}"),
         (QWEN_XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
         (QWEN_XML, "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>"),
+        (GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+        (MINIMAX, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>"),
     ];
     for (template, text) in natural {
         // A named call's text around its arguments is fixed (Mistral's: no `"id"`).
@@ -251,7 +257,7 @@ fn a_named_calls_json_arguments_follow_a_known_key() {
     for template in TEMPLATES {
         let forced = grammar(template, true, false);
         let Some(key) = &forced.arguments_after else {
-            assert_eq!(template, QWEN_XML, "only the XML format's arguments are not JSON");
+            assert!([QWEN_XML, GLM, MINIMAX].contains(&template), "only the tagged formats' arguments are not JSON");
             continue;
         };
         assert!(["\"arguments\"", "\"parameters\"", "[ARGS]"].contains(&key.as_str()), "{template}: {key}");
@@ -308,6 +314,16 @@ fn strict_auto_calls_let_text_through_and_hold_started_calls() {
             QWEN_XML,
             "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
             "<tool_call>\n<function=get_news>",
+        ),
+        (
+            GLM,
+            "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>",
+            "<tool_call>get_news",
+        ),
+        (
+            MINIMAX,
+            "<minimax:tool_call>\n<invoke name=\"get_time\">\n<parameter name=\"zone\">UTC</parameter>\n</invoke>\n</minimax:tool_call>",
+            "<minimax:tool_call>\n<invoke name=\"get_news\">",
         ),
     ];
     for (template, call, bad) in cases {
