@@ -82,6 +82,10 @@ TEMPLATES = {
     # `<invoke>`, thinking opened by the generation prompt).
     "glm-4.6.jinja": {"bos_token": None, "eos_token": "<|endoftext|>", "tools": True},
     "minimax-m2.jinja": {"bos_token": "]~!b[", "eos_token": "[e~[", "tools": True},
+    # DeepSeek-V3.1 (its template renders no tools; calls between its own special tokens,
+    # thinking off unless asked) and Kimi K2 (tools as a JSON list, `functions.name:index` ids).
+    "deepseek-v3.1.jinja": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "tools": True},
+    "kimi-k2.jinja": {"bos_token": "[BOS]", "eos_token": "[EOS]", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -227,6 +231,13 @@ def cases_for(name, meta):
         two = copy.deepcopy(tool_conversation(""))
         two[1]["tool_calls"].append({"id": "call_2", "type": "function",
                                      "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
+        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
+        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+    if name in ("deepseek-v3.1.jinja", "kimi-k2.jinja"):
+        yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
+        two = copy.deepcopy(tool_conversation(""))
+        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 3}}})
         two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
         yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
     if name in ("glm-4.6.jinja", "minimax-m2.jinja"):

@@ -1,7 +1,7 @@
 """Tool calls in the formats of the 2026 model families, through the official client packages:
 gpt-oss's Harmony (a commentary message to `functions.get_weather`), Qwen3-Coder's XML
 (`<function=..><parameter=..>`, values typed from the tool's schema; Qwen3.5 / 3.6 write it after
-a thought, thinking being on by default), GLM-4.5/4.6's key and value tags, Gemma 4's
+a thought, thinking being on by default), GLM-4.5/4.6's key and value tags, Kimi K2's call sections, Gemma 4's
 and LFM2's Python list of calls. The models are scripted
 (`fastmlx make-test-model --scripted`): tiny computed models that write one tool call in the
 family's format, with the family's published chat template and special tokens, so what is
@@ -26,7 +26,7 @@ ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a cit
 # What each scripted model calls get_weather with.
 EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3},
             "qwen3.5": {"city": "Paris", "days": 3}, "pythonic": {"city": "Paris", "days": 3},
-            "mistral": {"city": "Paris", "days": 3}, "glm": {"city": "Paris"}}
+            "mistral": {"city": "Paris", "days": 3}, "glm": {"city": "Paris"}, "kimi": {"city": "Paris"}}
 # The thought a scripted model writes before its call (Qwen3.5's, whose prompt opens <think>).
 THOUGHT = {"qwen3.5": "Calling_get_weather."}
 # Text a scripted model writes before its call (Gemma 4's; the others call straight away).
@@ -42,8 +42,8 @@ def scripted_server(tmp_path_factory, fmt, template, extra=()):
 
 @pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja"),
                                         ("gemma4", "gemma4.jinja"), ("qwen3.5", "qwen3.5.jinja"),
-                                        ("pythonic", "lfm2.jinja"), ("glm", "glm-4.6.jinja")],
-                ids=["harmony", "qwen-xml", "gemma4", "qwen3.5", "pythonic", "glm"])
+                                        ("pythonic", "lfm2.jinja"), ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja")],
+                ids=["harmony", "qwen-xml", "gemma4", "qwen3.5", "pythonic", "glm", "kimi"])
 def scripted(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template):
@@ -102,12 +102,12 @@ def test_responses_function_call(scripted):
 
 
 # Forced calls (`tool_choice` required or named) are written in the model's own format where the
-# server has its grammar (Qwen's XML, Mistral's `[TOOL_CALLS]` list, GLM's tags here), and with `--strict-tools`
+# server has its grammar (Qwen's XML, Mistral's `[TOOL_CALLS]` list, GLM's tags, Kimi's sections here), and with `--strict-tools`
 # so is a call the model opens by itself: the scripted call passes through the grammar unchanged,
 # and comes back as the same call, whole or streamed.
 @pytest.fixture(scope="module", params=[("qwen-xml", "qwen3-coder.jinja"), ("mistral", "mistral-v0.3.jinja"),
-                                        ("glm", "glm-4.6.jinja")],
-                ids=["qwen-xml", "mistral", "glm"])
+                                        ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja")],
+                ids=["qwen-xml", "mistral", "glm", "kimi"])
 def strict(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template, ["--strict-tools"]):

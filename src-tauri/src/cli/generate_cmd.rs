@@ -200,6 +200,7 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
             "gemma4" => scripted::gemma4_tool_call(&source),
             "mistral" => scripted::mistral_tool_call(&source),
             "glm" => scripted::glm_tool_call(&source),
+            "kimi" => scripted::kimi_tool_call(&source),
             "hermes" => {
                 let (Some(call), Some(answer)) = (&args.call, &args.answer) else {
                     anyhow::bail!("--scripted hermes needs --call and --answer");
@@ -208,7 +209,7 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
             }
             other => {
                 anyhow::bail!(
-                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral, glm, hermes)"
+                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral, glm, kimi, hermes)"
                 )
             }
         };

@@ -27,7 +27,7 @@ use crate::tokenizer::ChatTemplate;
 use reasoning::{ReasoningSplitter, ReasoningTags};
 
 /// The formats, each a module with a `detect`: tried in this order on a model's chat template,
-/// the first that recognises it wins (Harmony's, Gemma 4's and MiniMax's markers are their own; GLM's and
+/// the first that recognises it wins (Harmony's, Gemma 4's, MiniMax's, DeepSeek's and Kimi's markers are their own; GLM's and
 /// Qwen's XML templates also hold Hermes' `<tool_call>`, so they come first; Llama's test is the
 /// loosest, so it comes last). A template none of them recognises gets [`plain::Plain`]: no
 /// tool calls are read.
@@ -37,7 +37,7 @@ macro_rules! formats {
         const DETECT: &[Detect] = &[$($format::detect),*];
     };
 }
-formats![harmony, gemma4, pythonic, minimax, glm, qwen_xml, hermes, mistral, llama_json];
+formats![harmony, gemma4, pythonic, minimax, deepseek, kimi, glm, qwen_xml, hermes, mistral, llama_json];
 
 /// A format's test of a chat template: the format, when the template writes it.
 type Detect = fn(&str) -> Option<Box<dyn ChatFormat>>;
@@ -256,5 +256,6 @@ pub fn parse_call_list(text: &str) -> Option<Vec<ToolCall>> {
 
 /// The length of the longest suffix of `text` that begins `marker` (held back while streaming).
 fn partial_len(text: &str, marker: &str) -> usize {
-    (1..marker.len()).rev().find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
+    // Whole characters only: DeepSeek's markers hold multi-byte ones.
+    (1..marker.len()).rev().filter(|&n| marker.is_char_boundary(n)).find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
 }

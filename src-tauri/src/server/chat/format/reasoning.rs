@@ -158,7 +158,7 @@ fn push_part(out: &mut Vec<Part>, part: Part) {
 
 /// The length of the longest suffix of `text` that begins `tag`.
 fn partial_tag_len(text: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
+    (1..tag.len()).rev().filter(|&n| tag.is_char_boundary(n)).find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]

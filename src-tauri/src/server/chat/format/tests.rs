@@ -49,6 +49,8 @@ fn formats_from_templates() {
     assert_eq!(of("lfm2.jinja"), "pythonic");
     assert_eq!(of("glm-4.6.jinja"), "glm");
     assert_eq!(of("minimax-m2.jinja"), "minimax");
+    assert_eq!(of("deepseek-v3.1.jinja"), "deepseek");
+    assert_eq!(of("kimi-k2.jinja"), "kimi");
     for qwen3_5 in ["qwen3.5.jinja", "qwen3.6.jinja", "qwen3-coder.jinja"] {
         assert_eq!(of(qwen3_5), "qwen-xml", "{qwen3_5}");
     }
@@ -83,7 +85,18 @@ fn earlier_calls_go_back_into_the_history() {
     assert_eq!(renders[1]["content"], "Checking.", "a template that renders calls gets them as they are");
 }
 
-const SPECIAL: [&str; 3] = ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"];
+const SPECIAL: [&str; 10] = [
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+];
 const HERMES: &str = "{% if tools %}<tool_call>{% endif %}";
 const MISTRAL_V11: &str = "[TOOL_CALLS]{{ name }}[ARGS]";
 const MISTRAL_V3: &str = "{{- \"[TOOL_CALLS] [\" }}";
@@ -91,6 +104,8 @@ const LLAMA: &str = "\"parameters\"";
 const QWEN_XML: &str = "<function=x><parameter=y>";
 const GLM: &str = "<tool_call>{{ name }}<arg_key>";
 const MINIMAX: &str = "<minimax:tool_call><invoke name=";
+const DEEPSEEK: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+const KIMI: &str = "<|tool_calls_section_begin|>";
 
 fn functions() -> Vec<Function> {
     vec![
@@ -203,7 +218,7 @@ fn parse(template: &str, text: &str) -> Vec<ToolCall> {
         .collect()
 }
 
-const TEMPLATES: [&str; 7] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX];
+const TEMPLATES: [&str; 9] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX, DEEPSEEK, KIMI];
 
 #[test]
 fn the_calls_models_write_are_what_the_grammars_allow() {
@@ -217,6 +232,8 @@ fn the_calls_models_write_are_what_the_grammars_allow() {
         (QWEN_XML, "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>"),
         (GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
         (MINIMAX, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>"),
+        (DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        (KIMI, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 3}<|tool_call_end|><|tool_calls_section_end|>"),
     ];
     for (template, text) in natural {
         // A named call's text around its arguments is fixed (Mistral's: no `"id"`).
@@ -260,7 +277,8 @@ fn a_named_calls_json_arguments_follow_a_known_key() {
             assert!([QWEN_XML, GLM, MINIMAX].contains(&template), "only the tagged formats' arguments are not JSON");
             continue;
         };
-        assert!(["\"arguments\"", "\"parameters\"", "[ARGS]"].contains(&key.as_str()), "{template}: {key}");
+        let known = ["\"arguments\"", "\"parameters\"", "[ARGS]", "<｜tool▁sep｜>", "<|tool_call_argument_begin|>"];
+        assert!(known.contains(&key.as_str()), "{template}: {key}");
     }
 }
 
@@ -324,6 +342,16 @@ fn strict_auto_calls_let_text_through_and_hold_started_calls() {
             MINIMAX,
             "<minimax:tool_call>\n<invoke name=\"get_time\">\n<parameter name=\"zone\">UTC</parameter>\n</invoke>\n</minimax:tool_call>",
             "<minimax:tool_call>\n<invoke name=\"get_news\">",
+        ),
+        (
+            DEEPSEEK,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_news",
+        ),
+        (
+            KIMI,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_section_end|>",
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_news",
         ),
     ];
     for (template, call, bad) in cases {
