@@ -15,6 +15,13 @@ pub use chat_template::{ChatTemplate, TemplateError};
 pub use from_gguf::{tokenizer_from_gguf_metadata, GgufTokenizerMetadata};
 pub use stream::StreamDecoder;
 
+/// `json.dumps(value)` with Python's default separators (`", "`, `": "`), non-ASCII kept: how
+/// model cards write JSON into the prompts their models were trained on.
+pub fn python_json(value: &serde_json::Value) -> String {
+    pyjson::dumps(&minijinja::Value::from_serialize(value), &pyjson::PyJsonOptions::new(None))
+        .unwrap_or_else(|_| value.to_string())
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("tokenizer: {0}")]
 pub struct TokenizerError(pub String);

@@ -150,6 +150,7 @@ pub fn render(model: &ChatModel, request: &ChatRequest, config: &ServerConfig) -
     let special = |text: &str| info.tokenizer.token_to_id(text).filter(|&id| info.tokenizer.is_special(id));
     let context = ShapeContext { format: &model.format, special: &special, strict_tools: config.strict_tools };
     let shape = answer_shape(shape_request, &context)?;
+    let messages = model.format.with_tool_instructions(messages, shape.prompt_tools);
     let render = RenderRequest {
         messages: &messages,
         tools: shape.prompt_tools,

@@ -1,7 +1,11 @@
 //! DeepSeek-V3.1 (and V3.2's and R1-0528's templates): the calls of a turn between
 //! `<｜tool▁calls▁begin｜>` and `<｜tool▁calls▁end｜>`, each
 //! `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`, all of them special tokens
-//! of DeepSeek's vocabulary. Arguments are JSON, as vLLM's `deepseek_v31` parser reads them.
+//! of DeepSeek's vocabulary. Arguments are JSON, as vLLM's `deepseek_v31` parser reads them. Its
+//! template renders no tool list: the tools are described after the system prompt as the model
+//! card writes them.
+
+use serde_json::Value;
 
 use super::lark::{json_rule, lark_string, marker, text_marker, CallSyntax};
 use super::paired::PairedCalls;
@@ -41,7 +45,27 @@ impl ChatFormat for DeepSeek {
     fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
         Some(syntax(spec).and_then(|s| s.strict(spec)))
     }
+
+    /// DeepSeek-V3.1's template renders no tools: its model card's description of them.
+    fn tool_instructions(&self, tools: &[Value]) -> Option<String> {
+        let mut text = String::from("## Tools\nYou have access to the following tools:\n\n");
+        for tool in tools {
+            let f = tool.get("function").unwrap_or(tool);
+            let field = |key: &str| f.get(key).and_then(Value::as_str).unwrap_or_default();
+            let parameters = crate::tokenizer::python_json(f.get("parameters").unwrap_or(&Value::Null));
+            text.push_str(&format!(
+                "### {}\nDescription: {}\n\nParameters: {parameters}\n\n",
+                field("name"),
+                field("description")
+            ));
+        }
+        text.push_str(TOOL_FORMAT);
+        Some(text)
+    }
 }
+
+/// The model card's closing instructions, word for word.
+const TOOL_FORMAT: &str = "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{additional_tool_calls}<｜tool▁calls▁end｜>\n\nWhere:\n- `tool_call_name` must be an exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces";
 
 fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
     let calls = spec
@@ -77,7 +101,7 @@ fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
         let after = &rest[at + CALL_BEGIN.len()..];
         let Some(end) = after.find(CALL_END) else { break };
         let (name, arguments) = after[..end].split_once(SEP)?;
-        let arguments: serde_json::Value = serde_json::from_str(arguments.trim()).ok()?;
+        let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
         calls.push(ToolCall { name: name.trim().to_string(), arguments: arguments.to_string() });
         rest = &after[end + CALL_END.len()..];
     }
@@ -103,5 +127,31 @@ mod tests {
         );
         let broken = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{not json<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
         assert_eq!(read(&DeepSeek, &[broken]), vec![Piece::Text(broken.into())], "what is not a call stays text");
+    }
+
+    /// The model card's layout, `{system prompt}\n\n{tool_description}`, as a fine-tuning
+    /// library's test renders it for two tools and no system prompt.
+    #[test]
+    fn tools_are_described_after_the_system_prompt_as_the_model_card_writes() {
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "convert_temperature",
+                "description": "Convert temperature from one unit to another", "parameters": {"type": "object",
+                "properties": {"temperature": {"type": "number", "description": "The temperature value"},
+                "from_unit": {"type": "string", "description": "The unit to convert from"},
+                "to_unit": {"type": "string", "description": "The unit to convert to"}},
+                "required": ["temperature", "from_unit", "to_unit"]}}}),
+            serde_json::json!({"type": "function", "function": {"name": "get_current_date",
+                "description": "Get the current date", "parameters": {}}}),
+        ];
+        let format = super::super::ModelFormat::of_template("<｜tool▁calls▁begin｜>{{ message['tool_calls'] }}");
+        let user = serde_json::json!({"role": "user", "content": "Hi"});
+        let messages = format.with_tool_instructions(vec![user.clone()], Some(&tools));
+        let expected = "\n\n## Tools\nYou have access to the following tools:\n\n### convert_temperature\nDescription: Convert temperature from one unit to another\n\nParameters: {\"type\": \"object\", \"properties\": {\"temperature\": {\"type\": \"number\", \"description\": \"The temperature value\"}, \"from_unit\": {\"type\": \"string\", \"description\": \"The unit to convert from\"}, \"to_unit\": {\"type\": \"string\", \"description\": \"The unit to convert to\"}}, \"required\": [\"temperature\", \"from_unit\", \"to_unit\"]}\n\n### get_current_date\nDescription: Get the current date\n\nParameters: {}\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{additional_tool_calls}<｜tool▁calls▁end｜>\n\nWhere:\n- `tool_call_name` must be an exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces";
+        assert_eq!(messages, vec![serde_json::json!({"role": "system", "content": expected}), user.clone()]);
+        let system = serde_json::json!({"role": "system", "content": "Be brief."});
+        let messages = format.with_tool_instructions(vec![system, user.clone()], Some(&tools));
+        assert_eq!(messages[0]["content"].as_str().unwrap(), format!("Be brief.{expected}"));
+        let renders = super::super::ModelFormat::of_template("<｜tool▁calls▁begin｜>{{ tools }}");
+        assert_eq!(renders.with_tool_instructions(vec![user.clone()], Some(&tools)), vec![user], "a template with tools");
     }
 }

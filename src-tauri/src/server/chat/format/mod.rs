@@ -98,6 +98,12 @@ pub trait ChatFormat: Send + Sync {
     /// nine-character call ids).
     fn rewrite_history(&self, _messages: &mut [Value]) {}
 
+    /// For a template that renders no tool list: the description of `tools` the family's model
+    /// card puts after the system prompt (`None`: the format has none).
+    fn tool_instructions(&self, _tools: &[Value]) -> Option<String> {
+        None
+    }
+
     /// The tags this format's models reason in, given their template (default: the tags the
     /// template closes, `<think>` or Gemma 4's thought channel).
     fn reasoning_tags(&self, template: &str) -> Option<ReasoningTags> {
@@ -148,20 +154,27 @@ pub struct ForcedCalls {
 pub struct ModelFormat {
     calls: Box<dyn ChatFormat>,
     reasoning: Option<ReasoningTags>,
-    /// Whether the template renders an assistant turn's `tool_calls` itself.
+    /// Whether the template renders an assistant turn's `tool_calls` itself...
     renders_tool_calls: bool,
+    /// ...and the request's `tools`.
+    renders_tools: bool,
 }
 
 impl ModelFormat {
     pub fn of_template(source: &str) -> ModelFormat {
         let calls = DETECT.iter().find_map(|detect| detect(source)).unwrap_or_else(|| Box::new(plain::Plain));
         let reasoning = if calls.reads_whole_answer() { None } else { calls.reasoning_tags(source) };
-        ModelFormat { reasoning, renders_tool_calls: source.contains("tool_calls"), calls }
+        ModelFormat {
+            reasoning,
+            renders_tool_calls: source.contains("tool_calls"),
+            renders_tools: source.contains("tools"),
+            calls,
+        }
     }
 
     /// For prompts no template made (raw completions): no calls, no reasoning.
     pub fn plain() -> ModelFormat {
-        ModelFormat { calls: Box::new(plain::Plain), reasoning: None, renders_tool_calls: false }
+        ModelFormat { calls: Box::new(plain::Plain), reasoning: None, renders_tool_calls: false, renders_tools: false }
     }
 
     /// The tool-call format (`plain` when the model writes none).
@@ -190,6 +203,22 @@ impl ModelFormat {
             }
         }
         self.calls.rewrite_history(&mut messages);
+        messages
+    }
+
+    /// The messages with the family's description of `tools` after the system prompt, where the
+    /// template renders no tool list itself (DeepSeek-V3.1's model card asks so).
+    pub fn with_tool_instructions(&self, mut messages: Vec<Value>, tools: Option<&[Value]>) -> Vec<Value> {
+        let Some(text) = tools.filter(|_| !self.renders_tools).and_then(|t| self.calls.tool_instructions(t)) else {
+            return messages;
+        };
+        match messages.first_mut().filter(|m| m.get("role").and_then(Value::as_str) == Some("system")) {
+            Some(system) => {
+                let content = system.get("content").and_then(Value::as_str).unwrap_or_default();
+                system["content"] = Value::String(format!("{content}\n\n{text}"));
+            }
+            None => messages.insert(0, json!({"role": "system", "content": format!("\n\n{text}")})),
+        }
         messages
     }
 
