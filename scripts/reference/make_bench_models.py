@@ -2,7 +2,9 @@
 (8 layers, 32 experts of 256, 4 per token) and a dense Qwen3 of the same active size (an MLP of
 4 x 256 = 1024), same attention, same seed for what they share (scripts/bench_moe.sh); a Gemma 3
 of 12 layers, 10 of them local with a 512-token window (scripts/bench_window.sh); a Qwen3.5-style
-hybrid of 8 layers, 6 Gated DeltaNet and 2 gated attention (scripts/bench_hybrid.sh). Float32, saved
+hybrid of 8 layers, 6 Gated DeltaNet and 2 gated attention (scripts/bench_hybrid.sh); a DeepSeek-V3
+of 8 dense layers of multi-head latent attention (query rank 256, latent 256, rotary 32, 8 heads of
+64 + 32 and values of 64; scripts/bench_mla.sh). Float32, saved
 as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
 
     .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR [NAME...]
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.models import gemma3_text, qwen3, qwen3_5, qwen3_moe
+from mlx_lm.models import deepseek_v3, gemma3_text, qwen3, qwen3_5, qwen3_moe
 from mlx_lm.utils import save_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,9 @@ MODELS = {
                                             linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=0,
                                             rope_parameters={"rope_type": "default", "rope_theta": 100000.0,
                                                              "partial_rotary_factor": 0.25})),
+    "deepseek-v3-mla-bench": (deepseek_v3, dict(model_type="deepseek_v3", intermediate_size=1024, q_lora_rank=256,
+                                                kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
+                                                v_head_dim=64, n_routed_experts=None, rope_scaling=None)),
 }
 DEFAULT = ["qwen3-moe-bench", "qwen3-dense-bench"]
 
