@@ -7,20 +7,25 @@
 
 use serde_json::Value;
 
-use super::lark::{json_rule, lark_string, marker, text_marker, CallSyntax};
 use super::paired::PairedCalls;
+use super::sections::Sections;
 use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
 use crate::constrain::{Grammar, SchemaError};
-use crate::server::chat::piece::ToolCall;
 
-const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
-const CALLS_END: &str = "<｜tool▁calls▁end｜>";
-const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
-const CALL_END: &str = "<｜tool▁call▁end｜>";
-const SEP: &str = "<｜tool▁sep｜>";
+const SECTIONS: Sections = Sections {
+    begin: "<｜tool▁calls▁begin｜>",
+    end: "<｜tool▁calls▁end｜>",
+    call_begin: "<｜tool▁call▁begin｜>",
+    arguments: "<｜tool▁sep｜>",
+    call_end: "<｜tool▁call▁end｜>",
+    name_lark: super::lark::lark_string,
+    rules: "",
+    name_of: |name| name,
+    arguments_of: |text| serde_json::from_str(text).ok(),
+};
 
 pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
-    template.contains(CALLS_BEGIN).then(|| Box::new(DeepSeek) as Box<dyn ChatFormat>)
+    template.contains(SECTIONS.begin).then(|| Box::new(DeepSeek) as Box<dyn ChatFormat>)
 }
 
 pub(super) struct DeepSeek;
@@ -31,19 +36,19 @@ impl ChatFormat for DeepSeek {
     }
 
     fn markers(&self) -> &'static [&'static str] {
-        &[CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP]
+        &[SECTIONS.begin, SECTIONS.end, SECTIONS.call_begin, SECTIONS.call_end, SECTIONS.arguments]
     }
 
     fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
-        Box::new(PairedCalls::new(CALLS_BEGIN, CALLS_END, |body, _, _| parse_calls(body), schemas))
+        Box::new(PairedCalls::new(SECTIONS.begin, SECTIONS.end, |body, _, _| SECTIONS.parse(body), schemas))
     }
 
     fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.forced(spec, Some(SEP))))
+        Some(SECTIONS.forced(spec))
     }
 
     fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.strict(spec)))
+        Some(SECTIONS.strict(spec))
     }
 
     /// DeepSeek-V3.1's template renders no tools: its model card's description of them.
@@ -66,47 +71,6 @@ impl ChatFormat for DeepSeek {
 
 /// The model card's closing instructions, word for word.
 const TOOL_FORMAT: &str = "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{additional_tool_calls}<｜tool▁calls▁end｜>\n\nWhere:\n- `tool_call_name` must be an exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces";
-
-fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
-    let calls = spec
-        .functions
-        .iter()
-        .map(|f| {
-            Ok(format!(
-                "{} {} {} {} {}",
-                marker(spec, CALL_BEGIN),
-                lark_string(&f.name),
-                marker(spec, SEP),
-                json_rule(&f.parameters)?,
-                marker(spec, CALL_END)
-            ))
-        })
-        .collect::<Result<Vec<String>, SchemaError>>()?;
-    let call = format!("({})", calls.join(" | "));
-    let more = if spec.parallel { format!("{call}*") } else { String::new() };
-    Ok(CallSyntax {
-        open_lark: marker(spec, CALLS_BEGIN),
-        open_text: text_marker(spec, CALLS_BEGIN),
-        body: format!("{call} {more} {}", marker(spec, CALLS_END)),
-        separator: None,
-        rules: String::new(),
-    })
-}
-
-/// Every complete `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>` of a section.
-fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
-    let mut calls = Vec::new();
-    let mut rest = body;
-    while let Some(at) = rest.find(CALL_BEGIN) {
-        let after = &rest[at + CALL_BEGIN.len()..];
-        let Some(end) = after.find(CALL_END) else { break };
-        let (name, arguments) = after[..end].split_once(SEP)?;
-        let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
-        calls.push(ToolCall { name: name.trim().to_string(), arguments: arguments.to_string() });
-        rest = &after[end + CALL_END.len()..];
-    }
-    (!calls.is_empty()).then_some(calls)
-}
 
 #[cfg(test)]
 mod tests {

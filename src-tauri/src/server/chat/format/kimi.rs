@@ -6,20 +6,29 @@
 
 use serde_json::Value;
 
-use super::lark::{json_rule, lark_string, marker, text_marker, CallSyntax};
 use super::paired::PairedCalls;
+use super::sections::Sections;
 use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
 use crate::constrain::{Grammar, SchemaError};
-use crate::server::chat::piece::ToolCall;
 
-const SECTION_BEGIN: &str = "<|tool_calls_section_begin|>";
-const SECTION_END: &str = "<|tool_calls_section_end|>";
-const CALL_BEGIN: &str = "<|tool_call_begin|>";
-const ARGUMENTS: &str = "<|tool_call_argument_begin|>";
-const CALL_END: &str = "<|tool_call_end|>";
+const SECTIONS: Sections = Sections {
+    begin: "<|tool_calls_section_begin|>",
+    end: "<|tool_calls_section_end|>",
+    call_begin: "<|tool_call_begin|>",
+    arguments: "<|tool_call_argument_begin|>",
+    call_end: "<|tool_call_end|>",
+    name_lark: |name| format!("{} INDEX", super::lark::lark_string(&format!("functions.{name}:"))),
+    rules: "INDEX: /[0-9]{1,4}/\n",
+    // `functions.name:0` (or a bare `name:0`).
+    name_of: |id| {
+        let name = id.rsplit_once(':').map_or(id, |(name, _)| name);
+        name.strip_prefix("functions.").unwrap_or(name)
+    },
+    arguments_of,
+};
 
 pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
-    template.contains(SECTION_BEGIN).then(|| Box::new(Kimi) as Box<dyn ChatFormat>)
+    template.contains(SECTIONS.begin).then(|| Box::new(Kimi) as Box<dyn ChatFormat>)
 }
 
 pub(super) struct Kimi;
@@ -30,63 +39,20 @@ impl ChatFormat for Kimi {
     }
 
     fn markers(&self) -> &'static [&'static str] {
-        &[SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENTS, CALL_END]
+        &[SECTIONS.begin, SECTIONS.end, SECTIONS.call_begin, SECTIONS.arguments, SECTIONS.call_end]
     }
 
     fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
-        Box::new(PairedCalls::new(SECTION_BEGIN, SECTION_END, |body, _, _| parse_calls(body), schemas))
+        Box::new(PairedCalls::new(SECTIONS.begin, SECTIONS.end, |body, _, _| SECTIONS.parse(body), schemas))
     }
 
     fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.forced(spec, Some(ARGUMENTS))))
+        Some(SECTIONS.forced(spec))
     }
 
     fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.strict(spec)))
+        Some(SECTIONS.strict(spec))
     }
-}
-
-fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
-    let calls = spec
-        .functions
-        .iter()
-        .map(|f| {
-            Ok(format!(
-                "{} {} INDEX {} {} {}",
-                marker(spec, CALL_BEGIN),
-                lark_string(&format!("functions.{}:", f.name)),
-                marker(spec, ARGUMENTS),
-                json_rule(&f.parameters)?,
-                marker(spec, CALL_END)
-            ))
-        })
-        .collect::<Result<Vec<String>, SchemaError>>()?;
-    let call = format!("({})", calls.join(" | "));
-    let more = if spec.parallel { format!("{call}*") } else { String::new() };
-    Ok(CallSyntax {
-        open_lark: marker(spec, SECTION_BEGIN),
-        open_text: text_marker(spec, SECTION_BEGIN),
-        body: format!("{call} {more} {}", marker(spec, SECTION_END)),
-        separator: None,
-        rules: "INDEX: /[0-9]{1,4}/\n".into(),
-    })
-}
-
-/// Every complete call of a section: `functions.name:0` (or a bare `name:0`), then its arguments.
-fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
-    let mut calls = Vec::new();
-    let mut rest = body;
-    while let Some(at) = rest.find(CALL_BEGIN) {
-        let after = &rest[at + CALL_BEGIN.len()..];
-        let Some(end) = after.find(CALL_END) else { break };
-        let (id, arguments) = after[..end].split_once(ARGUMENTS)?;
-        let id = id.trim();
-        let name = id.rsplit_once(':').map_or(id, |(name, _)| name);
-        let name = name.strip_prefix("functions.").unwrap_or(name);
-        calls.push(ToolCall { name: name.to_string(), arguments: arguments_of(arguments.trim())?.to_string() });
-        rest = &after[end + CALL_END.len()..];
-    }
-    (!calls.is_empty()).then_some(calls)
 }
 
 /// JSON arguments, or Python's `True` / `False` / `None` and quotes where JSON has its own.

@@ -12,6 +12,7 @@ mod lark;
 mod paired;
 mod plain;
 pub mod reasoning;
+mod sections;
 #[cfg(test)]
 mod tests;
 mod xml_calls;
