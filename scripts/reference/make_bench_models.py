@@ -42,7 +42,7 @@ MODELS = {
                                                              "partial_rotary_factor": 0.25})),
     "deepseek-v3-mla-bench": (deepseek_v3, dict(model_type="deepseek_v3", intermediate_size=1024, q_lora_rank=256,
                                                 kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
-                                                v_head_dim=64, n_routed_experts=None, rope_scaling=None)),
+                                                v_head_dim=64)),
 }
 DEFAULT = ["qwen3-moe-bench", "qwen3-dense-bench"]
 
