@@ -86,6 +86,9 @@ TEMPLATES = {
     # thinking off unless asked) and Kimi K2 (tools as a JSON list, `functions.name:index` ids).
     "deepseek-v3.1.jinja": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "tools": True},
     "kimi-k2.jinja": {"bos_token": "[BOS]", "eos_token": "[EOS]", "tools": True},
+    # SmolLM3 (`/think` and `/no_think`, Hermes calls) and Seed-OSS (`<seed:tool_call>` calls).
+    "smollm3.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
+    "seed-oss.jinja": {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -233,7 +236,7 @@ def cases_for(name, meta):
                                      "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
         two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
         yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
-    if name in ("deepseek-v3.1.jinja", "kimi-k2.jinja"):
+    if name in ("deepseek-v3.1.jinja", "kimi-k2.jinja", "smollm3.jinja", "seed-oss.jinja"):
         yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
         two = copy.deepcopy(tool_conversation(""))
         two[1]["tool_calls"].append({"id": "call_2", "type": "function",

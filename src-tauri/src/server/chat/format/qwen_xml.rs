@@ -1,4 +1,5 @@
-//! Qwen3-Coder's XML (also Qwen3.5/3.6 and Qwen3-Coder-Next): `<tool_call>\n<function=name>\n
+//! Qwen3-Coder's XML (also Qwen3.5/3.6, Qwen3-Coder-Next, and Seed-OSS inside `<seed:tool_call>`):
+//! `<tool_call>\n<function=name>\n
 //! <parameter=key>\nvalue\n</parameter>\n</function>\n</tool_call>`. The values are text, typed
 //! from the tool's JSON Schema (a number, a boolean, JSON for objects and arrays), as Qwen's
 //! own parser reads them; the newlines between tags are optional.
@@ -6,27 +7,47 @@
 use serde_json::{Map, Value};
 
 use super::hermes::{CLOSE, OPEN};
-use super::lark::{lark_string, CallSyntax};
+use super::lark::{lark_string, marker, text_marker, CallSyntax};
 use super::paired::PairedCalls;
 use super::xml_calls::{call_rules, ArgumentTags, NL};
 use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
 use crate::constrain::{Grammar, SchemaError};
 use crate::server::chat::piece::ToolCall;
 
+/// Seed-OSS writes the same calls inside its own markers.
+const SEED_OPEN: &str = "<seed:tool_call>";
+const SEED_CLOSE: &str = "</seed:tool_call>";
+
 pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
-    (template.contains("<function=") && template.contains("<parameter="))
-        .then(|| Box::new(QwenXml) as Box<dyn ChatFormat>)
+    if !(template.contains("<function=") && template.contains("<parameter=")) {
+        return None;
+    }
+    let seed = template.contains(SEED_OPEN);
+    let (open, close) = if seed { (SEED_OPEN, SEED_CLOSE) } else { (OPEN, CLOSE) };
+    Some(Box::new(QwenXml { open, close }))
 }
 
-pub(super) struct QwenXml;
+/// The calls' markers: Qwen's `<tool_call>` or Seed-OSS's `<seed:tool_call>`.
+pub(super) struct QwenXml {
+    open: &'static str,
+    close: &'static str,
+}
 
 impl ChatFormat for QwenXml {
     fn name(&self) -> &'static str {
-        "qwen-xml"
+        if self.open == SEED_OPEN {
+            "seed-xml"
+        } else {
+            "qwen-xml"
+        }
     }
 
     fn markers(&self) -> &'static [&'static str] {
-        &[]
+        if self.open == SEED_OPEN {
+            &[SEED_OPEN, SEED_CLOSE]
+        } else {
+            &[]
+        }
     }
 
     fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
@@ -34,16 +55,16 @@ impl ChatFormat for QwenXml {
         let parse = |body: &str, schemas: &ParameterSchemas, closed: bool| {
             (closed || body.contains("</function>")).then(|| parse_call(body, schemas)).flatten().map(|c| vec![c])
         };
-        Box::new(PairedCalls::new(OPEN, CLOSE, parse, schemas))
+        Box::new(PairedCalls::new(self.open, self.close, parse, schemas))
     }
 
     /// A named call's arguments are not JSON here: they are read when the call is complete.
     fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.forced(spec, None)))
+        Some(self.syntax(spec).and_then(|s| s.forced(spec, None)))
     }
 
     fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(syntax(spec).and_then(|s| s.strict(spec)))
+        Some(self.syntax(spec).and_then(|s| s.strict(spec)))
     }
 }
 
@@ -55,15 +76,17 @@ const TAGS: ArgumentTags = ArgumentTags {
     value_close: "</parameter>",
 };
 
-fn syntax(spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
-    let (rules, calls) = call_rules(spec, &TAGS, "f")?;
-    Ok(CallSyntax {
-        open_lark: lark_string(OPEN),
-        open_text: Some(OPEN.into()),
-        body: format!("{NL} {calls} {NL} {}", lark_string(CLOSE)),
-        separator: Some(NL.into()),
-        rules,
-    })
+impl QwenXml {
+    fn syntax(&self, spec: &CallSpec) -> Result<CallSyntax, SchemaError> {
+        let (rules, calls) = call_rules(spec, &TAGS, "f")?;
+        Ok(CallSyntax {
+            open_lark: marker(spec, self.open),
+            open_text: text_marker(spec, self.open),
+            body: format!("{NL} {calls} {NL} {}", marker(spec, self.close)),
+            separator: Some(NL.into()),
+            rules,
+        })
+    }
 }
 
 /// `<function=name><parameter=key>value</parameter>..</function>` (whitespace around the tags
@@ -135,12 +158,14 @@ mod tests {
     use super::*;
     use crate::server::chat::piece::Piece;
 
+    const QWEN: QwenXml = QwenXml { open: OPEN, close: CLOSE };
+
     #[test]
     fn calls_typed_from_the_schema() {
         let schemas = parameter_schemas(&[serde_json::json!({"type": "function", "function": {"name": "edit",
             "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
             "dry": {"type": "boolean"}, "opts": {"type": "object"}, "code": {"type": "string"}}}}})]);
-        let mut p = QwenXml.reader(schemas);
+        let mut p = QWEN.reader(schemas);
         let pieces = [
             "I will edit it.\n<tool_",
             "call>\n<function=edit>\n<parameter=path>\nsrc/main.rs\n</parameter>\n",
@@ -160,11 +185,11 @@ mod tests {
         );
         // No schema (an unknown tool): JSON where it parses, else text; a call cut short stays text.
         let out = read(
-            &QwenXml,
+            &QWEN,
             &["<tool_call><function=f><parameter=n>7</parameter><parameter=s>hi</parameter></function></tool_call>"],
         );
         assert_eq!(out, vec![call("f", r#"{"n":7,"s":"hi"}"#)]);
-        let out = read(&QwenXml, &["<tool_call>\n<function=f>\n<parameter=n>"]);
+        let out = read(&QWEN, &["<tool_call>\n<function=f>\n<parameter=n>"]);
         assert_eq!(out, vec![Piece::Text("<tool_call>\n<function=f>\n<parameter=n>".into())]);
     }
 }

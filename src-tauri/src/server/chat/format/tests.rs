@@ -51,6 +51,8 @@ fn formats_from_templates() {
     assert_eq!(of("minimax-m2.jinja"), "minimax");
     assert_eq!(of("deepseek-v3.1.jinja"), "deepseek");
     assert_eq!(of("kimi-k2.jinja"), "kimi");
+    assert_eq!(of("seed-oss.jinja"), "seed-xml");
+    assert_eq!(of("smollm3.jinja"), "plain", "this copy of the template renders no tools");
     for qwen3_5 in ["qwen3.5.jinja", "qwen3.6.jinja", "qwen3-coder.jinja"] {
         assert_eq!(of(qwen3_5), "qwen-xml", "{qwen3_5}");
     }
@@ -106,6 +108,7 @@ const GLM: &str = "<tool_call>{{ name }}<arg_key>";
 const MINIMAX: &str = "<minimax:tool_call><invoke name=";
 const DEEPSEEK: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
 const KIMI: &str = "<|tool_calls_section_begin|>";
+const SEED: &str = "<seed:tool_call><function=x><parameter=y>";
 
 fn functions() -> Vec<Function> {
     vec![
@@ -218,7 +221,7 @@ fn parse(template: &str, text: &str) -> Vec<ToolCall> {
         .collect()
 }
 
-const TEMPLATES: [&str; 9] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX, DEEPSEEK, KIMI];
+const TEMPLATES: [&str; 10] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX, DEEPSEEK, KIMI, SEED];
 
 #[test]
 fn the_calls_models_write_are_what_the_grammars_allow() {
@@ -234,6 +237,7 @@ fn the_calls_models_write_are_what_the_grammars_allow() {
         (MINIMAX, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>"),
         (DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         (KIMI, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 3}<|tool_call_end|><|tool_calls_section_end|>"),
+        (SEED, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=days>3</parameter>\n</function>\n</seed:tool_call>"),
     ];
     for (template, text) in natural {
         // A named call's text around its arguments is fixed (Mistral's: no `"id"`).
@@ -274,7 +278,10 @@ fn a_named_calls_json_arguments_follow_a_known_key() {
     for template in TEMPLATES {
         let forced = grammar(template, true, false);
         let Some(key) = &forced.arguments_after else {
-            assert!([QWEN_XML, GLM, MINIMAX].contains(&template), "only the tagged formats' arguments are not JSON");
+            assert!(
+                [QWEN_XML, GLM, MINIMAX, SEED].contains(&template),
+                "only the tagged formats' arguments are not JSON"
+            );
             continue;
         };
         let known = ["\"arguments\"", "\"parameters\"", "[ARGS]", "<｜tool▁sep｜>", "<|tool_call_argument_begin|>"];
@@ -352,6 +359,11 @@ fn strict_auto_calls_let_text_through_and_hold_started_calls() {
             KIMI,
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_section_end|>",
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_news",
+        ),
+        (
+            SEED,
+            "<seed:tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</seed:tool_call>",
+            "<seed:tool_call>\n<function=get_news>",
         ),
     ];
     for (template, call, bad) in cases {
