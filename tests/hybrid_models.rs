@@ -26,11 +26,13 @@ fn tokens(seed: usize, len: usize) -> Vec<u32> {
 }
 
 /// The hybrids as the reference file names them: (case, architecture, `--moe`).
-const HYBRIDS: [(&str, Arch, bool); 4] = [
+const HYBRIDS: [(&str, Arch, bool); 6] = [
     ("qwen3_next", Arch::Qwen3Next, false),
     ("qwen3_5", Arch::Qwen35, false),
     ("qwen3_5_moe", Arch::Qwen35, true),
     ("lfm2", Arch::Lfm2, false),
+    ("granitemoehybrid-moe", Arch::GraniteMoeHybrid, true),
+    ("nemotron_h", Arch::NemotronH, false),
 ];
 
 fn tiny(arch: Arch, moe: bool, seed: u64, context: usize) -> tempfile::TempDir {
@@ -54,7 +56,9 @@ fn the_engine_answers_like_mlx_lm_in_chunks_and_in_a_batch() {
     let reference = common::read_json("tests/data/reference/tiny_models.json");
     let prompt = common::ids(&reference["prompt_ids"]);
     let seed = reference["seed"].as_u64().unwrap();
-    for &(name, arch, moe) in HYBRIDS.iter().chain(&[("lfm2_moe", Arch::Lfm2, true)]) {
+    for &(name, arch, moe) in
+        HYBRIDS.iter().chain(&[("lfm2_moe", Arch::Lfm2, true), ("granitemoehybrid", Arch::GraniteMoeHybrid, false)])
+    {
         let case = reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).expect("a reference");
         let expected = common::ids(&case["output_ids"]);
         let dir = tiny(arch, moe, seed, 2048);
@@ -79,6 +83,26 @@ fn the_engine_answers_like_mlx_lm_in_chunks_and_in_a_batch() {
         assert_eq!((m.kv_reserved_bytes, m.kv_bytes), (0, 0), "{name}: every state is freed");
         engine.shutdown();
     }
+}
+
+/// Sequences longer than the Mamba-2 scan's chunk (256 positions): mlx-lm's tokens in one
+/// prefill, and through the engine in chunks of 100 that end elsewhere than the scan's.
+#[test]
+fn long_sequences_carry_the_state_across_scan_chunks_like_mlx_lm() {
+    let _mlx = common::mlx_lock();
+    let reference = common::read_json("tests/data/reference/tiny_models.json");
+    let prompt = common::ids(&reference["long_prompt_ids"]);
+    let seed = reference["seed"].as_u64().unwrap();
+    let long: Vec<&serde_json::Value> =
+        reference["long_cases"].as_array().unwrap().iter().filter(|c| c["arch"] == "nemotron_h").collect();
+    assert_eq!(long.len(), 1, "a long Mamba-2 case");
+    let expected = common::ids(&long[0]["output_ids"]);
+    let dir = tiny(Arch::NemotronH, false, seed, 2048);
+    let model = load_model(dir.path(), &common::backend()).unwrap();
+    assert_eq!(common::greedy(&model, prompt.clone(), expected.len()).tokens, expected, "one prefill");
+    let engine = start(dir.path(), 0, 100);
+    assert_eq!(run(&engine, &prompt, expected.len()).tokens, expected, "the engine, in chunks of 100");
+    engine.shutdown();
 }
 
 #[test]
@@ -117,7 +141,7 @@ fn prefix_cache_hits_resume_from_snapshots_like_a_cold_prefill() {
         // Qwen3.5 cases share Qwen3-Next's layers, and these prompts are the test's slowest.)
         let long = tokens(5, SNAPSHOT_TOKENS + 150);
         let other = [long[..SNAPSHOT_TOKENS + 70].to_vec(), tokens(6, 12)].concat();
-        let long_too = matches!(arch, Arch::Qwen3Next | Arch::Lfm2);
+        let long_too = matches!(arch, Arch::Qwen3Next | Arch::Lfm2 | Arch::NemotronH);
         if long_too {
             let _ = check(&long, 2, "a long prompt");
             let (cached, _) = check(&other, 4, "a hit at a prefill snapshot");

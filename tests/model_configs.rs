@@ -349,8 +349,9 @@ fn the_inspector_lists_every_family_as_loadable() {
         std::fs::write(model.path().join("tokenizer.json"), "{}").unwrap();
         std::fs::write(model.path().join("model.safetensors"), "").unwrap();
         let summary = fastmlx::model::inspect(model.path());
-        // Kimi K2's release is FP8, which FastMLX does not read (its MLX conversions load).
-        let fp8 = file == "kimi-k2-instruct.json";
+        // Kimi K2's and DeepSeek-V3.1's releases are FP8, which FastMLX does not read (their MLX
+        // conversions load).
+        let fp8 = file == "kimi-k2-instruct.json" || file == "deepseek-v3.1.json";
         let expected = fp8.then_some("fp8 quantization is not supported (use an MLX conversion)");
         assert_eq!(summary.unloadable_reason.as_deref(), expected, "{file}");
         assert_eq!(summary.parameters, Some(config(&file).parameter_count()), "{file}");
@@ -621,4 +622,133 @@ fn kimi_k2_reads_as_deepseek_v3_with_a_model_report_s_exact_count() {
     let scales = 61 * attention_scales + mlp_scales(18432) + 60 * (384 * mlp_scales(2048) + mlp_scales(2048));
     assert_eq!(hand + scales, 1_026_470_731_056);
     assert_eq!(c.kv_footprint(2).full_per_token, 61 * 576 * 2, "70,272 bytes a token in bf16");
+}
+
+#[test]
+fn deepseek_v3_1_and_smollm3_have_their_published_exact_counts() {
+    // DeepSeek-V3.1: checkpoint-header audits count 671,026,419,200 parameters without the
+    // multi-token-prediction layer (which mlx-lm, and FastMLX, drop).
+    let c = config("deepseek-v3.1.json");
+    assert_eq!(c.arch, Arch::DeepseekV3);
+    let (h, v) = (7168u64, 129_280u64);
+    let attention = latent_attention(h, 128, 1536, 512, 128, 64, 128);
+    let experts = 256 * 3 * h * 2048 + 256 * h + 256 + 3 * h * 2048;
+    let hand = 2 * v * h + 61 * (attention + 2 * h) + 3 * 3 * h * 18432 + 58 * experts + h;
+    assert_eq!(c.parameter_count(), hand);
+    assert_eq!(hand, 671_026_419_200);
+    let Routing::SigmoidGrouped(g) = c.moe.as_ref().unwrap().routing else { panic!() };
+    assert_eq!((g.n_group, g.topk_group, g.scale), (8, 4, 2.5));
+    assert_eq!(c.kv_footprint(2).full_per_token, 70_272, "the latent (512) and rotary key (64) of 61 layers");
+
+    // SmolLM3-3B: tied (the key is absent, the default holds), every fourth layer without rotary;
+    // its safetensors index says 3,075,098,624.
+    let c = config("smollm3-3b.json");
+    assert_eq!(c.arch, Arch::SmolLm3);
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.nope_layers, (0..9).map(|k| 4 * k + 3).collect::<Vec<_>>());
+    let (h, v) = (2048u64, 128_256u64);
+    let layer = 2 * h * h + 2 * h * 512 + 3 * h * 11008 + 2 * h;
+    assert_eq!(c.parameter_count(), v * h + 36 * layer + h);
+    assert_eq!(c.parameter_count(), 3_075_098_624);
+    assert_eq!(c.kv_footprint(2).full_per_token, 36 * 2 * 4 * 128 * 2);
+}
+
+/// A Mamba-2 layer's parameters: in_proj, the convolution (and its bias), dt_bias / A_log / D,
+/// the gated norm, out_proj.
+fn mamba2_params(h: u64, heads: u64, head_dim: u64, groups: u64, state: u64, kernel: u64, conv_bias: bool) -> u64 {
+    let width = heads * head_dim;
+    let conv = width + 2 * groups * state;
+    h * (width + conv + heads) + conv * kernel + if conv_bias { conv } else { 0 } + 3 * heads + width + width * h
+}
+
+#[test]
+fn nemotron_3_nano_pairs_its_blocks_into_layers_with_the_exact_published_count() {
+    let c = config("nemotron-3-nano-30b-a3b.json");
+    assert_eq!(c.arch, Arch::NemotronH);
+    // 52 blocks: 23 Mamba-2, 6 attention, 23 experts. Each mixer takes the experts block after
+    // it; six Mamba blocks are followed by attention and have none.
+    assert_eq!(c.num_layers, 29);
+    let mamba: Vec<usize> = (0..29).filter(|&l| c.is_recurrent(l)).collect();
+    assert_eq!(mamba.len(), 23);
+    assert_eq!(c.no_ffn_layers.len(), 6);
+    assert!(c.no_ffn_layers.iter().all(|l| mamba.contains(l)), "the mixers before attention are Mamba's");
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((0..29).filter(|&l| moe.is_sparse(l)).count(), 23);
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (128, 6, 1856, Some(3712)));
+    let Routing::SigmoidGrouped(g) = moe.routing else { panic!("{:?}", moe.routing) };
+    assert_eq!((g.n_group, g.normalize, g.norm_eps, g.scale), (1, true, 1e-20, 2.5));
+    assert_eq!(c.activation, Activation::Relu2);
+    assert_eq!(c.nope_layers.len(), 29, "no rotary anywhere");
+    let h = c.hybrid.as_ref().unwrap();
+    assert_eq!((h.key_heads, h.key_dim, h.value_heads, h.value_dim, h.conv_kernel), (8, 128, 64, 64, 4));
+    let fastmlx::model::config::RecurrentKind::Mamba2(m) = h.kind else { panic!("{:?}", h.kind) };
+    assert_eq!((m.dt_limit, m.grouped_norm, m.conv_bias, m.proj_bias), ((0.0, f32::INFINITY), true, true, false));
+    // By hand: embeddings and head, 23 Mamba-2 and 6 attention mixers (no biases), 23 experts
+    // blocks (ReLU²: up and down only; a router with its bias; the shared expert), a norm per
+    // block and the final one. llama.cpp counts 31,577,940,288 in the GGUF.
+    let (hd, v) = (2688u64, 131_072u64);
+    let attention = 2 * hd * 32 * 128 + 2 * hd * 2 * 128;
+    let experts = 128 * 2 * hd * 1856 + 128 * hd + 128 + 2 * hd * 3712;
+    let hand =
+        2 * v * hd + 23 * mamba2_params(hd, 64, 64, 8, 128, 4, true) + 6 * attention + 23 * experts + 52 * hd + hd;
+    assert_eq!(c.parameter_count(), hand);
+    assert_eq!(hand, 31_577_940_288);
+    // Memory: keys and values in the 6 attention layers; per sequence, 23 states of the
+    // convolution's last 3 inputs (6,144 channels) and 64 x 64 x 128 f32.
+    let kv = c.kv_footprint(2);
+    assert_eq!(kv.full_per_token, 6 * 2 * 2 * 128 * 2);
+    assert_eq!(kv.state_bytes, 23 * (3 * 6144 * 2 + 64 * 64 * 128 * 4));
+    assert_eq!(kv.state_bytes, 49_082_368);
+}
+
+#[test]
+fn granite_4_0_h_small_has_its_multipliers_and_the_exact_published_count() {
+    let c = config("granite-4.0-h-small.json");
+    assert_eq!(c.arch, Arch::GraniteMoeHybrid);
+    let attention: Vec<usize> = (0..40).filter(|&l| !c.is_recurrent(l)).collect();
+    assert_eq!(attention, [5, 15, 25, 35]);
+    let m = c.multipliers.unwrap();
+    assert_eq!((m.embedding, m.residual, m.logits_scaling), (12.0, 0.22, 16.0));
+    assert_eq!(c.attention_scale, Some(0.0078125));
+    assert_eq!(c.nope_layers.len(), 40, "position_embedding_type \"nope\"");
+    assert!(c.tie_word_embeddings);
+    let h = c.hybrid.as_ref().unwrap();
+    let fastmlx::model::config::RecurrentKind::Mamba2(style) = h.kind else { panic!("{:?}", h.kind) };
+    assert_eq!(style.dt_limit, (0.001, 100.0), "mlx-lm's default when the config states none");
+    assert!(!style.grouped_norm);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_size), (72, 10, 768, Some(1536)));
+    assert_eq!(moe.routing, Routing::TopKThenSoftmax { largest_last: true });
+    // By hand: tied embeddings, 36 Mamba-2 and 4 attention mixers, 40 feed-forwards of 72
+    // SwiGLU experts with their router and a shared SwiGLU MLP, two norms a layer, the final
+    // norm. llama.cpp counts 32,207,337,984.
+    let (hd, v) = (4096u64, 100_352u64);
+    let attention = 2 * hd * 4096 + 2 * hd * 8 * 128;
+    let ffn = 72 * 3 * hd * 768 + 72 * hd + 3 * hd * 1536;
+    let hand = v * hd + 36 * mamba2_params(hd, 128, 64, 1, 128, 4, true) + 4 * attention + 40 * (ffn + 2 * hd) + hd;
+    assert_eq!(c.parameter_count(), hand);
+    assert_eq!(hand, 32_207_337_984);
+    let kv = c.kv_footprint(2);
+    assert_eq!(kv.full_per_token, 4 * 2 * 8 * 128 * 2);
+    assert_eq!(kv.state_bytes, 36 * (3 * 8448 * 2 + 128 * 64 * 128 * 4));
+}
+
+/// Configs carry an infinite time-step limit as Python's json writes it (a bare `Infinity`,
+/// not JSON) or as transformers and mlx-lm save it (`{"__float__": "Infinity"}`): both read.
+#[test]
+fn infinite_time_step_limits_read_in_both_spellings() {
+    let path = format!("{}/tests/data/configs/nemotron-3-nano-30b-a3b.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(path).unwrap();
+    let limit = |spelling: &str| {
+        let edited = text.replacen('{', &format!("{{\n  \"time_step_limit\": [0.001, {spelling}],"), 1);
+        let raw = fastmlx::model::json::parse_json(&edited).unwrap();
+        let hf: HfConfig = serde_json::from_value(arch::text_config(&raw)).unwrap();
+        let c = arch::model_config(Arch::NemotronH, &hf).unwrap();
+        let fastmlx::model::config::RecurrentKind::Mamba2(m) = c.hybrid.unwrap().kind else { panic!() };
+        m.dt_limit
+    };
+    assert_eq!(limit("Infinity"), (0.001, f32::INFINITY));
+    assert_eq!(limit(r#"{"__float__": "Infinity"}"#), (0.001, f32::INFINITY));
+    assert_eq!(limit("50.0"), (0.001, 50.0));
+    assert!(serde_json::from_str::<serde_json::Value>(&text.replacen('{', "{\"x\": Infinity,", 1)).is_err());
 }

@@ -4,7 +4,9 @@
 of 12 layers, 10 of them local with a 512-token window (scripts/bench_window.sh); a Qwen3.5-style
 hybrid of 8 layers, 6 Gated DeltaNet and 2 gated attention (scripts/bench_hybrid.sh); a DeepSeek-V3
 of 8 dense layers of multi-head latent attention (query rank 256, latent 256, rotary 32, 8 heads of
-64 + 32 and values of 64; scripts/bench_mla.sh). Float32, saved
+64 + 32 and values of 64; scripts/bench_mla.sh); a Nemotron-H-style Mamba-2 hybrid of 8 layers, 6 Mamba-2
+(16 heads of 64, 2 groups of state 64) and 2 attention, each with a ReLU² MLP (scripts/bench_mamba2.sh).
+Float32, saved
 as MLX saves models, with SmolLM2's tokenizer (49,152 tokens) so servers can serve them.
 
     .cache/venv/bin/python scripts/reference/make_bench_models.py OUT_DIR [NAME...]
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.models import deepseek_v3, gemma3_text, qwen3, qwen3_5, qwen3_moe
+from mlx_lm.models import deepseek_v3, gemma3_text, nemotron_h, qwen3, qwen3_5, qwen3_moe
 from mlx_lm.utils import save_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +45,11 @@ MODELS = {
     "deepseek-v3-mla-bench": (deepseek_v3, dict(model_type="deepseek_v3", intermediate_size=1024, q_lora_rank=256,
                                                 kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
                                                 v_head_dim=64)),
+    "nemotron-h-mamba2-bench": (nemotron_h, dict(model_type="nemotron_h", intermediate_size=1024,
+                                                 hybrid_override_pattern="M-M-M-*-M-M-M-*-", mamba_num_heads=16,
+                                                 mamba_head_dim=64, n_groups=2, ssm_state_size=64, conv_kernel=4,
+                                                 mamba_proj_bias=False, use_conv_bias=True, attention_bias=False,
+                                                 mlp_bias=False, use_bias=False, layer_norm_epsilon=1e-6)),
 }
 DEFAULT = ["qwen3-moe-bench", "qwen3-dense-bench"]
 

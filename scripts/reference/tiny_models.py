@@ -96,6 +96,14 @@ MODELS = [
     ("deepseek_v3-q4", "deepseek_v3", 4, []),
     ("glm4_moe_lite", "glm4_moe_lite", None, []),
     ("glm4_moe_lite-q4", "glm4_moe_lite", 4, []),
+    ("granitemoehybrid", "granitemoehybrid", None, []),
+    ("granitemoehybrid-hf", "granitemoehybrid", None, ["--per-expert"]),
+    ("granitemoehybrid-moe", "granitemoehybrid", None, ["--moe"]),
+    ("granitemoehybrid-moe-hf", "granitemoehybrid", None, ["--moe", "--per-expert"]),
+    ("granitemoehybrid-moe-q4", "granitemoehybrid", 4, ["--moe"]),
+    ("nemotron_h", "nemotron_h", None, []),
+    ("nemotron_h-per-expert", "nemotron_h", None, ["--per-expert"]),
+    ("nemotron_h-q4", "nemotron_h", 4, []),
 ]
 
 
@@ -108,6 +116,8 @@ LONG_MODELS = [
     ("gemma3_text", "gemma3_text", None, []),
     ("gpt_oss", "gpt_oss", None, []),
     ("gemma4_text", "gemma4_text", None, []),
+    # Past the Mamba-2 scan's 256-position chunks: the state carried from chunk to chunk.
+    ("nemotron_h", "nemotron_h", None, []),
 ]
 
 

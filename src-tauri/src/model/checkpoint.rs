@@ -19,7 +19,7 @@ pub fn read_json(path: &Path) -> Result<Value> {
         std::io::ErrorKind::NotFound => ModelError::NotFound { path: path.to_path_buf() },
         _ => ModelError::Io { path: path.to_path_buf(), source },
     })?;
-    serde_json::from_str(&text)
+    crate::model::json::parse_json(&text)
         .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
 }
 

@@ -40,10 +40,16 @@ pub enum Arch {
     DeepseekV3,
     /// GLM-4.7-Flash: DeepSeek-V3's layers with the model's own norm epsilon.
     Glm4MoeLite,
+    /// Granite 4.0-H: Mamba-2 layers with a few attention layers, scaled residuals, experts
+    /// beside a shared MLP.
+    GraniteMoeHybrid,
+    /// Nemotron-H and Nemotron 3: Mamba-2, attention (no rotary), ReLU² MLPs and experts as
+    /// separate blocks, paired into decoder layers.
+    NemotronH,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 22] = [
+    pub const ALL: [Arch; 24] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -66,11 +72,18 @@ impl Arch {
         Arch::MiniMax,
         Arch::DeepseekV3,
         Arch::Glm4MoeLite,
+        Arch::GraniteMoeHybrid,
+        Arch::NemotronH,
     ];
+
+    /// The `model_type`s this build loads, for error messages.
+    pub fn supported() -> String {
+        Arch::ALL.map(Arch::model_type).join(", ")
+    }
 
     /// Whether most of its layers keep a recurrent state (linear-attention hybrids).
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen3Next | Arch::Qwen35 | Arch::Lfm2)
+        matches!(self, Arch::Qwen3Next | Arch::Qwen35 | Arch::Lfm2 | Arch::GraniteMoeHybrid | Arch::NemotronH)
     }
 
     pub fn from_model_type(model_type: &str) -> Option<Arch> {
@@ -103,6 +116,8 @@ impl Arch {
             // Kimi K2 is DeepSeek-V3's architecture (mlx-lm maps it so).
             "deepseek_v3" | "kimi_k2" => Arch::DeepseekV3,
             "glm4_moe_lite" => Arch::Glm4MoeLite,
+            "granitemoehybrid" => Arch::GraniteMoeHybrid,
+            "nemotron_h" => Arch::NemotronH,
             _ => return None,
         })
     }
@@ -131,6 +146,8 @@ impl Arch {
             Arch::MiniMax => "minimax",
             Arch::DeepseekV3 => "deepseek_v3",
             Arch::Glm4MoeLite => "glm4_moe_lite",
+            Arch::GraniteMoeHybrid => "granitemoehybrid",
+            Arch::NemotronH => "nemotron_h",
         }
     }
 }
@@ -237,6 +254,15 @@ pub enum Activation {
         alpha: f32,
         limit: f32,
     },
+    /// Nemotron-H: `down(relu(up(x))²)`, no gate projection (dense MLP and experts alike).
+    Relu2,
+}
+
+impl Activation {
+    /// Whether the block has a gate projection beside `up` (all but ReLU²'s).
+    pub fn is_gated(self) -> bool {
+        self != Activation::Relu2
+    }
 }
 
 /// How a router turns its logits into the experts a token uses and their weights.
@@ -420,6 +446,21 @@ pub struct ModelConfig {
     /// Multi-head latent attention in every layer (DeepSeek-V3): `head_dim` is then the query's
     /// (`nope + rope`) and `rope` the rotary part's.
     pub mla: Option<MlaStyle>,
+    /// Granite's scalars on the embeddings, on both branches before the residual adds, and on
+    /// the logits (divided).
+    pub multipliers: Option<Multipliers>,
+    /// Layers with no feed-forward (Nemotron-H: a mixer block not followed by an MLP block);
+    /// they have no `post_attention_layernorm` either.
+    pub no_ffn_layers: Vec<usize>,
+}
+
+/// Granite's multipliers (`embedding_multiplier`, `residual_multiplier`, `logits_scaling`; its
+/// `attention_multiplier` is the attention scale).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Multipliers {
+    pub embedding: f32,
+    pub residual: f32,
+    pub logits_scaling: f32,
 }
 
 /// Multi-head latent attention's sizes: the cache holds `kv_lora_rank + rope_dim` elements per
@@ -495,9 +536,13 @@ pub struct HybridStyle {
 }
 
 /// What a hybrid's stateful layers are. (The Gated DeltaNet's shape is `HybridStyle`'s.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RecurrentKind {
     GatedDelta,
+    /// Mamba-2 (Granite 4.0-H, Nemotron-H), shaped by `HybridStyle`: `key_heads` groups of
+    /// `key_dim` state dimensions for B and C, `value_heads` heads of `value_dim`; the state
+    /// per row is `[value_heads, value_dim, key_dim]` in f32, as the Gated DeltaNet's matrices.
+    Mamba2(Mamba2Style),
     /// LFM2: gates and a depthwise convolution over `channels` (the hidden size).
     ShortConv {
         channels: usize,
@@ -505,11 +550,28 @@ pub enum RecurrentKind {
     },
 }
 
+/// A Mamba-2 layer's settings besides its shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mamba2Style {
+    pub conv_bias: bool,
+    /// Biases on `in_proj` and `out_proj`.
+    pub proj_bias: bool,
+    /// The time step's clip (`time_step_limit`; the upper bound may be infinite).
+    pub dt_limit: (f32, f32),
+    /// Nemotron: the gated norm per group of heads, its weight applied apart; Granite: one
+    /// norm over the whole width.
+    pub grouped_norm: bool,
+    pub norm_eps: f32,
+}
+
 impl HybridStyle {
-    /// Channels of the convolution: q, k and v (Gated DeltaNet), or the hidden size.
+    /// Channels of the convolution: q, k and v (Gated DeltaNet), x, B and C (Mamba-2), or the
+    /// hidden size.
     pub fn conv_channels(&self) -> usize {
         match self.kind {
-            RecurrentKind::GatedDelta => 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim,
+            RecurrentKind::GatedDelta | RecurrentKind::Mamba2(_) => {
+                2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+            }
             RecurrentKind::ShortConv { channels, .. } => channels,
         }
     }
@@ -536,6 +598,21 @@ impl HybridStyle {
             let c = channels as u64;
             let biases = if bias { 3 * c + c + c } else { 0 };
             return 3 * c * hidden + c * self.conv_kernel as u64 + c * c + biases;
+        }
+        if let RecurrentKind::Mamba2(m) = self.kind {
+            let (heads, width) = (self.value_heads as u64, (self.value_heads * self.value_dim) as u64);
+            let conv = self.conv_channels() as u64;
+            let in_rows = width + conv + heads;
+            let proj_bias = if m.proj_bias { in_rows + hidden } else { 0 };
+            let conv_bias = if m.conv_bias { conv } else { 0 };
+            // in_proj, the convolution, dt_bias / A_log / D, the norm, out_proj.
+            return hidden * in_rows
+                + conv * self.conv_kernel as u64
+                + conv_bias
+                + 3 * heads
+                + width
+                + width * hidden
+                + proj_bias;
         }
         let nv = self.value_heads as u64;
         let dv = self.value_dim as u64;
@@ -725,10 +802,11 @@ impl ModelConfig {
     }
 
     /// Layer `l`'s norms and Gemma 4's per-layer input gate and scalar.
-    fn layer_extras(&self, _l: usize) -> u64 {
+    fn layer_extras(&self, l: usize) -> u64 {
         let h = self.hidden_size as u64;
         let norms = match self.norms {
             NormPlacement::Sandwich => 4 * h,
+            NormPlacement::Pre if self.no_ffn_layers.contains(&l) => h,
             NormPlacement::Pre | NormPlacement::Post => 2 * h,
         };
         let per_layer = self.per_layer_input().map_or(0, |p| 2 * h * p.size as u64 + h);
@@ -738,19 +816,24 @@ impl ModelConfig {
 
     /// The feed-forward parameters of layer `l`; with `active`, only a token's experts.
     fn ffn_parameters(&self, l: usize, active: bool) -> u64 {
+        if self.no_ffn_layers.contains(&l) {
+            return 0;
+        }
         let h = self.hidden_size as u64;
-        let dense = 3 * h * self.layer_intermediate_size(l) as u64;
+        // Matrices per MLP: gate, up and down, or (ReLU²) up and down.
+        let mats = if self.activation.is_gated() { 3 } else { 2 };
+        let dense = mats * h * self.layer_intermediate_size(l) as u64;
         match &self.moe {
             Some(moe) if moe.is_sparse(l) => {
                 let experts = if active { moe.top_k } else { moe.num_experts } as u64;
                 let gate = if moe.shared_expert_gated { h } else { 0 };
-                let shared = moe.shared_expert_size.map_or(0, |s| 3 * h * s as u64 + gate);
+                let shared = moe.shared_expert_size.map_or(0, |s| mats * h * s as u64 + gate);
                 let bias = moe.routing.has_expert_bias();
                 let router = h * moe.num_experts as u64 + if bias { moe.num_experts as u64 } else { 0 };
                 // Gemma 4 runs its dense MLP beside the experts, with three more norms and a
                 // router that scales its input and each expert.
                 let beside = if self.gemma4.is_some() { dense + 3 * h + h + moe.num_experts as u64 } else { 0 };
-                experts * 3 * h * moe.intermediate_size as u64 + router + shared + beside
+                experts * mats * h * moe.intermediate_size as u64 + router + shared + beside
             }
             _ => dense,
         }

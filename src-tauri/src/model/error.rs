@@ -10,8 +10,8 @@ pub enum ModelError {
     NotFound { path: PathBuf },
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
-    #[error("{path}: unsupported model_type {model_type:?} (supported: llama, mistral, qwen2, qwen3, phi3)")]
-    UnsupportedArch { path: PathBuf, model_type: String },
+    #[error("{path}: unsupported model_type {model_type:?} (supported: {supported})")]
+    UnsupportedArch { path: PathBuf, model_type: String, supported: String },
     #[error("{path}: tensor {name:?} is missing")]
     MissingTensor { path: PathBuf, name: String },
     #[error("{path}: tensor {name:?} has shape {got:?}, expected {expected:?}")]

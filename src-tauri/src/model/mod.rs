@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod encoder;
 pub mod error;
+pub mod json;
 mod kernels;
 pub mod layers;
 pub mod load;

@@ -55,6 +55,21 @@ impl Weights {
         self.tensors = old.into_iter().filter_map(|(k, v)| rename(&k).map(|k| (k, v))).collect();
     }
 
+    /// Renames every tensor through `rename` (`None` drops it) and the per-module quantization
+    /// overrides with them (a module `m` renamed as its `m.weight` is), for a family whose
+    /// layout is rewritten after the checkpoint's names were read.
+    pub fn rename_modules(&mut self, rename: impl Fn(&str) -> Option<String>) {
+        self.rename_all(&rename);
+        let old = std::mem::take(&mut self.quant.overrides);
+        self.quant.overrides = old
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let renamed = rename(&format!("{k}.weight"))?;
+                Some((renamed.strip_suffix(".weight").unwrap_or(&renamed).to_string(), v))
+            })
+            .collect();
+    }
+
     pub fn take(&mut self, name: &str) -> Result<Array> {
         self.tensors
             .remove(name)
@@ -66,6 +81,15 @@ impl Weights {
         let array = self.take(name)?;
         self.check_shape(name, &array, shape)?;
         self.to_compute(name, array)
+    }
+
+    /// A floating-point tensor of exactly `shape` in the dtype it is stored in (where the
+    /// reference computes in that dtype before casting, as Mamba-2's `exp(A_log)`).
+    pub fn take_stored(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self.take(name)?;
+        self.check_shape(name, &array, shape)?;
+        self.to_compute(name, array.clone())?;
+        Ok(array)
     }
 
     /// A floating-point tensor of exactly `shape` in f32, from the precision it is stored in:

@@ -80,7 +80,8 @@ fn is_gguf(hit: &SearchHit) -> bool {
 
 /// `bytes` as a `config.json`: its model type and shape, or why it cannot be loaded.
 fn shape_of(repo: &str, bytes: &[u8]) -> HubShape {
-    let json: Value = match serde_json::from_slice(bytes) {
+    let parsed = std::str::from_utf8(bytes).map_err(|e| e.to_string());
+    let json: Value = match parsed.and_then(|t| crate::model::json::parse_json(t).map_err(|e| e.to_string())) {
         Ok(json) => json,
         Err(e) => return HubShape { model_type: None, config: Err(format!("its config.json is not JSON: {e}")) },
     };

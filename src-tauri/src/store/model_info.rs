@@ -113,7 +113,7 @@ pub fn local(model: &LocalModel, plan: Option<ServingPlan>) -> ModelInfo {
     let dir = model.path.is_dir().then_some(model.path.as_path());
     let raw: Option<Value> = dir
         .and_then(|d| std::fs::read_to_string(d.join("config.json")).ok())
-        .and_then(|t| serde_json::from_str(&t).ok());
+        .and_then(|t| crate::model::json::parse_json(&t).ok());
     let config = crate::model::read_config(&model.path).ok();
     let files = match dir {
         Some(d) => folder_files(d),

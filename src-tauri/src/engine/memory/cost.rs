@@ -56,7 +56,9 @@ enum LayerCost {
     },
     /// A linear-attention layer: its projections' width, its state per sequence (of which the
     /// delta rule's matrices), and the width of its output per token.
-    Recurrent { width: usize, state_bytes: usize, matrix_bytes: usize, output: usize },
+    /// Mamba-2's chunked scan also holds, per head, a few f32 matrices over the chunk's positions
+    /// (`scan_heads`; 0 for the others).
+    Recurrent { width: usize, state_bytes: usize, matrix_bytes: usize, output: usize, scan_heads: usize },
 }
 
 /// The model's memory shape, computed once at load.
@@ -110,10 +112,16 @@ impl CostModel {
                         width: match h.kind {
                             RecurrentKind::ShortConv { channels, .. } => 3 * channels,
                             RecurrentKind::GatedDelta => h.conv_channels() + h.value_heads * h.value_dim,
+                            // The gate, x | B | C, and a time step per head.
+                            RecurrentKind::Mamba2(_) => h.conv_channels() + h.value_heads * (h.value_dim + 1),
                         },
                         state_bytes: h.state_bytes(act_bytes),
                         matrix_bytes: h.matrix_bytes(),
                         output: h.value_heads * h.value_dim,
+                        scan_heads: match h.kind {
+                            RecurrentKind::Mamba2(_) => h.value_heads,
+                            _ => 0,
+                        },
                     },
                     _ => {
                         let a = config.layer_attention(i);
@@ -238,10 +246,26 @@ impl CostModel {
                 // short convolution does not (both measured). The convolution's window twice:
                 // concatenated with the new inputs, and copied out as the next state (measured in
                 // decode steps).
-                LayerCost::Recurrent { width, state_bytes, matrix_bytes, output } => {
+                LayerCost::Recurrent { width, state_bytes, matrix_bytes, output, scan_heads } => {
                     let per_token = if matrix_bytes > 0 && prefill { 2 } else { 1 };
                     let window = 2 * r * (state_bytes - matrix_bytes);
-                    (per_token * (4 * r * n * width * a + 2 * r * n * output * a) + 2 * r * state_bytes + window, 0)
+                    // Mamba-2's scan: per head, C·B, the decays (with the segment sums that make
+                    // them) and their product over a chunk's positions, in f32; `dt·x` and the
+                    // output in f32 for every token; a third state (the carried one decayed, added
+                    // to the chunk's own; measured in decode steps).
+                    let chunk = n.min(256);
+                    let scan = if scan_heads > 0 {
+                        5 * r * scan_heads * chunk * chunk * 4 + 2 * r * n * output * 4 + r * matrix_bytes
+                    } else {
+                        0
+                    };
+                    (
+                        per_token * (4 * r * n * width * a + 2 * r * n * output * a)
+                            + 2 * r * state_bytes
+                            + window
+                            + scan,
+                        0,
+                    )
                 }
             };
             // What of the mixer is still alive while a later layer runs (below): in a decode

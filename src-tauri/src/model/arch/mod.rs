@@ -6,12 +6,14 @@ mod gemma3;
 mod gemma4;
 mod glm4_moe;
 mod gpt_oss;
+mod granite_hybrid;
 mod lfm2;
 mod llama;
 mod minimax;
 mod ministral3;
 mod mistral;
 mod mixtral;
+mod nemotron_h;
 mod olmo3;
 mod phi3;
 mod qwen2;
@@ -43,6 +45,8 @@ pub struct HfConfig {
     /// Checked where a dense MLP needs it (Qwen3.5's expert models state none).
     #[serde(default)]
     pub intermediate_size: usize,
+    /// Nemotron-H may leave it out (its block pattern's length).
+    #[serde(default)]
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
     pub num_key_value_heads: Option<usize>,
@@ -161,6 +165,36 @@ pub struct HfExtras {
     pub v_head_dim: Option<usize>,
     /// DeepSeek: every n-th layer past the dense ones has experts.
     pub moe_layer_freq: Option<usize>,
+    /// Mamba-2 hybrids: Granite's names for the layer's shape...
+    pub mamba_n_heads: Option<usize>,
+    pub mamba_d_head: Option<usize>,
+    pub mamba_d_state: Option<usize>,
+    pub mamba_d_conv: Option<usize>,
+    pub mamba_n_groups: Option<usize>,
+    pub mamba_conv_bias: Option<bool>,
+    pub mamba_proj_bias: Option<bool>,
+    /// ...Nemotron's...
+    pub mamba_num_heads: Option<usize>,
+    pub mamba_head_dim: Option<usize>,
+    pub ssm_state_size: Option<usize>,
+    pub conv_kernel: Option<usize>,
+    pub n_groups: Option<usize>,
+    pub use_conv_bias: Option<bool>,
+    pub layer_norm_epsilon: Option<f32>,
+    /// ...the time step's clip (may hold infinities: see `model::json::json_float`)...
+    pub time_step_limit: Option<Value>,
+    /// ...Nemotron's blocks: a string or list of `M`, `*`, `-`, `E` (or their names)...
+    pub hybrid_override_pattern: Option<Value>,
+    pub layers_block_type: Option<Vec<String>>,
+    pub moe_shared_expert_intermediate_size: Option<usize>,
+    pub moe_latent_size: Option<usize>,
+    /// ...and Granite's multipliers, shared MLP and positions.
+    pub embedding_multiplier: Option<f32>,
+    pub attention_multiplier: Option<f32>,
+    pub residual_multiplier: Option<f32>,
+    pub logits_scaling: Option<f32>,
+    pub shared_intermediate_size: Option<usize>,
+    pub position_embedding_type: Option<String>,
 }
 
 /// A field that may be null: `Some(None)` tells null from absent (`None`, by `default`).
@@ -208,6 +242,8 @@ pub fn model_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         Arch::Glm4Moe => glm4_moe::adapt(config, hf),
         Arch::MiniMax => minimax::adapt(config, hf),
         Arch::DeepseekV3 | Arch::Glm4MoeLite => deepseek_v3::adapt(config, hf),
+        Arch::GraniteMoeHybrid => granite_hybrid::adapt(config, hf),
+        Arch::NemotronH => nemotron_h::adapt(config, hf),
     }?;
     if let Some(m) = config.mrope.filter(|m| m.section.iter().sum::<usize>() != config.rope.dims / 2) {
         return Err(format!(
@@ -228,6 +264,9 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
             "hidden_size {} is not a multiple of num_attention_heads {}",
             hf.hidden_size, hf.num_attention_heads
         ));
+    }
+    if hf.num_hidden_layers == 0 && arch != Arch::NemotronH {
+        return Err("num_hidden_layers is missing or zero".into());
     }
     let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
     if num_kv_heads == 0 || !hf.num_attention_heads.is_multiple_of(num_kv_heads) {
@@ -282,6 +321,8 @@ fn base_config(arch: Arch, hf: &HfConfig) -> Result<ModelConfig, String> {
         mtp_layers: 0,
         mrope: mrope(hf.rope_scaling.as_ref().or(hf.extra.rope_parameters.as_ref()))?,
         mla: None,
+        multipliers: None,
+        no_ffn_layers: Vec::new(),
     })
 }
 
@@ -376,8 +417,25 @@ pub fn sanitize(config: &ModelConfig, weights: &mut crate::model::weights::Weigh
         Arch::Qwen3Moe => qwen3_moe::split_fused_experts(weights, config.num_layers),
         Arch::Glm4Moe => glm4_moe::sanitize(weights, config),
         Arch::DeepseekV3 | Arch::Glm4MoeLite => deepseek_v3::sanitize(weights, config),
+        Arch::GraniteMoeHybrid => granite_hybrid::sanitize(weights, config),
+        Arch::NemotronH => nemotron_h::sanitize(weights, config),
         _ => Ok(()),
     }
+}
+
+/// Mamba-2 convolutions as Hugging Face stores them, `[C, 1, K]` -> MLX's `[C, K, 1]`.
+fn mamba_conv_layout(
+    weights: &mut crate::model::weights::Weights,
+    config: &ModelConfig,
+) -> crate::model::error::Result<()> {
+    for l in (0..config.num_layers).filter(|&l| config.is_recurrent(l)) {
+        let name = format!("model.layers.{l}.mamba.conv1d.weight");
+        if let Some(w) = weights.remove(&name) {
+            let raw = w.ndim() == 3 && w.dim(-1) != 1;
+            weights.insert(name, if raw { w.swap_axes(1, 2)? } else { w });
+        }
+    }
+    Ok(())
 }
 
 /// Checks an expert layout before anything is built from it.
@@ -386,6 +444,18 @@ fn checked(moe: MoeConfig) -> Result<MoeConfig, String> {
         return Err(format!("num_experts_per_tok {} must be between 1 and the {} experts", moe.top_k, moe.num_experts));
     }
     Ok(moe)
+}
+
+/// The Mamba-2 time step's clip: `time_step_limit` (a pair; infinities as Python's json or
+/// mlx-lm write them), else `default`.
+fn time_step_limit(hf: &HfConfig, default: (f32, f32)) -> Result<(f32, f32), String> {
+    let Some(value) = hf.extra.time_step_limit.as_ref().filter(|v| !v.is_null()) else { return Ok(default) };
+    let pair: Vec<f64> =
+        value.as_array().map(|a| a.iter().filter_map(crate::model::json::json_float).collect()).unwrap_or_default();
+    match pair[..] {
+        [lo, hi] if !lo.is_nan() && !hi.is_nan() && lo <= hi => Ok((lo as f32, hi as f32)),
+        _ => Err(format!("time_step_limit must be two numbers, the smaller first: {value}")),
+    }
 }
 
 /// A field every expert family needs, or a clear error naming it.

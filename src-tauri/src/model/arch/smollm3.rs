@@ -1,12 +1,14 @@
 //! SmolLM3: Llama's layers, some without rotary positions ("NoPE"): `no_rope_layers` (1 where a
 //! layer uses rotary, 0 where not) wins over `no_rope_layer_interval` (every n-th layer has
-//! none, 4 by default), as in mlx-lm.
+//! none, 4 by default), as in mlx-lm. Tied embeddings unless the config says otherwise (SmolLM3-3B
+//! states nothing and ships no head).
 
 use super::HfConfig;
 use crate::model::config::ModelConfig;
 
 pub fn adapt(mut config: ModelConfig, hf: &HfConfig) -> Result<ModelConfig, String> {
     let layers = config.num_layers;
+    config.tie_word_embeddings = hf.tie_word_embeddings.unwrap_or(true);
     config.nope_layers = match &hf.extra.no_rope_layers {
         Some(flags) if flags.len() != layers => {
             return Err(format!("no_rope_layers has {} entries for {layers} layers", flags.len()))

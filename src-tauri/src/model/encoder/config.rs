@@ -86,8 +86,13 @@ impl EncoderConfig {
     pub fn from_json(json: &Value, path: &Path) -> Result<EncoderConfig> {
         let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
         let raw: Raw = serde_json::from_value(json.clone()).map_err(|e| bad(e.to_string()))?;
-        if !["bert", "roberta", "xlm-roberta"].contains(&raw.model_type.as_str()) {
-            return Err(ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: raw.model_type });
+        const READ_HERE: [&str; 3] = ["bert", "roberta", "xlm-roberta"];
+        if !READ_HERE.contains(&raw.model_type.as_str()) {
+            return Err(ModelError::UnsupportedArch {
+                path: path.to_path_buf(),
+                model_type: raw.model_type,
+                supported: READ_HERE.join(", "),
+            });
         }
         // HF's "gelu" is the exact (erf) form; the others are other functions.
         if raw.hidden_act != "gelu" {

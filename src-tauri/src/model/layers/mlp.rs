@@ -1,6 +1,6 @@
 //! The gated feed-forward block: `down(act(gate(x)) * up(x))` (SwiGLU, or GELU for Gemma).
 
-use mlx_rs::ops::{add, clip, minimum, multiply, sigmoid, split_equal};
+use mlx_rs::ops::{add, clip, maximum, minimum, multiply, sigmoid, split_equal};
 use mlx_rs::Array;
 
 use crate::model::config::Activation;
@@ -18,6 +18,11 @@ pub enum MlpProjections {
         gate_up: Linear,
         down: Linear,
     },
+    /// No gate (Nemotron-H's ReLU²): `down(act(up(x)))`.
+    Ungated {
+        up: Linear,
+        down: Linear,
+    },
 }
 
 pub struct Mlp {
@@ -31,7 +36,9 @@ impl Mlp {
             MlpProjections::Separate { gate, up, down } => {
                 [gate, up, down].into_iter().flat_map(Linear::arrays).collect()
             }
-            MlpProjections::Fused { gate_up, down } => [gate_up, down].into_iter().flat_map(Linear::arrays).collect(),
+            MlpProjections::Fused { gate_up, down } | MlpProjections::Ungated { up: gate_up, down } => {
+                [gate_up, down].into_iter().flat_map(Linear::arrays).collect()
+            }
         }
     }
 
@@ -44,14 +51,27 @@ impl Mlp {
                 let gate = halves.pop().expect("split into 2");
                 (gate, up, down)
             }
+            MlpProjections::Ungated { up, down } => return down.forward(&activate(self.activation, &up.forward(x)?)?),
         };
         down.forward(&gated(self.activation, &gate, &up)?)
+    }
+}
+
+/// `act(x)` for an ungated block (ReLU²: `relu(x)²`).
+pub fn activate(activation: Activation, x: &Array) -> Result<Array> {
+    match activation {
+        Activation::Relu2 => {
+            let relu = maximum(x, Array::from_f32(0.0).as_dtype(x.dtype())?)?;
+            Ok(multiply(&relu, &relu)?)
+        }
+        other => Err(crate::model::ModelError::Mlx(format!("{other:?} needs a gate"))),
     }
 }
 
 /// `act(gate) * up`.
 pub fn gated(activation: Activation, gate: &Array, up: &Array) -> Result<Array> {
     let activated = match activation {
+        Activation::Relu2 => return Err(crate::model::ModelError::Mlx("ReLU² has no gate".into())),
         Activation::Silu => multiply(gate, sigmoid(gate)?)?,
         Activation::GeluTanh => mlx_rs::nn::gelu_approximate(gate)?,
         Activation::SwigluClamped { alpha, limit } => {

@@ -11,7 +11,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::config::{Activation, GroupedRouting, QuantSpec, Routing};
 use crate::model::error::Result;
-use crate::model::layers::mlp::gated;
+use crate::model::layers::mlp::{activate, gated};
 use crate::model::layers::quant_ops;
 use crate::model::layers::{Linear, Mlp, RmsNorm};
 
@@ -57,7 +57,8 @@ impl SwitchLinear {
 
 /// Every expert's gated MLP, stacked.
 pub struct SwitchGlu {
-    pub gate: SwitchLinear,
+    /// `None` for ungated experts (Nemotron-H's ReLU² `fc1` / `fc2`, read as up / down).
+    pub gate: Option<SwitchLinear>,
     pub up: SwitchLinear,
     pub down: SwitchLinear,
     pub activation: Activation,
@@ -81,8 +82,11 @@ impl SwitchGlu {
             (x, experts.clone(), None)
         };
         let up = self.up.forward(&x, &idx, sort)?;
-        let gate = self.gate.forward(&x, &idx, sort)?;
-        let mut y = self.down.forward(&gated(self.activation, &gate, &up)?, &idx, sort)?;
+        let hidden = match &self.gate {
+            Some(gate) => gated(self.activation, &gate.forward(&x, &idx, sort)?, &up)?,
+            None => activate(self.activation, &up)?,
+        };
+        let mut y = self.down.forward(&hidden, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut shape = experts.shape().to_vec();
             shape.extend_from_slice(&y.shape()[1..]);
@@ -92,7 +96,7 @@ impl SwitchGlu {
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        [&self.gate, &self.up, &self.down].into_iter().flat_map(SwitchLinear::arrays).collect()
+        self.gate.iter().chain([&self.up, &self.down]).flat_map(SwitchLinear::arrays).collect()
     }
 }
 

@@ -125,8 +125,14 @@ fn config_of(meta: &Metadata) -> Result<(String, GgufTokenizerMetadata, crate::m
     let path = meta.path;
     let arch_name = meta.string("general.architecture")?.unwrap_or_default();
     let experts = meta.number(&format!("{arch_name}.expert_count"))?.unwrap_or(0.0) > 0.0;
-    let arch = gguf_arch(&arch_name, experts)
-        .ok_or_else(|| ModelError::UnsupportedArch { path: path.to_path_buf(), model_type: arch_name.clone() })?;
+    let arch = gguf_arch(&arch_name, experts).ok_or_else(|| ModelError::Config {
+        path: path.to_path_buf(),
+        message: format!(
+            "GGUF files of the {arch_name:?} architecture are not read (GGUF architectures read: llama, {}); \
+             load the model's MLX or Hugging Face folder instead",
+            GGUF_ARCHS.join(", ")
+        ),
+    })?;
     let tok = tokenizer_metadata(meta)?;
     let mut hf = hf_config(meta, &arch_name, tok.tokens.len())?;
     hf.extra = expert_config(meta, &arch_name, arch)?;
@@ -135,12 +141,19 @@ fn config_of(meta: &Metadata) -> Result<(String, GgufTokenizerMetadata, crate::m
     Ok((arch_name, tok, config))
 }
 
+/// llama.cpp's architectures whose tensors map onto the shared layout here (`hf_tensor_name`):
+/// Llama's layers, with q/k norms, a fused qkv, or experts. Others (Gemma's sandwich norms,
+/// the hybrids' states, DeepSeek's latent attention, Nemotron-H's blocks) are refused by name.
+const GGUF_ARCHS: [&str; 6] = ["mistral", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"];
+
 pub fn gguf_arch(name: &str, experts: bool) -> Option<Arch> {
     match name {
         "llama" if experts => Some(Arch::Mixtral),
+        "llama" => Some(Arch::Llama),
         "qwen3moe" => Some(Arch::Qwen3Moe),
         "qwen2moe" => Some(Arch::Qwen2Moe),
-        other => Arch::from_model_type(other),
+        other if GGUF_ARCHS.contains(&other) => Arch::from_model_type(other),
+        _ => None,
     }
 }
 
@@ -380,4 +393,20 @@ fn unpermute_qk(weights: &mut Weights, config: &crate::model::ModelConfig) -> Re
         weights.insert(name, w);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_architectures_whose_tensors_map_are_read() {
+        assert_eq!(gguf_arch("llama", false), Some(Arch::Llama));
+        assert_eq!(gguf_arch("llama", true), Some(Arch::Mixtral));
+        assert_eq!(gguf_arch("qwen3", false), Some(Arch::Qwen3));
+        // Families FastMLX loads from folders, whose GGUF layouts are not mapped.
+        for name in ["nemotron_h", "deepseek2", "glm4moe", "gemma3", "lfm2", "olmo3", "smollm3"] {
+            assert_eq!(gguf_arch(name, false), None, "{name}");
+        }
+    }
 }

@@ -146,8 +146,11 @@ pub fn config_from_json(json: &Value, origin: &Path) -> Result<crate::model::Mod
 fn understand_config(json: &Value, config_path: PathBuf) -> Result<(Value, HfConfig, crate::model::ModelConfig)> {
     let raw = arch::text_config(json);
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
-    let arch = Arch::from_model_type(model_type)
-        .ok_or_else(|| ModelError::UnsupportedArch { path: config_path.clone(), model_type: model_type.to_string() })?;
+    let arch = Arch::from_model_type(model_type).ok_or_else(|| ModelError::UnsupportedArch {
+        path: config_path.clone(),
+        model_type: model_type.to_string(),
+        supported: Arch::supported(),
+    })?;
     let hf: HfConfig = serde_json::from_value(raw.clone())
         .map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
     let config = arch::model_config(arch, &hf).map_err(|message| ModelError::Config { path: config_path, message })?;

@@ -88,7 +88,7 @@ fn inspect_folder(dir: &Path) -> ModelSummary {
     };
     let raw: Value = match std::fs::read_to_string(dir.join("config.json"))
         .map_err(|e| e.to_string())
-        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        .and_then(|t| crate::model::json::parse_json(&t).map_err(|e| e.to_string()))
     {
         Ok(raw) => raw,
         Err(e) => {

@@ -10,12 +10,12 @@ use mlx_rs::{Array, Dtype};
 use crate::model::cache::Positions;
 use crate::model::cache::{AttentionMask, LayerCache};
 use crate::model::cache::{KvCache, KvFootprint, KvFormat, KvTensor};
-use crate::model::config::{ModelConfig, NormPlacement, QkNorm, QueryScale, RopeConfig};
+use crate::model::config::{ModelConfig, NormPlacement, QkNorm, QueryScale, RecurrentKind, RopeConfig};
 use crate::model::error::Result;
 use crate::model::layers::{
-    Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, KeysValues, LatentAttention, LatentQuery, Linear,
-    MRope, Mlp, MlpProjections, MoeBlock, MultiLinear, ParallelExperts, PerLayerGate, PerLayerInputs, QkvProjection,
-    RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv, Sinks, SwitchGlu,
+    Attention, CosSin, DeltaProjections, Embedding, GatedDeltaNet, GatedNorm, KeysValues, LatentAttention, LatentQuery,
+    Linear, MRope, Mamba2, Mlp, MlpProjections, MoeBlock, MultiLinear, ParallelExperts, PerLayerGate, PerLayerInputs,
+    QkvProjection, RmsNorm, Rope, ScaledRouter, SharedExpert, ShortConv, Sinks, SwitchGlu,
 };
 use crate::model::weights::Weights;
 
@@ -27,6 +27,8 @@ pub enum FeedForward {
     Experts(Box<MoeBlock>),
     /// Gemma 4's dense MLP and experts side by side (only with sandwich norms).
     DenseAndExperts(Box<ParallelExperts>),
+    /// A layer that only mixes tokens (Nemotron-H's mixer block with no MLP block after it).
+    None,
 }
 
 impl FeedForward {
@@ -45,6 +47,7 @@ impl FeedForward {
                 Some(norm) => both.forward(h, norm),
                 None => Err(crate::model::ModelError::Mlx("Gemma 4's experts need the norm before them".into())),
             },
+            FeedForward::None => Err(crate::model::ModelError::Mlx("no feed-forward to run".into())),
         }
     }
 
@@ -53,6 +56,7 @@ impl FeedForward {
             FeedForward::Dense(mlp) => mlp.arrays(),
             FeedForward::Experts(moe) => moe.arrays(),
             FeedForward::DenseAndExperts(both) => both.arrays(),
+            FeedForward::None => Vec::new(),
         }
     }
 }
@@ -74,6 +78,7 @@ pub enum Mixer {
     Latent(Box<LatentAttention>),
     GatedDelta(Box<GatedDeltaNet>),
     ShortConv(Box<ShortConv>),
+    Mamba2(Box<Mamba2>),
 }
 
 impl Mixer {
@@ -83,6 +88,7 @@ impl Mixer {
             Mixer::Latent(a) => a.arrays(),
             Mixer::GatedDelta(g) => g.arrays(),
             Mixer::ShortConv(s) => s.arrays(),
+            Mixer::Mamba2(m) => m.arrays(),
         }
     }
 }
@@ -91,13 +97,16 @@ pub struct DecoderLayer {
     /// `None` when only the branch outputs are normalised (OLMo 3).
     input_norm: Option<RmsNorm>,
     mixer: Mixer,
-    /// Before the feed-forward (Llama), or on the attention output (with `output_norms`).
-    post_attention_norm: RmsNorm,
+    /// Before the feed-forward (Llama), or on the attention output (with `output_norms`);
+    /// `None` in a layer without a feed-forward.
+    post_attention_norm: Option<RmsNorm>,
     output_norms: Option<OutputNorms>,
     feed_forward: FeedForward,
     /// Gemma 4: the layer's per-layer input gate, and a learned scale on its output.
     per_layer_gate: Option<PerLayerGate>,
     output_scale: Option<Array>,
+    /// Granite: both branches' outputs scaled before the residual adds (in the compute dtype).
+    residual_scale: Option<Array>,
 }
 
 /// What a layer reads besides the residual stream.
@@ -126,11 +135,12 @@ impl DecoderLayer {
         Ok(DecoderLayer {
             input_norm: Some(norm(weights, &format!("{prefix}.input_layernorm"), hidden)?),
             mixer: Mixer::Attention(Box::new(attention(c, full, prefix, weights, norm)?)),
-            post_attention_norm: norm(weights, &format!("{prefix}.post_attention_layernorm"), hidden)?,
+            post_attention_norm: Some(norm(weights, &format!("{prefix}.post_attention_layernorm"), hidden)?),
             output_norms: None,
             feed_forward: feed_forward(c, 0, prefix, weights, norm)?,
             per_layer_gate: None,
             output_scale: None,
+            residual_scale: None,
         })
     }
 
@@ -146,7 +156,7 @@ impl DecoderLayer {
 
     pub(crate) fn arrays(&self) -> Vec<&Array> {
         let mut out: Vec<&Array> = self.input_norm.iter().map(|n| &n.weight).collect();
-        out.push(&self.post_attention_norm.weight);
+        out.extend(self.post_attention_norm.iter().map(|n| &n.weight));
         if let Some(n) = &self.output_norms {
             out.extend(n.pre_feedforward.iter().map(|n| &n.weight));
             out.push(&n.post_feedforward.weight);
@@ -186,16 +196,24 @@ impl DecoderLayer {
             Mixer::Latent(latent) => (latent.forward(&x, inputs.mask, inputs.positions, cache)?, None),
             Mixer::GatedDelta(delta) => (delta.forward(&x, cache)?, None),
             Mixer::ShortConv(conv) => (conv.forward(&x, cache)?, None),
+            Mixer::Mamba2(mamba) => (mamba.forward(&x, cache)?, None),
         };
-        let out = match &self.output_norms {
-            None => {
-                let h1 = add(h, &r)?;
-                let r = self.feed_forward.forward(&h1, Some(&self.post_attention_norm))?;
-                add(&h1, &r)?
+        let scaled = |r: Array| -> Result<Array> {
+            match &self.residual_scale {
+                Some(scale) => Ok(multiply(&r, scale)?),
+                None => Ok(r),
             }
-            Some(norms) => {
+        };
+        let out = match (&self.output_norms, &self.post_attention_norm) {
+            (_, None) => add(h, scaled(r)?)?,
+            (None, Some(post_attention_norm)) => {
+                let h1 = add(h, scaled(r)?)?;
+                let r = self.feed_forward.forward(&h1, Some(post_attention_norm))?;
+                add(&h1, scaled(r)?)?
+            }
+            (Some(norms), Some(post_attention_norm)) => {
                 let add = |x: &Array, y: &Array| if norms.clipped { residual(x, y) } else { Ok(add(x, y)?) };
-                let h1 = add(h, &self.post_attention_norm.forward(&r)?)?;
+                let h1 = add(h, &post_attention_norm.forward(&r)?)?;
                 let r = self.feed_forward.forward(&h1, norms.pre_feedforward.as_ref())?;
                 add(&h1, &norms.post_feedforward.forward(&r)?)?
             }
@@ -238,6 +256,8 @@ pub struct Transformer {
     pub mtp: Option<MtpHead>,
     /// Multimodal rotary positions (Qwen-VL, Qwen3.5), used where a step gives them.
     mrope: Option<MRope>,
+    /// Granite divides its logits by this.
+    logits_scaling: Option<f32>,
 }
 
 /// Image features placed in a step's input: at the positions `mask` marks (`[B, L, 1]`), the
@@ -317,24 +337,34 @@ impl Transformer {
                 Some(_) => Some(weights.take_float(&format!("{p}.layer_scalar"), &[1])?),
                 None => None,
             };
-            let short = c.hybrid.as_ref().is_some_and(|h| !h.gated_attention());
-            let mixer = if c.is_recurrent(i) && short {
-                Mixer::ShortConv(Box::new(short_conv(c, i, weights)?))
-            } else if c.is_recurrent(i) {
-                Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?))
+            let recurrent = c.hybrid.as_ref().filter(|_| c.is_recurrent(i)).map(|h| h.kind);
+            let mixer = if let Some(kind) = recurrent {
+                match kind {
+                    RecurrentKind::ShortConv { .. } => Mixer::ShortConv(Box::new(short_conv(c, i, weights)?)),
+                    RecurrentKind::GatedDelta => Mixer::GatedDelta(Box::new(gated_delta(c, i, weights)?)),
+                    RecurrentKind::Mamba2(_) => Mixer::Mamba2(Box::new(mamba2(c, i, weights)?)),
+                }
             } else if c.mla.is_some() {
                 Mixer::Latent(Box::new(latent_attention(c, i, &p, weights)?))
             } else {
                 Mixer::Attention(Box::new(attention(c, i, &p, weights, &norm)?))
             };
+            let post_attention_norm = if c.no_ffn_layers.contains(&i) {
+                None
+            } else {
+                Some(norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?)
+            };
+            let residual_scale =
+                c.multipliers.map(|m| Array::from_f32(m.residual).as_dtype(weights.dtype)).transpose()?;
             layers.push(DecoderLayer {
                 input_norm,
                 mixer,
-                post_attention_norm: norm(weights, &format!("{p}.post_attention_layernorm"), hidden)?,
+                post_attention_norm,
                 output_norms,
                 feed_forward: feed_forward(c, i, &p, weights, &norm)?,
                 per_layer_gate,
                 output_scale,
+                residual_scale,
             });
         }
         let per_layer_inputs = match c.gemma4.as_ref().and_then(|g| g.per_layer_input) {
@@ -361,12 +391,26 @@ impl Transformer {
             Some(weights.linear("lm_head", c.vocab_size as i32, hidden, false)?)
         };
         let dtype = weights.dtype;
-        let embed_scale = match (&c.gemma, &c.gemma4) {
-            (Some(g), _) => Some(Array::from_f32(g.embed_scale).as_dtype(dtype)?),
-            (None, Some(_)) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
+        let embed_scale = match (&c.gemma, &c.gemma4, &c.multipliers) {
+            (Some(g), _, _) => Some(Array::from_f32(g.embed_scale).as_dtype(dtype)?),
+            (None, Some(_), _) => Some(Array::from_f32((c.hidden_size as f64).sqrt() as f32).as_dtype(dtype)?),
+            (None, None, Some(m)) => Some(Array::from_f32(m.embedding).as_dtype(dtype)?),
             _ => None,
         };
-        Ok(Transformer { config, dtype, embed, layers, norm, lm_head, embed_scale, per_layer_inputs, mtp, mrope })
+        let logits_scaling = c.multipliers.map(|m| m.logits_scaling);
+        Ok(Transformer {
+            config,
+            dtype,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            embed_scale,
+            per_layer_inputs,
+            mtp,
+            mrope,
+            logits_scaling,
+        })
     }
 
     /// Every array of the model.
@@ -554,6 +598,9 @@ impl Transformer {
             Some(head) => head.forward(hidden)?,
             None => self.embed.as_linear(hidden)?,
         };
+        if let Some(scaling) = self.logits_scaling {
+            return Ok(divide(&logits, Array::from_f32(scaling).as_dtype(logits.dtype())?)?);
+        }
         match self.config.gemma4.as_ref().and_then(|g| g.final_logit_softcap) {
             Some(cap) => soft_cap(&logits, cap),
             None => Ok(logits),
@@ -743,6 +790,41 @@ fn gated_delta(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Gated
     })
 }
 
+/// Layer `i`'s Mamba-2 mixer (Granite 4.0-H's and Nemotron-H's stateful layers).
+fn mamba2(c: &ModelConfig, i: usize, weights: &mut Weights) -> Result<Mamba2> {
+    let h = c.hybrid.as_ref().ok_or_else(|| crate::model::ModelError::Mlx("not a hybrid model".into()))?;
+    let RecurrentKind::Mamba2(m) = h.kind else {
+        return Err(crate::model::ModelError::Mlx("not a Mamba-2 model".into()));
+    };
+    let p = format!("model.layers.{i}.mamba");
+    let hidden = c.hidden_size as i32;
+    let (groups, state, heads, head_dim) =
+        (h.key_heads as i32, h.key_dim as i32, h.value_heads as i32, h.value_dim as i32);
+    let (width, channels, kernel) = (heads * head_dim, h.conv_channels() as i32, h.conv_kernel as i32);
+    let weight = weights.take_float(&format!("{p}.norm.weight"), &[width])?;
+    let norm = if m.grouped_norm {
+        GatedNorm::Grouped { weight, eps: m.norm_eps, groups }
+    } else {
+        GatedNorm::Whole { weight, eps: m.norm_eps }
+    };
+    Ok(Mamba2 {
+        in_proj: weights.linear(&format!("{p}.in_proj"), width + channels + heads, hidden, m.proj_bias)?,
+        conv: weights.take_float(&format!("{p}.conv1d.weight"), &[channels, kernel, 1])?,
+        conv_bias: if m.conv_bias { Some(weights.take_float(&format!("{p}.conv1d.bias"), &[channels])?) } else { None },
+        dt_bias: weights.take_stored(&format!("{p}.dt_bias"), &[heads])?,
+        a_log: weights.take_stored(&format!("{p}.A_log"), &[heads])?,
+        d: weights.take_stored(&format!("{p}.D"), &[heads])?,
+        norm,
+        out_proj: weights.linear(&format!("{p}.out_proj"), hidden, width, m.proj_bias)?,
+        heads,
+        head_dim,
+        state,
+        groups,
+        kernel,
+        dt_limit: m.dt_limit,
+    })
+}
+
 /// Layer `i`'s feed-forward (from the tensors under `layer`): experts where the config puts
 /// them, else a dense MLP.
 fn feed_forward(
@@ -752,10 +834,18 @@ fn feed_forward(
     weights: &mut Weights,
     norm: &NormLoader,
 ) -> Result<FeedForward> {
+    if c.no_ffn_layers.contains(&i) {
+        return Ok(FeedForward::None);
+    }
     let p = format!("{layer}.mlp");
     let hidden = c.hidden_size as i32;
     let dense = |weights: &mut Weights, p: &str, inter: i32| -> Result<Mlp> {
-        let projections = if c.fused_projections {
+        let projections = if !c.activation.is_gated() {
+            MlpProjections::Ungated {
+                up: weights.linear(&format!("{p}.up_proj"), inter, hidden, c.mlp_bias)?,
+                down: weights.linear(&format!("{p}.down_proj"), hidden, inter, c.mlp_bias)?,
+            }
+        } else if c.fused_projections {
             MlpProjections::Fused {
                 gate_up: weights.linear(&format!("{p}.gate_up_proj"), 2 * inter, hidden, false)?,
                 down: weights.linear(&format!("{p}.down_proj"), hidden, inter, false)?,
@@ -792,7 +882,7 @@ fn feed_forward(
             },
             pre_experts_norm: norm(weights, &format!("{l}.pre_feedforward_layernorm_2"), hidden)?,
             experts: SwitchGlu {
-                gate: weights.switch_linear(&format!("{e}.gate_proj"), n, inter, hidden, false)?,
+                gate: Some(weights.switch_linear(&format!("{e}.gate_proj"), n, inter, hidden, false)?),
                 up: weights.switch_linear(&format!("{e}.up_proj"), n, inter, hidden, false)?,
                 down: weights.switch_linear(&format!("{e}.down_proj"), n, hidden, inter, false)?,
                 activation: c.activation,
@@ -803,7 +893,11 @@ fn feed_forward(
     weights.stack_experts(&p, moe.num_experts)?;
     let b = moe.biases;
     let experts = SwitchGlu {
-        gate: weights.switch_linear(&format!("{p}.switch_mlp.gate_proj"), n, inter, hidden, b)?,
+        gate: if c.activation.is_gated() {
+            Some(weights.switch_linear(&format!("{p}.switch_mlp.gate_proj"), n, inter, hidden, b)?)
+        } else {
+            None
+        },
         up: weights.switch_linear(&format!("{p}.switch_mlp.up_proj"), n, inter, hidden, b)?,
         down: weights.switch_linear(&format!("{p}.switch_mlp.down_proj"), n, hidden, inter, b)?,
         activation: c.activation,
