@@ -89,6 +89,12 @@ TEMPLATES = {
     # SmolLM3 (`/think` and `/no_think`, Hermes calls) and Seed-OSS (`<seed:tool_call>` calls).
     "smollm3.jinja": {"bos_token": None, "eos_token": "<|im_end|>", "tools": True},
     "seed-oss.jinja": {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>", "tools": True},
+    # The Mamba-2 hybrids: Nemotron Nano 2 (`<TOOLCALL>` JSON lists, `/think` and `/no_think`),
+    # Nemotron 3 (ChatML, Qwen3-Coder's XML calls, thinking opened by the generation prompt) and
+    # Granite 4.0 (Hermes-style calls, a default system message).
+    "nemotron-nano-v2.jinja": {"bos_token": "<s>", "eos_token": "<SPECIAL_12>", "tools": True},
+    "nemotron-3-nano.jinja": {"bos_token": "<s>", "eos_token": "<|im_end|>", "tools": True},
+    "granite-4.0.jinja": {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>", "tools": True},
 }
 
 # The description deliberately contains ' " < > & and non-ASCII, because transformers'
@@ -128,6 +134,13 @@ COMPLETE = [
     {"role": "assistant", "content": "Hi!"},
 ]
 
+# An earlier answer with its reasoning apart (what the thinking families drop or keep).
+HISTORY_WITH_REASONING = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "2+2 = 4.", "reasoning_content": "Simple arithmetic."},
+    {"role": "user", "content": "And 3+3?"},
+]
+
 NON_ASCII = [
     {"role": "user", "content": "Grüße, 世界 🌍! Ça va? «ü» — “quotes” ‘single’ \\ backslash"},
     {"role": "assistant", "content": "Привет! 你好 👋 Ça va bien."},
@@ -143,6 +156,15 @@ def tool_conversation(assistant_content):
         call,
         {"role": "tool", "tool_call_id": TOOL_CALL_ID, "name": "get_weather", "content": TOOL_RESULT},
     ]
+
+
+def with_second_call(second_args):
+    """tool_conversation with a second call (to Oslo, `second_args`) and its result."""
+    two = copy.deepcopy(tool_conversation(""))
+    two[1]["tool_calls"].append({"id": "call_2", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": second_args}})
+    two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
+    return two
 
 
 def cases_for(name, meta):
@@ -210,11 +232,7 @@ def cases_for(name, meta):
         yield "tools_with_thinking", with_thinking, [WEATHER_TOOL], True, extra
         yield "developer_instructions", [{"role": "system", "content": "Answer in French."}] + USER_ONLY, [WEATHER_TOOL], True, extra
     if name == "qwen3-coder.jinja":
-        two = copy.deepcopy(tool_conversation(""))
-        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
-        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
-        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+        yield "two_calls_two_results", with_second_call({"location": "Oslo"}), [WEATHER_TOOL], True, extra
         # Values written with Python's str(): True, None, 2.5 (not JSON's true, null).
         typed = copy.deepcopy(tool_conversation(""))
         typed[1]["tool_calls"][0]["function"]["arguments"] = {"location": "Oslo", "days": 3, "metric": True,
@@ -225,40 +243,25 @@ def cases_for(name, meta):
     if name in ("qwen3.5.jinja", "qwen3.6.jinja", "qwen3-next-thinking.jinja"):
         yield "enable_thinking_false", USER_ONLY, None, True, {"enable_thinking": False}
         yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
-        history_with_think = [
-            {"role": "user", "content": "What is 2+2?"},
-            {"role": "assistant", "content": "2+2 = 4.", "reasoning_content": "Simple arithmetic."},
-            {"role": "user", "content": "And 3+3?"},
-        ]
-        yield "history_reasoning_dropped", history_with_think, None, True, extra
-        two = copy.deepcopy(tool_conversation(""))
-        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}})
-        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
-        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+        yield "history_reasoning_dropped", HISTORY_WITH_REASONING, None, True, extra
+        yield "two_calls_two_results", with_second_call({"location": "Oslo"}), [WEATHER_TOOL], True, extra
+    if name == "nemotron-nano-v2.jinja":
+        yield "no_think_in_system", [{"role": "system", "content": "Be brief. /no_think"}] + USER_ONLY, None, True, extra
+    if name == "nemotron-3-nano.jinja":
+        yield "enable_thinking_false", USER_ONLY, None, True, {"enable_thinking": False}
+        yield "history_reasoning_truncated", HISTORY_WITH_REASONING, None, True, extra
+    if name in ("nemotron-nano-v2.jinja", "nemotron-3-nano.jinja", "granite-4.0.jinja"):
+        yield "two_calls_two_results", with_second_call({"location": "Oslo", "days": 3}), [WEATHER_TOOL], True, extra
     if name in ("deepseek-v3.1.jinja", "kimi-k2.jinja", "smollm3.jinja", "seed-oss.jinja"):
         yield "enable_thinking_true", USER_ONLY, None, True, {"enable_thinking": True}
-        two = copy.deepcopy(tool_conversation(""))
-        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 3}}})
-        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
-        yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
+        yield "two_calls_two_results", with_second_call({"location": "Oslo", "days": 3}), [WEATHER_TOOL], True, extra
     if name in ("glm-4.6.jinja", "minimax-m2.jinja"):
         yield "enable_thinking_false", USER_ONLY, None, True, {"enable_thinking": False}
         yield "multi_turn_enable_thinking_false", MULTI_TURN, None, True, {"enable_thinking": False}
-        history_with_think = [
-            {"role": "user", "content": "What is 2+2?"},
-            {"role": "assistant", "content": "2+2 = 4.", "reasoning_content": "Simple arithmetic."},
-            {"role": "user", "content": "And 3+3?"},
-        ]
-        yield "history_reasoning_dropped", history_with_think, None, True, extra
+        yield "history_reasoning_dropped", HISTORY_WITH_REASONING, None, True, extra
         # Reasoning after the last user turn (an agent's call, its result, the next step) is kept.
-        two = copy.deepcopy(tool_conversation(""))
+        two = with_second_call({"location": "Oslo", "days": 3, "metric": True, "tags": ["a"]})
         two[1]["reasoning_content"] = "Check the weather in both cities."
-        two[1]["tool_calls"].append({"id": "call_2", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 3,
-                                                                                     "metric": True, "tags": ["a"]}}})
-        two.append({"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"})
         yield "two_calls_two_results", two, [WEATHER_TOOL], True, extra
     if name == "lfm2.jinja":
         # LFM2's assistant turns carry their calls in the content, as the model wrote them.

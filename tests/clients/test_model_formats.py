@@ -26,11 +26,17 @@ ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a cit
 # What each scripted model calls get_weather with.
 EXPECTED = {"harmony": {"city": "Paris"}, "qwen-xml": {"city": "Paris", "days": 3}, "gemma4": {"days": 3},
             "qwen3.5": {"city": "Paris", "days": 3}, "pythonic": {"city": "Paris", "days": 3},
-            "mistral": {"city": "Paris", "days": 3}, "glm": {"city": "Paris"}, "kimi": {"city": "Paris"}}
-# The thought a scripted model writes before its call (Qwen3.5's, whose prompt opens <think>).
-THOUGHT = {"qwen3.5": "Calling_get_weather."}
+            "mistral": {"city": "Paris", "days": 3}, "glm": {"city": "Paris"}, "kimi": {"city": "Paris"},
+            "nemotron": {"city": "Paris"}, "minimax": {"city": "Paris"}, "deepseek": {"city": "Paris"}}
+# The thought a scripted model writes before its call (Qwen3.5's, Nemotron's and MiniMax's, whose
+# prompts open <think>).
+THOUGHT = {"qwen3.5": "Calling_get_weather.", "nemotron": "Checking_the_weather.",
+           "minimax": "Checking_the_weather_first."}
 # Text a scripted model writes before its call (Gemma 4's; the others call straight away).
 REMARK = {"gemma4": "Checking."}
+# What a scripted model answers once the call's result is in the prompt (DeepSeek-V3.1's template
+# ends that prompt with the tool's output; the others call again, which is all they can do).
+AFTER_RESULT = {"deepseek": "Sunny_in_Paris."}
 
 
 def scripted_server(tmp_path_factory, fmt, template, extra=()):
@@ -42,8 +48,11 @@ def scripted_server(tmp_path_factory, fmt, template, extra=()):
 
 @pytest.fixture(scope="module", params=[("harmony", "gpt-oss.jinja"), ("qwen-xml", "qwen3-coder.jinja"),
                                         ("gemma4", "gemma4.jinja"), ("qwen3.5", "qwen3.5.jinja"),
-                                        ("pythonic", "lfm2.jinja"), ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja")],
-                ids=["harmony", "qwen-xml", "gemma4", "qwen3.5", "pythonic", "glm", "kimi"])
+                                        ("pythonic", "lfm2.jinja"), ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja"),
+                                        ("nemotron", "nemotron-nano-v2.jinja"), ("minimax", "minimax-m2.jinja"),
+                                        ("deepseek", "deepseek-v3.1.jinja")],
+                ids=["harmony", "qwen-xml", "gemma4", "qwen3.5", "pythonic", "glm", "kimi", "nemotron", "minimax",
+                     "deepseek"])
 def scripted(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template):
@@ -71,11 +80,14 @@ def test_openai_chat_tool_call(scripted):
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == REMARK.get(fmt, "")
     # The call and its result sent back render in the family's template; the scripted model
-    # calls again, which is all it can do.
+    # answers what it answers after a result.
     messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 24 C"}]
     again = client.chat.completions.create(model=server["model"], messages=messages, tools=[WEATHER])
-    assert again.choices[0].message.tool_calls[0].function.name == "get_weather"
+    if fmt in AFTER_RESULT:
+        assert again.choices[0].message.content == AFTER_RESULT[fmt] and not again.choices[0].message.tool_calls
+    else:
+        assert again.choices[0].message.tool_calls[0].function.name == "get_weather"
 
 
 def test_anthropic_tool_use(scripted):
@@ -102,12 +114,13 @@ def test_responses_function_call(scripted):
 
 
 # Forced calls (`tool_choice` required or named) are written in the model's own format where the
-# server has its grammar (Qwen's XML, Mistral's `[TOOL_CALLS]` list, GLM's tags, Kimi's sections here), and with `--strict-tools`
+# server has its grammar (Qwen's XML, Mistral's `[TOOL_CALLS]` list, GLM's tags, Kimi's and DeepSeek's sections here), and with `--strict-tools`
 # so is a call the model opens by itself: the scripted call passes through the grammar unchanged,
 # and comes back as the same call, whole or streamed.
 @pytest.fixture(scope="module", params=[("qwen-xml", "qwen3-coder.jinja"), ("mistral", "mistral-v0.3.jinja"),
-                                        ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja")],
-                ids=["qwen-xml", "mistral", "glm", "kimi"])
+                                        ("glm", "glm-4.6.jinja"), ("kimi", "kimi-k2.jinja"),
+                                        ("deepseek", "deepseek-v3.1.jinja")],
+                ids=["qwen-xml", "mistral", "glm", "kimi", "deepseek"])
 def strict(request, tmp_path_factory):
     fmt, template = request.param
     for server in scripted_server(tmp_path_factory, fmt, template, ["--strict-tools"]):

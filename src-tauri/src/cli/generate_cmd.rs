@@ -201,6 +201,9 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
             "mistral" => scripted::mistral_tool_call(&source),
             "glm" => scripted::glm_tool_call(&source),
             "kimi" => scripted::kimi_tool_call(&source),
+            "nemotron" => scripted::nemotron_tool_call(&source),
+            "minimax" => scripted::minimax_tool_call(&source),
+            "deepseek" => scripted::deepseek_tool_call(&source),
             "hermes" => {
                 let (Some(call), Some(answer)) = (&args.call, &args.answer) else {
                     anyhow::bail!("--scripted hermes needs --call and --answer");
@@ -209,7 +212,7 @@ pub fn make_test_model(args: MakeTestModelArgs) -> anyhow::Result<()> {
             }
             other => {
                 anyhow::bail!(
-                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral, glm, kimi, hermes)"
+                    "unknown scripted format {other:?} (harmony, qwen-xml, qwen3.5, pythonic, gemma4, mistral, glm, kimi, nemotron, minimax, deepseek, hermes)"
                 )
             }
         };

@@ -53,10 +53,11 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
+        env.add_filter("string", |value: Value| super::pyrepr::string(&value));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_test("iterable", is_iterable);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())?;
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))?;
         Ok(ChatTemplate { env, source: source.to_string(), bos_token, eos_token })
     }
 
@@ -82,6 +83,40 @@ impl ChatTemplate {
         let template = self.env.get_template(TEMPLATE_NAME)?;
         Ok(template.render(Value::from_serialize(&context))?)
     }
+}
+
+/// transformers' `{% generation %}` / `{% endgeneration %}` (it marks the assistant's tokens for
+/// training masks and renders its body as it is; SmolLM3's template has it) as the `if` block
+/// minijinja knows, whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (left, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, right) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        let statement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match statement {
+            Some(statement) => out.push_str(&format!("{{%{left} {statement} {right}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn drop_null_keys(message: &Json) -> Json {
@@ -133,4 +168,20 @@ fn strftime_now(format: String) -> Result<Value, Error> {
     write!(out, "{}", chrono::Local::now().format(&format))
         .map_err(|_| Error::new(ErrorKind::InvalidOperation, format!("bad strftime format {format:?}")))?;
     Ok(Value::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let source = "{%- for m in messages -%}{% generation %}[{{ m.content }}]{%- endgeneration %}\n{% endfor %}";
+        assert!(without_generation_tags(source).contains("{%- endif %}"));
+        let template = ChatTemplate::new(source, None, None).unwrap();
+        let messages = [serde_json::json!({"role": "assistant", "content": "hi"})];
+        let text = template.render(&RenderRequest { messages: &messages, ..Default::default() }).unwrap();
+        assert_eq!(text, "[hi]", "trim_blocks eats the newline after the block tag");
+        assert_eq!(without_generation_tags("{{ '{%' }} {% if x %}"), "{{ '{%' }} {% if x %}");
+    }
 }

@@ -3,6 +3,7 @@
 pub mod chat_template;
 mod from_gguf;
 mod pyjson;
+mod pyrepr;
 mod stream;
 mod token_bytes;
 

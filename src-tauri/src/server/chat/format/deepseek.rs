@@ -7,10 +7,8 @@
 
 use serde_json::Value;
 
-use super::paired::PairedCalls;
-use super::sections::Sections;
-use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
-use crate::constrain::{Grammar, SchemaError};
+use super::sections::{markers, SectionFormat, Sections};
+use super::ChatFormat;
 
 const SECTIONS: Sections = Sections {
     begin: "<｜tool▁calls▁begin｜>",
@@ -25,48 +23,32 @@ const SECTIONS: Sections = Sections {
 };
 
 pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
-    template.contains(SECTIONS.begin).then(|| Box::new(DeepSeek) as Box<dyn ChatFormat>)
+    template.contains(SECTIONS.begin).then(|| Box::new(DEEPSEEK) as Box<dyn ChatFormat>)
 }
 
-pub(super) struct DeepSeek;
+pub(super) const DEEPSEEK: SectionFormat = SectionFormat {
+    name: "deepseek",
+    sections: &SECTIONS,
+    markers: &markers(&SECTIONS),
+    parse: |body, _, _| SECTIONS.parse(body),
+    tool_instructions: Some(describe_tools),
+};
 
-impl ChatFormat for DeepSeek {
-    fn name(&self) -> &'static str {
-        "deepseek"
+/// DeepSeek-V3.1's template renders no tools: its model card's description of them.
+fn describe_tools(tools: &[Value]) -> String {
+    let mut text = String::from("## Tools\nYou have access to the following tools:\n\n");
+    for tool in tools {
+        let f = tool.get("function").unwrap_or(tool);
+        let field = |key: &str| f.get(key).and_then(Value::as_str).unwrap_or_default();
+        let parameters = crate::tokenizer::python_json(f.get("parameters").unwrap_or(&Value::Null));
+        text.push_str(&format!(
+            "### {}\nDescription: {}\n\nParameters: {parameters}\n\n",
+            field("name"),
+            field("description")
+        ));
     }
-
-    fn markers(&self) -> &'static [&'static str] {
-        &[SECTIONS.begin, SECTIONS.end, SECTIONS.call_begin, SECTIONS.call_end, SECTIONS.arguments]
-    }
-
-    fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
-        Box::new(PairedCalls::new(SECTIONS.begin, SECTIONS.end, |body, _, _| SECTIONS.parse(body), schemas))
-    }
-
-    fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(SECTIONS.forced(spec))
-    }
-
-    fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(SECTIONS.strict(spec))
-    }
-
-    /// DeepSeek-V3.1's template renders no tools: its model card's description of them.
-    fn tool_instructions(&self, tools: &[Value]) -> Option<String> {
-        let mut text = String::from("## Tools\nYou have access to the following tools:\n\n");
-        for tool in tools {
-            let f = tool.get("function").unwrap_or(tool);
-            let field = |key: &str| f.get(key).and_then(Value::as_str).unwrap_or_default();
-            let parameters = crate::tokenizer::python_json(f.get("parameters").unwrap_or(&Value::Null));
-            text.push_str(&format!(
-                "### {}\nDescription: {}\n\nParameters: {parameters}\n\n",
-                field("name"),
-                field("description")
-            ));
-        }
-        text.push_str(TOOL_FORMAT);
-        Some(text)
-    }
+    text.push_str(TOOL_FORMAT);
+    text
 }
 
 /// The model card's closing instructions, word for word.
@@ -84,13 +66,13 @@ mod tests {
         // Cut inside markers (on character boundaries, as a detokenizer streams).
         let cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).filter(|i| [16, 30, 95].contains(&(i / 4))).collect();
         let (a, b) = (cuts[0], cuts[cuts.len() - 1]);
-        let out = read(&DeepSeek, &[&text[..a], &text[a..b], &text[b..]]);
+        let out = read(&DEEPSEEK, &[&text[..a], &text[a..b], &text[b..]]);
         assert_eq!(
             out,
             vec![Piece::Text("I will check.".into()), call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
         );
         let broken = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{not json<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
-        assert_eq!(read(&DeepSeek, &[broken]), vec![Piece::Text(broken.into())], "what is not a call stays text");
+        assert_eq!(read(&DEEPSEEK, &[broken]), vec![Piece::Text(broken.into())], "what is not a call stays text");
     }
 
     /// The model card's layout, `{system prompt}\n\n{tool_description}`, as a fine-tuning

@@ -6,10 +6,8 @@
 
 use serde_json::Value;
 
-use super::paired::PairedCalls;
-use super::sections::Sections;
-use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
-use crate::constrain::{Grammar, SchemaError};
+use super::sections::{markers, SectionFormat, Sections};
+use super::ChatFormat;
 
 const SECTIONS: Sections = Sections {
     begin: "<|tool_calls_section_begin|>",
@@ -28,32 +26,16 @@ const SECTIONS: Sections = Sections {
 };
 
 pub(super) fn detect(template: &str) -> Option<Box<dyn ChatFormat>> {
-    template.contains(SECTIONS.begin).then(|| Box::new(Kimi) as Box<dyn ChatFormat>)
+    template.contains(SECTIONS.begin).then(|| Box::new(KIMI) as Box<dyn ChatFormat>)
 }
 
-pub(super) struct Kimi;
-
-impl ChatFormat for Kimi {
-    fn name(&self) -> &'static str {
-        "kimi"
-    }
-
-    fn markers(&self) -> &'static [&'static str] {
-        &[SECTIONS.begin, SECTIONS.end, SECTIONS.call_begin, SECTIONS.arguments, SECTIONS.call_end]
-    }
-
-    fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
-        Box::new(PairedCalls::new(SECTIONS.begin, SECTIONS.end, |body, _, _| SECTIONS.parse(body), schemas))
-    }
-
-    fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
-        Some(SECTIONS.forced(spec))
-    }
-
-    fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
-        Some(SECTIONS.strict(spec))
-    }
-}
+pub(super) const KIMI: SectionFormat = SectionFormat {
+    name: "kimi",
+    sections: &SECTIONS,
+    markers: &markers(&SECTIONS),
+    parse: |body, _, _| SECTIONS.parse(body),
+    tool_instructions: None,
+};
 
 /// JSON arguments, or Python's `True` / `False` / `None` and quotes where JSON has its own.
 fn arguments_of(text: &str) -> Option<Value> {
@@ -72,9 +54,9 @@ mod tests {
     #[test]
     fn a_section_of_calls_reads_as_calls() {
         let text = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{'zone': 'UTC', 'dst': True}<|tool_call_end|><|tool_calls_section_end|>";
-        let out = read(&Kimi, &[&text[..40], &text[40..]]);
+        let out = read(&KIMI, &[&text[..40], &text[40..]]);
         assert_eq!(out, vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", r#"{"zone":"UTC","dst":true}"#)]);
         let cut = "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0";
-        assert_eq!(read(&Kimi, &[cut]), vec![Piece::Text(cut.into())]);
+        assert_eq!(read(&KIMI, &[cut]), vec![Piece::Text(cut.into())]);
     }
 }

@@ -28,7 +28,7 @@ use crate::tokenizer::ChatTemplate;
 use reasoning::{ReasoningSplitter, ReasoningTags};
 
 /// The formats, each a module with a `detect`: tried in this order on a model's chat template,
-/// the first that recognises it wins (Harmony's, Gemma 4's, MiniMax's, DeepSeek's and Kimi's markers are their own; GLM's and
+/// the first that recognises it wins (Harmony's, Gemma 4's, MiniMax's, DeepSeek's, Kimi's and Nemotron's markers are their own; GLM's and
 /// Qwen's XML templates also hold Hermes' `<tool_call>`, so they come first; Llama's test is the
 /// loosest, so it comes last). A template none of them recognises gets [`plain::Plain`]: no
 /// tool calls are read.
@@ -38,7 +38,7 @@ macro_rules! formats {
         const DETECT: &[Detect] = &[$($format::detect),*];
     };
 }
-formats![harmony, gemma4, pythonic, minimax, deepseek, kimi, glm, qwen_xml, hermes, mistral, llama_json];
+formats![harmony, gemma4, pythonic, minimax, deepseek, kimi, glm, qwen_xml, nemotron, hermes, mistral, llama_json];
 
 /// A format's test of a chat template: the format, when the template writes it.
 type Detect = fn(&str) -> Option<Box<dyn ChatFormat>>;

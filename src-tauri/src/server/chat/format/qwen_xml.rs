@@ -43,10 +43,11 @@ impl ChatFormat for QwenXml {
     }
 
     fn markers(&self) -> &'static [&'static str] {
+        // Nemotron 3's tokenizer may hold Qwen's markers as special tokens (Qwen's does not).
         if self.open == SEED_OPEN {
             &[SEED_OPEN, SEED_CLOSE]
         } else {
-            &[]
+            &[OPEN, CLOSE]
         }
     }
 

@@ -23,10 +23,18 @@ const GEMMA4: ReasoningTags = ReasoningTags {
     special: &["<|channel>", "<channel|>"],
 };
 
+/// Seed-OSS thinks in its own tags (special tokens in its vocabulary, as far as we know).
+const SEED: ReasoningTags = ReasoningTags {
+    open: "<seed:think>",
+    newline_after_open: false,
+    close: "</seed:think>",
+    special: &["<seed:think>", "</seed:think>"],
+};
+
 /// The tags a chat template closes its model's reasoning with, if any (Gemma 4's thought
-/// channel, else `<think>`).
+/// channel, Seed-OSS's, else `<think>`).
 pub fn tags_of(template: &str) -> Option<ReasoningTags> {
-    [GEMMA4, THINK].into_iter().find(|t| template.contains(t.close))
+    [GEMMA4, SEED, THINK].into_iter().find(|t| template.contains(t.close))
 }
 
 impl ReasoningTags {
@@ -209,6 +217,20 @@ mod tests {
         assert!(for_template("{{ messages }}", "x").is_none());
         assert_eq!(for_template(qwen3, "<|im_start|>assistant\n").unwrap().state, State::Start);
         assert_eq!(for_template(qwen3, "<|im_start|>assistant\n<think>\n").unwrap().state, State::Thinking);
+    }
+
+    #[test]
+    fn seed_oss_thinks_in_its_own_tags() {
+        let template = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates/seed-oss.jinja"),
+        )
+        .unwrap();
+        let mut s = for_template(&template, "<seed:bos>assistant\n").unwrap();
+        assert_eq!(s.special_tokens(), ["<seed:think>", "</seed:think>"]);
+        let mut parts: Vec<Part> =
+            ["<seed:th", "ink>Add them.</seed:", "think>", "4."].iter().flat_map(|p| s.push(p)).collect();
+        parts.extend(s.finish());
+        assert_eq!(parts, [Part::Reasoning("Add them.".into()), Part::Answer("4.".into())]);
     }
 
     #[test]

@@ -1,14 +1,61 @@
 //! The formats whose calls of a turn sit in one section, each call a marker, the function's name
 //! (in the family's spelling), a separator, its JSON arguments and an end marker: DeepSeek-V3.1's
 //! and Kimi K2's (all markers special tokens of their vocabularies): the reading of a section and
-//! the grammars of forced and strict calls, from the markers and how the family spells a name.
+//! the grammars of forced and strict calls, from the markers and how the family spells a name;
+//! and the one `ChatFormat` both families are ([`SectionFormat`]).
 
 use serde_json::Value;
 
 use super::lark::{json_rule, marker, text_marker, CallSyntax};
-use super::{CallSpec, ForcedCalls};
+use super::paired::{PairedCalls, ParseBody};
+use super::{CallReader, CallSpec, ChatFormat, ForcedCalls, ParameterSchemas};
 use crate::constrain::{Grammar, SchemaError};
 use crate::server::chat::piece::ToolCall;
+
+/// A family whose calls sit in sections: its name, its markers, and (DeepSeek-V3.1, whose
+/// template renders none) the description of the tools its model card puts after the system
+/// prompt.
+#[derive(Clone, Copy)]
+pub(super) struct SectionFormat {
+    pub name: &'static str,
+    pub sections: &'static Sections,
+    /// [`markers`] of `sections`.
+    pub markers: &'static [&'static str],
+    /// `sections`' own [`Sections::parse`] (a function pointer, as the paired reader takes).
+    pub parse: ParseBody,
+    pub tool_instructions: Option<fn(&[Value]) -> String>,
+}
+
+/// The markers of `sections`, all special tokens whose text the reader must see.
+pub(super) const fn markers(sections: &Sections) -> [&'static str; 5] {
+    [sections.begin, sections.end, sections.call_begin, sections.arguments, sections.call_end]
+}
+
+impl ChatFormat for SectionFormat {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn markers(&self) -> &'static [&'static str] {
+        self.markers
+    }
+
+    fn reader(&self, schemas: ParameterSchemas) -> Box<dyn CallReader> {
+        Box::new(PairedCalls::new(self.sections.begin, self.sections.end, self.parse, schemas))
+    }
+
+    fn forced_calls(&self, spec: &CallSpec) -> Option<Result<ForcedCalls, SchemaError>> {
+        Some(self.sections.forced(spec))
+    }
+
+    fn strict_calls(&self, spec: &CallSpec) -> Option<Result<Grammar, SchemaError>> {
+        Some(self.sections.strict(spec))
+    }
+
+    fn tool_instructions(&self, tools: &[Value]) -> Option<String> {
+        self.tool_instructions.map(|describe| describe(tools))
+    }
+}
 
 pub(super) struct Sections {
     pub begin: &'static str,

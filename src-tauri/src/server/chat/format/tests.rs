@@ -52,7 +52,10 @@ fn formats_from_templates() {
     assert_eq!(of("deepseek-v3.1.jinja"), "deepseek");
     assert_eq!(of("kimi-k2.jinja"), "kimi");
     assert_eq!(of("seed-oss.jinja"), "seed-xml");
-    assert_eq!(of("smollm3.jinja"), "plain", "this copy of the template renders no tools");
+    assert_eq!(of("smollm3.jinja"), "hermes");
+    assert_eq!(of("nemotron-nano-v2.jinja"), "nemotron");
+    assert_eq!(of("nemotron-3-nano.jinja"), "qwen-xml");
+    assert_eq!(of("granite-4.0.jinja"), "hermes");
     for qwen3_5 in ["qwen3.5.jinja", "qwen3.6.jinja", "qwen3-coder.jinja"] {
         assert_eq!(of(qwen3_5), "qwen-xml", "{qwen3_5}");
     }
@@ -109,6 +112,7 @@ const MINIMAX: &str = "<minimax:tool_call><invoke name=";
 const DEEPSEEK: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
 const KIMI: &str = "<|tool_calls_section_begin|>";
 const SEED: &str = "<seed:tool_call><function=x><parameter=y>";
+const NEMOTRON: &str = "<AVAILABLE_TOOLS>{{ tools }}<TOOLCALL>";
 
 fn functions() -> Vec<Function> {
     vec![
@@ -221,7 +225,8 @@ fn parse(template: &str, text: &str) -> Vec<ToolCall> {
         .collect()
 }
 
-const TEMPLATES: [&str; 10] = [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX, DEEPSEEK, KIMI, SEED];
+const TEMPLATES: [&str; 11] =
+    [HERMES, MISTRAL_V11, MISTRAL_V3, LLAMA, QWEN_XML, GLM, MINIMAX, DEEPSEEK, KIMI, SEED, NEMOTRON];
 
 #[test]
 fn the_calls_models_write_are_what_the_grammars_allow() {
@@ -238,6 +243,7 @@ fn the_calls_models_write_are_what_the_grammars_allow() {
         (DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         (KIMI, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 3}<|tool_call_end|><|tool_calls_section_end|>"),
         (SEED, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=days>3</parameter>\n</function>\n</seed:tool_call>"),
+        (NEMOTRON, "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]</TOOLCALL>"),
     ];
     for (template, text) in natural {
         // A named call's text around its arguments is fixed (Mistral's: no `"id"`).
@@ -364,6 +370,11 @@ fn strict_auto_calls_let_text_through_and_hold_started_calls() {
             SEED,
             "<seed:tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</seed:tool_call>",
             "<seed:tool_call>\n<function=get_news>",
+        ),
+        (
+            NEMOTRON,
+            "<TOOLCALL>[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]</TOOLCALL>",
+            "<TOOLCALL>[{\"name\": \"get_news\"",
         ),
     ];
     for (template, call, bad) in cases {
