@@ -14,6 +14,7 @@
 //! - [`cli`]: the `fastmlx` command line; [`config_file`]: its settings file.
 
 pub mod cli;
+pub mod cluster;
 pub mod config_file;
 pub mod constrain;
 pub mod desktop;

@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod bench_grammar_cmd;
 mod cache_cmd;
+mod cluster_cmd;
 mod generate_cmd;
 mod inspect_cmd;
 mod kv_args;
@@ -89,6 +90,9 @@ enum Command {
     /// The prefix cache on disk: `ls` (per model) or `clear`.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
+    /// Several Macs serving one model: `check` (the preflight each machine runs).
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Print the OpenAPI description of the HTTP API (docs/openapi.json).
     Openapi,
     /// Write a tiny random-weight model (for tests and experiments).
@@ -132,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Search(args) => store_cmd::search(args),
         Command::Inspect(args) => inspect_cmd::run(args),
         Command::Cache(command) => cache_cmd::run(command),
+        Command::Cluster(command) => cluster_cmd::run(command),
         Command::Openapi => {
             print!("{}", crate::server::openapi::document_json());
             Ok(())

@@ -4,6 +4,7 @@
 //! time (Metal on Apple Silicon, CUDA on a CUDA build, otherwise the CPU), never by guess, so a
 //! CPU-only build can never touch a GPU stream (which would panic inside MLX).
 
+pub mod distributed;
 mod in_place;
 mod limits;
 mod memory;
