@@ -1,17 +1,18 @@
 //! `fastmlx cluster check`: the preflight of a multi-Mac cluster, run on every machine (the same
 //! host file, each its own `--rank`): the ranks join MLX's group, agree on the FastMLX version,
-//! the model and the settings, and rank 0 measures its links.
+//! the model and the settings, and each link of the ring is measured (rank 0 prints them).
 
 use std::path::PathBuf;
 
 use crate::cluster::hostfile::HostFile;
 use crate::cluster::identity::NodeIdentity;
+use crate::cluster::watchdog::Watchdog;
 use crate::mlx::distributed::DistributedBackend;
 
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
     /// Join the cluster, check every rank serves the same model with the same version and
-    /// settings, and measure the links from rank 0.
+    /// settings, and measure each link of the ring.
     Check(CheckArgs),
 }
 
@@ -39,6 +40,12 @@ pub struct CheckArgs {
     timeout: u64,
 }
 
+/// This machine's rank: the flag, else `MLX_RANK` (as `mlx.launch` sets it).
+pub(super) fn rank_or_env(flag: Option<usize>) -> anyhow::Result<usize> {
+    let env_rank = std::env::var("MLX_RANK").ok().and_then(|r| r.parse().ok());
+    flag.or(env_rank).ok_or_else(|| anyhow::anyhow!("no --rank and no MLX_RANK"))
+}
+
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     let ClusterCommand::Check(args) = command;
     crate::mlx::Backend::init();
@@ -46,32 +53,23 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     let env_path = std::env::var_os("MLX_HOSTFILE").map(PathBuf::from);
     let path = args.hostfile.or(env_path).ok_or_else(|| anyhow::anyhow!("no --hostfile and no MLX_HOSTFILE"))?;
     let hosts = HostFile::read(&path).map_err(anyhow::Error::msg)?;
-    let env_rank = std::env::var("MLX_RANK").ok().and_then(|r| r.parse().ok());
-    let rank = args.rank.or(env_rank).ok_or_else(|| anyhow::anyhow!("no --rank and no MLX_RANK"))?;
+    let rank = rank_or_env(args.rank)?;
     let identity = NodeIdentity::of(&args.model, &args.settings).map_err(anyhow::Error::msg)?;
-    // MLX reads the ring-format host file while the group forms.
-    let scratch = std::env::temp_dir().join(format!("fastmlx-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
-    crate::cluster::describe_group(&hosts, rank, &scratch).map_err(anyhow::Error::msg)?;
-    // MLX's group cannot be interrupted once it waits on a peer: the process gives up instead.
-    let (timeout, dir) = (args.timeout, scratch.clone());
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(timeout));
-        let _ = std::fs::remove_dir_all(&dir);
-        eprintln!("error: rank {rank}: the cluster did not form and check within {timeout} s (is every rank started, reachable, and using this host file?)");
-        std::process::exit(1);
+    let watchdog = Watchdog::start(rank, std::time::Duration::from_secs(args.timeout));
+    let report = crate::cluster::form(&hosts, rank, backend, &identity, &watchdog).and_then(|group| {
+        let _w = watchdog.waiting("the link measurements have not finished");
+        crate::cluster::check(&group)
     });
-    let report = crate::cluster::check(backend, &identity);
-    let _ = std::fs::remove_dir_all(&scratch);
     let report = report.map_err(anyhow::Error::msg)?;
     println!(
         "rank {} of {}: FastMLX {}, model {}: every rank agrees",
         report.rank, report.size, identity.version, identity.model
     );
-    for link in &report.links {
+    for link in report.links.iter().filter(|_| report.rank == 0) {
         println!(
-            "link 0 <-> {}: round trip {:.2} ms, {:.1} MB/s",
-            link.peer,
+            "link {} <-> {}: round trip {:.2} ms, {:.1} MB/s",
+            link.from,
+            link.to,
             link.round_trip.as_secs_f64() * 1e3,
             link.bytes_per_second / 1e6
         );

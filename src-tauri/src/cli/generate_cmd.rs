@@ -10,9 +10,9 @@ use serde_json::json;
 
 use crate::fixtures::synthetic_decoder_encoder::{write_tiny_decoder_encoder, DECODER_ENCODERS};
 use crate::fixtures::{scripted, synthetic};
-use crate::generate::{generate, GenerateRequest};
+use crate::generate::{generate, GenerateRequest, Generation};
 use crate::mlx::{self, Backend};
-use crate::model::{load_model_with, Arch};
+use crate::model::{load_model_with, Arch, KvFormat, LoadedModel};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::chat_template::RenderRequest;
 
@@ -20,10 +20,10 @@ use crate::tokenizer::chat_template::RenderRequest;
 pub struct GenerateArgs {
     /// How quantized weights are held in memory.
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
-    weights: super::WeightsArg,
+    pub(super) weights: super::WeightsArg,
     /// A model folder (Hugging Face / MLX layout) or a .gguf file [default: SmolLM2-135M-Instruct]
     #[arg(long, short)]
-    model: Option<PathBuf>,
+    pub(super) model: Option<PathBuf>,
     /// The prompt text.
     #[arg(long, short, default_value = "Write a short poem about the sea.")]
     prompt: String,
@@ -55,13 +55,18 @@ pub struct GenerateArgs {
     #[arg(long)]
     ignore_eos: bool,
     #[command(flatten)]
-    kv: super::KvArgs,
+    pub(super) kv: super::KvArgs,
+    #[command(flatten)]
+    pub(super) cluster: super::generate_cluster::ClusterArgs,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    if let Some(hosts) = args.cluster.hostfile() {
+        return super::generate_cluster::run(args, hosts);
+    }
     let kv_format = args.kv.format()?;
     let backend = Backend::init();
-    let path = super::resolve_model_path(args.model)?;
+    let path = super::resolve_model_path(args.model.clone())?;
     let load_started = Instant::now();
     let model = load_model_with(&path, &backend, &args.weights.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -74,47 +79,64 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         backend.name(),
         load_started.elapsed().as_secs_f64()
     );
+    let request = args.request(&model, kv_format)?;
+    let generation = generate(&model, &request, print_text())?;
+    print_stats(&generation);
+    Ok(())
+}
 
-    let chat = args.chat || args.system.is_some();
-    let prompt_ids = if chat {
-        let template = model.chat_template.as_ref().context("this model has no chat template; drop --chat")?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(json!({"role": "system", "content": system}));
-        }
-        messages.push(json!({"role": "user", "content": args.prompt}));
-        let text = template.render(&RenderRequest {
-            messages: &messages,
-            add_generation_prompt: true,
-            ..Default::default()
-        })?;
-        model.tokenizer.encode(&text, false, true)?
-    } else {
-        model.tokenizer.encode(&args.prompt, true, true)?
-    };
+impl GenerateArgs {
+    /// The request these flags ask of `model`: the prompt tokenized (through its chat
+    /// template with `--chat`) and the sampling settings.
+    pub(super) fn request(&self, model: &LoadedModel, kv_format: KvFormat) -> anyhow::Result<GenerateRequest> {
+        let chat = self.chat || self.system.is_some();
+        let prompt_ids = if chat {
+            let template = model.chat_template.as_ref().context("this model has no chat template; drop --chat")?;
+            let mut messages = Vec::new();
+            if let Some(system) = &self.system {
+                messages.push(json!({"role": "system", "content": system}));
+            }
+            messages.push(json!({"role": "user", "content": self.prompt}));
+            let text = template.render(&RenderRequest {
+                messages: &messages,
+                add_generation_prompt: true,
+                ..Default::default()
+            })?;
+            model.tokenizer.encode(&text, false, true)?
+        } else {
+            model.tokenizer.encode(&self.prompt, true, true)?
+        };
+        Ok(GenerateRequest {
+            prompt_ids,
+            params: SamplingParams {
+                temperature: self.temp,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+                seed: self.seed,
+                ..Default::default()
+            },
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            kv_format,
+        })
+    }
+}
 
-    let request = GenerateRequest {
-        prompt_ids,
-        params: SamplingParams {
-            temperature: args.temp,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            min_p: args.min_p,
-            repetition_penalty: args.repetition_penalty,
-            seed: args.seed,
-            ..Default::default()
-        },
-        max_tokens: args.max_tokens,
-        stop: args.stop,
-        ignore_eos: args.ignore_eos,
-        kv_format,
-    };
-    let mut stdout = std::io::stdout().lock();
-    let generation = generate(&model, &request, |text| {
+/// Writes each piece of text to stdout as it comes.
+pub(super) fn print_text() -> impl FnMut(&str) {
+    let mut stdout = std::io::stdout();
+    move |text: &str| {
         let _ = stdout.write_all(text.as_bytes());
         let _ = stdout.flush();
-    })?;
-    let _ = writeln!(stdout);
+    }
+}
+
+/// The speeds and memory of a generation, on stderr (after its text on stdout).
+pub(super) fn print_stats(generation: &Generation) {
+    println!();
     let s = &generation.stats;
     eprintln!("==========");
     eprintln!("Prompt: {} tokens, {:.1} tokens-per-sec", s.prompt_tokens, s.prompt_tokens_per_sec());
@@ -129,7 +151,6 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         s.peak_memory as f64 / 1e6,
         mlx::memory_stats().active as f64 / 1e6
     );
-    Ok(())
 }
 
 #[derive(Args)]

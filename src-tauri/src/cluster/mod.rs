@@ -1,11 +1,14 @@
 //! FastMLX across several Macs, on MLX's own distributed layer (`mlx::distributed`): one
-//! process per machine, the host file in MLX's format. What exists so far is the preflight every
-//! rank runs before serving together (`fastmlx cluster check`): join the group, agree on the
-//! version, the model and the settings (a mismatch named, on every rank), and measure each
-//! link from rank 0 (round trip and throughput), the figures the layer split will use.
+//! process per machine, the host file in MLX's format. Every rank joins the group and agrees
+//! with rank 0 on the version, the model and the settings (a mismatch named, on every rank);
+//! `fastmlx cluster check` also measures each link of the ring. The model is then split into
+//! pipeline stages by each rank's room ([`plan_stages`], [`pipeline`]).
 
 pub mod hostfile;
 pub mod identity;
+pub mod pipeline;
+pub mod split;
+pub mod watchdog;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,18 +16,21 @@ use std::time::{Duration, Instant};
 use mlx_rs::{Array, Dtype};
 
 use crate::mlx::distributed::{DistributedBackend, Group};
+use crate::model::{Stage, Transformer};
 use hostfile::HostFile;
 use identity::{NodeIdentity, WIRE_BYTES};
+use watchdog::Watchdog;
 
 /// Bytes sent one way to measure a link's throughput.
 const PROBE_BYTES: usize = 16 << 20;
 /// Round trips timed per link (the median is reported).
 const PINGS: usize = 9;
 
-/// One link from rank 0, measured.
+/// One link of the ring (a rank and the next), measured.
 #[derive(Debug, Clone)]
 pub struct Link {
-    pub peer: usize,
+    pub from: usize,
+    pub to: usize,
     pub round_trip: Duration,
     pub bytes_per_second: f64,
 }
@@ -34,18 +40,18 @@ pub struct Link {
 pub struct CheckReport {
     pub rank: usize,
     pub size: usize,
-    /// Rank 0 only (the others take part in its measurements).
+    /// Every link of the ring, on every rank.
     pub links: Vec<Link>,
 }
 
 /// Makes MLX see the group: the host file (ring format) and this process's rank, in the
 /// environment MLX reads when the group is joined.
-pub fn describe_group(hosts: &HostFile, rank: usize, scratch: &Path) -> Result<(), String> {
+fn describe_group(hosts: &HostFile, rank: usize, scratch: &Path) -> Result<(), String> {
     if rank >= hosts.ranks.len() {
         return Err(format!("rank {rank} is not in a host file of {} ranks", hosts.ranks.len()));
     }
     let file = hosts.write_ring_file(scratch)?;
-    // SAFETY: set once at start, before MLX or any other thread reads the environment.
+    // SAFETY: set once at start, before MLX reads it; no other thread reads the environment.
     unsafe {
         std::env::set_var("MLX_HOSTFILE", &file);
         std::env::set_var("MLX_RANK", rank.to_string());
@@ -53,17 +59,57 @@ pub fn describe_group(hosts: &HostFile, rank: usize, scratch: &Path) -> Result<(
     Ok(())
 }
 
-/// Joins the group MLX's environment describes and runs the preflight.
-pub fn check(backend: DistributedBackend, identity: &NodeIdentity) -> Result<CheckReport, String> {
-    let group = Group::init(backend)?;
-    let (rank, size) = (group.rank(), group.size());
-    agree(&group, identity)?;
-    let links = if rank == 0 {
-        (1..size).map(|peer| measure(&group, peer)).collect::<Result<_, _>>()?
-    } else {
-        (1..size).filter(|&peer| peer == rank).try_for_each(|_| answer(&group))?;
-        Vec::new()
+/// Joins the group of `hosts` as `rank`; every rank checks that it matches rank 0. Waiting for
+/// the others is watched by `watchdog` (MLX cannot be interrupted once it waits on a peer).
+pub fn form(
+    hosts: &HostFile,
+    rank: usize,
+    backend: DistributedBackend,
+    identity: &NodeIdentity,
+    watchdog: &Watchdog,
+) -> Result<Group, String> {
+    // MLX reads the ring-format host file while the group forms.
+    let scratch = std::env::temp_dir().join(format!("fastmlx-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    describe_group(hosts, rank, &scratch)?;
+    let joined = {
+        let _w = watchdog
+            .waiting("the cluster has not formed (is every rank started, reachable, and using this host file?)");
+        Group::init(backend).and_then(|group| agree(&group, identity).map(|()| group))
     };
+    let _ = std::fs::remove_dir_all(&scratch);
+    joined
+}
+
+/// The preflight's measurements: each link of the ring in turn (MLX's ring sends only to a
+/// rank's neighbours, the links the pipeline uses), timed by its lower rank, shared with all.
+pub fn check(group: &Group) -> Result<CheckReport, String> {
+    let (rank, size) = (group.rank(), group.size());
+    // Two ranks have one link; more close the ring.
+    let links = if size == 2 { 1 } else { size };
+    let mut mine = [0u64; 2];
+    for from in 0..links {
+        let to = (from + 1) % size;
+        if rank == from {
+            let link = measure(group, to)?;
+            mine = [link.round_trip.as_nanos() as u64, link.bytes_per_second as u64];
+        } else if rank == to {
+            answer(group, from)?;
+        }
+    }
+    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let gathered = group.all_gather(&Array::from_slice(&bytes, &[1, 16]))?;
+    gathered.eval().map_err(|e| e.to_string())?;
+    let all: &[u8] = gathered.as_slice();
+    let word = |i: usize| u64::from_le_bytes(all[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let links = (0..links)
+        .map(|from| Link {
+            from,
+            to: (from + 1) % size,
+            round_trip: Duration::from_nanos(word(2 * from)),
+            bytes_per_second: word(2 * from + 1) as f64,
+        })
+        .collect();
     Ok(CheckReport { rank, size, links })
 }
 
@@ -86,12 +132,36 @@ fn agree(group: &Group, identity: &NodeIdentity) -> Result<(), String> {
     }
 }
 
+/// Every rank's room for weights (each passes its own), in rank order.
+pub fn gather_rooms(group: &Group, room: u64) -> Result<Vec<u64>, String> {
+    let gathered = group.all_gather(&Array::from_slice(&room.to_le_bytes(), &[1, 8]))?;
+    gathered.eval().map_err(|e| e.to_string())?;
+    let bytes: &[u8] = gathered.as_slice();
+    Ok(bytes.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect())
+}
+
+/// Every rank's stage of `model` (built, not yet read): its layers split by the ranks' room,
+/// rank 0's less the ends it holds (embeddings, final norm, output head).
+pub fn plan_stages(model: &Transformer, rooms: &[u64]) -> Result<Vec<Stage>, String> {
+    if let Some(why) = model.stage_refusal() {
+        return Err(format!("this model cannot be split across machines: {why}"));
+    }
+    let ends = model.ends_weight_bytes();
+    let mut room = rooms.to_vec();
+    let Some(first) = room.first_mut() else { return Err("no ranks".into()) };
+    *first = first.checked_sub(ends).ok_or_else(|| {
+        format!("rank 0 has no room for the embeddings and output head ({:.2} GB)", ends as f64 / 1e9)
+    })?;
+    let ranges = split::split_layers(&model.layer_weight_bytes(), &room)?;
+    Ok(ranges.into_iter().enumerate().map(|(rank, layers)| Stage { layers, ends: rank == 0 }).collect())
+}
+
 fn eval(a: Array) -> Result<Array, String> {
     a.eval().map_err(|e| e.to_string())?;
     Ok(a)
 }
 
-/// Rank 0's side of a link's measurement.
+/// The timing side of a link's measurement.
 fn measure(group: &Group, peer: usize) -> Result<Link, String> {
     let ping = Array::from_slice(&[1u8], &[1]);
     let mut trips = Vec::with_capacity(PINGS);
@@ -108,17 +178,22 @@ fn measure(group: &Group, peer: usize) -> Result<Link, String> {
     eval(group.send(&payload, peer)?)?;
     eval(group.recv(&[1], Dtype::Uint8, peer)?)?;
     let took = start.elapsed().saturating_sub(trips[PINGS / 2] / 2);
-    Ok(Link { peer, round_trip: trips[PINGS / 2], bytes_per_second: PROBE_BYTES as f64 / took.as_secs_f64().max(1e-9) })
+    Ok(Link {
+        from: group.rank(),
+        to: peer,
+        round_trip: trips[PINGS / 2],
+        bytes_per_second: PROBE_BYTES as f64 / took.as_secs_f64().max(1e-9),
+    })
 }
 
-/// A peer's side: echo the pings, take the payload, acknowledge it.
-fn answer(group: &Group) -> Result<(), String> {
+/// The answering side: echo the pings, take the payload, acknowledge it.
+fn answer(group: &Group, peer: usize) -> Result<(), String> {
     let pong = Array::from_slice(&[1u8], &[1]);
     for _ in 0..PINGS {
-        eval(group.recv(&[1], Dtype::Uint8, 0)?)?;
-        eval(group.send(&pong, 0)?)?;
+        eval(group.recv(&[1], Dtype::Uint8, peer)?)?;
+        eval(group.send(&pong, peer)?)?;
     }
-    eval(group.recv(&[(PROBE_BYTES / 4) as i32], Dtype::Float32, 0)?)?;
-    eval(group.send(&pong, 0)?)?;
+    eval(group.recv(&[(PROBE_BYTES / 4) as i32], Dtype::Float32, peer)?)?;
+    eval(group.send(&pong, peer)?)?;
     Ok(())
 }

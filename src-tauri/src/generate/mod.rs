@@ -93,10 +93,24 @@ impl From<mlx_rs::error::Exception> for GenerateError {
     }
 }
 
+/// Final hidden states (after the final norm) for token ids `[B, L]` that follow what the
+/// caches hold: the model's own forward, or a cluster's pipeline of stages.
+pub type Forward<'a> = dyn FnMut(&Array, &mut [KvCache]) -> Result<Array, ModelError> + 'a;
+
 /// Runs `request` to completion, calling `on_text` with each piece of stable text.
 pub fn generate(
     model: &LoadedModel,
     request: &GenerateRequest,
+    on_text: impl FnMut(&str),
+) -> Result<Generation, GenerateError> {
+    generate_with(model, request, &mut |ids, cache| model.transformer.forward_hidden(ids, cache), on_text)
+}
+
+/// [`generate`] through `forward` (the caches are the ones `model` holds layers for).
+pub fn generate_with(
+    model: &LoadedModel,
+    request: &GenerateRequest,
+    forward: &mut Forward,
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation, GenerateError> {
     let transformer = &model.transformer;
@@ -124,11 +138,11 @@ pub fn generate(
     let mut done = 0;
     while done < head.len() {
         let n = request.kv_format.chunk_before_start(done as i32, PREFILL_CHUNK.min(head.len() - done));
-        let hidden = transformer.forward_hidden(&token_array(&head[done..done + n]), &mut cache)?;
+        let hidden = forward(&token_array(&head[done..done + n]), cache.as_mut_slice())?;
         hidden.eval()?;
         done += n;
     }
-    let mut logits = next_logits(model, last[0], &mut cache)?;
+    let mut logits = next_logits(model, forward, last[0], &mut cache)?;
     stats.prefill_time = started.elapsed();
 
     let decode_started = Instant::now();
@@ -153,7 +167,7 @@ pub fn generate(
         match produced.ended {
             Some(Ended::Stop { .. }) => break FinishReason::Stop,
             Some(Ended::Length) => break FinishReason::Length,
-            None => logits = next_logits(model, produced.token, &mut cache)?,
+            None => logits = next_logits(model, forward, produced.token, &mut cache)?,
         }
     };
     stats.generated_tokens = tokens.len();
@@ -168,8 +182,13 @@ fn token_array(ids: &[u32]) -> Array {
 }
 
 /// Runs one token through the model and returns the logits of the next one, on the host.
-fn next_logits(model: &LoadedModel, token: u32, cache: &mut [KvCache]) -> Result<Vec<f32>, GenerateError> {
-    let logits = model.transformer.forward(&token_array(&[token]), cache)?;
+fn next_logits(
+    model: &LoadedModel,
+    forward: &mut Forward,
+    token: u32,
+    cache: &mut [KvCache],
+) -> Result<Vec<f32>, GenerateError> {
+    let logits = model.transformer.logits(&forward(&token_array(&[token]), cache)?)?;
     let last = logits.try_index((0, -1))?.as_dtype(Dtype::Float32)?;
     last.eval()?;
     Ok(last.as_slice::<f32>().to_vec())

@@ -62,6 +62,18 @@ pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
 }
 
 pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) -> Result<LoadedModel> {
+    load_model_staged(path, backend, options, |_| Ok(None))
+}
+
+/// Loads the part of the model at `path` that `choose` picks from the model as built, before a
+/// weight is read (MLX reads lazily), so a cluster rank reads only its own layers' weights
+/// (`None`: the whole model). A stage has no vision tower: images are not pipelined.
+pub fn load_model_staged(
+    path: &Path,
+    backend: &Backend,
+    options: &LoadOptions,
+    choose: impl FnOnce(&Transformer) -> Result<Option<crate::model::Stage>>,
+) -> Result<LoadedModel> {
     if !path.exists() {
         return Err(ModelError::NotFound { path: path.to_path_buf() });
     }
@@ -80,6 +92,11 @@ pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) ->
             message: "not a model: expected a folder with config.json or a .gguf file".into(),
         });
     };
+    let (mut transformer, mut vision) = (transformer, vision);
+    if let Some(stage) = choose(&transformer)? {
+        transformer.keep_stage(stage)?;
+        vision = None;
+    }
     let weights_error = |e: ModelError| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() };
     let mut weights_bytes = transformer.materialize().map_err(weights_error)?;
     if let Some(vision) = &vision {

@@ -20,7 +20,9 @@ use crate::model::layers::{
 use crate::model::weights::Weights;
 
 pub mod mtp;
+mod stage;
 use mtp::MtpHead;
+pub use stage::Stage;
 
 pub enum FeedForward {
     Dense(Mlp),
@@ -258,6 +260,8 @@ pub struct Transformer {
     mrope: Option<MRope>,
     /// Granite divides its logits by this.
     logits_scaling: Option<f32>,
+    /// The part of the model this process holds, as one rank of a cluster (`None`: all of it).
+    stage: Option<Stage>,
 }
 
 /// Image features placed in a step's input: at the positions `mask` marks (`[B, L, 1]`), the
@@ -410,16 +414,23 @@ impl Transformer {
             mtp,
             mrope,
             logits_scaling,
+            stage: None,
         })
     }
 
-    /// Every array of the model.
+    /// Every array of the model (of a stage: its layers', and the ends' where it holds them).
     pub fn arrays(&self) -> Vec<&Array> {
-        let mut out = self.embed.arrays();
-        for layer in &self.layers {
-            out.extend(layer.arrays());
+        let mut out: Vec<&Array> = self.layers.iter().flat_map(DecoderLayer::arrays).collect();
+        if self.stage.as_ref().is_none_or(|s| s.ends) {
+            out.extend(self.end_arrays());
         }
         out.extend(self.mtp.iter().flat_map(MtpHead::arrays));
+        out
+    }
+
+    /// The arrays outside the layers: embeddings, final norm, output head, per-layer inputs.
+    fn end_arrays(&self) -> Vec<&Array> {
+        let mut out = self.embed.arrays();
         out.extend(self.per_layer_inputs.iter().flat_map(PerLayerInputs::arrays));
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
@@ -457,7 +468,8 @@ impl Transformer {
 
     /// The window of each cache's layer (`None`: it sees the whole sequence).
     pub fn cache_windows(&self) -> Vec<Option<usize>> {
-        (0..self.config.kv_cache_layers()).map(|i| self.config.layer_window(i)).collect()
+        let first = self.first_layer();
+        (0..self.cache_count()).map(|i| self.config.layer_window(first + i)).collect()
     }
 
     /// Bytes of one value in the compute dtype.
@@ -476,7 +488,7 @@ impl Transformer {
 
     /// Empty caches storing keys and values in `format`.
     pub fn new_cache_in(&self, format: KvFormat) -> Vec<KvCache> {
-        (0..self.config.kv_cache_layers()).map(|_| KvCache::with_format(format)).collect()
+        (0..self.cache_count()).map(|_| KvCache::with_format(format)).collect()
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`, for token ids `[B, L]` that follow
@@ -507,10 +519,27 @@ impl Transformer {
             (Some(p), None) => Some(p.forward(ids, &h)?),
             (None, _) => None,
         };
-        let len = ids.dim(1);
+        let h = self.run_layers(h, cache, step, rotation.as_ref(), per_layer.as_ref())?;
+        self.norm.forward(&h)
+    }
+
+    /// The layers this model holds (all, or a pipeline stage's) over the residual stream `h`
+    /// (`[B, L, hidden]`), one cache per layer.
+    fn run_layers<C: LayerCache>(
+        &self,
+        mut h: Array,
+        cache: &mut [C],
+        step: StepInputs,
+        rotation: Option<&CosSin>,
+        per_layer: Option<&Array>,
+    ) -> Result<Array> {
+        let len = h.dim(1);
+        // Layer indices are the model's (a stage's first layer need not be 0); caches are this
+        // model's own, one per layer it holds.
+        let first_layer = self.first_layer();
         // Windowed layers let go of what no new token can see; all of them hold the same
         // columns, as do all full layers, so each kind's first cache gives the kind's mask.
-        let window = |slot: usize| self.config.layer_window(slot);
+        let window = |slot: usize| self.config.layer_window(first_layer + slot);
         for (slot, layer_cache) in cache.iter_mut().enumerate() {
             if let Some(w) = window(slot) {
                 layer_cache.drop_outside(w)?;
@@ -535,7 +564,8 @@ impl Transformer {
         // Keys and values of this step by cache, for layers that reuse another's (Gemma 4).
         let reusing = self.config.kv_cache_layers() < self.layers.len();
         let mut produced: Vec<Option<(KvTensor, KvTensor)>> = vec![None; cache.len()];
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (local, layer) in self.layers.iter().enumerate() {
+            let i = first_layer + local;
             let mask = match (&window_mask, self.config.layer_window(i)) {
                 (Some(m), Some(_)) => m,
                 _ => &full_mask,
@@ -543,12 +573,13 @@ impl Transformer {
             let inputs = LayerInputs {
                 mask,
                 positions: &positions,
-                rotation: rotation.as_ref(),
+                rotation,
                 query_scale: query_scale.as_ref(),
-                per_layer: per_layer.as_ref().map(|p| p.index((.., .., i as i32, ..))),
+                per_layer: per_layer.map(|p| p.index((.., .., i as i32, ..))),
             };
+            // A stage never holds a layer that reuses another's cache (`stage_refusal`).
             let source = self.config.layer_attention(i).kv_source;
-            let slot = source.unwrap_or(i);
+            let slot = source.unwrap_or(local);
             let layer_cache = cache
                 .get_mut(slot)
                 .ok_or_else(|| crate::model::ModelError::Mlx(format!("no cache for layer {slot}")))?;
@@ -571,7 +602,7 @@ impl Transformer {
                 produced[slot] = kv;
             }
         }
-        self.norm.forward(&h)
+        Ok(h)
     }
 
     /// The input embeddings of token ids `[B, L]` (scaled where the family scales them).

@@ -1,0 +1,117 @@
+//! `fastmlx generate --cluster hosts.json --rank N`: one generation with the model split into
+//! pipeline stages across the machines of a cluster (every rank runs the same command with its
+//! own rank; rank 0 prints the text). The ranks agree on the version, the model and the
+//! settings first; every wait on another rank has a deadline (`--timeout`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+
+use super::generate_cmd::{print_stats, print_text, GenerateArgs};
+use crate::cluster::hostfile::HostFile;
+use crate::cluster::identity::NodeIdentity;
+use crate::cluster::pipeline::Pipeline;
+use crate::cluster::watchdog::Watchdog;
+use crate::generate::generate_with;
+use crate::mlx::distributed::DistributedBackend;
+use crate::mlx::Backend;
+use crate::model::{load_model_staged, ModelError};
+
+#[derive(Args, Default)]
+pub struct ClusterArgs {
+    /// Split the model across the machines of this host file (MLX's ring format
+    /// `[["ip:port"], ...]` or mlx.launch's), each running this command with its `--rank`.
+    #[arg(long, value_name = "HOSTFILE")]
+    cluster: Option<PathBuf>,
+    /// This machine's place in the host file; default: `MLX_RANK`.
+    #[arg(long, requires = "cluster")]
+    rank: Option<usize>,
+    /// MLX's backend: `ring` (TCP, any network) or `jaccl` (RDMA over Thunderbolt 5).
+    #[arg(long, default_value = "ring", requires = "cluster")]
+    backend: String,
+    /// Seconds any wait on another rank may take (forming the cluster included) before this
+    /// rank gives up with an error.
+    #[arg(long, default_value_t = 120, requires = "cluster")]
+    timeout: u64,
+}
+
+impl ClusterArgs {
+    pub fn hostfile(&self) -> Option<PathBuf> {
+        self.cluster.clone()
+    }
+}
+
+pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
+    let cluster = &args.cluster;
+    let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
+    let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
+    let rank = super::cluster_cmd::rank_or_env(cluster.rank)?;
+    let kv_format = args.kv.format()?;
+    let backend = Backend::init();
+    let path = super::resolve_model_path(args.model.clone())?;
+    // What changes the numbers every rank computes must be the same on every rank.
+    let settings = format!(
+        "weights={:?} kv_bits={} kv_group_size={} kv_start={}",
+        args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
+    );
+    let identity = NodeIdentity::of(&path, &settings).map_err(anyhow::Error::msg)?;
+    let watchdog = Watchdog::start(rank, Duration::from_secs(cluster.timeout));
+    let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
+        let _w = watchdog.waiting("the ranks have not told their memory");
+        let rooms = crate::cluster::gather_rooms(&group, crate::mlx::default_ceiling())?;
+        Ok((group, rooms))
+    });
+    let (group, rooms) = joined.map_err(anyhow::Error::msg)?;
+
+    let load_started = Instant::now();
+    let mut stages = Vec::new();
+    let model = load_model_staged(&path, &backend, &args.weights.load_options(), |t| {
+        stages = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Mlx)?;
+        Ok(Some(stages[rank].clone()))
+    })
+    .with_context(|| format!("loading {}", path.display()))?;
+    model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
+    let layers = &stages[rank].layers;
+    eprintln!(
+        "rank {rank} of {}: {} layers {}..{} of {} ({:.1} MB of weights) on {} in {:.2}s",
+        group.size(),
+        model.name,
+        layers.start,
+        layers.end,
+        model.transformer.config.num_layers,
+        model.weights_bytes as f64 / 1e6,
+        backend.name(),
+        load_started.elapsed().as_secs_f64()
+    );
+
+    let hidden = model.transformer.config.hidden_size;
+    let mut pipeline = Pipeline::new(&group, watchdog, hidden);
+    if rank != 0 {
+        return pipeline.serve_stage(&model.transformer, kv_format).map_err(anyhow::Error::msg);
+    }
+    let generation = args.request(&model, kv_format).and_then(|request| {
+        let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {
+            pipeline.forward(&model.transformer, ids, cache).map_err(ModelError::Mlx)
+        };
+        Ok(generate_with(&model, &request, &mut forward, print_text())?)
+    });
+    // The workers return whatever became of the generation.
+    let stopped = pipeline.stop();
+    let generation = generation?;
+    stopped.map_err(anyhow::Error::msg)?;
+    print_stats(&generation);
+    let p = &pipeline.stats;
+    if p.steps > 0 {
+        eprintln!(
+            "Pipeline: {} ranks, {} steps, {:.0} bytes per token per hop, rank 0 waited {:.2} ms per step for the others ({:.2} ms per step in all)",
+            group.size(),
+            p.steps,
+            p.bytes_per_hop as f64 / p.tokens.max(1) as f64,
+            p.waited.as_secs_f64() * 1e3 / p.steps as f64,
+            p.total.as_secs_f64() * 1e3 / p.steps as f64,
+        );
+    }
+    Ok(())
+}
