@@ -110,8 +110,9 @@ fn bad_host_files_and_missing_peers_fail_with_a_reason() {
 }
 
 /// `fastmlx generate` of `model` with `args`: alone (`ranks` 1) or split across `ranks`
-/// processes on loopback, started in rank order; every process's output.
-fn generate(dir: &Path, model: &Path, args: &[&str], ranks: usize) -> Vec<Output> {
+/// processes on loopback (with `split`: `--parallel tensor`), started in rank order; every
+/// process's output.
+fn generate(dir: &Path, model: &Path, args: &[&str], split: Parallel, ranks: usize) -> Vec<Output> {
     let start = |extra: Vec<String>| {
         Command::new(env!("CARGO_BIN_EXE_fastmlx"))
             .arg("generate")
@@ -130,7 +131,11 @@ fn generate(dir: &Path, model: &Path, args: &[&str], ranks: usize) -> Vec<Output
     let hosts = host_file(dir, ranks);
     let children: Vec<_> = (0..ranks)
         .map(|rank| {
-            let extra = ["--cluster", hosts.to_str().unwrap(), "--rank", &rank.to_string(), "--timeout", "60"];
+            let rank = rank.to_string();
+            let mut extra = vec!["--cluster", hosts.to_str().unwrap(), "--rank", &rank, "--timeout", "60"];
+            if split == Parallel::Tensor {
+                extra.extend(["--parallel", "tensor"]);
+            }
             let child = start(extra.iter().map(|s| s.to_string()).collect());
             std::thread::sleep(Duration::from_millis(500));
             child
@@ -139,11 +144,30 @@ fn generate(dir: &Path, model: &Path, args: &[&str], ranks: usize) -> Vec<Output
     children.into_iter().map(|c| c.wait_with_output().unwrap()).collect()
 }
 
-/// Rank 0's text equals one process's, every rank succeeds, and each says which layers it held.
+#[derive(Clone, Copy, PartialEq)]
+enum Parallel {
+    Pipeline,
+    Tensor,
+}
+
+/// Rank 0's text equals one process's, every rank succeeds, and each says what it held.
 fn assert_pipelined_like_alone(dir: &Path, model: &Path, args: &[&str], ranks: usize, what: &str) {
-    let alone = generate(dir, model, args, 1).remove(0);
+    let says = assert_split_like_alone(dir, model, args, Parallel::Pipeline, ranks, what);
+    assert!(says.contains(&format!("Pipeline: {ranks} ranks")), "{says}");
+}
+
+/// Rank 0's text equals one process's and every rank succeeds; rank 0's report.
+fn assert_split_like_alone(
+    dir: &Path,
+    model: &Path,
+    args: &[&str],
+    split: Parallel,
+    ranks: usize,
+    what: &str,
+) -> String {
+    let alone = generate(dir, model, args, split, 1).remove(0);
     assert!(alone.status.success(), "{what} alone: {}", text(&alone));
-    let out = generate(dir, model, args, ranks);
+    let out = generate(dir, model, args, split, ranks);
     for (rank, o) in out.iter().enumerate() {
         assert!(o.status.success(), "{what}, rank {rank} of {ranks}: {}", text(o));
         assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("rank {rank} of {ranks}: ")), "{}", text(o));
@@ -154,8 +178,7 @@ fn assert_pipelined_like_alone(dir: &Path, model: &Path, args: &[&str], ranks: u
         "{what} across {ranks} ranks: {}",
         text(&out[0])
     );
-    let says = String::from_utf8_lossy(&out[0].stderr);
-    assert!(says.contains(&format!("Pipeline: {ranks} ranks")), "{says}");
+    String::from_utf8_lossy(&out[0].stderr).into_owned()
 }
 
 #[test]
@@ -167,7 +190,7 @@ fn pipelined_generation_equals_one_process_for_every_architecture() {
         synthetic::write_tiny_model(&model, arch, 3, None).unwrap();
         if arch == Arch::Gemma4 {
             // Its later layers read earlier layers' caches: refused by every rank, with the reason.
-            for (rank, o) in generate(dir.path(), &model, &args, 2).iter().enumerate() {
+            for (rank, o) in generate(dir.path(), &model, &args, Parallel::Pipeline, 2).iter().enumerate() {
                 let says = text(o);
                 assert!(!o.status.success() && says.contains("cannot be split across machines"), "rank {rank}: {says}");
             }
@@ -225,4 +248,30 @@ fn a_worker_killed_mid_generation_ends_rank_0_with_an_error_not_a_hang() {
     assert!(killed.elapsed() < Duration::from_secs(30), "rank 0 took {:?} to give up: {says}", killed.elapsed());
     assert!(!says.contains("Generation:"), "{says}");
     eprintln!("rank 0 after its worker was killed, {:?} later: {says}", killed.elapsed());
+}
+
+#[test]
+fn tensor_parallel_generation_equals_one_process_for_the_families_it_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--prompt", "The sea is", "--max-tokens", "12", "--ignore-eos"];
+    let tensor = Parallel::Tensor;
+    let split = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::SmolLm3, Arch::SeedOss];
+    for arch in split {
+        let model = dir.path().join(format!("{arch:?}"));
+        synthetic::write_tiny_model(&model, arch, 3, None).unwrap();
+        let says = assert_split_like_alone(dir.path(), &model, &args, tensor, 2, &format!("{arch:?} by tensors"));
+        assert!(says.contains("1/2 of every layer's heads"), "{says}");
+    }
+    // The real model: 9 query and 3 key/value heads split in 3.
+    assert_split_like_alone(dir.path(), &common::smollm2_gguf(), &args, tensor, 3, "SmolLM2 by tensors");
+    // What this build does not split by tensors is refused by every rank, with the reason.
+    for (arch, reason) in [(Arch::Phi3, "fused"), (Arch::Qwen3Moe, "experts"), (Arch::Lfm2, "other than attention")] {
+        let model = dir.path().join(format!("{arch:?}"));
+        synthetic::write_tiny_model(&model, arch, 3, None).unwrap();
+        for (rank, o) in generate(dir.path(), &model, &args, tensor, 2).iter().enumerate() {
+            let says = text(o);
+            assert!(!o.status.success() && says.contains("cannot be split by tensors"), "{arch:?} rank {rank}: {says}");
+            assert!(says.contains(reason), "{arch:?} rank {rank}: {says}");
+        }
+    }
 }

@@ -1,9 +1,11 @@
-//! `fastmlx generate --cluster hosts.json --rank N`: one generation with the model split into
-//! pipeline stages across the machines of a cluster (every rank runs the same command with its
-//! own rank; rank 0 prints the text). The ranks agree on the version, the model and the
-//! settings first; every wait on another rank has a deadline (`--timeout`).
+//! `fastmlx generate --cluster hosts.json --rank N`: one generation with the model split across
+//! the machines of a cluster (every rank runs the same command with its own rank; rank 0 prints
+//! the text), into pipeline stages (`--parallel pipeline`) or by heads and columns (`--parallel
+//! tensor`). The ranks agree on the version, the model and the settings first; every wait on
+//! another rank has a deadline (`--timeout`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,7 +19,7 @@ use crate::cluster::watchdog::Watchdog;
 use crate::generate::generate_with;
 use crate::mlx::distributed::DistributedBackend;
 use crate::mlx::Backend;
-use crate::model::{load_model_staged, ModelError};
+use crate::model::{load_model_split, ModelError};
 
 #[derive(Args, Default)]
 pub struct ClusterArgs {
@@ -35,6 +37,18 @@ pub struct ClusterArgs {
     /// rank gives up with an error.
     #[arg(long, default_value_t = 120, requires = "cluster")]
     timeout: u64,
+    /// How the model is split: `pipeline` (consecutive layers per machine, the residual stream
+    /// passed on) or `tensor` (every layer's heads and MLP columns shared out, partial outputs
+    /// summed after each attention and MLP: for fast links).
+    #[arg(long, value_enum, default_value_t = Parallel::Pipeline, requires = "cluster")]
+    parallel: Parallel,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Parallel {
+    #[default]
+    Pipeline,
+    Tensor,
 }
 
 impl ClusterArgs {
@@ -51,11 +65,17 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
-    // What changes the numbers every rank computes must be the same on every rank.
-    let settings = format!(
-        "weights={:?} kv_bits={} kv_group_size={} kv_start={}",
-        args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
+    // What changes the numbers every rank computes must be the same on every rank; tensor
+    // parallel ranks each run the whole generation, so the request too.
+    let mut settings = format!(
+        "parallel={:?} weights={:?} kv_bits={} kv_group_size={} kv_start={}",
+        cluster.parallel, args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
     );
+    if cluster.parallel == Parallel::Tensor {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(args.request_text().as_bytes());
+        settings += &format!(" request={}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
+    }
     let identity = NodeIdentity::of(&path, &settings).map_err(anyhow::Error::msg)?;
     let watchdog = Watchdog::start(rank, Duration::from_secs(cluster.timeout));
     let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
@@ -64,27 +84,48 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         Ok((group, rooms))
     });
     let (group, rooms) = joined.map_err(anyhow::Error::msg)?;
+    let group = Arc::new(group);
 
     let load_started = Instant::now();
-    let mut stages = Vec::new();
-    let model = load_model_staged(&path, &backend, &args.weights.load_options(), |t| {
-        stages = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Mlx)?;
-        Ok(Some(stages[rank].clone()))
+    let mut held = String::new();
+    let model = load_model_split(&path, &backend, &args.weights.load_options(), |t| match cluster.parallel {
+        Parallel::Pipeline => {
+            let stage = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Mlx)?.swap_remove(rank);
+            held = format!("layers {}..{} of {}", stage.layers.start, stage.layers.end, t.config.num_layers);
+            t.keep_stage(stage)
+        }
+        Parallel::Tensor => {
+            held = format!("1/{} of every layer's heads and MLP columns", group.size());
+            t.shard_tensors(group.clone())
+        }
     })
     .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
-    let layers = &stages[rank].layers;
     eprintln!(
-        "rank {rank} of {}: {} layers {}..{} of {} ({:.1} MB of weights) on {} in {:.2}s",
+        "rank {rank} of {}: {} {held} ({:.1} MB of weights) on {} in {:.2}s",
         group.size(),
         model.name,
-        layers.start,
-        layers.end,
-        model.transformer.config.num_layers,
         model.weights_bytes as f64 / 1e6,
         backend.name(),
         load_started.elapsed().as_secs_f64()
     );
+    if cluster.parallel == Parallel::Tensor {
+        // Every rank runs the whole generation (the sums give each the same logits, so the
+        // same tokens); each step's sums are waited for under the deadline.
+        let request = args.request(&model, kv_format)?;
+        let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {
+            let _w = watchdog.waiting("summing a step's outputs with the other ranks");
+            let hidden = model.transformer.forward_hidden(ids, cache)?;
+            hidden.eval()?;
+            Ok(hidden)
+        };
+        let on_text: Box<dyn FnMut(&str)> = if rank == 0 { Box::new(print_text()) } else { Box::new(|_| {}) };
+        let generation = generate_with(&model, &request, &mut forward, on_text)?;
+        if rank == 0 {
+            print_stats(&generation);
+        }
+        return Ok(());
+    }
 
     let hidden = model.transformer.config.hidden_size;
     let mut pipeline = Pipeline::new(&group, watchdog, hidden);

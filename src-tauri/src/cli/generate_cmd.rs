@@ -86,6 +86,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 impl GenerateArgs {
+    /// What this generation asks for, in words (tensor-parallel ranks must all run the same).
+    pub(super) fn request_text(&self) -> String {
+        format!(
+            "{:?}",
+            (
+                (&self.prompt, self.chat, &self.system, self.max_tokens, &self.stop, self.ignore_eos),
+                (self.temp, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.seed),
+            )
+        )
+    }
+
     /// The request these flags ask of `model`: the prompt tokenized (through its chat
     /// template with `--chat`) and the sampling settings.
     pub(super) fn request(&self, model: &LoadedModel, kv_format: KvFormat) -> anyhow::Result<GenerateRequest> {

@@ -62,17 +62,17 @@ pub fn load_model(path: &Path, backend: &Backend) -> Result<LoadedModel> {
 }
 
 pub fn load_model_with(path: &Path, backend: &Backend, options: &LoadOptions) -> Result<LoadedModel> {
-    load_model_staged(path, backend, options, |_| Ok(None))
+    load_model_split(path, backend, options, |_| Ok(()))
 }
 
-/// Loads the part of the model at `path` that `choose` picks from the model as built, before a
-/// weight is read (MLX reads lazily), so a cluster rank reads only its own layers' weights
-/// (`None`: the whole model). A stage has no vision tower: images are not pipelined.
-pub fn load_model_staged(
+/// Loads the model at `path` cut down by `split` (a cluster rank's pipeline stage or tensor
+/// share) as built, before a weight is read (MLX reads lazily), so a rank reads only what it
+/// holds. A split model has no vision tower: images are not served across a cluster yet.
+pub fn load_model_split(
     path: &Path,
     backend: &Backend,
     options: &LoadOptions,
-    choose: impl FnOnce(&Transformer) -> Result<Option<crate::model::Stage>>,
+    split: impl FnOnce(&mut Transformer) -> Result<()>,
 ) -> Result<LoadedModel> {
     if !path.exists() {
         return Err(ModelError::NotFound { path: path.to_path_buf() });
@@ -93,8 +93,8 @@ pub fn load_model_staged(
         });
     };
     let (mut transformer, mut vision) = (transformer, vision);
-    if let Some(stage) = choose(&transformer)? {
-        transformer.keep_stage(stage)?;
+    split(&mut transformer)?;
+    if transformer.is_split() {
         vision = None;
     }
     let weights_error = |e: ModelError| ModelError::Weights { path: path.to_path_buf(), message: e.to_string() };

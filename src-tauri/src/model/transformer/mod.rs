@@ -21,6 +21,7 @@ use crate::model::weights::Weights;
 
 pub mod mtp;
 mod stage;
+mod tensor_parallel;
 use mtp::MtpHead;
 pub use stage::Stage;
 
@@ -120,6 +121,8 @@ struct LayerInputs<'a> {
     query_scale: Option<&'a Array>,
     /// This layer's slice of Gemma 4's per-layer inputs.
     per_layer: Option<Array>,
+    /// The ranks to sum each branch's output over (tensor parallel).
+    tensor: Option<&'a crate::mlx::distributed::Group>,
 }
 
 impl DecoderLayer {
@@ -151,8 +154,14 @@ impl DecoderLayer {
     pub(crate) fn forward_alone<C: LayerCache>(&self, h: &Array, cache: &mut C) -> Result<Array> {
         let positions = cache.positions()?;
         let mask = cache.mask(h.dim(1), None)?;
-        let inputs =
-            LayerInputs { mask: &mask, positions: &positions, rotation: None, query_scale: None, per_layer: None };
+        let inputs = LayerInputs {
+            mask: &mask,
+            positions: &positions,
+            rotation: None,
+            query_scale: None,
+            per_layer: None,
+            tensor: None,
+        };
         Ok(self.forward(h, inputs, cache, KeysValues::Own)?.0)
     }
 
@@ -200,6 +209,7 @@ impl DecoderLayer {
             Mixer::ShortConv(conv) => (conv.forward(&x, cache)?, None),
             Mixer::Mamba2(mamba) => (mamba.forward(&x, cache)?, None),
         };
+        let r = Self::summed(inputs.tensor, r)?;
         let scaled = |r: Array| -> Result<Array> {
             match &self.residual_scale {
                 Some(scale) => Ok(multiply(&r, scale)?),
@@ -210,13 +220,13 @@ impl DecoderLayer {
             (_, None) => add(h, scaled(r)?)?,
             (None, Some(post_attention_norm)) => {
                 let h1 = add(h, scaled(r)?)?;
-                let r = self.feed_forward.forward(&h1, Some(post_attention_norm))?;
+                let r = Self::summed(inputs.tensor, self.feed_forward.forward(&h1, Some(post_attention_norm))?)?;
                 add(&h1, scaled(r)?)?
             }
             (Some(norms), Some(post_attention_norm)) => {
                 let add = |x: &Array, y: &Array| if norms.clipped { residual(x, y) } else { Ok(add(x, y)?) };
                 let h1 = add(h, &post_attention_norm.forward(&r)?)?;
-                let r = self.feed_forward.forward(&h1, norms.pre_feedforward.as_ref())?;
+                let r = Self::summed(inputs.tensor, self.feed_forward.forward(&h1, norms.pre_feedforward.as_ref())?)?;
                 add(&h1, &norms.post_feedforward.forward(&r)?)?
             }
         };
@@ -262,6 +272,8 @@ pub struct Transformer {
     logits_scaling: Option<f32>,
     /// The part of the model this process holds, as one rank of a cluster (`None`: all of it).
     stage: Option<Stage>,
+    /// The ranks this process shares every layer's heads and columns with (tensor parallel).
+    tensor: Option<std::sync::Arc<crate::mlx::distributed::Group>>,
 }
 
 /// Image features placed in a step's input: at the positions `mask` marks (`[B, L, 1]`), the
@@ -415,6 +427,7 @@ impl Transformer {
             mrope,
             logits_scaling,
             stage: None,
+            tensor: None,
         })
     }
 
@@ -576,6 +589,7 @@ impl Transformer {
                 rotation,
                 query_scale: query_scale.as_ref(),
                 per_layer: per_layer.map(|p| p.index((.., .., i as i32, ..))),
+                tensor: self.tensor.as_deref(),
             };
             // A stage never holds a layer that reuses another's cache (`stage_refusal`).
             let source = self.config.layer_attention(i).kv_source;

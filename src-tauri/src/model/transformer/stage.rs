@@ -50,7 +50,7 @@ impl Transformer {
         if let Some(why) = self.stage_refusal() {
             return Err(ModelError::Mlx(format!("this model cannot be split across machines: {why}")));
         }
-        if self.stage.is_some() || stage.layers.is_empty() || stage.layers.end > self.layers.len() {
+        if self.is_split() || stage.layers.is_empty() || stage.layers.end > self.layers.len() {
             return Err(ModelError::Mlx(format!(
                 "layers {:?} are not a stage of a model of {} layers",
                 stage.layers,
@@ -62,6 +62,11 @@ impl Transformer {
         self.mtp = None;
         self.stage = Some(stage);
         Ok(())
+    }
+
+    /// Whether this process holds only part of the model (a pipeline stage or a tensor share).
+    pub fn is_split(&self) -> bool {
+        self.stage.is_some() || self.tensor.is_some()
     }
 
     /// The part of the model this process holds (`None`: all of it).
