@@ -1,44 +1,60 @@
 #!/usr/bin/env bash
-# Pipeline parallel on one machine (issue 38): SmolLM2-135M (the default model) generating alone,
-# then split across 2 processes on loopback with MLX's ring backend (`fastmlx generate
-# --cluster`), one after the other. Two processes share this machine's cores, so no speed-up is
-# expected: what it shows is the cost of the split (bytes per token per hop, the time rank 0
-# waits for the other rank each step) and the prefill and decode speeds of 1 and 2 processes.
+# A cluster on one machine (issue 38): a model generating alone, then split across 2 processes on
+# loopback with MLX's ring backend (`fastmlx generate --cluster`), by pipeline stages and by
+# tensors, one run after the other: SmolLM2-135M (the default model; its 9 heads do not split in
+# two, so by pipeline only) and the dense Qwen3 bench model (scripts/reference/make_bench_models.py:
+# 8 layers, hidden 512, 8 heads, f32). Two processes share this machine's
+# cores, so no speed-up is expected: what it shows is the cost of the split (bytes per token per
+# hop, the time rank 0 waits for the other rank each step) and the prefill and decode speeds.
+# Each process of the split runs one BLAS thread (one core each, as two machines would have
+# their own); the single process is timed with all cores and with one.
 #   scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORDS="${1:-400}"
 GEN="${2:-128}"
-bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup.sh" --test
 cd "$ROOT"
 cargo build --release --locked -q
 BIN=./target/release/fastmlx
-MODEL=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+BENCH=.cache/models/bench/qwen3-dense-bench
+[[ -f $BENCH/.ok ]] || { .cache/venv/bin/python scripts/reference/make_bench_models.py .cache/models/bench qwen3-dense-bench && touch $BENCH/.ok; }
 echo "machine: $(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)"
 PROMPT="$(python3 -c "import sys; print(' '.join(['the quick brown fox jumps over the lazy dog'] * (int(sys.argv[1]) // 9 + 1)))" "$WORDS")"
-ARGS=(generate --model "$MODEL" --prompt "$PROMPT" --max-tokens "$GEN" --ignore-eos)
+
+ONE_THREAD=(env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-echo "== 1 process"
-$BIN "${ARGS[@]}" 2>&1 >/dev/null | grep -E '^(Prompt|Generation|Peak)'
-
-echo "== 2 processes (ring backend, loopback)"
 HOSTS="$(mktemp)"
-echo "[[\"127.0.0.1:$(free_port)\"], [\"127.0.0.1:$(free_port)\"]]" >"$HOSTS"
+LOG0="$(mktemp)"
 LOG1="$(mktemp)"
-$BIN "${ARGS[@]}" --cluster "$HOSTS" --rank 0 2>&1 >/dev/null | grep -E '^(rank|Prompt|Generation|Peak|Pipeline)' &
-R0=$!
-sleep 0.5
-$BIN "${ARGS[@]}" --cluster "$HOSTS" --rank 1 >"$LOG1" 2>&1 &
-R1=$!
-wait $R0
-wait $R1
-grep -E '^rank' "$LOG1"
+new_hosts() { echo "[[\"127.0.0.1:$(free_port)\"], [\"127.0.0.1:$(free_port)\"]]" >"$HOSTS"; }
+REPORT='^(rank|Prompt|Generation|Peak|Pipeline)'
+
+split() { # split MODEL PARALLEL
+  echo "== 2 processes by $2, one BLAS thread each (ring backend, loopback)"
+  new_hosts
+  "${ONE_THREAD[@]}" $BIN "${ARGS[@]}" --cluster "$HOSTS" --rank 0 --parallel "$2" >/dev/null 2>"$LOG0" &
+  local r0=$!
+  sleep 0.5
+  "${ONE_THREAD[@]}" $BIN "${ARGS[@]}" --cluster "$HOSTS" --rank 1 --parallel "$2" >/dev/null 2>"$LOG1" || true
+  wait $r0 || true
+  grep -hE "$REPORT|error" "$LOG0" "$LOG1" || true
+}
+for MODEL in .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"; do
+  echo "######## $(basename "$MODEL")"
+  ARGS=(generate --model "$MODEL" --prompt "$PROMPT" --max-tokens "$GEN" --ignore-eos)
+  echo "== 1 process, every core"
+  $BIN "${ARGS[@]}" 2>&1 >/dev/null | grep -E "$REPORT"
+  echo "== 1 process, one BLAS thread"
+  "${ONE_THREAD[@]}" $BIN "${ARGS[@]}" 2>&1 >/dev/null | grep -E "$REPORT"
+  split "$MODEL" pipeline
+  split "$MODEL" tensor
+done
 echo "== the ring's link, measured by the preflight"
-echo "[[\"127.0.0.1:$(free_port)\"], [\"127.0.0.1:$(free_port)\"]]" >"$HOSTS"
-$BIN cluster check --hostfile "$HOSTS" --rank 0 --model "$MODEL" | grep link &
+new_hosts
+$BIN cluster check --hostfile "$HOSTS" --rank 0 --model "$BENCH" | grep link &
 C0=$!
 sleep 0.5
-$BIN cluster check --hostfile "$HOSTS" --rank 1 --model "$MODEL" >/dev/null
+$BIN cluster check --hostfile "$HOSTS" --rank 1 --model "$BENCH" >/dev/null
 wait $C0
-rm -f "$HOSTS" "$LOG1"
+rm -f "$HOSTS" "$LOG0" "$LOG1"

@@ -90,7 +90,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let mut held = String::new();
     let model = load_model_split(&path, &backend, &args.weights.load_options(), |t| match cluster.parallel {
         Parallel::Pipeline => {
-            let stage = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Mlx)?.swap_remove(rank);
+            let stage = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Invalid)?.swap_remove(rank);
             held = format!("layers {}..{} of {}", stage.layers.start, stage.layers.end, t.config.num_layers);
             t.keep_stage(stage)
         }
@@ -102,10 +102,11 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(
-        "rank {rank} of {}: {} {held} ({:.1} MB of weights) on {} in {:.2}s",
+        "rank {rank} of {}: {} {held} ({:.1} MB of weights, MLX holds {:.1} MB) on {} in {:.2}s",
         group.size(),
         model.name,
         model.weights_bytes as f64 / 1e6,
+        crate::mlx::memory_stats().active as f64 / 1e6,
         backend.name(),
         load_started.elapsed().as_secs_f64()
     );

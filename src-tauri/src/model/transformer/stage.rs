@@ -48,10 +48,10 @@ impl Transformer {
     /// unread. The multi-token-prediction head is dropped (pipelined ranks do not draft).
     pub fn keep_stage(&mut self, stage: Stage) -> Result<()> {
         if let Some(why) = self.stage_refusal() {
-            return Err(ModelError::Mlx(format!("this model cannot be split across machines: {why}")));
+            return Err(ModelError::Invalid(format!("this model cannot be split across machines: {why}")));
         }
         if self.is_split() || stage.layers.is_empty() || stage.layers.end > self.layers.len() {
-            return Err(ModelError::Mlx(format!(
+            return Err(ModelError::Invalid(format!(
                 "layers {:?} are not a stage of a model of {} layers",
                 stage.layers,
                 self.layers.len()

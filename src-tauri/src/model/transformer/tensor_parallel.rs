@@ -27,13 +27,15 @@ enum Split {
 fn part(a: &Array, axis: usize, rank: usize, size: usize) -> Result<Array> {
     let dim = a.dim(axis as i32) as usize;
     if !dim.is_multiple_of(size) {
-        return Err(ModelError::Mlx(format!("a dimension of {dim} does not split into {size} equal parts")));
+        return Err(ModelError::Invalid(format!("a dimension of {dim} does not split into {size} equal parts")));
     }
     let (start, end) = ((rank * dim / size) as i32, ((rank + 1) * dim / size) as i32);
-    Ok(match axis {
+    let slice = match axis {
         0 => a.index((start..end, ..)),
         _ => a.index((.., start..end)),
-    })
+    };
+    // A slice is a view that keeps the whole weight's buffer; its own copy lets that go.
+    Ok(slice.contiguous()?)
 }
 
 fn shard_linear(linear: &Linear, split: Split, rank: usize, size: usize) -> Result<Linear> {
@@ -56,7 +58,7 @@ fn shard_linear(linear: &Linear, split: Split, rank: usize, size: usize) -> Resu
             if let Split::Columns = split {
                 let inputs = scales.dim(1) as usize * quant.group_size as usize;
                 if !inputs.is_multiple_of(size) || !(inputs / size).is_multiple_of(quant.group_size as usize) {
-                    return Err(ModelError::Mlx(format!(
+                    return Err(ModelError::Invalid(format!(
                         "{inputs} inputs in groups of {} do not split into {size} equal parts",
                         quant.group_size
                     )));
@@ -133,10 +135,10 @@ impl Transformer {
     pub fn shard_tensors(&mut self, group: Arc<Group>) -> Result<()> {
         let (rank, size) = (group.rank(), group.size());
         if self.is_split() {
-            return Err(ModelError::Mlx("the model is split already".into()));
+            return Err(ModelError::Invalid("the model is split already".into()));
         }
         if let Some(why) = self.tensor_refusal(size) {
-            return Err(ModelError::Mlx(format!("this model cannot be split by tensors: {why}")));
+            return Err(ModelError::Invalid(format!("this model cannot be split by tensors: {why}")));
         }
         for layer in &mut self.layers {
             if let Mixer::Attention(a) = &mut layer.mixer {
@@ -154,7 +156,7 @@ impl Transformer {
                         down: shard_linear(down, Split::Columns, rank, size)?,
                     },
                     MlpProjections::Fused { .. } => {
-                        return Err(ModelError::Mlx("a fused MLP cannot be split by tensors".into()))
+                        return Err(ModelError::Invalid("a fused MLP cannot be split by tensors".into()))
                     }
                 };
             }
