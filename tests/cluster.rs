@@ -255,7 +255,20 @@ fn tensor_parallel_generation_equals_one_process_for_the_families_it_splits() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["--prompt", "The sea is", "--max-tokens", "12", "--ignore-eos"];
     let tensor = Parallel::Tensor;
-    let split = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::SmolLm3, Arch::SeedOss];
+    let split = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::SmolLm3,
+        Arch::SeedOss,
+        // Experts: each one's intermediate columns split, the router whole on every rank.
+        Arch::Qwen3Moe,
+        Arch::Qwen2Moe,
+        Arch::Mixtral,
+        Arch::GptOss,
+    ];
     for arch in split {
         let model = dir.path().join(format!("{arch:?}"));
         synthetic::write_tiny_model(&model, arch, 3, None).unwrap();
@@ -265,7 +278,13 @@ fn tensor_parallel_generation_equals_one_process_for_the_families_it_splits() {
     // The real model: 9 query and 3 key/value heads split in 3.
     assert_split_like_alone(dir.path(), &common::smollm2_gguf(), &args, tensor, 3, "SmolLM2 by tensors");
     // What this build does not split by tensors is refused by every rank, with the reason.
-    for (arch, reason) in [(Arch::Phi3, "fused"), (Arch::Qwen3Moe, "experts"), (Arch::Lfm2, "other than attention")] {
+    let refused = [
+        (Arch::Phi3, "fused"),
+        (Arch::Lfm2, "other than attention"),
+        (Arch::MiniMax, "span every head"),
+        (Arch::DeepseekV3, "latent or recurrent"),
+    ];
+    for (arch, reason) in refused {
         let model = dir.path().join(format!("{arch:?}"));
         synthetic::write_tiny_model(&model, arch, 3, None).unwrap();
         for (rank, o) in generate(dir.path(), &model, &args, tensor, 2).iter().enumerate() {
