@@ -21,7 +21,7 @@ use crate::mlx::distributed::DistributedBackend;
 use crate::mlx::Backend;
 use crate::model::{load_model_split, ModelError};
 
-#[derive(Args, Default)]
+#[derive(Args)]
 pub struct ClusterArgs {
     /// Split the model across the machines of this host file (MLX's ring format
     /// `[["ip:port"], ...]` or mlx.launch's), each running this command with its `--rank`.

@@ -97,17 +97,14 @@ pub fn check(group: &Group) -> Result<CheckReport, String> {
             answer(group, from)?;
         }
     }
-    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let gathered = group.all_gather(&Array::from_slice(&bytes, &[1, 16]))?;
-    gathered.eval().map_err(|e| e.to_string())?;
-    let all: &[u8] = gathered.as_slice();
-    let word = |i: usize| u64::from_le_bytes(all[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    // Each rank's [round trip ns, bytes/s]; only a link's timing rank has them.
+    let all = gather_words(group, &mine)?;
     let links = (0..links)
         .map(|from| Link {
             from,
             to: (from + 1) % size,
-            round_trip: Duration::from_nanos(word(2 * from)),
-            bytes_per_second: word(2 * from + 1) as f64,
+            round_trip: Duration::from_nanos(all[2 * from]),
+            bytes_per_second: all[2 * from + 1] as f64,
         })
         .collect();
     Ok(CheckReport { rank, size, links })
@@ -134,10 +131,16 @@ fn agree(group: &Group, identity: &NodeIdentity) -> Result<(), String> {
 
 /// Every rank's room for weights (each passes its own), in rank order.
 pub fn gather_rooms(group: &Group, room: u64) -> Result<Vec<u64>, String> {
-    let gathered = group.all_gather(&Array::from_slice(&room.to_le_bytes(), &[1, 8]))?;
+    gather_words(group, &[room])
+}
+
+/// Every rank's `words` (the same count on each), concatenated in rank order.
+fn gather_words(group: &Group, words: &[u64]) -> Result<Vec<u64>, String> {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let gathered = group.all_gather(&Array::from_slice(&bytes, &[1, bytes.len() as i32]))?;
     gathered.eval().map_err(|e| e.to_string())?;
-    let bytes: &[u8] = gathered.as_slice();
-    Ok(bytes.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect())
+    let all: &[u8] = gathered.as_slice();
+    Ok(all.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect())
 }
 
 /// Every rank's stage of `model` (built, not yet read): its layers split by the ranks' room,

@@ -11,7 +11,6 @@ type Armed = Arc<Mutex<Option<(Instant, String)>>>;
 #[derive(Clone)]
 pub struct Watchdog {
     armed: Armed,
-    timeout: Duration,
 }
 
 /// While held, a wait is watched; dropping it ends the watch.
@@ -44,16 +43,12 @@ impl Watchdog {
                 std::process::exit(1);
             }
         });
-        Watchdog { armed, timeout }
+        Watchdog { armed }
     }
 
     /// Watches a wait described by `what` ("waiting for rank 1") until the guard is dropped.
     pub fn waiting(&self, what: impl Into<String>) -> Waiting {
         *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), what.into()));
         Waiting { armed: self.armed.clone() }
-    }
-
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 }
