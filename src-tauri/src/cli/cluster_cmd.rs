@@ -2,12 +2,15 @@
 //! host file, each its own `--rank`): the ranks join MLX's group, agree on the FastMLX version,
 //! the model and the settings, and each link of the ring is measured (rank 0 prints them).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::generate_cluster::ClusterArgs;
 
 use crate::cluster::hostfile::HostFile;
 use crate::cluster::identity::NodeIdentity;
 use crate::cluster::watchdog::Watchdog;
-use crate::mlx::distributed::DistributedBackend;
+use crate::mlx::distributed::{DistributedBackend, Group};
 
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
@@ -44,6 +47,38 @@ pub struct CheckArgs {
 pub(super) fn rank_or_env(flag: Option<usize>) -> anyhow::Result<usize> {
     let env_rank = std::env::var("MLX_RANK").ok().and_then(|r| r.parse().ok());
     flag.or(env_rank).ok_or_else(|| anyhow::anyhow!("no --rank and no MLX_RANK"))
+}
+
+/// This process as one rank of a formed cluster.
+pub(super) struct Joined {
+    pub group: Arc<Group>,
+    /// Every rank's room for weights, in rank order.
+    pub rooms: Vec<u64>,
+    pub rank: usize,
+    pub watchdog: Watchdog,
+}
+
+/// Joins the cluster of `hosts_path` serving `model` with `settings` (every rank must state the
+/// same), and gathers every rank's room (this one's: `room` bytes).
+pub(super) fn join(
+    cluster: &ClusterArgs,
+    hosts_path: &Path,
+    model: &Path,
+    settings: &str,
+    room: u64,
+) -> anyhow::Result<Joined> {
+    let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
+    let hosts = HostFile::read(hosts_path).map_err(anyhow::Error::msg)?;
+    let rank = rank_or_env(cluster.rank)?;
+    let identity = NodeIdentity::of(model, settings).map_err(anyhow::Error::msg)?;
+    let watchdog = Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout));
+    let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
+        let _w = watchdog.waiting("the ranks have not told their memory");
+        let rooms = crate::cluster::gather_rooms(&group, room)?;
+        Ok((group, rooms))
+    });
+    let (group, rooms) = joined.map_err(anyhow::Error::msg)?;
+    Ok(Joined { group: Arc::new(group), rooms, rank, watchdog })
 }
 
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {

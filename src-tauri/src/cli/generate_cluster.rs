@@ -5,19 +5,15 @@
 //! another rank has a deadline (`--timeout`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
 
+use super::cluster_cmd::Joined;
 use super::generate_cmd::{print_stats, print_text, GenerateArgs};
-use crate::cluster::hostfile::HostFile;
-use crate::cluster::identity::NodeIdentity;
 use crate::cluster::pipeline::Pipeline;
-use crate::cluster::watchdog::Watchdog;
 use crate::generate::generate_with;
-use crate::mlx::distributed::DistributedBackend;
 use crate::mlx::Backend;
 use crate::model::{load_model_split, ModelError};
 
@@ -26,22 +22,22 @@ pub struct ClusterArgs {
     /// Split the model across the machines of this host file (MLX's ring format
     /// `[["ip:port"], ...]` or mlx.launch's), each running this command with its `--rank`.
     #[arg(long, value_name = "HOSTFILE")]
-    cluster: Option<PathBuf>,
+    pub(super) cluster: Option<PathBuf>,
     /// This machine's place in the host file; default: `MLX_RANK`.
     #[arg(long, requires = "cluster")]
-    rank: Option<usize>,
+    pub(super) rank: Option<usize>,
     /// MLX's backend: `ring` (TCP, any network) or `jaccl` (RDMA over Thunderbolt 5).
     #[arg(long, default_value = "ring", requires = "cluster")]
-    backend: String,
+    pub(super) backend: String,
     /// Seconds any wait on another rank may take (forming the cluster included) before this
     /// rank gives up with an error.
     #[arg(long, default_value_t = 120, requires = "cluster")]
-    timeout: u64,
+    pub(super) timeout: u64,
     /// How the model is split: `pipeline` (consecutive layers per machine, the residual stream
     /// passed on) or `tensor` (every layer's heads and MLP columns shared out, partial outputs
     /// summed after each attention and MLP: for fast links).
     #[arg(long, value_enum, default_value_t = Parallel::Pipeline, requires = "cluster")]
-    parallel: Parallel,
+    pub(super) parallel: Parallel,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -59,9 +55,6 @@ impl ClusterArgs {
 
 pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let cluster = &args.cluster;
-    let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
-    let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
-    let rank = super::cluster_cmd::rank_or_env(cluster.rank)?;
     let kv_format = args.kv.format()?;
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
@@ -76,30 +69,22 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         let digest = Sha256::digest(args.request_text().as_bytes());
         settings += &format!(" request={}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
     }
-    let identity = NodeIdentity::of(&path, &settings).map_err(anyhow::Error::msg)?;
-    let watchdog = Watchdog::start(rank, Duration::from_secs(cluster.timeout));
-    let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
-        let _w = watchdog.waiting("the ranks have not told their memory");
-        let rooms = crate::cluster::gather_rooms(&group, crate::mlx::default_ceiling())?;
-        Ok((group, rooms))
-    });
-    let (group, rooms) = joined.map_err(anyhow::Error::msg)?;
-    let group = Arc::new(group);
+    let Joined { group, rooms, rank, watchdog } =
+        super::cluster_cmd::join(cluster, &hosts_path, &path, &settings, crate::mlx::default_ceiling())?;
 
     let load_started = Instant::now();
-    let mut held = String::new();
-    let model = load_model_split(&path, &backend, &args.weights.load_options(), |t| match cluster.parallel {
-        Parallel::Pipeline => {
-            let stage = crate::cluster::plan_stages(t, &rooms).map_err(ModelError::Invalid)?.swap_remove(rank);
-            held = format!("layers {}..{} of {}", stage.layers.start, stage.layers.end, t.config.num_layers);
-            t.keep_stage(stage)
-        }
-        Parallel::Tensor => {
-            held = format!("1/{} of every layer's heads and MLP columns", group.size());
-            t.shard_tensors(group.clone())
-        }
-    })
-    .with_context(|| format!("loading {}", path.display()))?;
+    let options = args.weights.load_options();
+    let loaded = match cluster.parallel {
+        Parallel::Pipeline => crate::cluster::load_stage(&path, &backend, &options, &rooms, rank),
+        Parallel::Tensor => load_model_split(&path, &backend, &options, |t| t.shard_tensors(group.clone()))
+            .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()))),
+    };
+    let agreed = {
+        let _w = watchdog.waiting("the other ranks have not finished loading");
+        crate::cluster::all_loaded(&group, loaded.is_ok())
+    };
+    let (model, held) = loaded.with_context(|| format!("loading {}", path.display()))?;
+    agreed.map_err(anyhow::Error::msg)?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(
         "rank {rank} of {}: {} {held} ({:.1} MB of weights, MLX holds {:.1} MB) on {} in {:.2}s",
@@ -129,7 +114,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     }
 
     let hidden = model.transformer.config.hidden_size;
-    let mut pipeline = Pipeline::new(&group, watchdog, hidden);
+    let mut pipeline = Pipeline::new(group.clone(), watchdog, hidden);
     if rank != 0 {
         return pipeline.serve_stage(&model.transformer, kv_format).map_err(anyhow::Error::msg);
     }

@@ -9,7 +9,7 @@ use clap::Args;
 use crate::engine::EngineConfig;
 use crate::server::{local_access, RunningServer, ServerConfig};
 use crate::store::hub::HubClient;
-use crate::store::{Catalog, Pulls, Residency, ResidencyConfig, StorePaths};
+use crate::store::{Catalog, Pulls, Residency, ResidencyConfig, Served, StorePaths};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -91,7 +91,7 @@ pub struct ServeArgs {
     aliases: Vec<crate::server::aliases::Alias>,
     /// How quantized weights are held in memory.
     #[arg(long, env = "FASTMLX_WEIGHTS", value_enum, default_value_t = super::WeightsArg::Auto)]
-    weights: super::WeightsArg,
+    pub(super) weights: super::WeightsArg,
     /// Speculative decoding: `auto` drafts tokens (with the draft model when one is given, else
     /// with the model's own multi-token-prediction head where the checkpoint ships one, else by
     /// prompt lookup: what the prompt and the text so far say comes next) and checks them in one
@@ -106,9 +106,11 @@ pub struct ServeArgs {
     /// A small model with the same tokenizer (a local model id, a folder or a .gguf file) that
     /// drafts tokens for the first model (`--model`), loaded beside it.
     #[arg(long, env = "FASTMLX_DRAFT_MODEL")]
-    draft_model: Option<String>,
+    pub(super) draft_model: Option<String>,
     #[command(flatten)]
-    kv: super::KvArgs,
+    pub(super) kv: super::KvArgs,
+    #[command(flatten)]
+    pub(super) cluster: super::generate_cluster::ClusterArgs,
     /// A model's own KV-cache format, as MODEL=BITS[/GROUP[/START]] (repeatable; BITS 8, 4 or
     /// off): `--model-kv qwen3-coder-30b=4 --model-kv smollm2=off`. Others use --kv-bits.
     #[arg(long = "model-kv", env = "FASTMLX_MODEL_KV", value_delimiter = ',')]
@@ -203,6 +205,9 @@ impl ServeArgs {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let path = args.first_model()?;
+    if let Some(hosts) = args.cluster.hostfile() {
+        return super::serve_cluster::run(args, path, hosts);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve(args, path))
 }
@@ -211,6 +216,11 @@ async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
     let models = args.residency()?;
     let first =
         models.load_given(&path.to_string_lossy()).await.with_context(|| format!("loading {}", path.display()))?;
+    serve_loaded(args, models, first).await
+}
+
+/// Serves the models of `models` over HTTP, `first` loaded, until the process is told to stop.
+pub(super) async fn serve_loaded(args: ServeArgs, models: Residency, first: Served) -> anyhow::Result<()> {
     models.spawn_idle_reaper();
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let server = RunningServer::start(models.clone(), pulls, args.server_config(), args.host, args.port)

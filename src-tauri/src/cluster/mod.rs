@@ -8,6 +8,7 @@ pub mod hostfile;
 pub mod identity;
 pub mod pipeline;
 pub mod split;
+pub mod stage_server;
 pub mod watchdog;
 
 use std::path::Path;
@@ -199,4 +200,34 @@ fn answer(group: &Group, peer: usize) -> Result<(), String> {
     eval(group.recv(&[(PROBE_BYTES / 4) as i32], Dtype::Float32, peer)?)?;
     eval(group.send(&pong, peer)?)?;
     Ok(())
+}
+
+/// Builds `path`'s model and keeps only `rank`'s pipeline stage of it, read from this
+/// machine's disk; returns it with what it holds, in words.
+pub fn load_stage(
+    path: &Path,
+    backend: &crate::mlx::Backend,
+    options: &crate::model::LoadOptions,
+    rooms: &[u64],
+    rank: usize,
+) -> Result<(crate::model::LoadedModel, String), crate::model::ModelError> {
+    let mut held = String::new();
+    let model = crate::model::load_model_split(path, backend, options, |t| {
+        let stage = plan_stages(t, rooms).map_err(crate::model::ModelError::Invalid)?.swap_remove(rank);
+        held = format!("layers {}..{} of {}", stage.layers.start, stage.layers.end, t.config.num_layers);
+        t.keep_stage(stage)
+    })?;
+    Ok((model, held))
+}
+
+/// After every rank's load: whether all loaded, told to all at once (a rank that failed names
+/// itself here, so the others stop now rather than at their deadline).
+pub fn all_loaded(group: &Group, loaded: bool) -> Result<(), String> {
+    let all = gather_words(group, &[loaded as u64])?;
+    let failed: Vec<String> = all.iter().enumerate().filter(|(_, &ok)| ok == 0).map(|(r, _)| r.to_string()).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("rank {} could not load its part of the model (its own log says why)", failed.join(", ")))
+    }
 }

@@ -5,13 +5,18 @@
 //!
 //! Each step starts with a header from rank 0 (what to do, the batch and length, the dtype)
 //! passed rank to rank ahead of the hidden states, so a worker knows what to receive; a worker
-//! keeps one cache per layer it holds, in step with rank 0's.
+//! keeps one cache per layer it holds, in step with rank 0's. An engine's step (`serve
+//! --cluster`) also names its rows and what became of the rows since the last step, in a second
+//! message of integers (`stage_server`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_rs::{Array, Dtype};
 
+use super::stage_server::{EngineStage, StepRows};
 use super::watchdog::Watchdog;
+use crate::engine::remote::{LinkHealth, RemoteLayers, RemoteStep};
 use crate::mlx::distributed::Group;
 use crate::model::{KvCache, KvFormat, Transformer};
 
@@ -21,8 +26,11 @@ const FORWARD: i32 = 1;
 const RESET: i32 = 2;
 /// Rank 0 is done: the workers return.
 const STOP: i32 = 3;
-/// kind, batch, length, dtype.
-const HEADER_LEN: usize = 4;
+/// An engine's step: the header says how long the rows' description that follows is.
+const STEP: i32 = 4;
+/// kind, batch, length, dtype, then for [`STEP`]: which batch, rows ended, rows kept (0 or
+/// the batch), the verify step's width, whether this step verifies.
+const HEADER_LEN: usize = 9;
 
 /// What rank 0 measured of its steps.
 #[derive(Debug, Clone, Default)]
@@ -39,9 +47,11 @@ pub struct PipelineStats {
 }
 
 /// One rank's end of the pipeline.
-pub struct Pipeline<'g> {
-    group: &'g Group,
+pub struct Pipeline {
+    group: Arc<Group>,
     watchdog: Watchdog,
+    /// Rank 0 serving: broken once a step failed or a wait passed its deadline.
+    health: LinkHealth,
     hidden: i32,
     pub stats: PipelineStats,
 }
@@ -65,17 +75,29 @@ fn code_dtype(code: i32) -> Result<Dtype, String> {
 }
 
 fn eval(a: Array) -> Result<Array, String> {
-    a.eval().map_err(|e| e.to_string())?;
+    a.eval().map_err(|e| without_source_places(&e.to_string()))?;
     Ok(a)
+}
+
+/// MLX's message without the source files and lines it was raised at (`[ring] connection to a
+/// peer was lost at /path/array.cpp:352`): what a person reading the error can act on.
+fn without_source_places(message: &str) -> String {
+    message.split(" at /").next().unwrap_or(message).trim_matches('"').to_string()
 }
 
 fn model_err(e: crate::model::ModelError) -> String {
     e.to_string()
 }
 
-impl<'g> Pipeline<'g> {
-    pub fn new(group: &'g Group, watchdog: Watchdog, hidden: usize) -> Pipeline<'g> {
-        Pipeline { group, watchdog, hidden: hidden as i32, stats: PipelineStats::default() }
+impl Pipeline {
+    pub fn new(group: Arc<Group>, watchdog: Watchdog, hidden: usize) -> Pipeline {
+        Pipeline {
+            group,
+            watchdog,
+            health: LinkHealth::default(),
+            hidden: hidden as i32,
+            stats: PipelineStats::default(),
+        }
     }
 
     fn right(&self) -> usize {
@@ -88,18 +110,28 @@ impl<'g> Pipeline<'g> {
 
     fn send(&self, x: &Array) -> Result<(), String> {
         let to = self.right();
-        let _w = self.watchdog.waiting(format!("sending to rank {to}"));
-        eval(self.group.send(x, to)?).map(|_| ())
+        let what = format!("sending to rank {to}");
+        let _w = self.watchdog.waiting(what.clone());
+        self.group.send(x, to).and_then(eval).map(|_| ()).map_err(|e| format!("{what}: {e}"))
     }
 
     fn recv(&self, shape: &[i32], dtype: Dtype) -> Result<Array, String> {
         let from = self.left();
-        let _w = self.watchdog.waiting(format!("waiting for rank {from}"));
-        eval(self.group.recv(shape, dtype, from)?)
+        let what = format!("waiting for rank {from}");
+        let _w = self.watchdog.waiting(what.clone());
+        self.group.recv(shape, dtype, from).and_then(eval).map_err(|e| format!("{what}: {e}"))
+    }
+
+    /// Rank 0 serving: what tells the engine, its streams and `/health` that a rank is lost
+    /// (a failed step, or the watchdog's deadline on a wait that may never return).
+    pub fn health(&self) -> LinkHealth {
+        self.health.clone()
     }
 
     fn send_header(&self, kind: i32, batch: i32, len: i32, dtype: i32) -> Result<(), String> {
-        self.send(&Array::from_slice(&[kind, batch, len, dtype], &[HEADER_LEN as i32]))
+        let mut header = [0; HEADER_LEN];
+        header[..4].copy_from_slice(&[kind, batch, len, dtype]);
+        self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))
     }
 
     /// Rank 0: the final hidden states (after the final norm) of token ids `[B, L]` through
@@ -109,16 +141,57 @@ impl<'g> Pipeline<'g> {
         let (batch, len) = (ids.dim(0), ids.dim(1));
         let h = model.embed_tokens(ids).and_then(|h| model.forward_layers(&h, cache)).map_err(model_err)?;
         self.send_header(FORWARD, batch, len, dtype_code(h.dtype())?)?;
+        let back = self.round_trip(&h, started, 0)?;
+        model.final_norm(&back).map_err(model_err)
+    }
+
+    /// Rank 0, its header sent: sends the residual stream `h` on and waits for it to come back
+    /// through every rank's layers. `extra`: bytes sent ahead besides the header.
+    fn round_trip(&mut self, h: &Array, started: Instant, extra: usize) -> Result<Array, String> {
         // Rank 0's layers run as the send is evaluated.
-        self.send(&h)?;
+        self.send(h)?;
         let sent = Instant::now();
-        let back = self.recv(&[batch, len, self.hidden], h.dtype())?;
+        let back = self.recv(&[h.dim(0), h.dim(1), self.hidden], h.dtype())?;
         self.stats.waited += sent.elapsed();
         self.stats.total += started.elapsed();
         self.stats.steps += 1;
-        self.stats.tokens += (batch * len) as u64;
-        self.stats.bytes_per_hop += (HEADER_LEN * 4) as u64 + h.nbytes() as u64;
-        model.final_norm(&back).map_err(model_err)
+        self.stats.tokens += (h.dim(0) * h.dim(1)) as u64;
+        self.stats.bytes_per_hop += (HEADER_LEN * 4 + extra) as u64 + h.nbytes() as u64;
+        Ok(back)
+    }
+
+    /// Rank 0's engine: one step of its batch through the other ranks' layers (see
+    /// `stage_server` for what the workers do with the rows' description).
+    pub fn forward_step(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
+        // Once a rank is lost, MLX's ring is not to be waited on again.
+        if let Some(why) = self.health.fault() {
+            return Err(why);
+        }
+        self.send_step(step, h).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+    }
+
+    fn send_step(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
+        let started = Instant::now();
+        let rows = step.rows.len();
+        if rows != h.dim(0) as usize || step.lengths.len() != rows {
+            return Err(format!("a step of {} rows with {rows} rows named", h.dim(0)));
+        }
+        let kept = step.kept.map_or(&[][..], |(_, k)| k);
+        let header = [
+            STEP,
+            h.dim(0),
+            h.dim(1),
+            dtype_code(h.dtype())?,
+            step.batch as i32,
+            step.ended.len() as i32,
+            kept.len() as i32,
+            step.kept.map_or(0, |(w, _)| w),
+            step.verifying as i32,
+        ];
+        self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
+        let rows = StepRows::encode(step);
+        self.send(&Array::from_slice(&rows, &[rows.len() as i32]))?;
+        self.round_trip(h, started, rows.len() * 8)
     }
 
     /// Rank 0: the workers start a new sequence (empty caches).
@@ -134,13 +207,14 @@ impl<'g> Pipeline<'g> {
     /// The other ranks: run this rank's layers on each step rank 0 starts, until it stops.
     pub fn serve_stage(&mut self, model: &Transformer, format: KvFormat) -> Result<(), String> {
         let mut cache = model.new_cache_in(format);
+        let mut engine = EngineStage::new(model, format);
         // The last rank sends back to rank 0, which needs no header.
         let passes_on = self.right() != 0;
         loop {
             let header = self.recv(&[HEADER_LEN as i32], Dtype::Int32)?;
-            let &[kind, batch, len, code] = header.as_slice::<i32>() else {
-                return Err("a short step header".into());
-            };
+            let header: [i32; HEADER_LEN] =
+                header.as_slice::<i32>().try_into().map_err(|_| "a short step header".to_string())?;
+            let [kind, batch, len, code, ..] = header;
             match kind {
                 STOP => {
                     if passes_on {
@@ -161,16 +235,51 @@ impl<'g> Pipeline<'g> {
                     }
                     let h = self.recv(&[batch, len, self.hidden], dtype)?;
                     let out = model.forward_layers(&h, &mut cache).map_err(model_err)?;
-                    if out.dtype() != dtype {
-                        return Err(format!(
-                            "the residual stream changed dtype in this rank's layers ({:?})",
-                            out.dtype()
-                        ));
+                    self.send_on(out, dtype)?;
+                }
+                STEP => {
+                    let dtype = code_dtype(code)?;
+                    let size = StepRows::size(&header);
+                    if passes_on {
+                        self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
                     }
-                    self.send(&out)?;
+                    let rows = self.recv(&[size as i32], Dtype::Int64)?;
+                    if passes_on {
+                        self.send(&rows)?;
+                    }
+                    let rows = StepRows::decode(&header, rows.as_slice::<i64>())?;
+                    let h = self.recv(&[batch, len, self.hidden], dtype)?;
+                    let out = engine.forward(model, &rows, &h)?;
+                    self.send_on(out, dtype)?;
                 }
                 other => return Err(format!("rank {} sent an unknown step ({other})", self.left())),
             }
         }
+    }
+
+    /// A worker's output goes on to the next rank (rank 0 after the last).
+    fn send_on(&self, out: Array, dtype: Dtype) -> Result<(), String> {
+        if out.dtype() != dtype {
+            return Err(format!("the residual stream changed dtype in this rank's layers ({:?})", out.dtype()));
+        }
+        self.send(&out)
+    }
+}
+
+impl RemoteLayers for Pipeline {
+    fn forward(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
+        self.forward_step(step, h)
+    }
+
+    fn stop(&mut self) {
+        if self.health.fault().is_none() {
+            if let Err(e) = Pipeline::stop(self) {
+                tracing::warn!("cannot stop the other ranks: {e}");
+            }
+        }
+    }
+
+    fn health(&self) -> LinkHealth {
+        self.health.clone()
     }
 }

@@ -46,19 +46,7 @@ impl Batch {
 
     /// Row `row` as a cache of its own (shared when it is the only row, else a copy).
     pub fn row_caches(&self, row: usize) -> Result<Vec<KvCache>, ModelError> {
-        self.cache
-            .iter()
-            .map(|layer| {
-                if let Some(only) = layer.only_row() {
-                    return Ok(only);
-                }
-                let own = match layer.row_contents(row)? {
-                    Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0, layer.format())?,
-                    None => KvCache::with_format(layer.format()),
-                };
-                layer.row_cache(own, row)
-            })
-            .collect()
+        BatchKvCache::row_of(&self.cache, row)
     }
 
     /// Adds rows to every layer (`add` is given each layer in turn) after the batch's rows; on a

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
+use super::remote::{LinkHealth, RemoteLayers, RemoteLink};
 use super::request::{Event, Finish, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
 use super::speculative::{check_vocabularies, DraftModel, Mode};
@@ -29,6 +30,9 @@ pub enum SubmitError {
     Invalid(String),
     #[error("the engine has shut down")]
     ShutDown,
+    /// The engine cannot serve (a machine of its cluster is gone): why.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// The events of one request. Dropping it cancels the request.
@@ -39,40 +43,94 @@ pub struct RequestStream {
     started: Option<tokio::sync::oneshot::Receiver<()>>,
     /// The finish read by `started` when the request ended before it started.
     pending: Option<Event>,
+    /// Set when a machine of the engine's cluster is lost: the stream ends with that error
+    /// even while the engine itself waits on the machine (MLX may never return).
+    fault: Option<watch::Receiver<Option<String>>>,
+    /// Its finish was read: nothing follows.
+    ended: bool,
+}
+
+/// The error finish of a request whose engine lost a machine of its cluster.
+fn fault_finish(why: String) -> Event {
+    Event::Finish(Finish {
+        reason: super::request::FinishReason::Error,
+        stop: None,
+        error: Some(why),
+        usage: Default::default(),
+        timings: Default::default(),
+    })
 }
 
 impl RequestStream {
     pub async fn recv(&mut self) -> Option<Event> {
-        match self.pending.take() {
-            Some(event) => Some(event),
-            None => self.rx.recv().await,
+        if self.ended {
+            return None;
         }
+        let event = match self.pending.take() {
+            Some(event) => Some(event),
+            None => match self.fault.as_mut() {
+                None => self.rx.recv().await,
+                Some(fault) => tokio::select! {
+                    biased;
+                    event = self.rx.recv() => event,
+                    why = fault.wait_for(Option::is_some) => {
+                        let why = why.ok().and_then(|w| w.clone()).unwrap_or_default();
+                        Some(fault_finish(why))
+                    }
+                },
+            },
+        };
+        self.ended = matches!(event, Some(Event::Finish(_)) | None);
+        event
     }
 
-    /// For callers outside an async runtime.
+    /// For callers outside an async runtime (a lost cluster machine ends the stream as in
+    /// [`Self::recv`]).
     pub fn blocking_recv(&mut self) -> Option<Event> {
-        match self.pending.take() {
-            Some(event) => Some(event),
-            None => self.rx.blocking_recv(),
+        if self.fault.is_none() && !self.ended {
+            let event = match self.pending.take() {
+                Some(event) => Some(event),
+                None => self.rx.blocking_recv(),
+            };
+            self.ended = matches!(event, Some(Event::Finish(_)) | None);
+            return event;
         }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().ok()?;
+        runtime.block_on(self.recv())
     }
 
     /// The next event if one is already there.
     pub fn try_recv_now(&mut self) -> Option<Event> {
-        self.pending.take().or_else(|| self.rx.try_recv().ok())
+        if self.ended {
+            return None;
+        }
+        let event = self.pending.take().or_else(|| self.rx.try_recv().ok()).or_else(|| {
+            let why = self.fault.as_ref().and_then(|f| f.borrow().clone())?;
+            Some(fault_finish(why))
+        });
+        self.ended = matches!(event, Some(Event::Finish(_)));
+        event
     }
 
     /// Waits until the engine starts the request; its finish when it ended without starting
-    /// (it waited past `max_queue_wait`, or the engine shut down). A server answers that with
-    /// an error status before it sends any headers of a stream. The finish is also the stream's
-    /// next event.
+    /// (it waited past `max_queue_wait`, or the engine shut down or lost a cluster machine). A
+    /// server answers that with an error status before it sends any headers of a stream. The
+    /// finish is also the stream's next event.
     pub async fn started(&mut self) -> Result<(), Finish> {
         let Some(started) = self.started.take() else { return Ok(()) };
-        if started.await.is_ok() {
+        let began = match self.fault.as_mut() {
+            None => started.await.is_ok(),
+            Some(fault) => tokio::select! {
+                biased;
+                began = started => began.is_ok(),
+                _ = fault.wait_for(Option::is_some) => false,
+            },
+        };
+        if began {
             return Ok(());
         }
         // Ended first: its finish is the next event (or the engine is gone).
-        let finish = match self.rx.recv().await {
+        let finish = match self.recv().await {
             Some(Event::Finish(finish)) => finish,
             Some(other) => {
                 self.pending = Some(other);
@@ -80,6 +138,7 @@ impl RequestStream {
             }
             None => return Ok(()),
         };
+        self.ended = false;
         self.pending = Some(Event::Finish(finish.clone()));
         Err(finish)
     }
@@ -91,6 +150,8 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
     pub config: EngineConfig,
     pub info: ModelInfo,
+    /// A split model's link to the other ranks of its cluster.
+    pub link: Option<LinkHealth>,
 }
 
 /// Loads a draft model (on the engine thread).
@@ -134,6 +195,23 @@ impl EngineHandle {
         load: impl FnOnce() -> Result<LoadedModel, ModelError> + Send + 'static,
         load_draft: Option<DraftLoader>,
     ) -> Result<EngineHandle, ModelError> {
+        Self::start_inner(config, move || Ok((load()?, None)), load_draft)
+    }
+
+    /// As [`EngineHandle::start`] for a model split across a cluster: `load` gives this rank's
+    /// stage of it and the link to the ranks holding the later layers.
+    pub fn start_split(
+        config: EngineConfig,
+        load: impl FnOnce() -> Result<(LoadedModel, Box<dyn RemoteLayers>), ModelError> + Send + 'static,
+    ) -> Result<EngineHandle, ModelError> {
+        Self::start_inner(config, move || load().map(|(model, remote)| (model, Some(remote))), None)
+    }
+
+    fn start_inner(
+        config: EngineConfig,
+        load: impl FnOnce() -> Result<(LoadedModel, Option<Box<dyn RemoteLayers>>), ModelError> + Send + 'static,
+        load_draft: Option<DraftLoader>,
+    ) -> Result<EngineHandle, ModelError> {
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (metrics_tx, metrics) = watch::channel(Metrics::default());
@@ -144,8 +222,10 @@ impl EngineHandle {
             .name("fastmlx-engine".into())
             .spawn(move || {
                 crate::mlx::Backend::init();
-                let model = match load() {
-                    Ok(model) if engine_config.speculative.mode == Mode::Mtp && model.transformer.mtp.is_none() => {
+                let (model, remote) = match load() {
+                    Ok((model, _))
+                        if engine_config.speculative.mode == Mode::Mtp && model.transformer.mtp.is_none() =>
+                    {
                         let _ = ready_tx.send(Err(ModelError::Config {
                             path: model.path.clone(),
                             message: "--speculative mtp: the model ships no multi-token-prediction head (`mtp.*` \
@@ -155,8 +235,8 @@ impl EngineHandle {
                         }));
                         return;
                     }
-                    Ok(model) => match model.transformer.config.check_kv_format(engine_config.kv_format) {
-                        Ok(()) => model,
+                    Ok((model, remote)) => match model.transformer.config.check_kv_format(engine_config.kv_format) {
+                        Ok(()) => (model, remote),
                         Err(message) => {
                             let _ = ready_tx.send(Err(ModelError::Config { path: model.path.clone(), message }));
                             return;
@@ -174,13 +254,16 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let scheduler = Scheduler::new(model, draft, engine_config, metrics_tx, engine_queued);
-                let _ = ready_tx.send(Ok(scheduler.info()));
+                let link = remote.as_ref().map(|r| r.health());
+                let remote = remote.map(RemoteLink::new);
+                let scheduler = Scheduler::new(model, draft, engine_config, metrics_tx, engine_queued, remote);
+                let _ = ready_tx.send(Ok((scheduler.info(), link)));
                 scheduler.run(inbox);
             })
             .map_err(|e| ModelError::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let info = ready_rx.recv().map_err(|_| ModelError::Mlx("the engine thread died while loading".into()))??;
-        let shared = Arc::new(Shared { queued, next_id: AtomicU64::new(1), config, info });
+        let (info, link) =
+            ready_rx.recv().map_err(|_| ModelError::Mlx("the engine thread died while loading".into()))??;
+        let shared = Arc::new(Shared { queued, next_id: AtomicU64::new(1), config, info, link });
         Ok(EngineHandle { commands, shared, metrics, thread: Arc::new(Mutex::new(Some(thread))) })
     }
 
@@ -196,6 +279,9 @@ impl EngineHandle {
     /// Queues a request. Fails at once, without queuing, when the request can never run or
     /// the queue is full.
     pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
+        if let Some(why) = self.fault() {
+            return Err(SubmitError::Unavailable(why));
+        }
         self.validate(&request)?;
         let queued = self.shared.queued.fetch_add(1, Ordering::SeqCst);
         if queued >= self.shared.config.max_queue {
@@ -210,7 +296,8 @@ impl EngineHandle {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }
-        Ok(RequestStream { id, rx, started: Some(started), pending: None })
+        let fault = self.shared.link.as_ref().map(LinkHealth::subscribe);
+        Ok(RequestStream { id, rx, started: Some(started), pending: None, fault, ended: false })
     }
 
     fn validate(&self, r: &Request) -> Result<(), SubmitError> {
@@ -250,6 +337,12 @@ impl EngineHandle {
         Ok(())
     }
 
+    /// Why the engine cannot serve, where its model is split across a cluster that lost a
+    /// machine.
+    pub fn fault(&self) -> Option<String> {
+        self.shared.link.as_ref().and_then(LinkHealth::fault)
+    }
+
     pub fn metrics(&self) -> watch::Receiver<Metrics> {
         self.metrics.clone()
     }
@@ -269,6 +362,11 @@ impl EngineHandle {
     /// exit under a running engine).
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
+        if self.fault().is_some() {
+            // It may be waiting on a lost machine, which MLX never gives up: left behind.
+            tracing::warn!("{}: the engine thread is left behind (its cluster lost a machine)", self.shared.info.name);
+            return;
+        }
         if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = thread.join();
         }

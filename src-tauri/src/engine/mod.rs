@@ -13,6 +13,7 @@ pub mod lanes;
 pub mod memory;
 mod metrics;
 mod pacing;
+pub mod remote;
 mod request;
 mod scheduler;
 mod sequence;

@@ -115,7 +115,9 @@ impl From<SubmitError> for ApiError {
                 ..ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message)
             },
             SubmitError::Invalid(_) => ApiError::bad_request(message),
-            SubmitError::ShutDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message),
+            SubmitError::ShutDown | SubmitError::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+            }
         }
     }
 }

@@ -214,11 +214,18 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> axum::Json<openai::types::Health> {
-    axum::Json(openai::types::Health {
-        status: "ok",
-        loaded: state.models.loaded().into_iter().map(|m| m.id).collect(),
-    })
+async fn health(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> (axum::http::StatusCode, axum::Json<openai::types::Health>) {
+    let loaded = state.models.loaded();
+    let error = loaded.iter().find_map(|m| m.fault.as_ref().map(|why| format!("{}: {why}", m.id)));
+    let status = if error.is_some() { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
+    let health = openai::types::Health {
+        status: if error.is_some() { "error" } else { "ok" },
+        loaded: loaded.into_iter().map(|m| m.id).collect(),
+        error,
+    };
+    (status, axum::Json(health))
 }
 
 /// `/`: a browser (it asks for `text/html`) is sent to the web UI; everyone else gets Ollama's

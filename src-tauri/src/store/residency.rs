@@ -13,10 +13,11 @@ use tokio::sync::watch;
 use super::catalog::{Catalog, CatalogError};
 use super::discover::LocalModel;
 use crate::engine::embed::{BatchLimits, EmbedHandle};
+use crate::engine::remote::RemoteLayers;
 use crate::engine::{DraftLoader, EngineConfig, EngineHandle};
 use crate::mlx::Backend;
 use crate::model::load::load_embedder;
-use crate::model::{load_model_with, LoadOptions, ModelKind, ModelSummary};
+use crate::model::{load_model_with, LoadOptions, LoadedModel, ModelError, ModelKind, ModelSummary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResidencyError {
@@ -101,6 +102,9 @@ pub struct LoadedStatus {
     /// Whether its own multi-token-prediction head drafts for it (`mtp.*` in the checkpoint).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub mtp_head: bool,
+    /// Why it cannot serve, where it is split across a cluster that lost a machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 /// A model chosen to serve a request: its id (as the API reports it) and its engine.
@@ -289,6 +293,38 @@ impl Residency {
         chat_engine(id.to_string(), engine)
     }
 
+    /// Loads the chat model at `id_or_path` split across a cluster: `load` gives this rank's
+    /// stage and the link to the others (from the model's path and the load options). It stays
+    /// loaded until unloaded; its KV budget is what the ceiling leaves beside the stage.
+    pub async fn load_split(
+        &self,
+        id_or_path: &str,
+        load: impl FnOnce(PathBuf, LoadOptions) -> Result<(LoadedModel, Box<dyn RemoteLayers>), ModelError> + Send + 'static,
+    ) -> Result<Served, ResidencyError> {
+        let _one_at_a_time = self.inner.loading.lock().await;
+        let model = self.inner.catalog.find_or_add_path(id_or_path)?;
+        let config = self.config();
+        // The stage's share of the weights is known once it is built; the engine measures what
+        // the process holds when it sizes its KV budget.
+        let kv = self.make_room(&model.id, 0)?;
+        let engine_config = EngineConfig {
+            kv_budget_bytes: Some(kv as usize),
+            memory_ceiling: Some(config.memory_budget as usize),
+            kv_format: super::model_kv::format_for(&config.model_kv, &model.id, config.engine.kv_format),
+            ..config.engine.clone()
+        };
+        let (path, options) = (model.path.clone(), config.load);
+        let failed = |e: String| ResidencyError::LoadFailed { id: model.id.clone(), message: e };
+        let engine =
+            tokio::task::spawn_blocking(move || EngineHandle::start_split(engine_config, move || load(path, options)))
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .map_err(|e| failed(e.to_string()))?;
+        let footprint = engine.model_info().weights_bytes as u64 + kv;
+        let engine = self.add_resident(model.id.clone(), model.path, Engine::Chat(engine), footprint, None);
+        chat_engine(model.id, engine)
+    }
+
     /// Loads `id`, of any kind, unless it is loaded (Ollama's and the UI's load, which serve
     /// every kind); returns its kind.
     pub async fn load_any(&self, id: &str, keep_alive: Option<Duration>) -> Result<ModelKind, ResidencyError> {
@@ -465,6 +501,7 @@ impl Residency {
                     context_length: 0,
                     draft_model: None,
                     mtp_head: false,
+                    fault: None,
                 };
                 match &r.engine {
                     Engine::Chat(engine) => {
@@ -476,6 +513,7 @@ impl Residency {
                         status.context_length = info.context_length;
                         status.draft_model = info.draft_model.clone();
                         status.mtp_head = info.mtp_head;
+                        status.fault = engine.fault();
                     }
                     Engine::Encoder(engine) => {
                         status.weights_bytes = engine.info().weights_bytes as u64;

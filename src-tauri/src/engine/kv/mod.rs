@@ -62,7 +62,7 @@ pub(crate) struct KvReport {
 impl KvManager {
     pub fn new(model: &LoadedModel, config: &EngineConfig, info: &ModelInfo) -> KvManager {
         let t = &model.transformer;
-        let layers = t.config.kv_cache_layers();
+        let layers = t.cache_count();
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
         let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
         let prefix = (prefix_budget > 0).then(|| {

@@ -24,6 +24,7 @@ use super::kv::KvManager;
 use super::memory::{self, CostModel, Governor};
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
+use super::remote::{forward_batch_hidden, RemoteLink, StepBatch};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use super::speculative::{DraftModel, Mode, MtpDrafter};
@@ -87,6 +88,8 @@ pub(crate) struct Scheduler {
     step_hidden: Option<Array>,
     /// Images encoded lately, by content hash (a model that sees).
     encoded: super::vision::EncodedImages,
+    /// The other ranks' layers, when the model is split across a cluster's machines.
+    remote: Option<RemoteLink>,
 }
 
 impl Scheduler {
@@ -96,7 +99,12 @@ impl Scheduler {
         config: EngineConfig,
         metrics_tx: watch::Sender<Metrics>,
         queued: Arc<AtomicUsize>,
+        remote: Option<RemoteLink>,
     ) -> Scheduler {
+        let config = match remote {
+            Some(_) => cluster_config(config),
+            None => config,
+        };
         let t = &model.transformer;
         let context_length =
             config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
@@ -160,7 +168,7 @@ impl Scheduler {
             kv_budget >> 20,
             info.kv_capacity_tokens
         );
-        let layers = t.config.kv_cache_layers();
+        let layers = t.cache_count();
         let kv_format = config.kv_format;
         let c = &t.config;
         let q_dim = c.num_heads * c.head_dim;
@@ -192,6 +200,7 @@ impl Scheduler {
             step_hidden: None,
             draft,
             encoded: Default::default(),
+            remote,
         }
     }
 
@@ -399,7 +408,8 @@ impl Scheduler {
         let positions = self.running_positions(ids.dim(1) as usize);
         let step = crate::model::transformer::StepInputs { images: None, positions: positions.as_ref() };
         let t = &self.model.transformer;
-        let hidden = t.forward_hidden_with(ids, &mut self.running.cache, step).map_err(|e| e.to_string())?;
+        let hidden = forward_batch_hidden(t, self.remote.as_mut(), StepBatch::Running, &mut self.running, ids, step)
+            .map_err(|e| e.to_string())?;
         let logits = t.logits(&hidden).and_then(|l| Ok(l.as_dtype(Dtype::Float32)?)).map_err(|e| e.to_string())?;
         // The head feeds on the step's hidden states once its tokens are sampled.
         self.step_hidden = self.mtp.is_some().then_some(hidden);
@@ -450,6 +460,9 @@ impl Scheduler {
     /// Gives back a finished or abandoned sequence's reservation and counts how it ended.
     fn release(&mut self, seq: &Sequence) {
         self.kv.release(seq);
+        if let Some(remote) = self.remote.as_mut() {
+            remote.ended(seq.id);
+        }
         if let Some(mtp) = self.mtp.as_mut() {
             mtp.forget(seq.id);
         }
@@ -540,7 +553,22 @@ impl Scheduler {
         self.mtp = None;
         self.kv.shut_down();
         self.publish_metrics(0, 0);
+        if let Some(remote) = self.remote.as_mut() {
+            remote.stop();
+        }
         drop(self.model);
         let _ = mlx_rs::memory::clear_cache();
     }
+}
+
+/// What an engine whose model is split across a cluster leaves out for now: the prefix cache
+/// (each rank would keep its own layers' blocks under the same keys; not built yet) and with it
+/// the shared segment and the turn-boundary prefill.
+fn cluster_config(mut config: EngineConfig) -> EngineConfig {
+    if config.prefix_cache_bytes > 0 || config.prefix_cache_disk.is_some() {
+        tracing::info!("the model is split across a cluster: no prefix cache (not built for clusters yet)");
+    }
+    config.prefix_cache_bytes = 0;
+    config.prefix_cache_disk = None;
+    config
 }

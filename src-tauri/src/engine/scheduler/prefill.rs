@@ -239,7 +239,14 @@ impl Scheduler {
             images: extras.as_ref().and_then(|e| e.images.as_ref()),
             positions: extras.as_ref().and_then(|e| e.positions.as_ref()),
         };
-        let hidden = self.model.transformer.forward_hidden_with(ids, &mut self.group.cache, step)?;
+        let hidden = crate::engine::remote::forward_batch_hidden(
+            &self.model.transformer,
+            self.remote.as_mut(),
+            crate::engine::remote::StepBatch::Prefill,
+            &mut self.group,
+            ids,
+            step,
+        )?;
         // The MTP head feeds on the chunk's hidden states once the tokens after them are known.
         self.step_hidden = self.mtp.is_some().then(|| hidden.clone());
         let ending: Vec<i32> =

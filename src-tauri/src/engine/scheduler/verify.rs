@@ -132,6 +132,9 @@ impl Scheduler {
                 return 0;
             }
         }
+        if let Some(remote) = self.remote.as_mut() {
+            remote.kept(width as i32, &kept);
+        }
         if let Some(draft) = self.draft.as_mut() {
             draft.verified(&accepted);
         }
@@ -175,6 +178,9 @@ impl Scheduler {
         let buffers = memory::buffers_of(&self.running.cache);
         let predicted = self.memory.cost().verify_bytes(rows, width, &buffers, self.shared_len());
         self.running.cache.iter_mut().for_each(crate::model::BatchKvCache::set_verifying);
+        if let Some(remote) = self.remote.as_mut() {
+            remote.verifying();
+        }
         self.forward_running(&ids, predicted)
     }
 

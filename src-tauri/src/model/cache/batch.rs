@@ -265,6 +265,24 @@ impl BatchKvCache {
             .flatten()
     }
 
+    /// Row `row` of a batch's layers as a cache of its own per layer (shared when it is the
+    /// only row, else a copy).
+    pub fn row_of(layers: &[BatchKvCache], row: usize) -> Result<Vec<KvCache>> {
+        layers
+            .iter()
+            .map(|layer| {
+                if let Some(only) = layer.only_row() {
+                    return Ok(only);
+                }
+                let own = match layer.row_contents(row)? {
+                    Some((k, v)) => KvCache::from_pieces(&[k], &[v], 0, layer.format())?,
+                    None => KvCache::with_format(layer.format()),
+                };
+                layer.row_cache(own, row)
+            })
+            .collect()
+    }
+
     /// `cache` (row `row`'s keys and values) with the row's start and recurrent state.
     pub fn row_cache(&self, cache: KvCache, row: usize) -> Result<KvCache> {
         let states = self.row_states(row)?;

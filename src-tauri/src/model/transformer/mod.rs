@@ -448,6 +448,8 @@ impl Transformer {
         out.push(&self.norm.weight);
         out.extend(self.lm_head.iter().flat_map(Linear::arrays));
         out.extend(self.mrope.iter().flat_map(MRope::arrays));
+        // The MTP head drafts where the model samples.
+        out.extend(self.mtp.iter().flat_map(MtpHead::arrays));
         out
     }
 

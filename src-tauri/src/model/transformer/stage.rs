@@ -26,7 +26,7 @@ impl Transformer {
         self.layers.iter().map(|l| DecoderLayer::arrays(l).iter().map(|a| a.nbytes() as u64).sum()).collect()
     }
 
-    /// The bytes of the ends (embeddings, final norm, output head).
+    /// The bytes of the ends (embeddings, final norm, output head, an MTP head).
     pub fn ends_weight_bytes(&self) -> u64 {
         self.end_arrays().iter().map(|a| a.nbytes() as u64).sum()
     }
@@ -45,7 +45,7 @@ impl Transformer {
     }
 
     /// Keeps only `stage`'s layers (and the ends where it holds them); the rest are dropped
-    /// unread. The multi-token-prediction head is dropped (pipelined ranks do not draft).
+    /// unread. The multi-token-prediction head stays with the ends (the rank that samples drafts).
     pub fn keep_stage(&mut self, stage: Stage) -> Result<()> {
         if let Some(why) = self.stage_refusal() {
             return Err(ModelError::Invalid(format!("this model cannot be split across machines: {why}")));
@@ -59,7 +59,9 @@ impl Transformer {
         }
         self.layers.truncate(stage.layers.end);
         self.layers.drain(..stage.layers.start);
-        self.mtp = None;
+        if !stage.ends {
+            self.mtp = None;
+        }
         self.stage = Some(stage);
         Ok(())
     }
@@ -80,7 +82,7 @@ impl Transformer {
     }
 
     /// One cache per layer held that keeps one.
-    pub(super) fn cache_count(&self) -> usize {
+    pub fn cache_count(&self) -> usize {
         match &self.stage {
             Some(s) => s.layers.len(),
             None => self.config.kv_cache_layers(),

@@ -266,8 +266,11 @@ pub struct Completion {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Health {
-    /// Always `ok`.
+    /// `ok`, or `error` (with a 503) when a loaded model cannot serve: its cluster lost a machine.
     pub status: &'static str,
     /// The loaded models, most recently used first.
     pub loaded: Vec<String>,
+    /// What is wrong, naming the machine lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }

@@ -1,0 +1,228 @@
+//! `fastmlx serve --cluster`: one model served across 2 and 3 processes on this machine (MLX's
+//! `ring` backend over loopback), rank 0 running the HTTP server and the engine. Through the
+//! HTTP API, concurrent requests of different lengths (rows joining and leaving the batch, with
+//! drafted tokens checked and taken back) get what one process answers, on SmolLM2 and on a
+//! Gated DeltaNet hybrid (recurrent states on the workers); a worker that dies mid-answer ends
+//! the stream with an error event within the deadline, and the server stays up saying which
+//! rank is gone.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fastmlx::fixtures::synthetic;
+use fastmlx::model::Arch;
+use serde_json::{json, Value};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn host_file(dir: &Path, ranks: usize) -> PathBuf {
+    let hosts: Vec<Vec<String>> = (0..ranks).map(|_| vec![format!("127.0.0.1:{}", free_port())]).collect();
+    let path = dir.join(format!("hosts-{ranks}.json"));
+    std::fs::write(&path, serde_json::to_string(&hosts).unwrap()).unwrap();
+    path
+}
+
+/// A server process, killed when dropped; its log is a file.
+struct Node {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Node {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `fastmlx serve` of `model` on `port` with `args`, alone or as `rank` of the cluster `hosts`.
+fn serve(dir: &Path, model: &Path, port: u16, args: &[&str], cluster: Option<(&Path, usize)>) -> Node {
+    let name = cluster.map_or("alone".to_string(), |(_, rank)| format!("rank{rank}"));
+    let log = dir.join(format!("{name}-{port}.log"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fastmlx"));
+    command
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .env("FASTMLX_MODELS_DIR", dir.join("models"))
+        // Each process one BLAS thread: spinning BLAS threads of several processes starve them all.
+        .env("OPENBLAS_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if let Some((hosts, rank)) = cluster {
+        command.arg("--cluster").arg(hosts).args(["--rank", &rank.to_string(), "--timeout", "15"]);
+    }
+    Node { child: command.spawn().unwrap(), log }
+}
+
+async fn wait_ready(port: u16, node: &mut Node) {
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!("the server ended ({status}) before it served: {}", node.log());
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "not ready after 120 s: {}", node.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Rank 0 (its port) and the workers of `model` across `ranks` processes, ready.
+async fn cluster(dir: &Path, model: &Path, ranks: usize, args: &[&str]) -> (u16, Vec<Node>) {
+    let hosts = host_file(dir, ranks);
+    let port = free_port();
+    let mut nodes = Vec::new();
+    for rank in 0..ranks {
+        nodes.push(serve(dir, model, if rank == 0 { port } else { free_port() }, args, Some((&hosts, rank))));
+        // MLX's ring connects more reliably when its ranks start in order.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    wait_ready(port, &mut nodes[0]).await;
+    (port, nodes)
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Write a poem about the sea. Write a poem about the sea. Write a poem about the sea.",
+    "1, 2, 3, 4,",
+    "def fib(n):",
+    "Once upon a time",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "Rust is",
+    "List three colors:",
+];
+
+/// The 8 prompts at once, each with its own length (rows join and leave the batch): each
+/// answer's text, and the drafted tokens checked in all.
+async fn answers(port: u16) -> (Vec<String>, u64) {
+    let client = reqwest::Client::new();
+    let asks = PROMPTS.iter().enumerate().map(|(i, prompt)| {
+        let body = json!({"prompt": prompt, "max_tokens": 6 + 5 * i, "temperature": 0, "ignore_eos": true});
+        let request = client.post(format!("http://127.0.0.1:{port}/v1/completions")).json(&body).send();
+        tokio::spawn(async move {
+            let response = request.await.unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert!(status.is_success(), "{status}: {body}");
+            (body["choices"][0]["text"].as_str().unwrap().to_string(), body["timings"]["draft_n"].as_u64().unwrap_or(0))
+        })
+    });
+    let mut texts = Vec::new();
+    let mut drafted = 0;
+    for ask in asks.collect::<Vec<_>>() {
+        let (text, draft) = ask.await.unwrap();
+        texts.push(text);
+        drafted += draft;
+    }
+    (texts, drafted)
+}
+
+/// `model` served across `ranks` processes answers as one process does, drafting (`speculative`).
+async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, speculative: &str, what: &str) {
+    let args = ["--speculative", speculative];
+    let port = free_port();
+    let mut alone = serve(dir, model, port, &args, None);
+    wait_ready(port, &mut alone).await;
+    let (want, _) = answers(port).await;
+    drop(alone);
+    let (port, nodes) = cluster(dir, model, ranks, &args).await;
+    let (got, drafted) = answers(port).await;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "{what} across {ranks} ranks, prompt {i}: {}", nodes[0].log());
+    }
+    assert!(drafted > 0, "{what}: no drafted tokens were checked across the ranks");
+    for (rank, node) in nodes.iter().enumerate() {
+        assert!(node.log().contains(&format!("rank {rank} of {ranks}: ")), "{}", node.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn served_across_ranks_answers_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_served_like_alone(dir.path(), &common::smollm2_gguf(), 2, "ngram", "SmolLM2").await;
+    // A random model repeats nothing for n-grams to find: its MTP head drafts (on rank 0,
+    // with the ends), so the workers' recurrent layers take back rejected positions.
+    let hybrid = dir.path().join("qwen35");
+    let options = synthetic::TinyOptions { mtp: true, ..Default::default() };
+    synthetic::write_tiny_model_with(&hybrid, Arch::Qwen35, 3, &options).unwrap();
+    assert_served_like_alone(dir.path(), &hybrid, 3, "mtp", "Qwen3.5 (Gated DeltaNet hybrid)").await;
+}
+
+/// Rank 0's server after its worker was lost mid-answer (`lose` does it to the worker's
+/// process): the stream ends with an error event naming the rank within the deadline, the
+/// server stays up saying which rank is gone, and new requests are refused with that.
+async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mut nodes) = cluster(dir.path(), &common::smollm2_gguf(), 2, &[]).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let body = json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "messages": [{"role": "user", "content": "Count to a thousand."}],
+        "max_tokens": 4000,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let mut stream = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert!(stream.status().is_success(), "{}", stream.status());
+    // Once tokens flow, the worker is lost.
+    let mut seen = String::new();
+    while seen.matches("data: ").count() < 5 {
+        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
+    }
+    lose(&mut nodes[1].child);
+    let lost = Instant::now();
+    // The deadline on a wait is 15 s (`cluster`).
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.chunk()).await.unwrap().unwrap() {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let waited = lost.elapsed();
+    assert!(waited < Duration::from_secs(40), "{how}: the stream took {waited:?} to end");
+    let tail = &seen[seen.len().saturating_sub(400)..];
+    assert!(tail.contains("\"error\"") && tail.contains("rank 1"), "{how}: {tail}");
+    let health = client.get(format!("{url}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 503, "{how}");
+    let health: Value = health.json().await.unwrap();
+    assert!(health["error"].as_str().unwrap().contains("rank 1"), "{how}: {health}");
+    let refused = client.post(format!("{url}/v1/chat/completions")).json(&json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "messages": [{"role": "user", "content": "Hello"}],
+    }));
+    let refused = refused.send().await.unwrap();
+    assert_eq!(refused.status(), 503, "{how}");
+    let refused: Value = refused.json().await.unwrap();
+    assert!(refused["error"]["message"].as_str().unwrap().contains("rank 1"), "{how}: {refused}");
+    let status: Value = client.get(format!("{url}/admin/status")).send().await.unwrap().json().await.unwrap();
+    assert!(status.to_string().contains("the cluster lost a rank"), "{how}: {status}");
+    eprintln!("{how}: the stream ended {waited:?} later: {tail}\n/health: {health}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_lost_mid_answer_ends_the_stream_with_an_error_and_the_server_says_so() {
+    // Killed: its connections close, MLX's send fails.
+    assert_lost_worker_reported(|worker| worker.kill().unwrap(), "killed").await;
+    // Frozen (a machine that hangs or a cable pulled): nothing closes and MLX waits for good;
+    // the deadline ends the stream and the wait is left behind.
+    let freeze = |worker: &mut Child| {
+        let frozen = Command::new("kill").args(["-STOP", &worker.id().to_string()]).status().unwrap();
+        assert!(frozen.success());
+    };
+    assert_lost_worker_reported(freeze, "frozen").await;
+}
