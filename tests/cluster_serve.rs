@@ -2,7 +2,8 @@
 //! `ring` backend over loopback), rank 0 running the HTTP server and the engine. Through the
 //! HTTP API, concurrent requests of different lengths (rows joining and leaving the batch, with
 //! drafted tokens checked and taken back) get what one process answers, on SmolLM2 and on a
-//! Gated DeltaNet hybrid (recurrent states on the workers); a worker that dies mid-answer ends
+//! Gated DeltaNet hybrid (recurrent states on the workers), and requests sharing a system prompt
+//! find its start in every rank's prefix cache; a worker that dies mid-answer ends
 //! the stream with an error event within the deadline, and the server stays up saying which
 //! rank is gone.
 
@@ -60,6 +61,7 @@ fn serve(dir: &Path, model: &Path, port: u16, args: &[&str], cluster: Option<(&P
         .env("FASTMLX_MODELS_DIR", dir.join("models"))
         // Each process one BLAS thread: spinning BLAS threads of several processes starve them all.
         .env("OPENBLAS_NUM_THREADS", "1")
+        .env("FASTMLX_CACHE_DIR", dir.join("cache"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     if let Some((hosts, rank)) = cluster {
@@ -135,12 +137,50 @@ async fn answers(port: u16) -> (Vec<String>, u64) {
 }
 
 /// `model` served across `ranks` processes answers as one process does, drafting (`speculative`).
+/// A system prompt of ~150 tokens (two whole prefix-cache blocks, short of a shared segment).
+const SYSTEM: &str = "You are a careful assistant for a team of engineers. Answer briefly and precisely, \
+    name the files you would change, say what you measured, and never guess at figures you do not have. \
+    When a question is unclear, ask one short question back. Prefer plain words to jargon, short \
+    sentences to long ones, and examples to abstractions. Keep code blocks small and complete.";
+
+/// Chat requests sharing the system prompt: the first alone, then three at once, which find
+/// its start in the prefix cache. Each answer's text, and the prompt tokens each reused.
+async fn turns(port: u16) -> (Vec<String>, Vec<u64>) {
+    let client = reqwest::Client::new();
+    let ask = |question: &str| {
+        let body = json!({
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            "max_tokens": 12,
+            "temperature": 0,
+        });
+        let request = client.post(format!("http://127.0.0.1:{port}/v1/chat/completions")).json(&body).send();
+        tokio::spawn(async move {
+            let response = request.await.unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert!(status.is_success(), "{status}: {body}");
+            let text = body["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+            (text, body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
+        })
+    };
+    let mut out = vec![ask("What is a prefix cache?").await.unwrap()];
+    let rest: Vec<_> = ["Why batch requests?", "What is a pipeline stage?", "How fast is Thunderbolt 5?"]
+        .into_iter()
+        .map(ask)
+        .collect();
+    for r in rest {
+        out.push(r.await.unwrap());
+    }
+    out.into_iter().unzip()
+}
+
 async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, speculative: &str, what: &str) {
     let args = ["--speculative", speculative];
     let port = free_port();
     let mut alone = serve(dir, model, port, &args, None);
     wait_ready(port, &mut alone).await;
     let (want, _) = answers(port).await;
+    let (want_turns, _) = turns(port).await;
     drop(alone);
     let (port, nodes) = cluster(dir, model, ranks, &args).await;
     let (got, drafted) = answers(port).await;
@@ -148,6 +188,10 @@ async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, specul
         assert_eq!(g, w, "{what} across {ranks} ranks, prompt {i}: {}", nodes[0].log());
     }
     assert!(drafted > 0, "{what}: no drafted tokens were checked across the ranks");
+    // The system prompt's start is a hit on every rank (rank 0 resumes only where all can).
+    let (got_turns, reused) = turns(port).await;
+    assert_eq!(got_turns, want_turns, "{what} across {ranks} ranks, the turns: {}", nodes[0].log());
+    assert!(reused[1..].iter().all(|&r| r >= 64), "{what}: prompt tokens reused {reused:?}: {}", nodes[0].log());
     for (rank, node) in nodes.iter().enumerate() {
         assert!(node.log().contains(&format!("rank {rank} of {ranks}: ")), "{}", node.log());
     }

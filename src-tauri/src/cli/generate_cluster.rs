@@ -116,7 +116,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let hidden = model.transformer.config.hidden_size;
     let mut pipeline = Pipeline::new(group.clone(), watchdog, hidden);
     if rank != 0 {
-        return pipeline.serve_stage(&model.transformer, kv_format).map_err(anyhow::Error::msg);
+        return pipeline.serve_stage(&model.transformer, kv_format, None).map_err(anyhow::Error::msg);
     }
     let generation = args.request(&model, kv_format).and_then(|request| {
         let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {

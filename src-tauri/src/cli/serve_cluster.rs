@@ -48,9 +48,15 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
         agreed.map_err(anyhow::Error::msg)?;
         model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
         eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
+        // Its own prefix cache of its layers, keyed as rank 0's: a hit there is a hit here.
+        let engine = args.residency_config()?.engine;
+        let t = &model.transformer;
+        let context =
+            engine.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
+        let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
         let hidden = model.transformer.config.hidden_size;
         let mut pipeline = Pipeline::new(group, watchdog, hidden);
-        return pipeline.serve_stage(&model.transformer, kv_format).map_err(anyhow::Error::msg);
+        return pipeline.serve_stage(&model.transformer, kv_format, prefix).map_err(anyhow::Error::msg);
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

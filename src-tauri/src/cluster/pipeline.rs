@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use mlx_rs::{Array, Dtype};
 
-use super::stage_server::{EngineStage, StepRows};
+use super::stage_server::{EngineStage, StepRows, HEADER_TAIL};
 use super::watchdog::Watchdog;
-use crate::engine::remote::{LinkHealth, RemoteLayers, RemoteStep};
+use crate::engine::remote::{LinkHealth, Pending, RemoteLayers, RemoteStep, StepBatch};
+use crate::engine::RequestId;
 use crate::mlx::distributed::Group;
 use crate::model::{KvCache, KvFormat, Transformer};
 
@@ -28,9 +29,12 @@ const RESET: i32 = 2;
 const STOP: i32 = 3;
 /// An engine's step: the header says how long the rows' description that follows is.
 const STEP: i32 = 4;
-/// kind, batch, length, dtype, then for [`STEP`]: which batch, rows ended, rows kept (0 or
-/// the batch), the verify step's width, whether this step verifies.
-const HEADER_LEN: usize = 9;
+/// Rank 0 restored a prompt's start from its prefix cache: each worker restores what it holds
+/// of it, and the fewest tokens any holds comes back to rank 0.
+const PROBE: i32 = 5;
+/// kind, batch, length, dtype, then for [`STEP`] and [`PROBE`] the rows' description's sizes
+/// (`StepRows`).
+const HEADER_LEN: usize = 4 + HEADER_TAIL;
 
 /// What rank 0 measured of its steps.
 #[derive(Debug, Clone, Default)]
@@ -176,22 +180,41 @@ impl Pipeline {
         if rows != h.dim(0) as usize || step.lengths.len() != rows {
             return Err(format!("a step of {} rows with {rows} rows named", h.dim(0)));
         }
-        let kept = step.kept.map_or(&[][..], |(_, k)| k);
-        let header = [
-            STEP,
-            h.dim(0),
-            h.dim(1),
-            dtype_code(h.dtype())?,
-            step.batch as i32,
-            step.ended.len() as i32,
-            kept.len() as i32,
-            step.kept.map_or(0, |(w, _)| w),
-            step.verifying as i32,
-        ];
+        let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, step)?;
+        self.round_trip(h, started, data * 8)
+    }
+
+    /// Sends a header and the rows' description that follows it; returns its integers.
+    fn send_described(&self, kind: i32, rows: i32, len: i32, dtype: i32, step: &RemoteStep) -> Result<usize, String> {
+        let (tail, data) = StepRows::encode(step);
+        let mut header = [0; HEADER_LEN];
+        header[..4].copy_from_slice(&[kind, rows, len, dtype]);
+        header[4..].copy_from_slice(&tail);
         self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
-        let rows = StepRows::encode(step);
-        self.send(&Array::from_slice(&rows, &[rows.len() as i32]))?;
-        self.round_trip(h, started, rows.len() * 8)
+        self.send(&Array::from_slice(&data, &[data.len() as i32]))?;
+        Ok(data.len())
+    }
+
+    /// Rank 0's engine: how many of `tokens` (request `id`'s prompt start, restored here) every
+    /// worker restored from its own prefix cache (each keeps it for the row's first step).
+    pub fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {
+        if let Some(why) = self.health.fault() {
+            return Err(why);
+        }
+        let asked = || -> Result<usize, String> {
+            let step = RemoteStep {
+                batch: StepBatch::Prefill,
+                rows: &[id],
+                lengths: &[tokens.len() as i32],
+                tokens,
+                verifying: false,
+                pending,
+            };
+            self.send_described(PROBE, 1, tokens.len() as i32, 0, &step)?;
+            let held = self.recv(&[1], Dtype::Int64)?;
+            Ok(held.as_slice::<i64>()[0].max(0) as usize)
+        };
+        asked().inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
     }
 
     /// Rank 0: the workers start a new sequence (empty caches).
@@ -205,9 +228,15 @@ impl Pipeline {
     }
 
     /// The other ranks: run this rank's layers on each step rank 0 starts, until it stops.
-    pub fn serve_stage(&mut self, model: &Transformer, format: KvFormat) -> Result<(), String> {
+    /// An engine's prefix cache on this rank, where the server keeps one, is `prefix`.
+    pub fn serve_stage(
+        &mut self,
+        model: &Transformer,
+        format: KvFormat,
+        prefix: Option<crate::engine::kv::prefix_cache::PrefixCache>,
+    ) -> Result<(), String> {
         let mut cache = model.new_cache_in(format);
-        let mut engine = EngineStage::new(model, format);
+        let mut engine = EngineStage::new(model, format, prefix);
         // The last rank sends back to rank 0, which needs no header.
         let passes_on = self.right() != 0;
         loop {
@@ -239,18 +268,31 @@ impl Pipeline {
                 }
                 STEP => {
                     let dtype = code_dtype(code)?;
-                    let size = StepRows::size(&header);
                     if passes_on {
                         self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
                     }
-                    let rows = self.recv(&[size as i32], Dtype::Int64)?;
+                    let data = self.recv(&[StepRows::size(&header) as i32], Dtype::Int64)?;
                     if passes_on {
-                        self.send(&rows)?;
+                        self.send(&data)?;
                     }
-                    let rows = StepRows::decode(&header, rows.as_slice::<i64>())?;
+                    let rows = StepRows::decode(&header, data.as_slice::<i64>())?;
                     let h = self.recv(&[batch, len, self.hidden], dtype)?;
                     let out = engine.forward(model, &rows, &h)?;
                     self.send_on(out, dtype)?;
+                }
+                PROBE => {
+                    let data = self.recv(&[StepRows::size(&header) as i32], Dtype::Int64)?;
+                    let mut data = data.as_slice::<i64>().to_vec();
+                    let rows = StepRows::decode(&header, &data)?;
+                    let held = engine.probe(&rows)? as i64;
+                    if passes_on {
+                        // The next rank restores at most what this one holds.
+                        data[1] = held;
+                        self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
+                        self.send(&Array::from_slice(&data, &[data.len() as i32]))?;
+                    } else {
+                        self.send(&Array::from_slice(&[held], &[1]))?;
+                    }
                 }
                 other => return Err(format!("rank {} sent an unknown step ({other})", self.left())),
             }
@@ -269,6 +311,10 @@ impl Pipeline {
 impl RemoteLayers for Pipeline {
     fn forward(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
         self.forward_step(step, h)
+    }
+
+    fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {
+        Pipeline::probe(self, pending, id, tokens)
     }
 
     fn stop(&mut self) {

@@ -9,58 +9,110 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::engine::remote::{RemoteStep, StepBatch};
+use crate::engine::kv::prefix_cache::PrefixCache;
+use crate::engine::remote::{Pending, RemoteStep, StepBatch, StoreOp};
 use crate::engine::RequestId;
 use crate::model::{BatchKvCache, KvCache, KvFormat, LayerCache, Transformer};
 
-/// A step's rows and what became of rows since the last, as the workers receive it.
+/// A step's rows and what changed on rank 0 since the last message, as the workers receive it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRows {
     pub batch: StepBatch,
     pub rows: Vec<RequestId>,
     pub lengths: Vec<i32>,
-    pub ended: Vec<RequestId>,
-    pub kept: Option<(i32, Vec<i32>)>,
+    /// `[rows, positions]` token ids, flattened.
+    pub tokens: Vec<u32>,
     pub verifying: bool,
+    pub pending: Pending,
 }
 
+/// Integers per prefix-cache store on the wire: kind, row id, tokens, batch and snapshot.
+const STORE_WORDS: usize = 4;
+
+/// The header's fields after kind, rows, length and dtype (see `pipeline::HEADER_LEN`): which
+/// batch, rows ended, rows kept (0 or the batch), the verify step's width, whether this step
+/// verifies, prefix-cache stores.
+pub const HEADER_TAIL: usize = 6;
+
 impl StepRows {
-    /// The integers after the header: row ids, their lengths, the rows ended, the rows kept.
-    pub fn encode(step: &RemoteStep) -> Vec<i64> {
-        let kept = step.kept.map_or(&[][..], |(_, k)| k);
-        let mut out = Vec::with_capacity(2 * step.rows.len() + step.ended.len() + kept.len());
+    /// The header's tail and the integers that follow it: row ids, their lengths, the step's
+    /// token ids, the rows ended, the rows kept, the stores.
+    pub fn encode(step: &RemoteStep) -> ([i32; HEADER_TAIL], Vec<i64>) {
+        let p = step.pending;
+        let kept = p.kept.as_ref().map_or(&[][..], |(_, k)| k);
+        let mut out = Vec::with_capacity(2 * step.rows.len() + step.tokens.len() + p.ended.len() + kept.len());
         out.extend(step.rows.iter().map(|&id| id as i64));
         out.extend(step.lengths.iter().map(|&l| l as i64));
-        out.extend(step.ended.iter().map(|&id| id as i64));
+        out.extend(step.tokens.iter().map(|&t| t as i64));
+        out.extend(p.ended.iter().map(|&id| id as i64));
         out.extend(kept.iter().map(|&k| k as i64));
-        out
+        for op in &p.stores {
+            out.extend(match *op {
+                StoreOp::Store { batch, id, len, snapshot } => {
+                    [1, id as i64, len as i64, batch as i64 + 2 * snapshot as i64]
+                }
+                StoreOp::KeepHot { batch, id, len } => [2, id as i64, len as i64, batch as i64],
+                StoreOp::Clear => [3, 0, 0, 0],
+            });
+        }
+        let tail = [
+            step.batch as i32,
+            p.ended.len() as i32,
+            kept.len() as i32,
+            p.kept.as_ref().map_or(0, |(w, _)| *w),
+            step.verifying as i32,
+            p.stores.len() as i32,
+        ];
+        (tail, out)
     }
 
-    /// How many integers follow `header` (see `pipeline::HEADER_LEN`).
+    /// How many integers follow `header` (kind, rows, length, dtype, then the tail).
     pub fn size(header: &[i32]) -> usize {
-        2 * header[1].max(0) as usize + header[5].max(0) as usize + header[6].max(0) as usize
+        let n = |i: usize| header[i].max(0) as usize;
+        2 * n(1) + n(1) * n(2) + n(5) + n(6) + STORE_WORDS * n(9)
     }
 
     pub fn decode(header: &[i32], data: &[i64]) -> Result<StepRows, String> {
         if data.len() != Self::size(header) {
             return Err(format!("a step's rows came as {} integers, not {}", data.len(), Self::size(header)));
         }
-        let (rows, ended, kept) = (header[1] as usize, header[5] as usize, header[6] as usize);
+        let n = |i: usize| header[i].max(0) as usize;
         let batch = match header[4] {
             0 => StepBatch::Running,
             1 => StepBatch::Prefill,
             other => return Err(format!("a step names an unknown batch ({other})")),
         };
-        let (ids, rest) = data.split_at(rows);
-        let (lengths, rest) = rest.split_at(rows);
-        let (ended_ids, kept_rows) = rest.split_at(ended);
+        let (ids, rest) = data.split_at(n(1));
+        let (lengths, rest) = rest.split_at(n(1));
+        let (tokens, rest) = rest.split_at(n(1) * n(2));
+        let (ended, rest) = rest.split_at(n(5));
+        let (kept, stores) = rest.split_at(n(6));
+        let batch_of = |code: i64| if code & 1 == 0 { StepBatch::Running } else { StepBatch::Prefill };
+        let stores = stores
+            .chunks(STORE_WORDS)
+            .map(|w| match w[0] {
+                1 => Ok(StoreOp::Store {
+                    batch: batch_of(w[3]),
+                    id: w[1] as RequestId,
+                    len: w[2] as usize,
+                    snapshot: w[3] & 2 != 0,
+                }),
+                2 => Ok(StoreOp::KeepHot { batch: batch_of(w[3]), id: w[1] as RequestId, len: w[2] as usize }),
+                3 => Ok(StoreOp::Clear),
+                other => Err(format!("an unknown prefix-cache store ({other})")),
+            })
+            .collect::<Result<_, String>>()?;
         Ok(StepRows {
             batch,
             rows: ids.iter().map(|&id| id as RequestId).collect(),
             lengths: lengths.iter().map(|&l| l as i32).collect(),
-            ended: ended_ids.iter().map(|&id| id as RequestId).collect(),
-            kept: (kept > 0).then(|| (header[7], kept_rows.iter().map(|&k| k as i32).collect())),
+            tokens: tokens.iter().map(|&t| t as u32).collect(),
             verifying: header[8] != 0,
+            pending: Pending {
+                kept: (n(6) > 0).then(|| (header[7], kept.iter().map(|&k| k as i32).collect())),
+                stores,
+                ended: ended.iter().map(|&id| id as RequestId).collect(),
+            },
         })
     }
 }
@@ -100,29 +152,43 @@ impl StageBatch {
     }
 }
 
-/// A worker's caches of the engine's rows.
+/// A worker's caches of the engine's rows, and its prefix cache of its layers.
 pub struct EngineStage {
     format: KvFormat,
     running: StageBatch,
     prefill: StageBatch,
-    /// Rows out of both batches that have not ended.
+    /// Rows out of both batches that have not ended (a set-aside prompt, a row about to join
+    /// the running batch, a prompt start restored for a row's first step).
     loose: HashMap<RequestId, Vec<KvCache>>,
+    /// Each live row's tokens in its caches (the prefix cache keys blocks by them).
+    tokens: HashMap<RequestId, Vec<u32>>,
+    prefix: Option<PrefixCache>,
 }
 
 impl EngineStage {
-    pub fn new(model: &Transformer, format: KvFormat) -> EngineStage {
+    pub fn new(model: &Transformer, format: KvFormat, prefix: Option<PrefixCache>) -> EngineStage {
         let layers = model.cache_count();
         EngineStage {
             format,
             running: StageBatch::new(layers, format),
             prefill: StageBatch::new(layers, format),
             loose: HashMap::new(),
+            tokens: HashMap::new(),
+            prefix,
         }
     }
 
     /// Brings the caches in step with the engine's, then runs this rank's layers over `h`.
     pub fn forward(&mut self, model: &Transformer, step: &StepRows, h: &Array) -> Result<Array, String> {
-        self.catch_up(step)?;
+        self.catch_up(&step.pending)?;
+        self.reconcile(step)?;
+        let width = h.dim(1) as usize;
+        for (r, (&id, &length)) in step.rows.iter().zip(&step.lengths).enumerate() {
+            let tokens = self.tokens.entry(id).or_default();
+            // Positions a verify step did not keep are written over.
+            tokens.truncate(length.max(0) as usize);
+            tokens.extend_from_slice(&step.tokens[r * width..(r + 1) * width]);
+        }
         let batch = match step.batch {
             StepBatch::Running => &mut self.running,
             StepBatch::Prefill => &mut self.prefill,
@@ -137,11 +203,35 @@ impl EngineStage {
         Ok(out)
     }
 
-    /// Replays on this rank's caches what the engine did to its own since the last step.
-    fn catch_up(&mut self, step: &StepRows) -> Result<(), String> {
-        // The verify step's rejected positions go first: `kept` is by the running rows as they
-        // were then.
-        if let Some((width, kept)) = &step.kept {
+    /// Rank 0 restored the first `lengths[0]` of `tokens` of row `rows[0]` from its prefix
+    /// cache: this rank restores what its own holds of them, at most that, and keeps it for the
+    /// row's first step; returns how many tokens it holds.
+    pub fn probe(&mut self, step: &StepRows) -> Result<usize, String> {
+        self.catch_up(&step.pending)?;
+        let (&id, &limit) = step.rows.first().zip(step.lengths.first()).ok_or("a probe names no row")?;
+        let layers = self.running.cache.len();
+        let empty = || (0..layers).map(|_| KvCache::with_format(self.format)).collect::<Vec<_>>();
+        let limit = (limit.max(0) as usize).min(step.tokens.len());
+        let (caches, held) = match self.prefix.as_mut().filter(|_| limit > 0) {
+            Some(prefix) => match prefix.restore(&step.tokens, limit, layers) {
+                Ok(restored) => (restored.caches, restored.tokens),
+                Err(e) => {
+                    tracing::warn!("prefix cache: restore failed: {e}");
+                    (empty(), 0)
+                }
+            },
+            None => (empty(), 0),
+        };
+        self.loose.insert(id, caches);
+        self.tokens.insert(id, step.tokens[..held].to_vec());
+        Ok(held)
+    }
+
+    /// Replays what rank 0 did since the workers last heard: the rejected drafts taken back,
+    /// the prefix cache's stores, the rows that ended.
+    fn catch_up(&mut self, pending: &Pending) -> Result<(), String> {
+        // `kept` is by the running rows as they were at the verify step.
+        if let Some((width, kept)) = &pending.kept {
             if kept.len() != self.running.ids.len() {
                 return Err(out_of_step(format!(
                     "{} rows kept drafts, {} rows run here",
@@ -153,8 +243,12 @@ impl EngineStage {
                 layer.keep_verified(*width, kept).map_err(|e| e.to_string())?;
             }
         }
-        for &id in &step.ended {
+        for op in &pending.stores {
+            self.store(op);
+        }
+        for &id in &pending.ended {
             self.loose.remove(&id);
+            self.tokens.remove(&id);
             for batch in [&mut self.running, &mut self.prefill] {
                 if let Some(row) = batch.position(id) {
                     let keep: Vec<usize> = (0..batch.ids.len()).filter(|&r| r != row).collect();
@@ -162,11 +256,45 @@ impl EngineStage {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// One of rank 0's prefix-cache stores, on this rank's layers. One that cannot be done
+    /// here only means fewer hits: a probe finds what every rank holds.
+    fn store(&mut self, op: &StoreOp) {
+        let Some(prefix) = self.prefix.as_mut() else { return };
+        let (batch, id, len) = match *op {
+            StoreOp::Clear => return prefix.clear(),
+            StoreOp::Store { batch, id, len, .. } | StoreOp::KeepHot { batch, id, len } => (batch, id, len),
+        };
+        let batch = match batch {
+            StepBatch::Running => &self.running,
+            StepBatch::Prefill => &self.prefill,
+        };
+        let (Some(row), Some(tokens)) = (batch.position(id), self.tokens.get(&id).filter(|t| t.len() >= len)) else {
+            tracing::warn!("prefix cache: request {id}'s {len} tokens are not here to store");
+            return;
+        };
+        let stored = match *op {
+            StoreOp::Store { snapshot, .. } => prefix.store_row(&tokens[..len], &batch.cache, row, snapshot),
+            _ => {
+                let caches: Option<Vec<KvCache>> = batch.cache.iter().map(BatchKvCache::only_row).collect();
+                caches.into_iter().for_each(|c| prefix.keep_hot(&tokens[..len], c));
+                Ok(())
+            }
+        };
+        if let Err(e) = stored {
+            tracing::warn!("prefix cache: cannot store request {id}'s blocks: {e}");
+        }
+    }
+
+    /// The step's batch holds the step's rows, in its order: rows that left it without ending
+    /// are set aside, rows that joined come from where they were (or start empty).
+    fn reconcile(&mut self, step: &StepRows) -> Result<(), String> {
         let (batch, other) = match step.batch {
             StepBatch::Running => (&mut self.running, &mut self.prefill),
             StepBatch::Prefill => (&mut self.prefill, &mut self.running),
         };
-        // Rows that left this batch without ending wait, with their caches, to join one again.
         let leaving: Vec<RequestId> = batch.ids.iter().copied().filter(|id| !step.rows.contains(id)).collect();
         for id in leaving {
             if let Some(caches) = batch.take(id)? {
@@ -224,29 +352,37 @@ mod tests {
 
     #[test]
     fn step_rows_go_through_the_wire_unchanged() {
+        let pending = Pending {
+            kept: Some((3, vec![1, 3, 2])),
+            stores: vec![
+                StoreOp::Store { batch: StepBatch::Running, id: 9, len: 64, snapshot: true },
+                StoreOp::KeepHot { batch: StepBatch::Prefill, id: 7, len: 5 },
+                StoreOp::Clear,
+            ],
+            ended: vec![4],
+        };
         let step = RemoteStep {
             batch: StepBatch::Prefill,
             rows: &[7, 9, 12],
             lengths: &[0, 16, 3],
-            ended: &[4],
-            kept: Some((3, &[1, 3, 2])),
+            tokens: &[1, 2, 3, 4, 5, 6],
             verifying: true,
+            pending: &pending,
         };
-        let header = [4, 3, 5, 0, 1, 1, 3, 3, 1];
-        let data = StepRows::encode(&step);
+        let (tail, data) = StepRows::encode(&step);
+        let mut header = vec![4, 3, 2, 0];
+        header.extend(tail);
         assert_eq!(data.len(), StepRows::size(&header));
         let rows = StepRows::decode(&header, &data).unwrap();
-        assert_eq!(
-            rows,
-            StepRows {
-                batch: StepBatch::Prefill,
-                rows: vec![7, 9, 12],
-                lengths: vec![0, 16, 3],
-                ended: vec![4],
-                kept: Some((3, vec![1, 3, 2])),
-                verifying: true,
-            }
-        );
+        let want = StepRows {
+            batch: StepBatch::Prefill,
+            rows: vec![7, 9, 12],
+            lengths: vec![0, 16, 3],
+            tokens: vec![1, 2, 3, 4, 5, 6],
+            verifying: true,
+            pending,
+        };
+        assert_eq!(rows, want);
         assert!(StepRows::decode(&header, &data[1..]).is_err());
     }
 }

@@ -16,7 +16,6 @@ use tokio::sync::watch;
 
 use super::batch::Batch;
 use super::request::RequestId;
-use crate::model::transformer::StepInputs;
 use crate::model::{ModelError, Transformer};
 
 /// Which of the engine's batches a step runs.
@@ -24,6 +23,36 @@ use crate::model::{ModelError, Transformer};
 pub enum StepBatch {
     Running = 0,
     Prefill = 1,
+}
+
+/// What the engine's prefix cache did that the other ranks do to theirs (each keeps its own
+/// layers' blocks under the same keys, so a hit on rank 0 is a hit everywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// Row `id` of `batch`: its first `len` tokens' blocks stored (`snapshot`: with its
+    /// recurrent state there).
+    Store { batch: StepBatch, id: RequestId, len: usize, snapshot: bool },
+    /// Row `id`, alone in `batch`, keeps its buffers whole for its next turn.
+    KeepHot { batch: StepBatch, id: RequestId, len: usize },
+    /// Everything cached goes.
+    Clear,
+}
+
+/// What changed on rank 0 since the workers last heard, replayed in this order before anything
+/// else: the rejected drafts taken back, the prefix cache's stores, the rows that ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pending {
+    /// The last verify step's positions (`width`) and how many each running row kept.
+    pub kept: Option<(i32, Vec<i32>)>,
+    pub stores: Vec<StoreOp>,
+    /// Rows that ended since (their caches go).
+    pub ended: Vec<RequestId>,
+}
+
+impl Pending {
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_none() && self.stores.is_empty() && self.ended.is_empty()
+    }
 }
 
 /// One forward as the other ranks see it.
@@ -34,13 +63,12 @@ pub struct RemoteStep<'a> {
     pub rows: &'a [RequestId],
     /// Tokens each row has cached before the step.
     pub lengths: &'a [i32],
-    /// Rows that ended since the last step (their caches go).
-    pub ended: &'a [RequestId],
-    /// The last verify step's positions (`width`) and how many each running row kept: taken
-    /// back before this step.
-    pub kept: Option<(i32, &'a [i32])>,
+    /// The step's token ids, `[rows, positions]` flattened (the workers' prefix caches key
+    /// blocks by them).
+    pub tokens: &'a [u32],
     /// This step checks drafted tokens (recurrent layers keep each position's state).
     pub verifying: bool,
+    pub pending: &'a Pending,
 }
 
 /// Whether the other ranks are still there: once a rank is lost (an error, or a wait past its
@@ -84,28 +112,31 @@ pub trait RemoteLayers: Send {
     /// Runs `h` (`[rows, positions, hidden]`, after this rank's layers) through the other
     /// ranks' layers; the residual stream after the model's last layer.
     fn forward(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String>;
+    /// Request `id`'s prompt start `tokens` is in rank 0's prefix cache: each other rank takes
+    /// what its own holds of it (kept for the row's first step) and the fewest tokens any rank
+    /// holds comes back.
+    fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String>;
     /// The engine stops: the other ranks return.
     fn stop(&mut self);
     /// Whether the other ranks are still there.
     fn health(&self) -> LinkHealth;
 }
 
-/// The engine's end of the link, and what changed since the last step.
+/// The engine's end of the link, and what changed since the other ranks last heard.
 pub(crate) struct RemoteLink {
     layers: Box<dyn RemoteLayers>,
-    ended: Vec<RequestId>,
-    kept: Option<(i32, Vec<i32>)>,
+    pending: Pending,
     verifying: bool,
 }
 
 impl RemoteLink {
     pub fn new(layers: Box<dyn RemoteLayers>) -> RemoteLink {
-        RemoteLink { layers, ended: Vec::new(), kept: None, verifying: false }
+        RemoteLink { layers, pending: Pending::default(), verifying: false }
     }
 
     /// A request left the engine (finished, cancelled, failed).
     pub fn ended(&mut self, id: RequestId) {
-        self.ended.push(id);
+        self.pending.ended.push(id);
     }
 
     /// The next step checks drafted tokens.
@@ -115,7 +146,12 @@ impl RemoteLink {
 
     /// The verify step just run kept `kept` of its `width` positions per running row.
     pub fn kept(&mut self, width: i32, kept: &[i32]) {
-        self.kept = Some((width, kept.to_vec()));
+        self.pending.kept = Some((width, kept.to_vec()));
+    }
+
+    /// What the prefix cache did since the last message.
+    pub fn stored(&mut self, stores: Vec<StoreOp>) {
+        self.pending.stores.extend(stores);
     }
 
     /// Hidden states after the final norm of `ids` (`[rows, positions]`) following what
@@ -129,40 +165,38 @@ impl RemoteLink {
     ) -> Result<Array, ModelError> {
         let rows: Vec<RequestId> = batch.seqs.iter().map(|s| s.id).collect();
         let lengths = batch.lengths();
+        let tokens = ids.as_slice::<u32>().to_vec();
         let h = model.embed_tokens(ids)?;
         let h = model.forward_layers(&h, &mut batch.cache)?;
         let step = RemoteStep {
             batch: which,
             rows: &rows,
             lengths: &lengths,
-            ended: &self.ended,
-            kept: self.kept.as_ref().map(|(w, k)| (*w, k.as_slice())),
+            tokens: &tokens,
             verifying: std::mem::take(&mut self.verifying),
+            pending: &self.pending,
         };
         let out = self.layers.forward(&step, &h).map_err(ModelError::Mlx)?;
-        self.ended.clear();
-        self.kept = None;
+        self.pending = Pending::default();
         model.final_norm(&out)
+    }
+
+    /// How many of `tokens` (what rank 0 restored of request `id`'s prompt) every other rank
+    /// restored too; 0 when a rank is lost (the row then fails at its first step).
+    pub fn probe(&mut self, id: RequestId, tokens: &[u32]) -> usize {
+        match self.layers.probe(&self.pending, id, tokens) {
+            Ok(held) => {
+                self.pending = Pending::default();
+                held
+            }
+            Err(e) => {
+                tracing::warn!("the other ranks' prefix caches did not answer: {e}");
+                0
+            }
+        }
     }
 
     pub fn stop(&mut self) {
         self.layers.stop();
-    }
-}
-
-/// Hidden states after the final norm for `ids` following what `batch` holds: on this process
-/// alone, or through the other ranks when the model is split across a cluster.
-pub(crate) fn forward_batch_hidden(
-    model: &Transformer,
-    remote: Option<&mut RemoteLink>,
-    which: StepBatch,
-    batch: &mut Batch,
-    ids: &Array,
-    step: StepInputs,
-) -> Result<Array, ModelError> {
-    match remote {
-        // A split model sees no images (they are dropped when it is split).
-        Some(link) => link.forward(model, which, batch, ids),
-        None => model.forward_hidden_with(ids, &mut batch.cache, step),
     }
 }

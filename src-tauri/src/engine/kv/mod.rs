@@ -17,6 +17,8 @@ use shared::SharedPrefix;
 use super::batch::Batch;
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::CacheMiss;
+use super::remote::StepBatch::{Prefill, Running};
+use super::remote::StoreOp;
 use super::request::{FinishReason, Request};
 use super::sequence::Sequence;
 use crate::model::cache::SharedKv;
@@ -42,6 +44,9 @@ pub(crate) struct KvManager {
     shared: Option<SharedPrefix>,
     /// How the caches it restores store keys and values.
     format: KvFormat,
+    /// The prefix cache's stores not yet told to the other ranks of a cluster (`None`: the
+    /// model is not split).
+    mirror: Option<Vec<StoreOp>>,
 }
 
 /// The rows an admission may look at and change: a shared segment made for a request is taken
@@ -64,18 +69,7 @@ impl KvManager {
         let t = &model.transformer;
         let layers = t.cache_count();
         let prefix_budget = config.prefix_cache_bytes.min(info.kv_budget_bytes);
-        let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
-        let prefix = (prefix_budget > 0).then(|| {
-            PrefixCache::new(
-                model_identity(model, info.context_length, config.kv_format),
-                prefix_budget,
-                disk,
-                &model.path.display().to_string(),
-                t.cache_windows(),
-                (0..layers).map(|i| t.config.is_recurrent(i)).collect(),
-                config.kv_format,
-            )
-        });
+        let prefix = prefix_cache_for(model, info.context_length, config, prefix_budget);
         KvManager {
             budget: info.kv_budget_bytes,
             reserved: 0,
@@ -86,6 +80,41 @@ impl KvManager {
             prefix,
             shared: None,
             format: config.kv_format,
+            mirror: None,
+        }
+    }
+
+    /// The model is split across a cluster: the prefix cache's stores are kept for the other
+    /// ranks to do to theirs, and rows share no segment (the other ranks would need it too).
+    pub fn mirror_to_other_ranks(&mut self) {
+        self.mirror = Some(Vec::new());
+        self.segments = false;
+    }
+
+    /// The stores since the last call, for the other ranks.
+    pub fn take_stores(&mut self) -> Vec<StoreOp> {
+        self.mirror.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// `seq`'s prompt restored again, at most `limit` tokens of it (another rank of the cluster
+    /// holds no more): its caches and how many tokens they hold.
+    pub fn restore_within(&mut self, seq: &mut Sequence, limit: usize) -> (Vec<KvCache>, usize) {
+        let (layers, format) = (self.layers, self.format);
+        let empty = || (0..layers).map(|_| KvCache::with_format(format)).collect::<Vec<_>>();
+        let Some(prefix) = self.prefix.as_mut().filter(|_| limit > 0) else {
+            seq.cached_tokens = 0;
+            return (empty(), 0);
+        };
+        match prefix.restore(&seq.request.cache_key(), limit, layers) {
+            Ok(restored) => {
+                seq.cached_tokens = restored.tokens;
+                (restored.caches, restored.tokens)
+            }
+            Err(e) => {
+                tracing::warn!("prefix cache: restore failed, prefilling everything: {e}");
+                seq.cached_tokens = 0;
+                (empty(), 0)
+            }
         }
     }
 
@@ -185,6 +214,10 @@ impl KvManager {
                 if let Err(e) = prefix.store_row(tokens, &group.cache, row, true) {
                     tracing::warn!("prefix cache: cannot keep a state at the system prompt's end: {e}");
                 }
+                told(
+                    &mut self.mirror,
+                    StoreOp::Store { batch: Prefill, id: seq.id, len: seq.prefilled, snapshot: true },
+                );
             }
             let whole = seq.prefilled / BLOCK_TOKENS * BLOCK_TOKENS;
             if whole > (seq.prefilled - n) / BLOCK_TOKENS * BLOCK_TOKENS {
@@ -194,6 +227,7 @@ impl KvManager {
                 if let Err(e) = prefix.store_row(tokens, &group.cache, row, snapshot) {
                     tracing::warn!("prefix cache: cannot store a prefilled block: {e}");
                 }
+                told(&mut self.mirror, StoreOp::Store { batch: Prefill, id: seq.id, len: whole, snapshot });
             }
         }
     }
@@ -209,6 +243,7 @@ impl KvManager {
             if let Err(e) = prefix.store_row(&key[..seq.prefilled], &group.cache, row, true) {
                 tracing::warn!("prefix cache: cannot store a prompt: {e}");
             }
+            told(&mut self.mirror, StoreOp::Store { batch: Prefill, id: seq.id, len: seq.prefilled, snapshot: true });
         }
         if let ([row], 1, true) = (done, group.len(), running_empty) {
             let seq = &group.seqs[*row];
@@ -216,6 +251,7 @@ impl KvManager {
                 let caches: Option<Vec<_>> = group.cache.iter().map(BatchKvCache::only_row).collect();
                 if let Some(caches) = caches {
                     prefix.keep_hot(&seq.request.cache_key()[..seq.prefilled], caches);
+                    told(&mut self.mirror, StoreOp::KeepHot { batch: Prefill, id: seq.id, len: seq.prefilled });
                 }
             }
         }
@@ -239,6 +275,7 @@ impl KvManager {
             if let Err(e) = prefix.store_row(&seq.cache_tokens()[..len], &running.cache, row, snapshot) {
                 tracing::warn!("prefix cache: cannot store a generated block: {e}");
             }
+            told(&mut self.mirror, StoreOp::Store { batch: Running, id: seq.id, len, snapshot });
         }
     }
 
@@ -259,10 +296,12 @@ impl KvManager {
             if let Err(e) = prefix.store_row(&tokens[..len], &running.cache, row, true) {
                 tracing::warn!("prefix cache: cannot store a finished sequence: {e}");
             }
+            told(&mut self.mirror, StoreOp::Store { batch: Running, id: seq.id, len, snapshot: true });
             if keep.is_empty() && running.len() == 1 {
                 let caches: Option<Vec<_>> = running.cache.iter().map(BatchKvCache::only_row).collect();
                 if let Some(caches) = caches {
                     prefix.keep_hot(&tokens[..len], caches);
+                    told(&mut self.mirror, StoreOp::KeepHot { batch: Running, id: seq.id, len });
                 }
             }
         }
@@ -326,6 +365,7 @@ impl KvManager {
     pub fn clear_prefix_cache(&mut self) {
         if let Some(prefix) = self.prefix.as_mut() {
             prefix.clear();
+            told(&mut self.mirror, StoreOp::Clear);
         }
     }
 
@@ -341,6 +381,37 @@ impl KvManager {
     pub fn shut_down(&mut self) {
         self.shared = None;
         self.reserved = 0;
+    }
+}
+
+/// The prefix cache of `model` (the layers this process holds) serving `context_length`
+/// tokens, at most `budget` bytes in RAM and the disk tier `config` names; `None` when off.
+pub fn prefix_cache_for(
+    model: &LoadedModel,
+    context_length: usize,
+    config: &EngineConfig,
+    budget: usize,
+) -> Option<PrefixCache> {
+    let t = &model.transformer;
+    let disk = config.prefix_cache_disk.as_ref().map(|(dir, bytes)| (dir.as_path(), *bytes));
+    (budget > 0).then(|| {
+        PrefixCache::new(
+            model_identity(model, context_length, config.kv_format),
+            budget,
+            disk,
+            &model.path.display().to_string(),
+            t.cache_windows(),
+            (0..t.cache_count()).map(|i| t.config.is_recurrent(t.first_layer() + i)).collect(),
+            config.kv_format,
+        )
+    })
+}
+
+/// Keeps a store for the other ranks of a cluster (a free function: the prefix cache is
+/// borrowed beside it).
+fn told(mirror: &mut Option<Vec<StoreOp>>, op: StoreOp) {
+    if let Some(ops) = mirror.as_mut() {
+        ops.push(op);
     }
 }
 

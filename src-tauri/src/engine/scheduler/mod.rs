@@ -24,7 +24,7 @@ use super::kv::KvManager;
 use super::memory::{self, CostModel, Governor};
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
-use super::remote::{forward_batch_hidden, RemoteLink, StepBatch};
+use super::remote::{RemoteLink, StepBatch};
 use super::request::{Event, FinishReason, Request, RequestId};
 use super::sequence::Sequence;
 use super::speculative::{DraftModel, Mode, MtpDrafter};
@@ -101,10 +101,6 @@ impl Scheduler {
         queued: Arc<AtomicUsize>,
         remote: Option<RemoteLink>,
     ) -> Scheduler {
-        let config = match remote {
-            Some(_) => cluster_config(config),
-            None => config,
-        };
         let t = &model.transformer;
         let context_length =
             config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
@@ -174,7 +170,10 @@ impl Scheduler {
         let q_dim = c.num_heads * c.head_dim;
         let linear_macs = c.active_linear_macs() as usize;
         let pacing = Pacing::new(config.itl_budget, config.prefill_chunk, pacing::depth_scale(linear_macs, q_dim));
-        let kv = KvManager::new(&model, &config, &info);
+        let mut kv = KvManager::new(&model, &config, &info);
+        if remote.is_some() {
+            kv.mirror_to_other_ranks();
+        }
         let memory = Governor::new(ceiling, cost);
         let metrics = Metrics { model: info.name.clone(), kv_budget_bytes: info.kv_budget_bytes, ..Default::default() };
         Scheduler {
@@ -407,9 +406,8 @@ impl Scheduler {
         let _in_flight = self.memory.begin_step(predicted);
         let positions = self.running_positions(ids.dim(1) as usize);
         let step = crate::model::transformer::StepInputs { images: None, positions: positions.as_ref() };
+        let hidden = self.forward_hidden(StepBatch::Running, ids, step).map_err(|e| e.to_string())?;
         let t = &self.model.transformer;
-        let hidden = forward_batch_hidden(t, self.remote.as_mut(), StepBatch::Running, &mut self.running, ids, step)
-            .map_err(|e| e.to_string())?;
         let logits = t.logits(&hidden).and_then(|l| Ok(l.as_dtype(Dtype::Float32)?)).map_err(|e| e.to_string())?;
         // The head feeds on the step's hidden states once its tokens are sampled.
         self.step_hidden = self.mtp.is_some().then_some(hidden);
@@ -418,6 +416,29 @@ impl Scheduler {
         mlx_rs::transforms::eval(std::iter::once(&logits).chain(states)).map_err(|e| e.to_string())?;
         self.memory.end_step();
         Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// Hidden states after the final norm of `ids` following what batch `which` holds: on this
+    /// process alone, or through the other ranks when the model is split across a cluster
+    /// (they hear first what the prefix cache stored since they last heard).
+    fn forward_hidden(
+        &mut self,
+        which: StepBatch,
+        ids: &Array,
+        step: crate::model::transformer::StepInputs,
+    ) -> Result<Array, crate::model::ModelError> {
+        let batch = match which {
+            StepBatch::Running => &mut self.running,
+            StepBatch::Prefill => &mut self.group,
+        };
+        match self.remote.as_mut() {
+            // A split model sees no images (they are dropped when it is split).
+            Some(link) => {
+                link.stored(self.kv.take_stores());
+                link.forward(&self.model.transformer, which, batch, ids)
+            }
+            None => self.model.transformer.forward_hidden_with(ids, &mut batch.cache, step),
+        }
     }
 
     /// Positions of the shared segment the running rows attend to (0: none).
@@ -559,16 +580,4 @@ impl Scheduler {
         drop(self.model);
         let _ = mlx_rs::memory::clear_cache();
     }
-}
-
-/// What an engine whose model is split across a cluster leaves out for now: the prefix cache
-/// (each rank would keep its own layers' blocks under the same keys; not built yet) and with it
-/// the shared segment and the turn-boundary prefill.
-fn cluster_config(mut config: EngineConfig) -> EngineConfig {
-    if config.prefix_cache_bytes > 0 || config.prefix_cache_disk.is_some() {
-        tracing::info!("the model is split across a cluster: no prefix cache (not built for clusters yet)");
-    }
-    config.prefix_cache_bytes = 0;
-    config.prefix_cache_disk = None;
-    config
 }

@@ -239,14 +239,7 @@ impl Scheduler {
             images: extras.as_ref().and_then(|e| e.images.as_ref()),
             positions: extras.as_ref().and_then(|e| e.positions.as_ref()),
         };
-        let hidden = crate::engine::remote::forward_batch_hidden(
-            &self.model.transformer,
-            self.remote.as_mut(),
-            crate::engine::remote::StepBatch::Prefill,
-            &mut self.group,
-            ids,
-            step,
-        )?;
+        let hidden = self.forward_hidden(crate::engine::remote::StepBatch::Prefill, ids, step)?;
         // The MTP head feeds on the chunk's hidden states once the tokens after them are known.
         self.step_hidden = self.mtp.is_some().then(|| hidden.clone());
         let ending: Vec<i32> =
@@ -363,8 +356,21 @@ impl Scheduler {
     /// caches, to join the group.
     pub(super) fn admit(&mut self, mut seq: Sequence) -> (Sequence, Vec<KvCache>) {
         seq.mark_admitted();
+        let resumed = seq.prefill.is_some();
         let rows = Rows { group: &mut self.group, running: &mut self.running, waiting: &self.waiting };
-        let (caches, done) = self.kv.admit(&mut seq, rows, &self.model.tokenizer);
+        let (mut caches, mut done) = self.kv.admit(&mut seq, rows, &self.model.tokenizer);
+        if let Some(remote) = self.remote.as_mut().filter(|_| !resumed && done > 0) {
+            // Every rank of the cluster resumes the prompt at the same token: the fewest any
+            // holds (their prefix caches see the same stores, but may have let go of more).
+            loop {
+                remote.stored(self.kv.take_stores());
+                let held = remote.probe(seq.id, &seq.request.cache_key()[..done]);
+                if held == done {
+                    break;
+                }
+                (caches, done) = self.kv.restore_within(&mut seq, held);
+            }
+        }
         seq.prefilled = done;
         // A restore leaves at least the last prompt token to compute (its logits give the first
         // token), and a set-aside member still had tokens to prefill.

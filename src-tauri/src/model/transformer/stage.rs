@@ -77,7 +77,7 @@ impl Transformer {
     }
 
     /// The model's number of its first layer held here.
-    pub(super) fn first_layer(&self) -> usize {
+    pub fn first_layer(&self) -> usize {
         self.stage.as_ref().map_or(0, |s| s.layers.start)
     }
 

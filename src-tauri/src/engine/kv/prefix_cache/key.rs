@@ -37,6 +37,10 @@ pub fn model_identity(model: &LoadedModel, context_length: usize, format: KvForm
     if format.quant.is_some() {
         h.update(format!("kv {format:?}\0").as_bytes());
     }
+    // A cluster rank's blocks hold its own layers only.
+    if let Some(stage) = t.stage() {
+        h.update(format!("stage {:?}\0", stage.layers).as_bytes());
+    }
     h.finalize().into()
 }
 
