@@ -195,6 +195,39 @@ async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, specul
     for (rank, node) in nodes.iter().enumerate() {
         assert!(node.log().contains(&format!("rank {rank} of {ranks}: ")), "{}", node.log());
     }
+    assert_cluster_shown(port, ranks, what).await;
+}
+
+/// `/admin/status` and `/metrics` show the cluster: every rank's layers (all of the model's,
+/// once each), each link measured at start, the steps sent through and their costs.
+async fn assert_cluster_shown(port: u16, ranks: usize, what: &str) {
+    let url = format!("http://127.0.0.1:{port}");
+    let status: Value = reqwest::get(format!("{url}/admin/status")).await.unwrap().json().await.unwrap();
+    let cluster = &status["loaded"][0]["cluster"];
+    let nodes = cluster["nodes"].as_array().unwrap_or_else(|| panic!("{what}: no cluster in {status}"));
+    assert_eq!(nodes.len(), ranks, "{what}: {cluster}");
+    let mut next = 0;
+    for (rank, node) in nodes.iter().enumerate() {
+        assert_eq!(node["rank"], rank, "{what}: {cluster}");
+        assert_eq!(node["first_layer"], next, "{what}: the layers run in rank order: {cluster}");
+        next = node["end_layer"].as_u64().unwrap();
+        assert!(node["room_bytes"].as_u64().unwrap() > 0 && node["host"].as_str().unwrap().starts_with("127.0.0.1:"));
+        assert_eq!(node["ends"], rank == 0, "{what}: {cluster}");
+    }
+    let links = cluster["links"].as_array().unwrap();
+    assert_eq!(links.len(), if ranks == 2 { 1 } else { ranks }, "{what}: {cluster}");
+    assert!(links.iter().all(|l| l["megabytes_per_second"].as_f64().unwrap() > 0.0), "{what}: {cluster}");
+    let steps = cluster["steps"].as_u64().unwrap();
+    assert!(steps > 0 && cluster["bytes_per_hop"].as_u64().unwrap() > steps, "{what}: {cluster}");
+    let (wait, total) = (cluster["wait_seconds"].as_f64().unwrap(), cluster["step_seconds"].as_f64().unwrap());
+    assert!(0.0 < wait && wait < total, "{what}: {cluster}");
+    let metrics = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+    let line = |name: &str| metrics.lines().find(|l| l.starts_with(name)).map(str::to_string);
+    assert!(line("fastmlx_cluster_up{").is_some_and(|l| l.ends_with(" 1")), "{what}: {metrics}");
+    assert!(line("fastmlx_cluster_steps_total{").is_some_and(|l| l.ends_with(&format!(" {steps}"))), "{what}");
+    let layer_lines = metrics.lines().filter(|l| l.starts_with("fastmlx_cluster_node_layers{")).count();
+    assert_eq!(layer_lines, ranks, "{what}: {metrics}");
+    assert!(line("fastmlx_cluster_link_bytes_per_second{").is_some(), "{what}: {metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -255,6 +288,8 @@ async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str) {
     assert!(refused["error"]["message"].as_str().unwrap().contains("rank 1"), "{how}: {refused}");
     let status: Value = client.get(format!("{url}/admin/status")).send().await.unwrap().json().await.unwrap();
     assert!(status.to_string().contains("the cluster lost a rank"), "{how}: {status}");
+    let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("fastmlx_cluster_up{") && l.ends_with(" 0")), "{how}: {metrics}");
     eprintln!("{how}: the stream ended {waited:?} later: {tail}\n/health: {health}");
 }
 

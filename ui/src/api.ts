@@ -209,6 +209,23 @@ export interface LoadedModel {
   draft_model?: string;
   /** Its own multi-token-prediction head drafts for it. */
   mtp_head?: boolean;
+  /** Why it cannot serve: its cluster lost a machine. */
+  fault?: string;
+  /** Its cluster, where it is split across several machines (serve --cluster). */
+  cluster?: ClusterStatus;
+}
+
+/** A model split across machines: each machine, each link as measured when the cluster formed,
+ * and what rank 0's steps through the pipeline cost (sums since it loaded). */
+export interface ClusterStatus {
+  backend: string;
+  nodes: { rank: number; host: string; room_bytes: number; first_layer: number; end_layer: number; ends: boolean }[];
+  links: { from: number; to: number; round_trip_ms: number; megabytes_per_second: number }[];
+  steps: number;
+  tokens: number;
+  bytes_per_hop: number;
+  wait_seconds: number;
+  step_seconds: number;
 }
 
 export interface PullProgress {
@@ -353,6 +370,9 @@ export interface ModelMetrics {
   parked_total: number;
   refused_waited_total: number;
   refused_memory_total: number;
+  /** Why it cannot serve: its cluster lost a machine. */
+  fault?: string;
+  cluster?: ClusterStatus;
 }
 
 /** Where a prompt left a cached sequence of the same conversation (see the Live page). */

@@ -56,10 +56,13 @@ pub(super) struct Joined {
     pub rooms: Vec<u64>,
     pub rank: usize,
     pub watchdog: Watchdog,
+    pub hosts: HostFile,
+    /// Each link of the ring, measured as the cluster formed.
+    pub links: Vec<crate::cluster::Link>,
 }
 
 /// Joins the cluster of `hosts_path` serving `model` with `settings` (every rank must state the
-/// same), and gathers every rank's room (this one's: `room` bytes).
+/// same), gathers every rank's room (this one's: `room` bytes) and measures each link.
 pub(super) fn join(
     cluster: &ClusterArgs,
     hosts_path: &Path,
@@ -73,12 +76,16 @@ pub(super) fn join(
     let identity = NodeIdentity::of(model, settings).map_err(anyhow::Error::msg)?;
     let watchdog = Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout));
     let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
-        let _w = watchdog.waiting("the ranks have not told their memory");
-        let rooms = crate::cluster::gather_rooms(&group, room)?;
-        Ok((group, rooms))
+        let rooms = {
+            let _w = watchdog.waiting("the ranks have not told their memory");
+            crate::cluster::gather_rooms(&group, room)?
+        };
+        let _w = watchdog.waiting("the link measurements have not finished");
+        let links = crate::cluster::check(&group)?.links;
+        Ok((group, rooms, links))
     });
-    let (group, rooms) = joined.map_err(anyhow::Error::msg)?;
-    Ok(Joined { group: Arc::new(group), rooms, rank, watchdog })
+    let (group, rooms, links) = joined.map_err(anyhow::Error::msg)?;
+    Ok(Joined { group: Arc::new(group), rooms, rank, watchdog, hosts, links })
 }
 
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {

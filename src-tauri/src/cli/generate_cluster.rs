@@ -69,7 +69,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         let digest = Sha256::digest(args.request_text().as_bytes());
         settings += &format!(" request={}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
     }
-    let Joined { group, rooms, rank, watchdog } =
+    let Joined { group, rooms, rank, watchdog, .. } =
         super::cluster_cmd::join(cluster, &hosts_path, &path, &settings, crate::mlx::default_ceiling())?;
 
     let load_started = Instant::now();
@@ -77,13 +77,13 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let loaded = match cluster.parallel {
         Parallel::Pipeline => crate::cluster::load_stage(&path, &backend, &options, &rooms, rank),
         Parallel::Tensor => load_model_split(&path, &backend, &options, |t| t.shard_tensors(group.clone()))
-            .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()))),
+            .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()), Vec::new())),
     };
     let agreed = {
         let _w = watchdog.waiting("the other ranks have not finished loading");
         crate::cluster::all_loaded(&group, loaded.is_ok())
     };
-    let (model, held) = loaded.with_context(|| format!("loading {}", path.display()))?;
+    let (model, held, _) = loaded.with_context(|| format!("loading {}", path.display()))?;
     agreed.map_err(anyhow::Error::msg)?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(

@@ -12,7 +12,7 @@ use super::cluster_cmd::Joined;
 use super::generate_cluster::Parallel;
 use super::serve_cmd::{serve_loaded, ServeArgs};
 use crate::cluster::pipeline::Pipeline;
-use crate::engine::remote::RemoteLayers;
+use crate::engine::remote::{ClusterView, RemoteLayers};
 use crate::mlx::Backend;
 use crate::model::ModelError;
 
@@ -33,7 +33,7 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
         args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
     );
     let room = args.residency_config()?.memory_budget;
-    let Joined { group, rooms, rank, watchdog } =
+    let Joined { group, rooms, rank, watchdog, hosts, links } =
         super::cluster_cmd::join(&args.cluster, &hosts_path, &path, &settings, room)?;
     let options = args.weights.load_options();
 
@@ -44,7 +44,7 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
             let _w = watchdog.waiting("the other ranks have not finished loading");
             crate::cluster::all_loaded(&group, loaded.is_ok())
         };
-        let (model, held) = loaded.with_context(|| format!("loading {}", path.display()))?;
+        let (model, held, _) = loaded.with_context(|| format!("loading {}", path.display()))?;
         agreed.map_err(anyhow::Error::msg)?;
         model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
         eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
@@ -63,6 +63,7 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
     runtime.block_on(async move {
         let models = args.residency()?;
         let size = group.size();
+        let distributed = args.cluster.backend.clone();
         let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
             let backend = Backend::init();
             let loaded = crate::cluster::load_stage(&path, &backend, &options, &rooms, 0);
@@ -70,11 +71,12 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
                 let _w = watchdog.waiting("the other ranks have not finished loading");
                 crate::cluster::all_loaded(&group, loaded.is_ok())
             };
-            let (model, held) = loaded?;
+            let (model, held, plan) = loaded?;
             agreed.map_err(ModelError::Invalid)?;
             eprintln!("rank 0 of {size}: {} {held}", model.name);
             let hidden = model.transformer.config.hidden_size;
-            let pipeline = Pipeline::new(group, watchdog.clone(), hidden);
+            let view = ClusterView::new(crate::cluster::status_of(&distributed, &hosts, &rooms, &plan, &links));
+            let pipeline = Pipeline::new(group, watchdog.clone(), hidden).with_view(view);
             // Rank 0 stays up when a rank is lost: its requests end with the reason, the
             // server says it, and the wait that never returns is left behind.
             let health = pipeline.health();

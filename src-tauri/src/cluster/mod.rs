@@ -203,21 +203,60 @@ fn answer(group: &Group, peer: usize) -> Result<(), String> {
 }
 
 /// Builds `path`'s model and keeps only `rank`'s pipeline stage of it, read from this
-/// machine's disk; returns it with what it holds, in words.
+/// machine's disk; returns it with what it holds, in words, and every rank's stage.
 pub fn load_stage(
     path: &Path,
     backend: &crate::mlx::Backend,
     options: &crate::model::LoadOptions,
     rooms: &[u64],
     rank: usize,
-) -> Result<(crate::model::LoadedModel, String), crate::model::ModelError> {
+) -> Result<(crate::model::LoadedModel, String, Vec<Stage>), crate::model::ModelError> {
     let mut held = String::new();
+    let mut plan = Vec::new();
     let model = crate::model::load_model_split(path, backend, options, |t| {
-        let stage = plan_stages(t, rooms).map_err(crate::model::ModelError::Invalid)?.swap_remove(rank);
+        plan = plan_stages(t, rooms).map_err(crate::model::ModelError::Invalid)?;
+        let stage = plan
+            .get(rank)
+            .cloned()
+            .ok_or_else(|| crate::model::ModelError::Invalid(format!("no stage for rank {rank} of {}", plan.len())))?;
         held = format!("layers {}..{} of {}", stage.layers.start, stage.layers.end, t.config.num_layers);
         t.keep_stage(stage)
     })?;
-    Ok((model, held))
+    Ok((model, held, plan))
+}
+
+/// What rank 0 shows people of the cluster as it formed: each machine's address, room and
+/// layers (`plan`), each link as measured.
+pub fn status_of(
+    backend: &str,
+    hosts: &HostFile,
+    rooms: &[u64],
+    plan: &[Stage],
+    links: &[Link],
+) -> crate::engine::remote::ClusterStatus {
+    use crate::engine::remote::{ClusterLink, ClusterNode, ClusterStatus};
+    let nodes = plan
+        .iter()
+        .enumerate()
+        .map(|(rank, stage)| ClusterNode {
+            rank,
+            host: hosts.ranks.get(rank).map(|a| a.join(", ")).unwrap_or_default(),
+            room_bytes: rooms.get(rank).copied().unwrap_or(0),
+            first_layer: stage.layers.start,
+            end_layer: stage.layers.end,
+            ends: stage.ends,
+        })
+        .collect();
+    let links = links
+        .iter()
+        .map(|l| ClusterLink {
+            from: l.from,
+            to: l.to,
+            round_trip_ms: l.round_trip.as_secs_f64() * 1e3,
+            megabytes_per_second: l.bytes_per_second / 1e6,
+        })
+        .collect();
+    ClusterStatus { backend: backend.to_string(), nodes, links, ..Default::default() }
 }
 
 /// After every rank's load: whether all loaded, told to all at once (a rank that failed names

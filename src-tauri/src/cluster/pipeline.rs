@@ -16,7 +16,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::stage_server::{EngineStage, StepRows, HEADER_TAIL};
 use super::watchdog::Watchdog;
-use crate::engine::remote::{LinkHealth, Pending, RemoteLayers, RemoteStep, StepBatch};
+use crate::engine::remote::{ClusterView, LinkHealth, Pending, RemoteLayers, RemoteStep, StepBatch};
 use crate::engine::RequestId;
 use crate::mlx::distributed::Group;
 use crate::model::{KvCache, KvFormat, Transformer};
@@ -58,6 +58,8 @@ pub struct Pipeline {
     health: LinkHealth,
     hidden: i32,
     pub stats: PipelineStats,
+    /// Rank 0 serving: what `/admin/status` and `/metrics` show of the cluster.
+    view: ClusterView,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -101,7 +103,14 @@ impl Pipeline {
             health: LinkHealth::default(),
             hidden: hidden as i32,
             stats: PipelineStats::default(),
+            view: ClusterView::default(),
         }
+    }
+
+    /// Rank 0 serving: its steps are counted in `view` too.
+    pub fn with_view(mut self, view: ClusterView) -> Pipeline {
+        self.view = view;
+        self
     }
 
     fn right(&self) -> usize {
@@ -156,11 +165,15 @@ impl Pipeline {
         self.send(h)?;
         let sent = Instant::now();
         let back = self.recv(&[h.dim(0), h.dim(1), self.hidden], h.dtype())?;
-        self.stats.waited += sent.elapsed();
-        self.stats.total += started.elapsed();
+        let (waited, total) = (sent.elapsed(), started.elapsed());
+        let tokens = (h.dim(0) * h.dim(1)) as u64;
+        let bytes = (HEADER_LEN * 4 + extra) as u64 + h.nbytes() as u64;
+        self.stats.waited += waited;
+        self.stats.total += total;
         self.stats.steps += 1;
-        self.stats.tokens += (h.dim(0) * h.dim(1)) as u64;
-        self.stats.bytes_per_hop += (HEADER_LEN * 4 + extra) as u64 + h.nbytes() as u64;
+        self.stats.tokens += tokens;
+        self.stats.bytes_per_hop += bytes;
+        self.view.record_step(tokens, bytes, waited, total);
         Ok(back)
     }
 
@@ -327,5 +340,9 @@ impl RemoteLayers for Pipeline {
 
     fn health(&self) -> LinkHealth {
         self.health.clone()
+    }
+
+    fn view(&self) -> ClusterView {
+        self.view.clone()
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use super::config::{EngineConfig, ModelInfo};
 use super::metrics::Metrics;
-use super::remote::{LinkHealth, RemoteLayers, RemoteLink};
+use super::remote::{ClusterStatus, ClusterView, LinkHealth, RemoteLayers, RemoteLink};
 use super::request::{Event, Finish, Request, RequestId};
 use super::scheduler::{Command, Scheduler};
 use super::speculative::{check_vocabularies, DraftModel, Mode};
@@ -152,6 +152,7 @@ pub(crate) struct Shared {
     pub info: ModelInfo,
     /// A split model's link to the other ranks of its cluster.
     pub link: Option<LinkHealth>,
+    pub cluster: Option<ClusterView>,
 }
 
 /// Loads a draft model (on the engine thread).
@@ -254,7 +255,7 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let link = remote.as_ref().map(|r| r.health());
+                let link = remote.as_ref().map(|r| (r.health(), r.view()));
                 let remote = remote.map(RemoteLink::new);
                 let scheduler = Scheduler::new(model, draft, engine_config, metrics_tx, engine_queued, remote);
                 let _ = ready_tx.send(Ok((scheduler.info(), link)));
@@ -263,7 +264,8 @@ impl EngineHandle {
             .map_err(|e| ModelError::Mlx(format!("cannot start the engine thread: {e}")))?;
         let (info, link) =
             ready_rx.recv().map_err(|_| ModelError::Mlx("the engine thread died while loading".into()))??;
-        let shared = Arc::new(Shared { queued, next_id: AtomicU64::new(1), config, info, link });
+        let (link, cluster) = link.unzip();
+        let shared = Arc::new(Shared { queued, next_id: AtomicU64::new(1), config, info, link, cluster });
         Ok(EngineHandle { commands, shared, metrics, thread: Arc::new(Mutex::new(Some(thread))) })
     }
 
@@ -341,6 +343,11 @@ impl EngineHandle {
     /// machine.
     pub fn fault(&self) -> Option<String> {
         self.shared.link.as_ref().and_then(LinkHealth::fault)
+    }
+
+    /// Its cluster's machines, links and step costs, where its model is split across one.
+    pub fn cluster(&self) -> Option<ClusterStatus> {
+        self.shared.cluster.as_ref().map(ClusterView::snapshot)
     }
 
     pub fn metrics(&self) -> watch::Receiver<Metrics> {

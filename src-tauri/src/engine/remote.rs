@@ -9,9 +9,11 @@
 //! last verify step took back. Each row's cached length goes too, so a worker out of step
 //! says so instead of computing on the wrong keys.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use mlx_rs::Array;
+use serde::Serialize;
 use tokio::sync::watch;
 
 use super::batch::Batch;
@@ -107,6 +109,77 @@ impl LinkHealth {
     }
 }
 
+/// A cluster as people see it (`/admin/status`, `/metrics`, the Server page): its machines, its
+/// links as measured when it formed, and what rank 0's steps through the pipeline cost.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ClusterStatus {
+    /// MLX's distributed backend (`ring`, `jaccl`).
+    pub backend: String,
+    pub nodes: Vec<ClusterNode>,
+    pub links: Vec<ClusterLink>,
+    /// Steps run through the pipeline.
+    pub steps: u64,
+    /// Token positions sent through (rows x positions, summed over steps).
+    pub tokens: u64,
+    /// Bytes sent over each hop, summed over steps (headers, the rows' description, the
+    /// residual stream).
+    pub bytes_per_hop: u64,
+    /// Seconds rank 0 waited for the other ranks (their layers and every hop), summed over steps.
+    pub wait_seconds: f64,
+    /// Seconds of whole steps on rank 0 (its own layers, the sends, the wait), summed.
+    pub step_seconds: f64,
+}
+
+/// One machine of a cluster.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClusterNode {
+    pub rank: usize,
+    /// Its address in the host file.
+    pub host: String,
+    /// The room it told for weights, in bytes.
+    pub room_bytes: u64,
+    /// The layers it holds, `[first_layer, end_layer)`.
+    pub first_layer: usize,
+    pub end_layer: usize,
+    /// It holds the embeddings, the final norm and the output head (rank 0).
+    pub ends: bool,
+}
+
+/// One link of the ring, measured when the cluster formed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClusterLink {
+    pub from: usize,
+    pub to: usize,
+    pub round_trip_ms: f64,
+    pub megabytes_per_second: f64,
+}
+
+/// The cluster's status, shared between rank 0's pipeline (which counts its steps) and whoever
+/// shows it.
+#[derive(Clone, Default)]
+pub struct ClusterView(Arc<Mutex<ClusterStatus>>);
+
+impl ClusterView {
+    pub fn new(status: ClusterStatus) -> ClusterView {
+        ClusterView(Arc::new(Mutex::new(status)))
+    }
+
+    pub fn snapshot(&self) -> ClusterStatus {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// One step's costs, as rank 0 measured them.
+    pub fn record_step(&self, tokens: u64, bytes_per_hop: u64, waited: Duration, total: Duration) {
+        if let Ok(mut s) = self.0.lock() {
+            s.steps += 1;
+            s.tokens += tokens;
+            s.bytes_per_hop += bytes_per_hop;
+            s.wait_seconds += waited.as_secs_f64();
+            s.step_seconds += total.as_secs_f64();
+        }
+    }
+}
+
 /// The ranks holding the later layers.
 pub trait RemoteLayers: Send {
     /// Runs `h` (`[rows, positions, hidden]`, after this rank's layers) through the other
@@ -120,6 +193,8 @@ pub trait RemoteLayers: Send {
     fn stop(&mut self);
     /// Whether the other ranks are still there.
     fn health(&self) -> LinkHealth;
+    /// The cluster as people see it.
+    fn view(&self) -> ClusterView;
 }
 
 /// The engine's end of the link, and what changed since the other ranks last heard.

@@ -84,6 +84,12 @@ struct ModelLive {
     parked_total: u64,
     refused_waited_total: u64,
     refused_memory_total: u64,
+    /// Why it cannot serve: its cluster lost a machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fault: Option<String>,
+    /// Its cluster's machines, links and step costs, where it is split across one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<crate::engine::remote::ClusterStatus>,
 }
 
 #[derive(Serialize)]
@@ -141,6 +147,8 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
             parked_total: m.parked_total,
             refused_waited_total: m.refused_waited_total,
             refused_memory_total: m.refused_memory_total,
+            fault: served.engine.fault(),
+            cluster: served.engine.cluster(),
         });
     }
     recent.sort_by_key(|r| std::cmp::Reverse(r.request.finished_ms));

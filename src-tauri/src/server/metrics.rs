@@ -7,14 +7,19 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AppState;
+use crate::engine::remote::{ClusterLink, ClusterStatus};
 use crate::engine::{Histogram, Metrics, LATENCY_BUCKETS};
 
 /// Which histogram of a model's metrics.
 type HistogramOf = fn(&Metrics) -> &Histogram;
 
 pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
-    let engines: Vec<(String, Metrics)> =
-        state.models.engines().into_iter().map(|s| (s.id, s.engine.snapshot())).collect();
+    let served = state.models.engines();
+    let engines: Vec<(String, Metrics)> = served.iter().map(|s| (s.id.clone(), s.engine.snapshot())).collect();
+    let clusters: Vec<(String, ClusterStatus, bool)> = served
+        .iter()
+        .filter_map(|s| s.engine.cluster().map(|c| (s.id.clone(), c, s.engine.fault().is_none())))
+        .collect();
     let mut out = String::new();
     // One series per loaded model, labelled with its id.
     let mut put = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Metrics) -> f64| {
@@ -161,5 +166,87 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
             );
         }
     }
+    cluster_series(&mut out, &clusters);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// The series of models split across a cluster: each machine, each link as measured when it
+/// formed, and what rank 0's steps through the pipeline cost (`up`: no rank lost).
+fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)]) {
+    if clusters.is_empty() {
+        return;
+    }
+    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP fastmlx_cluster_{name} {help}\n# TYPE fastmlx_cluster_{name} {kind}");
+    };
+    type Of = fn(&ClusterStatus) -> f64;
+    head(out, "up", "gauge", "1 while every rank of the cluster is there, 0 once one is lost.");
+    for (id, _, up) in clusters {
+        let _ = writeln!(out, "fastmlx_cluster_up{{model=\"{}\"}} {}", label(id), u8::from(*up));
+    }
+    let totals: [(&str, &str, &str, Of); 6] = [
+        ("nodes", "gauge", "Machines the model is split across.", |c| c.nodes.len() as f64),
+        ("steps_total", "counter", "Engine steps run through the pipeline.", |c| c.steps as f64),
+        ("tokens_total", "counter", "Token positions sent through the pipeline.", |c| c.tokens as f64),
+        ("hop_bytes_total", "counter", "Bytes sent over each hop of the pipeline.", |c| c.bytes_per_hop as f64),
+        ("wait_seconds_total", "counter", "Time rank 0 waited for the other ranks' layers and the hops.", |c| {
+            c.wait_seconds
+        }),
+        ("step_seconds_total", "counter", "Time of whole steps on rank 0, the wait included.", |c| c.step_seconds),
+    ];
+    for (name, kind, help, of) in totals {
+        head(out, name, kind, help);
+        for (id, c, _) in clusters {
+            let _ = writeln!(out, "fastmlx_cluster_{name}{{model=\"{}\"}} {}", label(id), of(c));
+        }
+    }
+    head(out, "node_layers", "gauge", "Layers a machine holds.");
+    for (id, c, _) in clusters {
+        for n in &c.nodes {
+            let (model, host) = (label(id), label(&n.host));
+            let layers = n.end_layer - n.first_layer;
+            let _ = writeln!(
+                out,
+                "fastmlx_cluster_node_layers{{model=\"{model}\",rank=\"{}\",host=\"{host}\"}} {layers}",
+                n.rank
+            );
+        }
+    }
+    head(out, "node_room_bytes", "gauge", "The room a machine told for weights.");
+    for (id, c, _) in clusters {
+        for n in &c.nodes {
+            let (model, host) = (label(id), label(&n.host));
+            let _ = writeln!(
+                out,
+                "fastmlx_cluster_node_room_bytes{{model=\"{model}\",rank=\"{}\",host=\"{host}\"}} {}",
+                n.rank, n.room_bytes
+            );
+        }
+    }
+    type OfLink = fn(&ClusterLink) -> f64;
+    let links: [(&str, &str, OfLink); 2] = [
+        ("link_round_trip_seconds", "A link's round trip, measured as the cluster formed.", |l| l.round_trip_ms / 1e3),
+        ("link_bytes_per_second", "A link's throughput, measured as the cluster formed.", |l| {
+            l.megabytes_per_second * 1e6
+        }),
+    ];
+    for (name, help, of) in links {
+        head(out, name, "gauge", help);
+        for (id, c, _) in clusters {
+            for l in &c.links {
+                let _ = writeln!(
+                    out,
+                    "fastmlx_cluster_{name}{{model=\"{}\",from=\"{}\",to=\"{}\"}} {}",
+                    label(id),
+                    l.from,
+                    l.to,
+                    of(l)
+                );
+            }
+        }
+    }
 }

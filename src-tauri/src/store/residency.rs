@@ -105,6 +105,9 @@ pub struct LoadedStatus {
     /// Why it cannot serve, where it is split across a cluster that lost a machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+    /// Its cluster's machines, links and step costs, where it is split across one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::engine::remote::ClusterStatus>,
 }
 
 /// A model chosen to serve a request: its id (as the API reports it) and its engine.
@@ -502,6 +505,7 @@ impl Residency {
                     draft_model: None,
                     mtp_head: false,
                     fault: None,
+                    cluster: None,
                 };
                 match &r.engine {
                     Engine::Chat(engine) => {
@@ -514,6 +518,7 @@ impl Residency {
                         status.draft_model = info.draft_model.clone();
                         status.mtp_head = info.mtp_head;
                         status.fault = engine.fault();
+                        status.cluster = engine.cluster();
                     }
                     Engine::Encoder(engine) => {
                         status.weights_bytes = engine.info().weights_bytes as u64;

@@ -3,6 +3,7 @@ import type uPlot from "uplot";
 import { getJson, streamJson, type CacheMiss, type FinishedRequest, type MetricsEvent } from "../api";
 import { Chart } from "../components/Chart";
 import { ErrorBox } from "../components/common";
+import { ClusterSection } from "../components/Cluster";
 import { bytes, ms, rate } from "../format";
 
 /** Fifteen minutes: what the server keeps too (a sample a second), so the page opened after
@@ -160,6 +161,12 @@ export function LivePage() {
         )}
       </div>
       <ErrorBox error={error} />
+      {models
+        .filter((m) => m.fault && !m.cluster)
+        .map((m) => (
+          <ErrorBox key={m.id} error={`${m.id}: ${m.fault}`} />
+        ))}
+      {models.map((m) => m.cluster && <ClusterSection key={m.id} model={m.id} cluster={m.cluster} fault={m.fault} />)}
       <div class="table-wrap">
         <table class="compact" data-testid="model-summary">
           <thead>

@@ -1,5 +1,16 @@
 import { useEffect, useState } from "preact/hooks";
-import { getJson, postJson, request, serverOrigin, storeApiKey, storedApiKey, type ServerStatus, type Settings } from "../api";
+import {
+  getJson,
+  postJson,
+  request,
+  serverOrigin,
+  storeApiKey,
+  storedApiKey,
+  type LoadedModel,
+  type ServerStatus,
+  type Settings,
+} from "../api";
+import { ClusterSection } from "../components/Cluster";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { clientSnippets } from "../snippets";
 import { SnippetCards } from "../components/SnippetCards";
@@ -46,6 +57,7 @@ export function ServerPage() {
   const [keySaved, setKeySaved] = useState(false);
   const [launch, setLaunch] = useState<boolean | null>(null);
   const [cleared, setCleared] = useState<string | null>(null);
+  const [clustered, setClustered] = useState<LoadedModel[]>([]);
 
   async function clearCache() {
     setCleared(null);
@@ -72,10 +84,23 @@ export function ServerPage() {
         setEmbedModel(st.loaded.find((m) => m.kind === "embedding")?.id ?? "");
         // The window it serves, which agents must be told (Claude Code assumes 1M for a model it does not know).
         setContext(chat[0]?.context_length ?? null);
+        setClustered(st.loaded.filter((m) => m.cluster));
       })
       .catch(() => {});
     if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));
   }, []);
+
+  // A model split across machines: its step costs and a lost machine, kept current.
+  const hasCluster = clustered.length > 0;
+  useEffect(() => {
+    if (!hasCluster) return;
+    const timer = setInterval(() => {
+      getJson<ServerStatus>("/admin/status")
+        .then((st) => setClustered(st.loaded.filter((m) => m.cluster)))
+        .catch(() => {});
+    }, 2000);
+    return () => clearInterval(timer);
+  }, [hasCluster]);
 
   async function save(e: Event) {
     e.preventDefault();
@@ -141,6 +166,7 @@ export function ServerPage() {
         <h1>Server</h1>
       </div>
       <ErrorBox error={error} onClose={() => setError(null)} />
+      {clustered.map((m) => m.cluster && <ClusterSection key={m.id} model={m.id} cluster={m.cluster} fault={m.fault} />)}
       {!settings ? (
         !error && (
           <p class="muted">

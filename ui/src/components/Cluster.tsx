@@ -1,0 +1,65 @@
+import type { ClusterStatus } from "../api";
+import { ErrorBox } from "./common";
+import { bytes, rate } from "../format";
+
+/** Milliseconds with a decimal below 10 (a step's wait on loopback is a fraction of one). */
+function millis(seconds: number): string {
+  const v = seconds * 1e3;
+  if (!Number.isFinite(v)) return "–";
+  return v < 10 ? `${v.toFixed(2)} ms` : `${Math.round(v)} ms`;
+}
+
+/** A model split across several machines (`fastmlx serve --cluster`): which machine holds which
+ * layers, each link as measured when the cluster formed, and what a step through the pipeline
+ * costs (averaged since the model loaded); a lost machine is said first. */
+export function ClusterSection({ model, cluster, fault }: { model: string; cluster: ClusterStatus; fault?: string }) {
+  const steps = Math.max(cluster.steps, 1);
+  const per = (v: number) => v / steps;
+  const layers = cluster.nodes.reduce((n, node) => Math.max(n, node.end_layer), 0);
+  return (
+    <div class="card cluster" data-testid="cluster" data-model={model}>
+      <h2>
+        Cluster · {model} · {cluster.nodes.length} machines ({cluster.backend})
+      </h2>
+      <ErrorBox error={fault ?? null} />
+      <div class="table-wrap">
+        <table class="compact" data-testid="cluster-nodes">
+          <thead>
+            <tr>
+              <th class="num">Rank</th>
+              <th>Address</th>
+              <th class="num">Room for weights</th>
+              <th>Holds</th>
+            </tr>
+          </thead>
+          <tbody>
+            {cluster.nodes.map((n) => (
+              <tr key={n.rank} data-testid="cluster-node">
+                <td class="num">{n.rank}</td>
+                <td>{n.host}</td>
+                <td class="num">{bytes(n.room_bytes)}</td>
+                <td>
+                  layers {n.first_layer}–{n.end_layer - 1} of {layers}
+                  {n.ends ? " + embeddings and output head (runs the engine)" : ""}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+      <p class="muted" data-testid="cluster-links">
+        {cluster.links.map((l) => (
+          <span key={`${l.from}-${l.to}`}>
+            link {l.from}→{l.to}: {l.round_trip_ms.toFixed(2)} ms round trip, {rate(l.megabytes_per_second, "MB/s")}
+            {" · "}
+          </span>
+        ))}
+        measured when the cluster formed
+      </p>
+      <p data-testid="cluster-steps" title="Sums since the model loaded, per step through the pipeline">
+        {cluster.steps} steps · {bytes(per(cluster.bytes_per_hop))} per hop per step · step {millis(per(cluster.step_seconds))}, of
+        which waiting on the other machines {millis(per(cluster.wait_seconds))} (their layers and every hop)
+      </p>
+    </div>
+  );
+}
