@@ -7,7 +7,9 @@
 # cores, so no speed-up is expected: what it shows is the cost of the split (bytes per token per
 # hop, the time rank 0 waits for the other rank each step) and the prefill and decode speeds.
 # Each process of the split runs one BLAS thread (one core each, as two machines would have
-# their own); the single process is timed with all cores and with one.
+# their own); the single process is timed with all cores and with one. Then the server (`serve
+# --cluster`, SmolLM2): one long prompt (prefill) and 8 concurrent requests (decode at batch 8),
+# alone and across 2 processes, with the cluster's per-step figures from /admin/status.
 #   scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,6 +52,60 @@ for MODEL in .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"; do
   split "$MODEL" pipeline
   split "$MODEL" tensor
 done
+# serve_load PORT: one long prompt, then 8 at once; prints prefill and decode speeds and, for a
+# cluster, its steps' costs.
+serve_load() {
+  python3 - "$1" "$PROMPT" "$GEN" <<'PY'
+import json, sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+port, prompt, gen = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+url = f"http://127.0.0.1:{port}"
+def post(body):
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=600))
+def status():
+    return json.load(urllib.request.urlopen(f"{url}/admin/status"))["loaded"][0].get("cluster")
+one = post({"prompt": prompt, "max_tokens": 1, "temperature": 0})
+print(f"prefill: {one['usage']['prompt_tokens']} tokens at {one['timings']['prompt_per_second']:.0f} tok/s")
+before = status()
+asks = [{"prompt": f"{i}: {prompt[:200]}", "max_tokens": gen, "temperature": 0, "ignore_eos": True} for i in range(8)]
+started = time.time()
+with ThreadPoolExecutor(8) as pool:
+    done = list(pool.map(post, asks))
+took = time.time() - started
+tokens = sum(d["usage"]["completion_tokens"] for d in done)
+print(f"8 concurrent requests: {tokens} tokens in {took:.2f} s, {tokens / took:.1f} tok/s together")
+after = status()
+if after:
+    steps = after["steps"] - before["steps"]
+    per = lambda k: (after[k] - before[k]) / max(steps, 1)
+    print(f"pipeline over those: {steps} steps, {per('tokens'):.1f} positions and {per('bytes_per_hop'):.0f} bytes "
+          f"per hop per step, step {per('step_seconds') * 1e3:.2f} ms of which rank 0 waited "
+          f"{per('wait_seconds') * 1e3:.2f} ms for rank 1's layers and both hops")
+PY
+}
+wait_health() { for _ in $(seq 240); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; echo "server on $1 not ready" >&2; return 1; }
+SMOL=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+SERVE_DIR="$(mktemp -d)"
+SERVE=(env FASTMLX_CACHE_DIR="$SERVE_DIR/cache" FASTMLX_MODELS_DIR="$SERVE_DIR/models" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
+echo "######## serve: $(basename "$SMOL"), prefix cache off"
+echo "== 1 process, one BLAS thread"
+PORT=$(free_port)
+"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$PORT" --no-prefix-cache 2>"$LOG0" &
+S0=$!
+wait_health "$PORT" && serve_load "$PORT"
+kill $S0; wait $S0 2>/dev/null || true
+echo "== 2 processes by pipeline, one BLAS thread each (ring backend, loopback)"
+new_hosts
+PORT=$(free_port)
+"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$PORT" --no-prefix-cache --cluster "$HOSTS" --rank 0 2>"$LOG0" &
+S0=$!
+sleep 0.5
+"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$(free_port)" --no-prefix-cache --cluster "$HOSTS" --rank 1 2>"$LOG1" &
+S1=$!
+wait_health "$PORT" && serve_load "$PORT"
+kill $S0; wait $S0 $S1 2>/dev/null || true
+rm -rf "$SERVE_DIR"
 echo "== the ring's link, measured by the preflight"
 new_hosts
 $BIN cluster check --hostfile "$HOSTS" --rank 0 --model "$BENCH" | grep link &

@@ -113,6 +113,30 @@ async fn text_completion_honours_special_tokens_and_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn ignore_eos_generates_past_the_end_token() {
+    let _mlx = common::mlx_lock();
+    let h = default_harness().await;
+    // The end token (258) made certain: alone it ends the answer at once; ignored, it does not.
+    let ask = |ignore: bool| {
+        let body = json!({"prompt": "abc", "max_tokens": 5, "temperature": 0, "logit_bias": {"258": 100},
+                          "ignore_eos": ignore});
+        post("/v1/completions", body.to_string())
+    };
+    let (status, json) = send_json(&h, ask(false)).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(
+        (json["choices"][0]["finish_reason"].as_str(), json["usage"]["completion_tokens"].as_u64()),
+        (Some("stop"), Some(1))
+    );
+    let (status, json) = send_json(&h, ask(true)).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(
+        (json["choices"][0]["finish_reason"].as_str(), json["usage"]["completion_tokens"].as_u64()),
+        (Some("length"), Some(5))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_the_openai_envelope() {
     let _mlx = common::mlx_lock();
     let h = harness(EngineConfig::default(), ServerConfig { max_body_bytes: 64 << 10, ..Default::default() }).await;

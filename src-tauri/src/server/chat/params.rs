@@ -61,6 +61,9 @@ pub struct CommonParams {
     /// `false`: no drafted tokens for this request (speculative decoding; its output is the same
     /// either way). Default: as the server is configured.
     pub speculative: Option<bool>,
+    /// Generate past the model's end-of-sequence tokens, to `max_tokens` or a stop string (vLLM's
+    /// and llama.cpp's `ignore_eos`: benchmarks send it for answers of a set length).
+    pub ignore_eos: Option<bool>,
     /// vLLM's request priority: lower runs sooner (default 0; `X-Priority` in every dialect).
     pub priority: Option<i64>,
     /// `X-Priority`, set by the handler.
@@ -159,6 +162,7 @@ impl CommonParams {
         request.stop = stop;
         request.logprobs = logprobs;
         request.speculative = self.speculative.unwrap_or(true);
+        request.ignore_eos = self.ignore_eos.unwrap_or(false);
         Ok(request)
     }
 }
