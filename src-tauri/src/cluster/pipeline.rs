@@ -188,13 +188,12 @@ impl Pipeline {
     }
 
     fn send_step(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
-        let started = Instant::now();
         let rows = step.rows.len();
         if rows != h.dim(0) as usize || step.lengths.len() != rows {
             return Err(format!("a step of {} rows with {rows} rows named", h.dim(0)));
         }
         let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, step)?;
-        self.round_trip(h, started, data * 8)
+        self.round_trip(h, step.began, data * 8)
     }
 
     /// Sends a header and the rows' description that follows it; returns its integers.
@@ -222,6 +221,7 @@ impl Pipeline {
                 tokens,
                 verifying: false,
                 pending,
+                began: Instant::now(),
             };
             self.send_described(PROBE, 1, tokens.len() as i32, 0, &step)?;
             let held = self.recv(&[1], Dtype::Int64)?;

@@ -368,6 +368,7 @@ mod tests {
             tokens: &[1, 2, 3, 4, 5, 6],
             verifying: true,
             pending: &pending,
+            began: std::time::Instant::now(),
         };
         let (tail, data) = StepRows::encode(&step);
         let mut header = vec![4, 3, 2, 0];

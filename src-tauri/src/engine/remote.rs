@@ -10,7 +10,7 @@
 //! says so instead of computing on the wrong keys.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mlx_rs::Array;
 use serde::Serialize;
@@ -71,6 +71,9 @@ pub struct RemoteStep<'a> {
     /// This step checks drafted tokens (recurrent layers keep each position's state).
     pub verifying: bool,
     pub pending: &'a Pending,
+    /// When rank 0 began the step: its own layers (MLX computes them as their keys and values
+    /// are written, before anything is sent) count in the step's time.
+    pub began: Instant,
 }
 
 /// Whether the other ranks are still there: once a rank is lost (an error, or a wait past its
@@ -240,6 +243,7 @@ impl RemoteLink {
     ) -> Result<Array, ModelError> {
         let rows: Vec<RequestId> = batch.seqs.iter().map(|s| s.id).collect();
         let lengths = batch.lengths();
+        let began = Instant::now();
         let tokens = ids.as_slice::<u32>().to_vec();
         let h = model.embed_tokens(ids)?;
         let h = model.forward_layers(&h, &mut batch.cache)?;
@@ -250,6 +254,7 @@ impl RemoteLink {
             tokens: &tokens,
             verifying: std::mem::take(&mut self.verifying),
             pending: &self.pending,
+            began,
         };
         let out = self.layers.forward(&step, &h).map_err(ModelError::Mlx)?;
         self.pending = Pending::default();
