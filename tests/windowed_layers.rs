@@ -1,8 +1,8 @@
 //! Layers with an attention window (Mistral's, Gemma 3's and 4's local layers, gpt-oss's
 //! sliding layers) keep only their window: over sequences far longer than it, greedy output
-//! equals mlx-lm's (whose rotating caches do the same), the windowed caches stay bounded, and
-//! in the engine a batch, a chunked prefill, a prefix-cache hit (in RAM and after a restart,
-//! from disk) all answer as one cold sequence does.
+//! follows mlx-lm's (whose rotating caches do the same) token for token, up to float ties, the
+//! windowed caches stay bounded, and in the engine a batch, a chunked prefill, a prefix-cache
+//! hit (in RAM and after a restart, from disk) all answer as one cold sequence does.
 
 mod common;
 
@@ -53,6 +53,36 @@ fn tiny(arch: Arch, seed: u64) -> tempfile::TempDir {
     dir
 }
 
+/// Logits this close to the largest are a tie: the same additions in another order (one CPU's
+/// kernels against another's) may pick either. Seen: gemma4_text's 244th answer token, 27 and
+/// 102 at 12.4965925 and 12.4965878 in mlx-lm, 4.7e-6 apart; real differences are whole units.
+const TIE: f32 = 1e-4;
+
+/// Follows the reference's answer token by token (each step fed the reference's token), and
+/// checks that at every step the reference's token is this model's pick or ties with it.
+/// Returns this model's picks.
+fn follow_reference(model: &LoadedModel, prompt: &[u32], expected: &[u32], name: &str) -> Vec<u32> {
+    let mut cache = model.transformer.new_cache();
+    let mut input = prompt.to_vec();
+    let mut picks = Vec::with_capacity(expected.len());
+    for (i, &want) in expected.iter().enumerate() {
+        let ids = Array::from_slice(&input, &[1, input.len() as i32]);
+        let logits = model.transformer.forward(&ids, &mut cache).unwrap();
+        let last = logits.try_index((0, -1, ..)).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        last.eval().unwrap();
+        let values = last.as_slice::<f32>();
+        let (pick, best) = values.iter().enumerate().fold((0, f32::MIN), |m, (t, &v)| if v > m.1 { (t, v) } else { m });
+        assert!(
+            values[want as usize] >= best - TIE,
+            "{name}: answer token {i}: mlx-lm's {want} scores {} here, the pick {pick} {best}",
+            values[want as usize]
+        );
+        picks.push(pick as u32);
+        input = vec![want];
+    }
+    picks
+}
+
 fn next_token(model: &LoadedModel, ids: &[u32], cache: &mut [KvCache]) -> u32 {
     let input = Array::from_slice(ids, &[1, ids.len() as i32]);
     let logits = model.transformer.forward(&input, cache).unwrap();
@@ -70,8 +100,9 @@ fn long_sequences_match_mlx_lm_and_windowed_caches_stay_bounded() {
     for case in &cases {
         let dir = tiny(case.arch, seed);
         let model = load_model(dir.path(), &common::backend()).unwrap();
-        let got = common::greedy(&model, prompt.clone(), case.expected.len()).tokens;
-        assert_eq!(got, case.expected, "{}: greedy tokens differ from mlx-lm over a long sequence", case.name);
+        let picks = follow_reference(&model, &prompt, &case.expected, &case.name);
+        let ties = picks.iter().zip(&case.expected).filter(|(a, b)| a != b).count();
+        assert!(ties <= 2, "{}: {ties} steps only tie with mlx-lm's token", case.name);
 
         // The same sequence in chunks of 100 (a chunked prefill crossing the drops): past the
         // prompt, each chunk's last logits give the reference's next token.
@@ -107,10 +138,16 @@ fn the_engine_answers_long_sequences_like_mlx_lm_alone_and_in_a_batch() {
     let (seed, prompt, cases) = cases();
     for case in &cases {
         let dir = tiny(case.arch, seed);
+        // What one sequence generates directly: mlx-lm's answer, or where a step ties (see
+        // `follow_reference`, which checks it) the other token and what follows from it.
+        let direct = {
+            let model = load_model(dir.path(), &common::backend()).unwrap();
+            common::greedy(&model, prompt.clone(), case.expected.len()).tokens
+        };
         let engine = start(dir.path(), EngineConfig { prefill_chunk: 48, ..Default::default() });
         // Alone: chunks of 48 and a 300-token answer, the windowed layers dropping keys in both.
         let alone = run(&engine, &prompt, case.expected.len());
-        assert_eq!(alone.tokens, case.expected, "{}: the engine differs from mlx-lm", case.name);
+        assert_eq!(alone.tokens, direct, "{}: the engine differs from one sequence generated directly", case.name);
         // Rows of different lengths joining a running batch at different steps: each is
         // padded and drops keys at its own positions, and answers as it does alone.
         let requests: Vec<(Vec<u32>, usize)> = (0..6)
