@@ -79,12 +79,8 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         Parallel::Tensor => load_model_split(&path, &backend, &options, |t| t.shard_tensors(group.clone()))
             .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()), Vec::new())),
     };
-    let agreed = {
-        let _w = watchdog.waiting("the other ranks have not finished loading");
-        crate::cluster::all_loaded(&group, loaded.is_ok())
-    };
-    let (model, held, _) = loaded.with_context(|| format!("loading {}", path.display()))?;
-    agreed.map_err(anyhow::Error::msg)?;
+    let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
+        .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(
         "rank {rank} of {}: {} {held} ({:.1} MB of weights, MLX holds {:.1} MB) on {} in {:.2}s",

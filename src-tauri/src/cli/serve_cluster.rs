@@ -40,19 +40,13 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
     if rank != 0 {
         let backend = Backend::init();
         let loaded = crate::cluster::load_stage(&path, &backend, &options, &rooms, rank);
-        let agreed = {
-            let _w = watchdog.waiting("the other ranks have not finished loading");
-            crate::cluster::all_loaded(&group, loaded.is_ok())
-        };
-        let (model, held, _) = loaded.with_context(|| format!("loading {}", path.display()))?;
-        agreed.map_err(anyhow::Error::msg)?;
+        let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
+            .with_context(|| format!("loading {}", path.display()))?;
         model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
         eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
         // Its own prefix cache of its layers, keyed as rank 0's: a hit there is a hit here.
         let engine = args.residency_config()?.engine;
-        let t = &model.transformer;
-        let context =
-            engine.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
+        let context = engine.context_length(model.transformer.config.max_position_embeddings);
         let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
         let hidden = model.transformer.config.hidden_size;
         let mut pipeline = Pipeline::new(group, watchdog, hidden);
@@ -67,12 +61,7 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
         let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
             let backend = Backend::init();
             let loaded = crate::cluster::load_stage(&path, &backend, &options, &rooms, 0);
-            let agreed = {
-                let _w = watchdog.waiting("the other ranks have not finished loading");
-                crate::cluster::all_loaded(&group, loaded.is_ok())
-            };
-            let (model, held, plan) = loaded?;
-            agreed.map_err(ModelError::Invalid)?;
+            let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)?;
             eprintln!("rank 0 of {size}: {} {held}", model.name);
             let hidden = model.transformer.config.hidden_size;
             let view = ClusterView::new(crate::cluster::status_of(&distributed, &hosts, &rooms, &plan, &links));

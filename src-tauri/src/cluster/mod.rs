@@ -259,9 +259,25 @@ pub fn status_of(
     ClusterStatus { backend: backend.to_string(), nodes, links, ..Default::default() }
 }
 
+/// This rank's `loaded`, once every rank has told whether it loaded (waited for under
+/// `watchdog`): its own error first, else the ranks that failed.
+pub fn agree_on_load<T>(
+    group: &Group,
+    watchdog: &Watchdog,
+    loaded: Result<T, crate::model::ModelError>,
+) -> Result<T, crate::model::ModelError> {
+    let agreed = {
+        let _w = watchdog.waiting("the other ranks have not finished loading");
+        all_loaded(group, loaded.is_ok())
+    };
+    let loaded = loaded?;
+    agreed.map_err(crate::model::ModelError::Invalid)?;
+    Ok(loaded)
+}
+
 /// After every rank's load: whether all loaded, told to all at once (a rank that failed names
 /// itself here, so the others stop now rather than at their deadline).
-pub fn all_loaded(group: &Group, loaded: bool) -> Result<(), String> {
+fn all_loaded(group: &Group, loaded: bool) -> Result<(), String> {
     let all = gather_words(group, &[loaded as u64])?;
     let failed: Vec<String> = all.iter().enumerate().filter(|(_, &ok)| ok == 0).map(|(r, _)| r.to_string()).collect();
     if failed.is_empty() {

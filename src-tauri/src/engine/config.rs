@@ -67,6 +67,13 @@ pub const DEFAULT_KV_RESERVE_AHEAD: usize = 1024;
 /// The prefix cache's default cap; the KV budget bounds it further.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 4 << 30;
 
+impl EngineConfig {
+    /// The context window served of a model whose own is `model_max` tokens.
+    pub fn context_length(&self, model_max: usize) -> usize {
+        self.max_context.map_or(model_max, |c| c.min(model_max))
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {

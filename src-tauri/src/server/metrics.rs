@@ -25,12 +25,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     let mut put = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Metrics) -> f64| {
         let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} {kind}");
         for (id, m) in &engines {
-            let _ = writeln!(
-                out,
-                "fastmlx_{name}{{model=\"{}\"}} {}",
-                id.replace('\\', "\\\\").replace('"', "\\\""),
-                value(m)
-            );
+            let _ = writeln!(out, "fastmlx_{name}{{model=\"{}\"}} {}", label(id), value(m));
         }
     };
     put("running_requests", "gauge", "Rows in the running batch.", &|m| m.running as f64);
@@ -153,7 +148,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         let _ = writeln!(out, "# HELP fastmlx_{name} {help}\n# TYPE fastmlx_{name} histogram");
         for (id, m) in &engines {
             let h = of(m);
-            let model = id.replace('\\', "\\\\").replace('"', "\\\"");
+            let model = label(id);
             let mut cumulative = 0;
             for (i, le) in LATENCY_BUCKETS.iter().map(|b| b.to_string()).chain(["+Inf".to_string()]).enumerate() {
                 cumulative += h.counts[i];

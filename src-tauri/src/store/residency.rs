@@ -77,6 +77,16 @@ impl Default for ResidencyConfig {
     }
 }
 
+/// The engine settings of chat model `id` given `kv` bytes of KV budget.
+fn chat_engine_config(config: &ResidencyConfig, id: &str, kv: u64) -> EngineConfig {
+    EngineConfig {
+        kv_budget_bytes: Some(kv as usize),
+        memory_ceiling: Some(config.memory_budget as usize),
+        kv_format: super::model_kv::format_for(&config.model_kv, id, config.engine.kv_format),
+        ..config.engine.clone()
+    }
+}
+
 /// A loaded model, as listings show it.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadedStatus {
@@ -310,12 +320,7 @@ impl Residency {
         // The stage's share of the weights is known once it is built; the engine measures what
         // the process holds when it sizes its KV budget.
         let kv = self.make_room(&model.id, 0)?;
-        let engine_config = EngineConfig {
-            kv_budget_bytes: Some(kv as usize),
-            memory_ceiling: Some(config.memory_budget as usize),
-            kv_format: super::model_kv::format_for(&config.model_kv, &model.id, config.engine.kv_format),
-            ..config.engine.clone()
-        };
+        let engine_config = chat_engine_config(&config, &model.id, kv);
         let (path, options) = (model.path.clone(), config.load);
         let failed = |e: String| ResidencyError::LoadFailed { id: model.id.clone(), message: e };
         let engine =
@@ -357,12 +362,7 @@ impl Residency {
         let weights = estimated_weights_bytes(&model.summary, &config.load)
             + draft.as_ref().map_or(0, |d| estimated_weights_bytes(&d.summary, &config.load));
         let kv = self.make_room(&model.id, weights)?;
-        let engine_config = EngineConfig {
-            kv_budget_bytes: Some(kv as usize),
-            memory_ceiling: Some(config.memory_budget as usize),
-            kv_format: super::model_kv::format_for(&config.model_kv, &model.id, config.engine.kv_format),
-            ..config.engine.clone()
-        };
+        let engine_config = chat_engine_config(&config, &model.id, kv);
         let (path, options) = (model.path.clone(), config.load);
         let load_draft =
             draft.map(|d| -> DraftLoader { Box::new(move || load_model_with(&d.path, &Backend::init(), &options)) });

@@ -102,8 +102,7 @@ impl Scheduler {
         remote: Option<RemoteLink>,
     ) -> Scheduler {
         let t = &model.transformer;
-        let context_length =
-            config.max_context.map_or(t.config.max_position_embeddings, |c| c.min(t.config.max_position_embeddings));
+        let context_length = config.context_length(t.config.max_position_embeddings);
         let ceiling = config.memory_ceiling.unwrap_or_else(|| mlx::default_ceiling() as usize);
         let act_bytes = if t.dtype == Dtype::Float32 { 4 } else { 2 };
         let kv = config.kv_format;
