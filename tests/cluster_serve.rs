@@ -4,8 +4,8 @@
 //! drafted tokens checked and taken back) get what one process answers, on SmolLM2 and on a
 //! Gated DeltaNet hybrid (recurrent states on the workers), and requests sharing a system prompt
 //! find its start in every rank's prefix cache; a worker that dies mid-answer ends
-//! the stream with an error event within the deadline, and the server stays up saying which
-//! rank is gone.
+//! the stream with an error event within the deadline, the server stays up saying which rank
+//! is gone, and once the worker is started again the cluster forms again by itself and serves.
 
 mod common;
 
@@ -89,10 +89,15 @@ async fn wait_ready(port: u16, node: &mut Node) {
 /// Rank 0 (its port) and the workers of `model` across `ranks` processes, ready.
 async fn cluster(dir: &Path, model: &Path, ranks: usize, args: &[&str]) -> (u16, Vec<Node>) {
     let hosts = host_file(dir, ranks);
+    cluster_of(dir, model, &hosts, args).await
+}
+
+async fn cluster_of(dir: &Path, model: &Path, hosts: &Path, args: &[&str]) -> (u16, Vec<Node>) {
+    let ranks = serde_json::from_str::<Vec<Value>>(&std::fs::read_to_string(hosts).unwrap()).unwrap().len();
     let port = free_port();
     let mut nodes = Vec::new();
     for rank in 0..ranks {
-        nodes.push(serve(dir, model, if rank == 0 { port } else { free_port() }, args, Some((&hosts, rank))));
+        nodes.push(serve(dir, model, if rank == 0 { port } else { free_port() }, args, Some((hosts, rank))));
         // MLX's ring connects more reliably when its ranks start in order.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -242,14 +247,42 @@ async fn served_across_ranks_answers_as_one_process() {
     assert_served_like_alone(dir.path(), &hybrid, 3, "mtp", "Qwen3.5 (Gated DeltaNet hybrid)").await;
 }
 
+/// A short greedy answer of the server on `port`.
+async fn short_answer(client: &reqwest::Client, port: u16) -> String {
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
+    let response = retried(|| client.post(format!("http://127.0.0.1:{port}/v1/completions")).json(&body)).await;
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {body}");
+    body["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// A request sent again if its connection closed unanswered: rank 0 hands its port over to
+/// its next process image, and a connection it had accepted just before is closed.
+async fn retried(request: impl Fn() -> reqwest::RequestBuilder) -> reqwest::Response {
+    match request().send().await {
+        Ok(response) => response,
+        Err(e) => {
+            eprintln!("sent again after: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            request().send().await.unwrap()
+        }
+    }
+}
+
 /// Rank 0's server after its worker was lost mid-answer (`lose` does it to the worker's
 /// process): the stream ends with an error event naming the rank within the deadline, the
-/// server stays up saying which rank is gone, and new requests are refused with that.
-async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str) {
+/// server stays up saying which rank is gone, and new requests are refused with that. With
+/// `restart`, the worker is then started again: the cluster forms again by itself and serves
+/// the answers it gave before, also after idling past the deadline (rank 0's heartbeats).
+async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str, restart: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (port, mut nodes) = cluster(dir.path(), &common::smollm2_gguf(), 2, &[]).await;
-    let client = reqwest::Client::new();
+    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 2));
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &[]).await;
+    // A connection per request: rank 0 closes its open ones when it starts again.
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
+    let before = short_answer(&client, port).await;
     let body = json!({
         "model": "SmolLM2-135M-Instruct.Q4_1",
         "messages": [{"role": "user", "content": "Count to a thousand."}],
@@ -274,34 +307,54 @@ async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str) {
     assert!(waited < Duration::from_secs(40), "{how}: the stream took {waited:?} to end");
     let tail = &seen[seen.len().saturating_sub(400)..];
     assert!(tail.contains("\"error\"") && tail.contains("rank 1"), "{how}: {tail}");
-    let health = client.get(format!("{url}/health")).send().await.unwrap();
+    // Rank 0 may be starting again meanwhile (its port stays open): it says the same.
+    let health = retried(|| client.get(format!("{url}/health"))).await;
     assert_eq!(health.status(), 503, "{how}");
     let health: Value = health.json().await.unwrap();
     assert!(health["error"].as_str().unwrap().contains("rank 1"), "{how}: {health}");
-    let refused = client.post(format!("{url}/v1/chat/completions")).json(&json!({
-        "model": "SmolLM2-135M-Instruct.Q4_1",
-        "messages": [{"role": "user", "content": "Hello"}],
-    }));
-    let refused = refused.send().await.unwrap();
+    let refused = retried(|| {
+        client.post(format!("{url}/v1/chat/completions")).json(&json!({
+            "model": "SmolLM2-135M-Instruct.Q4_1",
+            "messages": [{"role": "user", "content": "Hello"}],
+        }))
+    })
+    .await;
     assert_eq!(refused.status(), 503, "{how}");
     let refused: Value = refused.json().await.unwrap();
     assert!(refused["error"]["message"].as_str().unwrap().contains("rank 1"), "{how}: {refused}");
-    let status: Value = client.get(format!("{url}/admin/status")).send().await.unwrap().json().await.unwrap();
+    let status: Value = retried(|| client.get(format!("{url}/admin/status"))).await.json().await.unwrap();
     assert!(status.to_string().contains("the cluster lost a rank"), "{how}: {status}");
-    let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = retried(|| client.get(format!("{url}/metrics"))).await.text().await.unwrap();
     assert!(metrics.lines().any(|l| l.starts_with("fastmlx_cluster_up{") && l.ends_with(" 0")), "{how}: {metrics}");
     eprintln!("{how}: the stream ended {waited:?} later: {tail}\n/health: {health}");
+    if !restart {
+        return;
+    }
+    // The worker is back (the same command): the cluster forms again by itself.
+    nodes[1] = serve(dir.path(), &model, free_port(), &[], Some((&hosts, 1)));
+    let back = Instant::now();
+    wait_ready(port, &mut nodes[0]).await;
+    eprintln!("{how}: served again {:?} after the worker started again", back.elapsed());
+    assert!(nodes[0].log().contains("starting again to rejoin the cluster"), "{}", nodes[0].log());
+    assert_eq!(short_answer(&client, port).await, before, "{how}: after the cluster formed again");
+    // Idle past the deadline (15 s): rank 0's heartbeats keep the worker, which would
+    // otherwise take rank 0 for gone.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(short_answer(&client, port).await, before, "{how}: after idling: {}", nodes[1].log());
+    assert!(nodes[1].child.try_wait().unwrap().is_none(), "the worker ended: {}", nodes[1].log());
+    assert!(!nodes[1].log().contains("starting again"), "the worker lost rank 0: {}", nodes[1].log());
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_worker_lost_mid_answer_ends_the_stream_with_an_error_and_the_server_says_so() {
+async fn a_worker_lost_mid_answer_ends_the_stream_with_an_error_and_is_served_again_once_back() {
     // Killed: its connections close, MLX's send fails.
-    assert_lost_worker_reported(|worker| worker.kill().unwrap(), "killed").await;
+    // Started again, it is served again.
+    assert_lost_worker_reported(|worker| worker.kill().unwrap(), "killed", true).await;
     // Frozen (a machine that hangs or a cable pulled): nothing closes and MLX waits for good;
     // the deadline ends the stream and the wait is left behind.
     let freeze = |worker: &mut Child| {
         let frozen = Command::new("kill").args(["-STOP", &worker.id().to_string()]).status().unwrap();
         assert!(frozen.success());
     };
-    assert_lost_worker_reported(freeze, "frozen").await;
+    assert_lost_worker_reported(freeze, "frozen", false).await;
 }

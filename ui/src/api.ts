@@ -251,6 +251,8 @@ export interface PullStatus {
 
 export interface ServerStatus {
   loaded: LoadedModel[];
+  /** A model split across machines while its cluster forms (again, after a lost machine). */
+  waiting?: { id: string; reason: string } | null;
   memory_budget_bytes: number | null;
   machine_memory_bytes: number | null;
   mlx_active_bytes: number;

@@ -10,6 +10,7 @@ use super::generate_cluster::ClusterArgs;
 use crate::cluster::hostfile::HostFile;
 use crate::cluster::identity::NodeIdentity;
 use crate::cluster::watchdog::Watchdog;
+use crate::cluster::FormError;
 use crate::mlx::distributed::{DistributedBackend, Group};
 
 #[derive(clap::Subcommand)]
@@ -61,10 +62,19 @@ pub(super) struct Joined {
     pub links: Vec<crate::cluster::Link>,
 }
 
-/// Joins the cluster of `hosts_path` serving `model` with `settings` (every rank must state the
-/// same), gathers every rank's room (this one's: `room` bytes) and measures each link.
+/// This machine's rank (`--rank` or `MLX_RANK`) and the watchdog on its waits for the others
+/// (`--timeout`).
+pub(super) fn rank_and_watchdog(cluster: &ClusterArgs) -> anyhow::Result<(usize, Watchdog)> {
+    let rank = rank_or_env(cluster.rank)?;
+    Ok((rank, Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout))))
+}
+
+/// Joins the cluster of `hosts_path` as `rank` serving `model` with `settings` (every rank must
+/// state the same), gathers every rank's room (this one's: `room` bytes) and measures each link.
+/// A cluster that did not form is a [`FormError`] (whether trying again may help).
 pub(super) fn join(
     cluster: &ClusterArgs,
+    (rank, watchdog): (usize, Watchdog),
     hosts_path: &Path,
     model: &Path,
     settings: &str,
@@ -72,19 +82,16 @@ pub(super) fn join(
 ) -> anyhow::Result<Joined> {
     let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
     let hosts = HostFile::read(hosts_path).map_err(anyhow::Error::msg)?;
-    let rank = rank_or_env(cluster.rank)?;
     let identity = NodeIdentity::of(model, settings).map_err(anyhow::Error::msg)?;
-    let watchdog = Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout));
-    let joined = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog).and_then(|group| {
-        let rooms = {
-            let _w = watchdog.waiting("the ranks have not told their memory");
-            crate::cluster::gather_rooms(&group, room)?
-        };
+    let group = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog)?;
+    let rooms = {
+        let _w = watchdog.waiting("the ranks have not told their memory");
+        crate::cluster::gather_rooms(&group, room).map_err(FormError::Absent)?
+    };
+    let links = {
         let _w = watchdog.waiting("the link measurements have not finished");
-        let links = crate::cluster::check(&group)?.links;
-        Ok((group, rooms, links))
-    });
-    let (group, rooms, links) = joined.map_err(anyhow::Error::msg)?;
+        crate::cluster::check(&group).map_err(FormError::Absent)?.links
+    };
     Ok(Joined { group: Arc::new(group), rooms, rank, watchdog, hosts, links })
 }
 
@@ -98,10 +105,12 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     let rank = rank_or_env(args.rank)?;
     let identity = NodeIdentity::of(&args.model, &args.settings).map_err(anyhow::Error::msg)?;
     let watchdog = Watchdog::start(rank, std::time::Duration::from_secs(args.timeout));
-    let report = crate::cluster::form(&hosts, rank, backend, &identity, &watchdog).and_then(|group| {
-        let _w = watchdog.waiting("the link measurements have not finished");
-        crate::cluster::check(&group)
-    });
+    let report = crate::cluster::form(&hosts, rank, backend, &identity, &watchdog).map_err(|e| e.to_string()).and_then(
+        |group| {
+            let _w = watchdog.waiting("the link measurements have not finished");
+            crate::cluster::check(&group)
+        },
+    );
     let report = report.map_err(anyhow::Error::msg)?;
     println!(
         "rank {} of {}: FastMLX {}, model {}: every rank agrees",

@@ -10,14 +10,14 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 
-use super::cluster_cmd::Joined;
+use super::cluster_cmd::{rank_and_watchdog, Joined};
 use super::generate_cmd::{print_stats, print_text, GenerateArgs};
 use crate::cluster::pipeline::Pipeline;
 use crate::generate::generate_with;
 use crate::mlx::Backend;
 use crate::model::{load_model_split, ModelError};
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct ClusterArgs {
     /// Split the model across the machines of this host file (MLX's ring format
     /// `[["ip:port"], ...]` or mlx.launch's), each running this command with its `--rank`.
@@ -69,8 +69,14 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         let digest = Sha256::digest(args.request_text().as_bytes());
         settings += &format!(" request={}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
     }
-    let Joined { group, rooms, rank, watchdog, .. } =
-        super::cluster_cmd::join(cluster, &hosts_path, &path, &settings, crate::mlx::default_ceiling())?;
+    let Joined { group, rooms, rank, watchdog, .. } = super::cluster_cmd::join(
+        cluster,
+        rank_and_watchdog(cluster)?,
+        &hosts_path,
+        &path,
+        &settings,
+        crate::mlx::default_ceiling(),
+    )?;
 
     let load_started = Instant::now();
     let options = args.weights.load_options();

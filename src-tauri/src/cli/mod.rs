@@ -9,6 +9,7 @@ mod generate_cmd;
 mod inspect_cmd;
 mod kv_args;
 mod model_path;
+mod rejoin;
 mod serve_cluster;
 mod serve_cmd;
 mod store_cmd;

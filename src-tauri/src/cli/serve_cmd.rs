@@ -221,25 +221,35 @@ async fn serve(args: ServeArgs, path: PathBuf) -> anyhow::Result<()> {
 
 /// Serves the models of `models` over HTTP, `first` loaded, until the process is told to stop.
 pub(super) async fn serve_loaded(args: ServeArgs, models: Residency, first: Served) -> anyhow::Result<()> {
+    let server = start_server(&args, &models).await?;
+    eprintln!("FastMLX serving {} at {}", first.id, server.url());
+    drop(first);
+    shutdown_signal().await;
+    stop_server(models, server).await
+}
+
+/// The HTTP server over `models`, listening.
+pub(super) async fn start_server(args: &ServeArgs, models: &Residency) -> anyhow::Result<RunningServer> {
     models.spawn_idle_reaper();
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let server = RunningServer::start(models.clone(), pulls, args.server_config(), args.host, args.port)
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    eprintln!("FastMLX serving {} at {}", first.id, server.url());
     if let Some(ollama) = server.ollama_address {
         eprintln!("Ollama API also at http://{ollama}");
     }
-    drop(first);
-    shutdown_signal().await;
+    Ok(server)
+}
+
+/// Ends every running stream (each gets its finish), so connections can close, then the server.
+pub(super) async fn stop_server(models: Residency, server: RunningServer) -> anyhow::Result<()> {
     eprintln!("shutting down");
-    // Ends every running stream (each gets its finish), so connections can close.
     models.unload_all().await;
     server.stop().await?;
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

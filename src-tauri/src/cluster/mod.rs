@@ -60,6 +60,19 @@ fn describe_group(hosts: &HostFile, rank: usize, scratch: &Path) -> Result<(), S
     Ok(())
 }
 
+/// Why a cluster did not form.
+#[derive(Debug, thiserror::Error)]
+pub enum FormError {
+    /// A rank is not there (not started, unreachable, gone while the cluster formed): trying
+    /// again may work.
+    #[error("{0}")]
+    Absent(String),
+    /// The ranks met but disagree (model, version, settings), or this rank is not in the host
+    /// file: trying again changes nothing.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Joins the group of `hosts` as `rank`; every rank checks that it matches rank 0. Waiting for
 /// the others is watched by `watchdog` (MLX cannot be interrupted once it waits on a peer).
 pub fn form(
@@ -68,15 +81,17 @@ pub fn form(
     backend: DistributedBackend,
     identity: &NodeIdentity,
     watchdog: &Watchdog,
-) -> Result<Group, String> {
+) -> Result<Group, FormError> {
     // MLX reads the ring-format host file while the group forms.
     let scratch = std::env::temp_dir().join(format!("fastmlx-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    describe_group(hosts, rank, &scratch)?;
+    std::fs::create_dir_all(&scratch).map_err(|e| FormError::Refused(format!("{}: {e}", scratch.display())))?;
+    describe_group(hosts, rank, &scratch).map_err(FormError::Refused)?;
     let joined = {
         let _w = watchdog
             .waiting("the cluster has not formed (is every rank started, reachable, and using this host file?)");
-        Group::init(backend).and_then(|group| agree(&group, identity).map(|()| group))
+        Group::init(backend)
+            .map_err(FormError::Absent)
+            .and_then(|group| agree(&group, identity).map(|()| group).map_err(FormError::Refused))
     };
     let _ = std::fs::remove_dir_all(&scratch);
     joined

@@ -32,6 +32,9 @@ const STEP: i32 = 4;
 /// Rank 0 restored a prompt's start from its prefix cache: each worker restores what it holds
 /// of it, and the fewest tokens any holds comes back to rank 0.
 const PROBE: i32 = 5;
+/// Rank 0 is idle and still there: passed around the ring and back to it, so that every rank
+/// hears from the others well within its deadline (a rank silent past it is taken as gone).
+const PING: i32 = 6;
 /// kind, batch, length, dtype, then for [`STEP`] and [`PROBE`] the rows' description's sizes
 /// (`StepRows`).
 const HEADER_LEN: usize = 4 + HEADER_TAIL;
@@ -60,6 +63,8 @@ pub struct Pipeline {
     pub stats: PipelineStats,
     /// Rank 0 serving: what `/admin/status` and `/metrics` show of the cluster.
     view: ClusterView,
+    /// Rank 0: when the other ranks last answered (a step, a probe or a heartbeat).
+    last_heard: Instant,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -104,6 +109,7 @@ impl Pipeline {
             hidden: hidden as i32,
             stats: PipelineStats::default(),
             view: ClusterView::default(),
+            last_heard: Instant::now(),
         }
     }
 
@@ -174,6 +180,7 @@ impl Pipeline {
         self.stats.tokens += tokens;
         self.stats.bytes_per_hop += bytes;
         self.view.record_step(tokens, bytes, waited, total);
+        self.last_heard = Instant::now();
         Ok(back)
     }
 
@@ -230,6 +237,23 @@ impl Pipeline {
         asked().inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
     }
 
+    /// Rank 0, idle: a heartbeat around the ring once a quarter of the deadline (at most 5 s)
+    /// has passed without a word from the others; a rank that does not pass it on is lost.
+    pub fn keep_alive(&mut self) {
+        let every = (self.watchdog.timeout() / 4).min(Duration::from_secs(5));
+        if self.health.fault().is_some() || self.last_heard.elapsed() < every {
+            return;
+        }
+        let ping = || -> Result<(), String> {
+            self.send_header(PING, 0, 0, 0)?;
+            self.recv(&[HEADER_LEN as i32], Dtype::Int32).map(|_| ())
+        };
+        match ping() {
+            Ok(()) => self.last_heard = Instant::now(),
+            Err(e) => self.health.fail(format!("the cluster lost a rank: {e}")),
+        }
+    }
+
     /// Rank 0: the workers start a new sequence (empty caches).
     pub fn reset(&mut self) -> Result<(), String> {
         self.send_header(RESET, 0, 0, 0)
@@ -264,6 +288,8 @@ impl Pipeline {
                     }
                     return Ok(());
                 }
+                // Passed on, the last rank's back to rank 0.
+                PING => self.send_header(PING, 0, 0, 0)?,
                 RESET => {
                     cache = model.new_cache_in(format);
                     if passes_on {
@@ -328,6 +354,10 @@ impl RemoteLayers for Pipeline {
 
     fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {
         Pipeline::probe(self, pending, id, tokens)
+    }
+
+    fn keep_alive(&mut self) {
+        Pipeline::keep_alive(self);
     }
 
     fn stop(&mut self) {

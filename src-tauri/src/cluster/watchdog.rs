@@ -16,6 +16,7 @@ type OnExpiry = Arc<Mutex<Option<Box<dyn Fn(String) + Send>>>>;
 pub struct Watchdog {
     armed: Armed,
     on_expiry: OnExpiry,
+    timeout: Duration,
 }
 
 /// While held, a wait is watched; dropping it ends the watch.
@@ -58,7 +59,12 @@ impl Watchdog {
                 }
             }
         });
-        Watchdog { armed, on_expiry }
+        Watchdog { armed, on_expiry, timeout }
+    }
+
+    /// How long a wait may last.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// A wait past its deadline calls `on_expiry` with the error instead of ending the process.

@@ -192,6 +192,9 @@ pub trait RemoteLayers: Send {
     /// what its own holds of it (kept for the row's first step) and the fewest tokens any rank
     /// holds comes back.
     fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String>;
+    /// The engine is idle (called every few hundred ms): tell the other ranks it is still
+    /// there, and find out whether they are.
+    fn keep_alive(&mut self);
     /// The engine stops: the other ranks return.
     fn stop(&mut self);
     /// Whether the other ranks are still there.
@@ -210,6 +213,11 @@ pub(crate) struct RemoteLink {
 impl RemoteLink {
     pub fn new(layers: Box<dyn RemoteLayers>) -> RemoteLink {
         RemoteLink { layers, pending: Pending::default(), verifying: false }
+    }
+
+    /// The engine is idle.
+    pub fn idle(&mut self) {
+        self.layers.keep_alive();
     }
 
     /// A request left the engine (finished, cancelled, failed).

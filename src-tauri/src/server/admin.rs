@@ -52,6 +52,8 @@ pub async fn status(State(state): State<AppState>) -> Json<Value> {
     let memory = crate::mlx::memory_stats();
     Json(json!({
         "loaded": state.models.loaded(),
+        // A model split across a cluster that is forming (or forming again after a fault).
+        "waiting": state.models.awaited(),
         "memory_budget_bytes": state.models.memory_budget(),
         "machine_memory_bytes": crate::mlx::total_memory_bytes(),
         "mlx_active_bytes": memory.active,

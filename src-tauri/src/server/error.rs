@@ -138,6 +138,7 @@ impl From<crate::store::ResidencyError> for ApiError {
                 param: Some("model".into()),
                 ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
             },
+            ResidencyError::Waiting { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message),
             ResidencyError::NoRoom { .. } => ApiError {
                 code: Some("insufficient_memory"),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

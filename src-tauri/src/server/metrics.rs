@@ -161,7 +161,8 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
             );
         }
     }
-    cluster_series(&mut out, &clusters);
+    let waiting = state.models.awaited().map(|w| w.id);
+    cluster_series(&mut out, &clusters, waiting.as_deref());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
@@ -170,9 +171,10 @@ fn label(value: &str) -> String {
 }
 
 /// The series of models split across a cluster: each machine, each link as measured when it
-/// formed, and what rank 0's steps through the pipeline cost (`up`: no rank lost).
-fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)]) {
-    if clusters.is_empty() {
+/// formed, and what rank 0's steps through the pipeline cost (`up`: no rank lost); `waiting`:
+/// a model whose cluster is forming (again), down.
+fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], waiting: Option<&str>) {
+    if clusters.is_empty() && waiting.is_none() {
         return;
     }
     let head = |out: &mut String, name: &str, kind: &str, help: &str| {
@@ -182,6 +184,13 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)]) 
     head(out, "up", "gauge", "1 while every rank of the cluster is there, 0 once one is lost.");
     for (id, _, up) in clusters {
         let _ = writeln!(out, "fastmlx_cluster_up{{model=\"{}\"}} {}", label(id), u8::from(*up));
+    }
+    // Once per model: a lost cluster's model stays loaded until this process starts again.
+    if let Some(id) = waiting.filter(|w| !clusters.iter().any(|(id, ..)| id == w)) {
+        let _ = writeln!(out, "fastmlx_cluster_up{{model=\"{}\"}} 0", label(id));
+    }
+    if clusters.is_empty() {
+        return;
     }
     let totals: [(&str, &str, &str, Of); 6] = [
         ("nodes", "gauge", "Machines the model is split across.", |c| c.nodes.len() as f64),

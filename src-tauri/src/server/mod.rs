@@ -11,6 +11,7 @@ mod dialect_errors;
 mod embeddings;
 mod error;
 mod extract;
+pub mod listen;
 mod live;
 mod metrics;
 mod ollama;
@@ -218,7 +219,8 @@ async fn health(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> (axum::http::StatusCode, axum::Json<openai::types::Health>) {
     let loaded = state.models.loaded();
-    let error = loaded.iter().find_map(|m| m.fault.as_ref().map(|why| format!("{}: {why}", m.id)));
+    let waiting = state.models.awaited().map(|w| format!("{}: {}", w.id, w.reason));
+    let error = waiting.or_else(|| loaded.iter().find_map(|m| m.fault.as_ref().map(|why| format!("{}: {why}", m.id))));
     let status = if error.is_some() { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK };
     let health = openai::types::Health {
         status: if error.is_some() { "error" } else { "ok" },

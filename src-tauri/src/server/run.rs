@@ -14,6 +14,8 @@ pub struct RunningServer {
     pub ollama_address: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The addresses asked for, as `listen` knows the sockets.
+    bound: Vec<String>,
 }
 
 impl RunningServer {
@@ -26,14 +28,20 @@ impl RunningServer {
         host: IpAddr,
         port: u16,
     ) -> std::io::Result<RunningServer> {
-        let listener = tokio::net::TcpListener::bind((host, port)).await?;
+        let (listener, main) = super::listen::bind(host, port).await?;
         let address = listener.local_addr()?;
+        let mut bound = vec![main];
         let ollama = match config.ollama_port {
-            Some(p) => Some(
-                tokio::net::TcpListener::bind((host, p))
-                    .await
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")))?,
-            ),
+            Some(p) => match super::listen::bind(host, p).await {
+                Ok((listener, key)) => {
+                    bound.push(key);
+                    Some(listener)
+                }
+                Err(e) => {
+                    super::listen::closed(&bound[0]);
+                    return Err(std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")));
+                }
+            },
             None => None,
         };
         let ollama_address = ollama.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -54,7 +62,7 @@ impl RunningServer {
         let mut tasks = vec![serve(listener)];
         tasks.extend(ollama.map(serve));
         tasks.push(tokio::spawn(super::live::record(state.clone(), stopped.clone())));
-        Ok(RunningServer { address, ollama_address, stop, tasks })
+        Ok(RunningServer { address, ollama_address, stop, tasks, bound })
     }
 
     /// The OpenAI base URL.
@@ -65,11 +73,22 @@ impl RunningServer {
     /// Stops listening and waits for open connections to finish (streams end when their
     /// engines do: unload the models first to cut them short).
     pub async fn stop(self) -> std::io::Result<()> {
+        for address in &self.bound {
+            super::listen::closed(address);
+        }
         let _ = self.stop.send(true);
         for task in self.tasks {
             task.await.unwrap_or(Ok(()))?;
         }
         Ok(())
+    }
+
+    /// Stops serving but keeps the ports open, for the process image that replaces this one
+    /// (`listen`): new connections wait in the ports' queues meanwhile. Open connections get up
+    /// to `within` to finish (a live view's stream never does).
+    pub async fn hand_over(self, within: std::time::Duration) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(within, futures_util::future::join_all(self.tasks)).await;
     }
 }
 

@@ -37,6 +37,9 @@ pub enum ResidencyError {
     WrongKind { id: String, kind: ModelKind, wanted: ModelKind },
     #[error("no {} model is loaded and none was named", .0.as_str())]
     NoModelOfKind(ModelKind),
+    /// A model split across a cluster, not (or no longer) formed: served once it is.
+    #[error("{id} is not served yet: {reason}")]
+    Waiting { id: String, reason: String },
 }
 
 fn article(kind: ModelKind) -> &'static str {
@@ -189,6 +192,16 @@ struct Inner {
     loading: tokio::sync::Mutex<()>,
     /// Bumped when the set of loaded models changes (tray menu, UI).
     changes: watch::Sender<u64>,
+    /// The model this process serves split across a cluster, while the cluster forms: its id
+    /// and why it does not serve yet. Requests for it are refused with that, never loaded here.
+    awaited: Mutex<Option<Awaited>>,
+}
+
+/// A model waiting for its cluster to form.
+#[derive(Debug, Clone, Serialize)]
+pub struct Awaited {
+    pub id: String,
+    pub reason: String,
 }
 
 #[derive(Clone)]
@@ -209,6 +222,7 @@ impl Residency {
                 residents: Mutex::new(Vec::new()),
                 loading: tokio::sync::Mutex::new(()),
                 changes,
+                awaited: Mutex::new(None),
             }),
         }
     }
@@ -248,9 +262,32 @@ impl Residency {
         self.inner.residents.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Model `id` is split across a cluster that has not formed (`reason` says what it waits
+    /// for): requests for it, and requests naming no model while none is loaded, are refused
+    /// with that until [`Self::load_split`] loads it.
+    pub fn await_split(&self, id: &str, reason: impl Into<String>) {
+        let awaited = Awaited { id: id.to_string(), reason: reason.into() };
+        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = Some(awaited);
+        self.inner.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The model waiting for its cluster, if one is.
+    pub fn awaited(&self) -> Option<Awaited> {
+        self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn waiting_error(&self, id: Option<&str>) -> Option<ResidencyError> {
+        let awaited = self.awaited()?;
+        (id.is_none_or(|id| id == awaited.id))
+            .then_some(ResidencyError::Waiting { id: awaited.id, reason: awaited.reason })
+    }
+
     /// The engine for `id` (loading it if needed); with no id, the most recently used model.
     pub async fn serve(&self, id: Option<&str>) -> Result<Served, ResidencyError> {
-        let id = self.named_or_latest(id, ModelKind::Chat).ok_or(ResidencyError::NoModel)?;
+        let id = match self.named_or_latest(id, ModelKind::Chat) {
+            Some(id) => id,
+            None => return Err(self.waiting_error(None).unwrap_or(ResidencyError::NoModel)),
+        };
         let engine = self.engine(&id).await?;
         chat_engine(id, engine)
     }
@@ -330,6 +367,7 @@ impl Residency {
                 .map_err(|e| failed(e.to_string()))?;
         let footprint = engine.model_info().weights_bytes as u64 + kv;
         let engine = self.add_resident(model.id.clone(), model.path, Engine::Chat(engine), footprint, None);
+        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = None;
         chat_engine(model.id, engine)
     }
 
@@ -346,6 +384,10 @@ impl Residency {
                 self.set_keep_alive(id, keep_alive);
             }
             return Ok(engine);
+        }
+        // Never loaded whole here: it is split across machines.
+        if let Some(waiting) = self.waiting_error(Some(id)) {
+            return Err(waiting);
         }
         let model = self.inner.catalog.find(id)?;
         if let Some(reason) = model.summary.unloadable_reason.clone() {

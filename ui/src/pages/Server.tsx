@@ -58,6 +58,7 @@ export function ServerPage() {
   const [launch, setLaunch] = useState<boolean | null>(null);
   const [cleared, setCleared] = useState<string | null>(null);
   const [clustered, setClustered] = useState<LoadedModel[]>([]);
+  const [waiting, setWaiting] = useState<ServerStatus["waiting"]>(null);
 
   async function clearCache() {
     setCleared(null);
@@ -85,18 +86,22 @@ export function ServerPage() {
         // The window it serves, which agents must be told (Claude Code assumes 1M for a model it does not know).
         setContext(chat[0]?.context_length ?? null);
         setClustered(st.loaded.filter((m) => m.cluster));
+        setWaiting(st.waiting ?? null);
       })
       .catch(() => {});
     if (hasNative()) getLaunchAtLogin().then(setLaunch).catch(() => setLaunch(null));
   }, []);
 
   // A model split across machines: its step costs and a lost machine, kept current.
-  const hasCluster = clustered.length > 0;
+  const hasCluster = clustered.length > 0 || waiting != null;
   useEffect(() => {
     if (!hasCluster) return;
     const timer = setInterval(() => {
       getJson<ServerStatus>("/admin/status")
-        .then((st) => setClustered(st.loaded.filter((m) => m.cluster)))
+        .then((st) => {
+          setClustered(st.loaded.filter((m) => m.cluster));
+          setWaiting(st.waiting ?? null);
+        })
         .catch(() => {});
     }, 2000);
     return () => clearInterval(timer);
@@ -166,6 +171,7 @@ export function ServerPage() {
         <h1>Server</h1>
       </div>
       <ErrorBox error={error} onClose={() => setError(null)} />
+      <ErrorBox error={waiting ? `${waiting.id}: ${waiting.reason}` : null} />
       {clustered.map((m) => m.cluster && <ClusterSection key={m.id} model={m.id} cluster={m.cluster} fault={m.fault} />)}
       {!settings ? (
         !error && (

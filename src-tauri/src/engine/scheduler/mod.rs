@@ -229,7 +229,11 @@ impl Scheduler {
                             return self.shut_down();
                         }
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Some(remote) = self.remote.as_mut() {
+                            remote.idle();
+                        }
+                    }
                     Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
                 }
             }

@@ -266,7 +266,8 @@ pub struct Completion {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Health {
-    /// `ok`, or `error` (with a 503) when a loaded model cannot serve: its cluster lost a machine.
+    /// `ok`, or `error` (with a 503) when a model cannot serve: its cluster lost a machine, or is
+    /// forming (again).
     pub status: &'static str,
     /// The loaded models, most recently used first.
     pub loaded: Vec<String>,

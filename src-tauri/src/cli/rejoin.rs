@@ -1,0 +1,61 @@
+//! A rank of `serve --cluster` that lost its cluster starts again in place, to rejoin it. MLX
+//! keeps the group a process joined for the life of the process (a second join hands back the
+//! broken one, and there is no call to free it), so rejoining takes a new process image: the
+//! same program, arguments and process id. Rank 0's listening sockets are passed on, so its
+//! port stays open throughout; every other descriptor (MLX's sockets among them) is closed, so
+//! the other ranks see this one go and the new image can bind MLX's port again.
+
+/// The environment entry that tells the new image why the old one started it (shown while
+/// the cluster forms again).
+pub const RESTARTED_AFTER_VAR: &str = "FASTMLX_RESTARTED_AFTER";
+
+/// Replaces this process with a fresh start of itself; `why` is logged and passed on. Returns
+/// only if that fails, by ending the process with an error.
+pub fn restart(why: &str) -> ! {
+    eprintln!("{why}\nstarting again to rejoin the cluster");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        let (listening, keep) = crate::server::listen::to_pass_on();
+        close_on_exec_all_but(&keep);
+        let error = match std::env::current_exe() {
+            Ok(program) => std::process::Command::new(program)
+                .args(std::env::args_os().skip(1))
+                .env(RESTARTED_AFTER_VAR, why)
+                .env(crate::server::listen::INHERITED_VAR, listening)
+                .exec(),
+            Err(e) => e,
+        };
+        eprintln!("error: cannot start again: {error}");
+    }
+    std::process::exit(1)
+}
+
+/// Why the process before this one started it, if it did.
+pub fn restarted_after() -> Option<String> {
+    std::env::var(RESTARTED_AFTER_VAR).ok().filter(|why| !why.is_empty())
+}
+
+/// Every open descriptor past the standard three closes on exec, except `keep`, which stays
+/// open.
+#[cfg(unix)]
+fn close_on_exec_all_but(keep: &[i32]) {
+    // Listed first, changed after: the listing holds a descriptor of its own.
+    let open: Vec<i32> = match std::fs::read_dir("/dev/fd") {
+        Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
+        // No listing: every descriptor up to the limit.
+        Err(_) => (3..1024).collect(),
+    };
+    for fd in open.into_iter().filter(|&fd| fd > 2) {
+        // SAFETY: flags of descriptors of this process, which is about to be replaced; a
+        // descriptor closed since the listing fails harmlessly.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 {
+                continue;
+            }
+            let flags = if keep.contains(&fd) { flags & !libc::FD_CLOEXEC } else { flags | libc::FD_CLOEXEC };
+            libc::fcntl(fd, libc::F_SETFD, flags);
+        }
+    }
+}

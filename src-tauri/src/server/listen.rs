@@ -1,0 +1,100 @@
+//! The server's listening sockets, kept open across a restart of the process in place (rank 0
+//! of `serve --cluster` starts itself again to rejoin its cluster): each socket has a second
+//! descriptor kept here, which outlives the server that stops and is passed on to the new
+//! process image, so the port never closes: connections made meanwhile wait in its queue
+//! instead of being refused, and the new image serves them.
+
+use std::net::IpAddr;
+
+/// `host:port=fd` entries, `;`-separated: the sockets a restarted process takes over.
+pub const INHERITED_VAR: &str = "FASTMLX_LISTEN_FDS";
+
+fn key(host: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(host, port).to_string()
+}
+
+/// Listens on `host:port`, taking over the socket a process restarted in place left open.
+/// Returns the listener and the address as asked (`port` 0 included), which [`closed`] takes.
+pub async fn bind(host: IpAddr, port: u16) -> std::io::Result<(tokio::net::TcpListener, String)> {
+    let key = key(host, port);
+    let listener = match platform::inherited(&key) {
+        Some(listener) => listener,
+        None => tokio::net::TcpListener::bind((host, port)).await?,
+    };
+    platform::keep(&key, &listener)?;
+    Ok((listener, key))
+}
+
+/// No longer listening on `address` (the server stopped for good): the port closes.
+pub fn closed(address: &str) {
+    platform::forget(address);
+}
+
+/// What a process restarting in place passes on: the environment entry and the descriptors
+/// it must leave open.
+pub fn to_pass_on() -> (String, Vec<i32>) {
+    let kept = platform::kept();
+    let entry = kept.iter().map(|(key, fd)| format!("{key}={fd}")).collect::<Vec<_>>().join(";");
+    (entry, kept.into_iter().map(|(_, fd)| fd).collect())
+}
+
+#[cfg(unix)]
+mod platform {
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    use std::sync::Mutex;
+
+    /// The second descriptor of each socket listening now, by the address asked for.
+    static KEPT: Mutex<Vec<(String, OwnedFd)>> = Mutex::new(Vec::new());
+
+    pub fn keep(key: &str, listener: &tokio::net::TcpListener) -> std::io::Result<()> {
+        // A duplicate that closes on exec unless passed on.
+        let second = listener.as_fd().try_clone_to_owned()?;
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).push((key.to_string(), second));
+        Ok(())
+    }
+
+    pub fn forget(key: &str) {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).retain(|(k, _)| k != key);
+    }
+
+    pub fn kept() -> Vec<(String, i32)> {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, fd)| (k.clone(), fd.as_raw_fd())).collect()
+    }
+
+    pub fn inherited(key: &str) -> Option<tokio::net::TcpListener> {
+        let passed = std::env::var(super::INHERITED_VAR).ok()?;
+        let fd: i32 = passed.split(';').find_map(|entry| entry.strip_prefix(key)?.strip_prefix('=')?.parse().ok())?;
+        // Only a listening socket is taken: the entry may be stale (set by hand, or its socket
+        // closed before the restart).
+        let mut accepting: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a query into a local int; fails harmlessly on a descriptor that is no socket.
+        let queried = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&raw mut accepting).cast(), &mut len)
+        };
+        if queried != 0 || accepting == 0 {
+            return None;
+        }
+        // SAFETY: the descriptor was left open for this process by the image it replaced, and
+        // nothing else in this process owns it.
+        let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+        // SAFETY: flags of a descriptor this process owns: closed on the next exec.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        listener.set_nonblocking(true).ok()?;
+        tokio::net::TcpListener::from_std(listener).ok()
+    }
+}
+
+#[cfg(not(unix))]
+mod platform {
+    pub fn keep(_key: &str, _listener: &tokio::net::TcpListener) -> std::io::Result<()> {
+        Ok(())
+    }
+    pub fn forget(_key: &str) {}
+    pub fn kept() -> Vec<(String, i32)> {
+        Vec::new()
+    }
+    pub fn inherited(_key: &str) -> Option<tokio::net::TcpListener> {
+        None
+    }
+}
