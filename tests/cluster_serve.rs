@@ -290,6 +290,16 @@ async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str, r
         "ignore_eos": true,
         "stream": true,
     });
+    // The same, not streamed, running beside it: answered 503 (the cluster forms again).
+    let whole = {
+        let mut body = body.clone();
+        body["stream"] = json!(false);
+        let request = client.post(format!("{url}/v1/chat/completions")).json(&body).send();
+        tokio::spawn(async move {
+            let response = request.await.unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        })
+    };
     let mut stream = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert!(stream.status().is_success(), "{}", stream.status());
     // Once tokens flow, the worker is lost.
@@ -307,6 +317,9 @@ async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str, r
     assert!(waited < Duration::from_secs(40), "{how}: the stream took {waited:?} to end");
     let tail = &seen[seen.len().saturating_sub(400)..];
     assert!(tail.contains("\"error\"") && tail.contains("rank 1"), "{how}: {tail}");
+    let (status, whole) = whole.await.unwrap();
+    assert_eq!(status, 503, "{how}: {whole}");
+    assert!(whole["error"]["message"].as_str().unwrap().contains("rank 1"), "{how}: {whole}");
     // Rank 0 may be starting again meanwhile (its port stays open): it says the same.
     let health = retried(|| client.get(format!("{url}/health"))).await;
     assert_eq!(health.status(), 503, "{how}");
@@ -357,4 +370,48 @@ async fn a_worker_lost_mid_answer_ends_the_stream_with_an_error_and_is_served_ag
         assert!(frozen.success());
     };
     assert_lost_worker_reported(freeze, "frozen", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 3));
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &[]).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let before = short_answer(&client, port).await;
+    nodes[1].child.kill().unwrap();
+    // No request is running: rank 0's heartbeat finds the lost rank.
+    let lost = Instant::now();
+    loop {
+        let health = retried(|| client.get(format!("http://127.0.0.1:{port}/health"))).await;
+        if health.status() == 503 {
+            break;
+        }
+        assert!(lost.elapsed() < Duration::from_secs(40), "the lost rank not seen: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("the idle cluster saw its lost rank {:?} later", lost.elapsed());
+    // Rank 0 started again on its port, and says what it waits for.
+    let waiting = loop {
+        let status: Value =
+            retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await.json().await.unwrap();
+        let reason = status["waiting"]["reason"].as_str().unwrap_or_default().to_string();
+        if reason.contains("waiting for every rank to join again") {
+            break reason;
+        }
+        assert!(lost.elapsed() < Duration::from_secs(60), "rank 0 did not start again: {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(waiting.contains("the cluster lost a rank") && waiting.contains("rank 1 (127.0.0.1:"), "{waiting}");
+    let metrics = retried(|| client.get(format!("http://127.0.0.1:{port}/metrics"))).await.text().await.unwrap();
+    assert!(metrics.contains("fastmlx_cluster_up{model=\"SmolLM2-135M-Instruct.Q4_1\"} 0"), "{metrics}");
+    nodes[1] = serve(dir.path(), &model, free_port(), &[], Some((&hosts, 1)));
+    let back = Instant::now();
+    wait_ready(port, &mut nodes[0]).await;
+    eprintln!("served again {:?} after the middle rank started again", back.elapsed());
+    assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
+    // Rank 2 lost its neighbour and started again by itself, as rank 0 did.
+    for rank in [0, 2] {
+        assert!(nodes[rank].log().contains("starting again to rejoin the cluster"), "{}", nodes[rank].log());
+    }
 }

@@ -417,6 +417,8 @@ export interface MetricsEvent {
   wired_limit_bytes: number;
   models: ModelMetrics[];
   recent: FinishedRequest[];
+  /** A model split across machines while its cluster forms (again, after a lost machine). */
+  waiting?: { id: string; reason: string };
 }
 
 /** Model ids have slashes (org/name): each segment is encoded, the slashes kept. */

@@ -53,7 +53,7 @@ pub struct RequestStream {
 /// The error finish of a request whose engine lost a machine of its cluster.
 fn fault_finish(why: String) -> Event {
     Event::Finish(Finish {
-        reason: super::request::FinishReason::Error,
+        reason: super::request::FinishReason::Unavailable,
         stop: None,
         error: Some(why),
         usage: Default::default(),
@@ -81,7 +81,19 @@ impl RequestStream {
             },
         };
         self.ended = matches!(event, Some(Event::Finish(_)) | None);
-        event
+        self.as_fault(event)
+    }
+
+    /// The engine's own error finish, when its cluster lost a machine, is that fault's.
+    fn as_fault(&self, event: Option<Event>) -> Option<Event> {
+        let lost = self.fault.as_ref().is_some_and(|fault| fault.borrow().is_some());
+        match event {
+            Some(Event::Finish(mut finish)) if lost && finish.reason == super::request::FinishReason::Error => {
+                finish.reason = super::request::FinishReason::Unavailable;
+                Some(Event::Finish(finish))
+            }
+            other => other,
+        }
     }
 
     /// For callers outside an async runtime (a lost cluster machine ends the stream as in

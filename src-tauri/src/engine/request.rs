@@ -112,6 +112,9 @@ pub enum FinishReason {
     /// It waited longer than the queue allows (`max_queue_wait`) and never started: the server
     /// is too busy, or the memory ceiling too tight, for it now. Nothing was generated.
     Overloaded,
+    /// A machine of the model's cluster was lost: it cannot go on now (the cluster forms again
+    /// by itself; a retry later is served).
+    Unavailable,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -293,6 +293,7 @@ impl Sequence {
                 FinishReason::Cancelled => "cancelled",
                 FinishReason::Error => "error",
                 FinishReason::Overloaded => "overloaded",
+                FinishReason::Unavailable => "unavailable",
             },
             cache_miss: self.cache_miss.take(),
         });

@@ -114,6 +114,9 @@ pub struct LiveSnapshot {
     models: Vec<ModelLive>,
     /// Newest first, all models together.
     recent: Vec<RecentWithModel>,
+    /// A model split across machines while its cluster forms (again, after a lost machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<crate::store::Awaited>,
 }
 
 pub fn snapshot(state: &AppState) -> LiveSnapshot {
@@ -166,6 +169,7 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
         memory_budget_bytes: state.models.memory_budget(),
         models,
         recent,
+        waiting: state.models.awaited(),
     }
 }
 

@@ -25,4 +25,6 @@ pub use human::human_bytes;
 pub use layout::StorePaths;
 pub use model_kv::ModelKv;
 pub use pull::{PullRequest, PullState, PullStatus, PullWatch, Pulls};
-pub use residency::{estimated_weights_bytes, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served};
+pub use residency::{
+    estimated_weights_bytes, Awaited, LoadedStatus, Residency, ResidencyConfig, ResidencyError, Served,
+};

@@ -161,6 +161,7 @@ export function LivePage() {
         )}
       </div>
       <ErrorBox error={error} />
+      {latest?.waiting && <ErrorBox error={`${latest.waiting.id}: ${latest.waiting.reason}`} />}
       {models
         .filter((m) => m.fault && !m.cluster)
         .map((m) => (

@@ -59,7 +59,9 @@ fn next_turn_start(seq: &Sequence) -> Option<Vec<u32>> {
             tokens.pop();
         }
         FinishReason::Length => {}
-        FinishReason::Cancelled | FinishReason::Error | FinishReason::Overloaded => return None,
+        FinishReason::Cancelled | FinishReason::Error | FinishReason::Overloaded | FinishReason::Unavailable => {
+            return None
+        }
     }
     tokens.extend_from_slice(boundary);
     Some(tokens)

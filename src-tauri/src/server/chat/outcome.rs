@@ -26,6 +26,11 @@ pub fn failure(finish: &Finish) -> Option<ApiError> {
                 finish.error.clone().unwrap_or_else(|| "the server is too busy to start this request now".into()),
             )
         }),
+        FinishReason::Unavailable => Some(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            finish.error.clone().unwrap_or_else(|| "a machine of the model's cluster was lost".into()),
+        )),
         // The engine cancels what is still running when its model is unloaded or the server stops
         // (a client that went away reads nothing more).
         FinishReason::Cancelled => Some(ApiError::new(

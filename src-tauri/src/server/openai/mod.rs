@@ -16,7 +16,7 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
         // Never sent: such a generation ends as an error (`chat::outcome::failure`).
-        FinishReason::Cancelled | FinishReason::Error | FinishReason::Overloaded => "error",
+        FinishReason::Cancelled | FinishReason::Error | FinishReason::Overloaded | FinishReason::Unavailable => "error",
     }
 }
 
