@@ -415,3 +415,28 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
         assert!(nodes[rank].log().contains("starting again to rejoin the cluster"), "{}", nodes[rank].log());
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 2));
+    let port = free_port();
+    let mut nodes = vec![serve(dir.path(), &model, port, &[], Some((&hosts, 0)))];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nodes.push(serve(dir.path(), &model, free_port(), &["--memory-limit", "400MiB"], Some((&hosts, 1))));
+    wait_ready(port, &mut nodes[0]).await;
+    let log = nodes[1].log();
+    let room: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("rank 1: room for ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the worker told no room: {log}"));
+    let status: Value =
+        reqwest::get(format!("http://127.0.0.1:{port}/admin/status")).await.unwrap().json().await.unwrap();
+    let budget = status["loaded"][0]["kv_budget_bytes"].as_u64().unwrap();
+    // SmolLM2-135M: 30 layers of 3 KV heads of 64, at most 4 bytes an element. Alone, rank 0's
+    // budget here is gigabytes (70 % of the machine).
+    let per_token_bound = 30 * 2 * 3 * 64 * 4;
+    assert!(0 < budget && budget <= room * per_token_bound, "budget {budget} for {room} tokens: {status}");
+    let client = reqwest::Client::new();
+    assert!(short_answer(&client, port).await.contains("Paris"));
+}

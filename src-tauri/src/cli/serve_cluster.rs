@@ -123,12 +123,20 @@ fn serve_stage(
     };
     let backend = Backend::init();
     let loaded = crate::cluster::load_stage(path, &backend, &args.weights.load_options(), &rooms, rank);
-    let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
+    let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
         .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
+    // Its room for keys and values bounds what rank 0 admits: this machine's memory is not
+    // governed by an engine of its own.
+    let residency = args.residency_config()?;
+    let engine = residency.engine;
+    let layers = plan[rank].layers.clone();
+    let room =
+        crate::engine::memory::stage_kv_capacity(&model.transformer, layers, &engine, residency.memory_budget as usize);
+    eprintln!("rank {rank}: room for {room} tokens of keys and values");
+    crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)).map_err(anyhow::Error::msg)?;
     // Its own prefix cache of its layers, keyed as rank 0's: a hit there is a hit here.
-    let engine = args.residency_config()?.engine;
     let context = engine.context_length(model.transformer.config.max_position_embeddings);
     let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
     let hidden = model.transformer.config.hidden_size;
@@ -191,9 +199,10 @@ async fn serve_first_stage(
         let loaded = crate::cluster::load_stage(&path, &backend, &options, &rooms, 0);
         let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)?;
         eprintln!("rank 0 of {size}: {} {held}", model.name);
+        let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None).map_err(ModelError::Invalid)?;
         let hidden = model.transformer.config.hidden_size;
         let view = ClusterView::new(crate::cluster::status_of(&distributed, &hosts, &rooms, &plan, &links));
-        let pipeline = Pipeline::new(group, watchdog.clone(), hidden).with_view(view);
+        let pipeline = Pipeline::new(group, watchdog.clone(), hidden).with_view(view).with_kv_capacity(room);
         // Rank 0 stays up when a rank is lost: its requests end with the reason, the
         // server says it, and the wait that never returns is left behind.
         let health = pipeline.health();

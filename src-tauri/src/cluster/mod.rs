@@ -290,6 +290,15 @@ pub fn agree_on_load<T>(
     Ok(loaded)
 }
 
+/// After every rank's load, each rank's room for keys and values in tokens (rank 0 passes
+/// none: its engine counts its own): the fewest over the others, which rank 0's engine admits
+/// at most, so that no machine's memory is overrun by the batch's KV.
+pub fn gather_kv_capacity(group: &Group, watchdog: &Watchdog, mine: Option<usize>) -> Result<usize, String> {
+    let _w = watchdog.waiting("the other ranks have not told their room for the KV cache");
+    let all = gather_words(group, &[mine.map_or(u64::MAX, |t| t as u64)])?;
+    Ok(all.into_iter().min().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize)
+}
+
 /// After every rank's load: whether all loaded, told to all at once (a rank that failed names
 /// itself here, so the others stop now rather than at their deadline).
 fn all_loaded(group: &Group, loaded: bool) -> Result<(), String> {

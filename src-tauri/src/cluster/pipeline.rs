@@ -65,6 +65,8 @@ pub struct Pipeline {
     view: ClusterView,
     /// Rank 0: when the other ranks last answered (a step, a probe or a heartbeat).
     last_heard: Instant,
+    /// Rank 0 serving: the fewest tokens of keys and values any other rank has room for.
+    kv_capacity: Option<usize>,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -110,7 +112,14 @@ impl Pipeline {
             stats: PipelineStats::default(),
             view: ClusterView::default(),
             last_heard: Instant::now(),
+            kv_capacity: None,
         }
+    }
+
+    /// Rank 0 serving: the other ranks have room for `tokens` of keys and values at most.
+    pub fn with_kv_capacity(mut self, tokens: usize) -> Pipeline {
+        self.kv_capacity = Some(tokens);
+        self
     }
 
     /// Rank 0 serving: its steps are counted in `view` too.
@@ -370,6 +379,10 @@ impl RemoteLayers for Pipeline {
 
     fn health(&self) -> LinkHealth {
         self.health.clone()
+    }
+
+    fn kv_capacity_tokens(&self) -> Option<usize> {
+        self.kv_capacity
     }
 
     fn view(&self) -> ClusterView {

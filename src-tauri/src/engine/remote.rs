@@ -199,6 +199,9 @@ pub trait RemoteLayers: Send {
     fn stop(&mut self);
     /// Whether the other ranks are still there.
     fn health(&self) -> LinkHealth;
+    /// The most tokens of keys and values the other ranks have room for (the fewest over them),
+    /// if they told.
+    fn kv_capacity_tokens(&self) -> Option<usize>;
     /// The cluster as people see it.
     fn view(&self) -> ClusterView;
 }
@@ -213,6 +216,11 @@ pub(crate) struct RemoteLink {
 impl RemoteLink {
     pub fn new(layers: Box<dyn RemoteLayers>) -> RemoteLink {
         RemoteLink { layers, pending: Pending::default(), verifying: false }
+    }
+
+    /// The most tokens of keys and values the other ranks have room for.
+    pub fn kv_capacity_tokens(&self) -> Option<usize> {
+        self.layers.kv_capacity_tokens()
     }
 
     /// The engine is idle.

@@ -674,10 +674,15 @@ impl ModelConfig {
 
     /// Key and value elements one token adds to the caches (all layers that keep one).
     pub fn kv_elements_per_token(&self) -> usize {
+        self.kv_elements_per_token_in(0..self.num_layers)
+    }
+
+    /// [`Self::kv_elements_per_token`] of `layers` only (a pipeline stage's).
+    pub fn kv_elements_per_token_in(&self, layers: std::ops::Range<usize>) -> usize {
         if let Some(mla) = &self.mla {
-            return self.num_layers * mla.cache_elements();
+            return layers.len() * mla.cache_elements();
         }
-        (0..self.kv_cache_layers())
+        (layers.start..layers.end.min(self.kv_cache_layers()))
             .filter(|&i| !self.is_recurrent(i))
             .map(|i| self.layer_attention(i))
             .map(|a| 2 * a.kv_heads * a.head_dim)

@@ -192,6 +192,28 @@ pub struct KvBudget {
     pub max_rows: usize,
 }
 
+/// The cost model of `model`'s steps with keys and values stored in `kv`.
+pub fn cost_model_of(model: &crate::model::Transformer, kv: crate::model::KvFormat) -> CostModel {
+    let act_bytes = if model.dtype == mlx_rs::Dtype::Float32 { 4 } else { 2 };
+    CostModel::new(&model.config, act_bytes, mlx::gpu_available()).with_kv_quant(kv.quant.filter(|_| kv.start == 0))
+}
+
+/// The tokens of keys and values a pipeline stage of `model` (its `layers`) has room for: the
+/// KV budget its machine's `ceiling` leaves beside what the process holds now, over the stage's
+/// own bytes per token (counted unquantized: a bound).
+pub fn stage_kv_capacity(
+    model: &crate::model::Transformer,
+    layers: std::ops::Range<usize>,
+    config: &crate::engine::EngineConfig,
+    ceiling: usize,
+) -> usize {
+    let context = config.context_length(model.config.max_position_embeddings);
+    let cost = cost_model_of(model, config.kv_format);
+    let budget = kv_budget(ceiling, Governor::held_now(), 0, &cost, config.max_batch, context, None);
+    let per_token = model.config.kv_elements_per_token_in(layers) * model.dtype_bytes();
+    budget.bytes / per_token.max(1)
+}
+
 /// The KV budget under a ceiling: what the ceiling leaves after the weights, what the process
 /// held before the model (`baseline`), MLX's buffer cache, and the steps the engine must always
 /// be able to run: a decode step of the whole batch (its growth scales with the rows and the KV

@@ -21,7 +21,7 @@ mod warm;
 use super::batch::Batch;
 use super::config::{EngineConfig, ModelInfo};
 use super::kv::KvManager;
-use super::memory::{self, CostModel, Governor};
+use super::memory::{self, Governor};
 use super::metrics::{Metrics, RateWindow, RECENT_REQUESTS};
 use super::pacing::{self, Pacing};
 use super::remote::{RemoteLink, StepBatch};
@@ -104,15 +104,20 @@ impl Scheduler {
         let t = &model.transformer;
         let context_length = config.context_length(t.config.max_position_embeddings);
         let ceiling = config.memory_ceiling.unwrap_or_else(|| mlx::default_ceiling() as usize);
-        let act_bytes = if t.dtype == Dtype::Float32 { 4 } else { 2 };
-        let kv = config.kv_format;
-        let cost = CostModel::new(&t.config, act_bytes, mlx::gpu_available())
-            .with_kv_quant(kv.quant.filter(|_| kv.start == 0));
+        let cost = memory::cost_model_of(t, config.kv_format);
         // What the process holds with this model loaded (other models, the weights, the rest),
         // measured: the KV budget is what the ceiling leaves of it.
         let held = Governor::held_now().max(model.weights_bytes);
-        let budget =
+        let mut budget =
             memory::kv_budget(ceiling, held, 0, &cost, config.max_batch, context_length, config.kv_budget_bytes);
+        // Split across machines: no more tokens than the other ranks have room for.
+        if let Some(tokens) = remote.as_ref().and_then(RemoteLink::kv_capacity_tokens) {
+            let capped = tokens.saturating_mul(t.kv_bytes_per_token());
+            if capped < budget.bytes {
+                tracing::info!("{}: KV held to {tokens} tokens by the other ranks' room", model.name);
+                budget.bytes = capped;
+            }
+        }
         if budget.max_rows < config.max_batch {
             tracing::info!(
                 "{}: at most {} rows at once under the memory ceiling ({} MiB)",
