@@ -13,21 +13,25 @@ fn key(host: IpAddr, port: u16) -> String {
     std::net::SocketAddr::new(host, port).to_string()
 }
 
-/// Listens on `host:port`, taking over the socket a process restarted in place left open.
-/// Returns the listener and the address as asked (`port` 0 included), which [`closed`] takes.
-pub async fn bind(host: IpAddr, port: u16) -> std::io::Result<(tokio::net::TcpListener, String)> {
+/// A socket's second descriptor, kept here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept(i32);
+
+/// Listens on `host:port`, taking over the socket a process restarted in place left open
+/// (found by the address as asked, `port` 0 included).
+pub async fn bind(host: IpAddr, port: u16) -> std::io::Result<(tokio::net::TcpListener, Kept)> {
     let key = key(host, port);
     let listener = match platform::inherited(&key) {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind((host, port)).await?,
     };
-    platform::keep(&key, &listener)?;
-    Ok((listener, key))
+    let kept = platform::keep(&key, &listener)?;
+    Ok((listener, Kept(kept)))
 }
 
-/// No longer listening on `address` (the server stopped for good): the port closes.
-pub fn closed(address: &str) {
-    platform::forget(address);
+/// No longer listening there (the server stopped for good): the port closes.
+pub fn closed(kept: Kept) {
+    platform::forget(kept.0);
 }
 
 /// What a process restarting in place passes on: the environment entry and the descriptors
@@ -45,16 +49,20 @@ mod platform {
 
     /// The second descriptor of each socket listening now, by the address asked for.
     static KEPT: Mutex<Vec<(String, OwnedFd)>> = Mutex::new(Vec::new());
+    /// The addresses whose passed-on socket was taken: taken once (its descriptor's number may
+    /// be another socket's later).
+    static TAKEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-    pub fn keep(key: &str, listener: &tokio::net::TcpListener) -> std::io::Result<()> {
+    pub fn keep(key: &str, listener: &tokio::net::TcpListener) -> std::io::Result<i32> {
         // A duplicate that closes on exec unless passed on.
         let second = listener.as_fd().try_clone_to_owned()?;
+        let fd = second.as_raw_fd();
         KEPT.lock().unwrap_or_else(|e| e.into_inner()).push((key.to_string(), second));
-        Ok(())
+        Ok(fd)
     }
 
-    pub fn forget(key: &str) {
-        KEPT.lock().unwrap_or_else(|e| e.into_inner()).retain(|(k, _)| k != key);
+    pub fn forget(fd: i32) {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).retain(|(_, kept)| kept.as_raw_fd() != fd);
     }
 
     pub fn kept() -> Vec<(String, i32)> {
@@ -63,6 +71,13 @@ mod platform {
 
     pub fn inherited(key: &str) -> Option<tokio::net::TcpListener> {
         let passed = std::env::var(super::INHERITED_VAR).ok()?;
+        {
+            let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+            if taken.iter().any(|k| k == key) {
+                return None;
+            }
+            taken.push(key.to_string());
+        }
         let fd: i32 = passed.split(';').find_map(|entry| entry.strip_prefix(key)?.strip_prefix('=')?.parse().ok())?;
         // Only a listening socket is taken: the entry may be stale (set by hand, or its socket
         // closed before the restart).
@@ -87,14 +102,34 @@ mod platform {
 
 #[cfg(not(unix))]
 mod platform {
-    pub fn keep(_key: &str, _listener: &tokio::net::TcpListener) -> std::io::Result<()> {
-        Ok(())
+    pub fn keep(_key: &str, _listener: &tokio::net::TcpListener) -> std::io::Result<i32> {
+        Ok(-1)
     }
-    pub fn forget(_key: &str) {}
+    pub fn forget(_fd: i32) {}
     pub fn kept() -> Vec<(String, i32)> {
         Vec::new()
     }
     pub fn inherited(_key: &str) -> Option<tokio::net::TcpListener> {
         None
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_port_stays_open_for_the_next_image_until_closed() {
+        let host: IpAddr = "127.0.0.1".parse().unwrap();
+        let (listener, kept) = bind(host, 0).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (entry, keep) = to_pass_on();
+        assert!(keep.contains(&kept.0) && entry.contains(&format!("127.0.0.1:0={}", kept.0)), "{entry}");
+        // The server stops (its listener dropped): connections still queue on the kept one.
+        drop(listener);
+        assert!(std::net::TcpStream::connect(address).is_ok(), "the port closed with the server");
+        closed(kept);
+        assert!(std::net::TcpStream::connect(address).is_err(), "the port stayed open after closed()");
+        assert!(!to_pass_on().1.contains(&kept.0));
     }
 }

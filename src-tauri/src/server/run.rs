@@ -14,8 +14,8 @@ pub struct RunningServer {
     pub ollama_address: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-    /// The addresses asked for, as `listen` knows the sockets.
-    bound: Vec<String>,
+    /// Its sockets' second descriptors (`listen`), closed with it.
+    bound: Vec<super::listen::Kept>,
 }
 
 impl RunningServer {
@@ -33,12 +33,12 @@ impl RunningServer {
         let mut bound = vec![main];
         let ollama = match config.ollama_port {
             Some(p) => match super::listen::bind(host, p).await {
-                Ok((listener, key)) => {
-                    bound.push(key);
+                Ok((listener, kept)) => {
+                    bound.push(kept);
                     Some(listener)
                 }
                 Err(e) => {
-                    super::listen::closed(&bound[0]);
+                    super::listen::closed(bound[0]);
                     return Err(std::io::Error::new(e.kind(), format!("the Ollama port {p}: {e}")));
                 }
             },
@@ -72,12 +72,12 @@ impl RunningServer {
 
     /// Stops listening and waits for open connections to finish (streams end when their
     /// engines do: unload the models first to cut them short).
-    pub async fn stop(self) -> std::io::Result<()> {
-        for address in &self.bound {
-            super::listen::closed(address);
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        for kept in std::mem::take(&mut self.bound) {
+            super::listen::closed(kept);
         }
         let _ = self.stop.send(true);
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             task.await.unwrap_or(Ok(()))?;
         }
         Ok(())
@@ -86,9 +86,21 @@ impl RunningServer {
     /// Stops serving but keeps the ports open, for the process image that replaces this one
     /// (`listen`): new connections wait in the ports' queues meanwhile. Open connections get up
     /// to `within` to finish (a live view's stream never does).
-    pub async fn hand_over(self, within: std::time::Duration) {
+    pub async fn hand_over(mut self, within: std::time::Duration) {
+        // Their second descriptors stay open, for the next image.
+        self.bound.clear();
         let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(within, futures_util::future::join_all(self.tasks)).await;
+        let tasks = std::mem::take(&mut self.tasks);
+        let _ = tokio::time::timeout(within, futures_util::future::join_all(tasks)).await;
+    }
+}
+
+impl Drop for RunningServer {
+    /// A server dropped without [`RunningServer::stop`] closes its ports all the same.
+    fn drop(&mut self) {
+        for &kept in &self.bound {
+            super::listen::closed(kept);
+        }
     }
 }
 
