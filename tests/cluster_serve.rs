@@ -417,7 +417,7 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits() {
+async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits_and_the_model_stays() {
     let dir = tempfile::tempdir().unwrap();
     let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 2));
     let port = free_port();
@@ -438,5 +438,14 @@ async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits() {
     let per_token_bound = 30 * 2 * 3 * 64 * 4;
     assert!(0 < budget && budget <= room * per_token_bound, "budget {budget} for {room} tokens: {status}");
     let client = reqwest::Client::new();
+    assert!(short_answer(&client, port).await.contains("Paris"));
+    // The split model stays loaded while the server runs (unloaded, the workers would end).
+    let unload = client
+        .post(format!("http://127.0.0.1:{port}/admin/unload"))
+        .json(&json!({"model": "SmolLM2-135M-Instruct.Q4_1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unload.status(), 409, "{}", unload.text().await.unwrap());
     assert!(short_answer(&client, port).await.contains("Paris"));
 }

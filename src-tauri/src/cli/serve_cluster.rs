@@ -122,10 +122,9 @@ fn serve_stage(
         }
     };
     let backend = Backend::init();
-    let loaded = crate::cluster::load_stage(path, &backend, &args.weights.load_options(), &rooms, rank);
+    let loaded = load_checked(path, &backend, &args.weights.load_options(), &rooms, rank, kv_format);
     let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
         .with_context(|| format!("loading {}", path.display()))?;
-    model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
     // Its room for keys and values bounds what rank 0 admits: this machine's memory is not
     // governed by an engine of its own.
@@ -135,7 +134,9 @@ fn serve_stage(
     let room =
         crate::engine::memory::stage_kv_capacity(&model.transformer, layers, &engine, residency.memory_budget as usize);
     eprintln!("rank {rank}: room for {room} tokens of keys and values");
-    crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)).map_err(anyhow::Error::msg)?;
+    if let Err(e) = crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)) {
+        rejoin::restart(&format!("rank {rank}: the cluster lost a rank: {e}"))
+    }
     // Its own prefix cache of its layers, keyed as rank 0's: a hit there is a hit here.
     let context = engine.context_length(model.transformer.config.max_position_embeddings);
     let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
@@ -145,6 +146,21 @@ fn serve_stage(
         Ok(()) => Ok(()),
         Err(e) => rejoin::restart(&format!("rank {rank}: the cluster lost a rank: {e}")),
     }
+}
+
+/// This rank's stage of the model, its KV format checked before the ranks agree that all
+/// loaded (so a format the model cannot hold fails every rank at once).
+fn load_checked(
+    path: &Path,
+    backend: &Backend,
+    options: &crate::model::LoadOptions,
+    rooms: &[u64],
+    rank: usize,
+    kv_format: crate::model::KvFormat,
+) -> Result<(crate::model::LoadedModel, String, Vec<crate::model::Stage>), ModelError> {
+    let (model, held, plan) = crate::cluster::load_stage(path, backend, options, rooms, rank)?;
+    model.transformer.config.check_kv_format(kv_format).map_err(ModelError::Invalid)?;
+    Ok((model, held, plan))
 }
 
 /// Rank 0: the HTTP server at once (the model answered 503 with the reason while the cluster
@@ -194,9 +210,10 @@ async fn serve_first_stage(
     };
     let size = group.size();
     let distributed = args.cluster.backend.clone();
+    let kv_format = args.kv.format()?;
     let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
         let backend = Backend::init();
-        let loaded = crate::cluster::load_stage(&path, &backend, &options, &rooms, 0);
+        let loaded = load_checked(&path, &backend, &options, &rooms, 0, kv_format);
         let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)?;
         eprintln!("rank 0 of {size}: {} {held}", model.name);
         let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None).map_err(ModelError::Invalid)?;
@@ -209,15 +226,22 @@ async fn serve_first_stage(
         watchdog.on_expiry(move |error| health.fail(format!("the cluster lost a rank: {error}")));
         Ok((model, Box::new(pipeline)))
     };
-    let first = models.load_split(&id, load).await.with_context(|| format!("loading {id} across the cluster"))?;
+    // Until the engine takes over the link, a wait past the deadline still starts this again.
+    let first = tokio::select! {
+        first = models.load_split(&id, load) => first.with_context(|| format!("loading {id} across the cluster"))?,
+        Some(error) = expired.recv() => start_again(&models, server, &id, error).await,
+    };
     eprintln!("FastMLX serving {} at {}", first.id, server.url());
     drop(first);
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
         fault = lost_rank(&models, &id) => {
-            // Its streams have their error events; the others' requests finish first.
-            drained(&models, &id).await;
-            start_again(&models, server, &id, fault).await
+            // Its streams have their error events; the others' requests finish first (a
+            // signal meanwhile still stops the server).
+            tokio::select! {
+                _ = shutdown_signal() => stop_server(models, server).await,
+                () = drained(&models, &id) => start_again(&models, server, &id, fault).await,
+            }
         }
     }
 }

@@ -192,8 +192,8 @@ pub trait RemoteLayers: Send {
     /// what its own holds of it (kept for the row's first step) and the fewest tokens any rank
     /// holds comes back.
     fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String>;
-    /// The engine is idle (called every few hundred ms): tell the other ranks it is still
-    /// there, and find out whether they are.
+    /// Called between steps (every few hundred ms when idle): unless a step went through
+    /// lately, tell the other ranks rank 0 is still there, and find out whether they are.
     fn keep_alive(&mut self);
     /// The engine stops: the other ranks return.
     fn stop(&mut self);
@@ -223,8 +223,8 @@ impl RemoteLink {
         self.layers.kv_capacity_tokens()
     }
 
-    /// The engine is idle.
-    pub fn idle(&mut self) {
+    /// Between steps (idle, or waiting for memory): the other ranks hear from rank 0 in time.
+    pub fn keep_alive(&mut self) {
         self.layers.keep_alive();
     }
 

@@ -139,6 +139,10 @@ impl From<crate::store::ResidencyError> for ApiError {
                 ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
             },
             ResidencyError::Waiting { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message),
+            ResidencyError::Pinned { .. } => ApiError {
+                param: Some("model".into()),
+                ..ApiError::new(StatusCode::CONFLICT, "invalid_request_error", message)
+            },
             ResidencyError::NoRoom { .. } => ApiError {
                 code: Some("insufficient_memory"),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

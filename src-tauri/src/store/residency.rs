@@ -40,6 +40,10 @@ pub enum ResidencyError {
     /// A model split across a cluster, not (or no longer) formed: served once it is.
     #[error("{id} is not served yet: {reason}")]
     Waiting { id: String, reason: String },
+    /// A model split across a cluster stays loaded while the server runs (unloaded, its
+    /// workers would end, and rank 0 alone may not hold it).
+    #[error("{id} is split across a cluster: it stays loaded until the server stops")]
+    Pinned { id: String },
 }
 
 fn article(kind: ModelKind) -> &'static str {
@@ -168,6 +172,8 @@ struct Resident {
     footprint: u64,
     last_used: Instant,
     keep_alive: Option<Duration>,
+    /// Split across a cluster: never evicted, unloaded only when the server stops.
+    pinned: bool,
 }
 
 impl Resident {
@@ -367,6 +373,9 @@ impl Residency {
                 .map_err(|e| failed(e.to_string()))?;
         let footprint = engine.model_info().weights_bytes as u64 + kv;
         let engine = self.add_resident(model.id.clone(), model.path, Engine::Chat(engine), footprint, None);
+        if let Some(resident) = self.residents().iter_mut().find(|r| r.id == model.id) {
+            resident.pinned = true;
+        }
         *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = None;
         chat_engine(model.id, engine)
     }
@@ -456,7 +465,15 @@ impl Residency {
         footprint: u64,
         keep_alive: Option<Duration>,
     ) -> Engine {
-        let resident = Resident { id, path, engine: engine.clone(), footprint, last_used: Instant::now(), keep_alive };
+        let resident = Resident {
+            id,
+            path,
+            engine: engine.clone(),
+            footprint,
+            last_used: Instant::now(),
+            keep_alive,
+            pinned: false,
+        };
         self.residents().push(resident);
         self.inner.changes.send_modify(|n| *n += 1);
         engine
@@ -477,7 +494,7 @@ impl Residency {
                 if weights + KV_FLOOR <= free {
                     break Ok(kv_wanted.min(free - weights));
                 }
-                match residents.iter().position(|r| !r.busy()) {
+                match residents.iter().position(|r| !r.busy() && !r.pinned) {
                     Some(i) => evicted.push(residents.remove(i)),
                     None => {
                         let busy: Vec<&str> = residents.iter().map(|r| r.id.as_str()).collect();
@@ -513,10 +530,17 @@ impl Residency {
 
     /// Unloads `id`, cancelling its running requests, and frees its memory.
     pub async fn unload(&self, id: &str) -> Result<(), ResidencyError> {
+        self.unload_even_pinned(id, false).await
+    }
+
+    async fn unload_even_pinned(&self, id: &str, even_pinned: bool) -> Result<(), ResidencyError> {
         let resident = {
             let mut residents = self.residents();
             let i =
                 residents.iter().position(|r| r.id == id).ok_or_else(|| ResidencyError::NotLoaded(id.to_string()))?;
+            if residents[i].pinned && !even_pinned {
+                return Err(ResidencyError::Pinned { id: id.to_string() });
+            }
             residents.remove(i)
         };
         let engine = resident.engine;
@@ -640,7 +664,7 @@ impl Residency {
     pub async fn unload_all(&self) {
         let ids: Vec<String> = self.residents().iter().map(|r| r.id.clone()).collect();
         for id in ids {
-            let _ = self.unload(&id).await;
+            let _ = self.unload_even_pinned(&id, true).await;
         }
     }
 }

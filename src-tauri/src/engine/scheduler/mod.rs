@@ -236,7 +236,7 @@ impl Scheduler {
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         if let Some(remote) = self.remote.as_mut() {
-                            remote.idle();
+                            remote.keep_alive();
                         }
                     }
                     Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
@@ -252,6 +252,10 @@ impl Scheduler {
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return self.shut_down(),
                 }
+            }
+            // A step may send nothing for a while (requests waiting for memory).
+            if let Some(remote) = self.remote.as_mut() {
+                remote.keep_alive();
             }
             self.step();
         }
