@@ -63,8 +63,7 @@ fn settings(args: &ServeArgs) -> String {
     )
 }
 
-/// What joining the cluster takes: the same on every try.
-#[derive(Clone)]
+/// What joining the cluster takes (a worker and rank 0 alike).
 struct JoinAsk {
     cluster: ClusterArgs,
     hosts_path: PathBuf,
@@ -232,10 +231,11 @@ async fn serve_first_stage(
         Some(error) = expired.recv() => start_again(&models, server, &id, error).await,
     };
     eprintln!("FastMLX serving {} at {}", first.id, server.url());
+    let lost = first.engine.fault_watch();
     drop(first);
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
-        fault = lost_rank(&models, &id) => {
+        fault = lost_rank(lost) => {
             // Its streams have their error events; the others' requests finish first (a
             // signal meanwhile still stops the server).
             tokio::select! {
@@ -255,12 +255,13 @@ async fn start_again(models: &Residency, server: RunningServer, id: &str, why: S
 }
 
 /// Once the split model's cluster lost a rank: why.
-async fn lost_rank(models: &Residency, id: &str) -> String {
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        if let Some(fault) = models.loaded().into_iter().find(|m| m.id == id).and_then(|m| m.fault) {
-            return fault;
-        }
+async fn lost_rank(fault: Option<tokio::sync::watch::Receiver<Option<String>>>) -> String {
+    let Some(mut fault) = fault else { return std::future::pending().await };
+    let why = fault.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+    // Err: the engine is gone, the server is stopping.
+    match why {
+        Ok(why) => why,
+        Err(_) => std::future::pending().await,
     }
 }
 

@@ -310,7 +310,7 @@ impl EngineHandle {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }
-        let fault = self.shared.link.as_ref().map(LinkHealth::subscribe);
+        let fault = self.fault_watch();
         Ok(RequestStream { id, rx, started: Some(started), pending: None, fault, ended: false })
     }
 
@@ -355,6 +355,11 @@ impl EngineHandle {
     /// machine.
     pub fn fault(&self) -> Option<String> {
         self.shared.link.as_ref().and_then(LinkHealth::fault)
+    }
+
+    /// Changes once its cluster lost a machine (`None`: its model is not split).
+    pub fn fault_watch(&self) -> Option<watch::Receiver<Option<String>>> {
+        self.shared.link.as_ref().map(LinkHealth::subscribe)
     }
 
     /// Its cluster's machines, links and step costs, where its model is split across one.
