@@ -717,12 +717,17 @@ describe("web UI", { concurrency: false }, () => {
         const article = gb === "8" ? "an" : "a";
         await until(async () => (await text(page.locator(".rec-head h2"))) === `Recommended for ${article} ${gb} GB Mac`, `the ${gb} GB plan`);
         const cards = () => page.getByTestId("rec-model").evaluateAll((els) => els.map((e) => [e.dataset.repo, e.dataset.fit]));
-        // The list is swapped when the server answers: wait for this machine's badges.
+        // The list is swapped when the server answers: wait for this machine's badges, in their
+        // settled order (a render caught midway once showed the new badges in the old order).
+        const settled = (now) => {
+          const ranks = now.map(([, fit]) => rank[fit]);
+          return ranks.every((r, i) => i === 0 || ranks[i - 1] <= r);
+        };
         const fits = await until(async () => {
           const now = await cards();
           const ok = now.length === 4 && now.every(([repo, fit]) => (fit !== "too big") === fitting[repo]);
-          return ok && now;
-        }, `badges for ${gb} GB: ${JSON.stringify(fitting)}`);
+          return ok && settled(now) && now;
+        }, `badges for ${gb} GB, best first: ${JSON.stringify(fitting)}`);
         const ranks = fits.map(([, fit]) => rank[fit]);
         assert.deepEqual(ranks, [...ranks].sort(), `${gb} GB: the best that fits first: ${JSON.stringify(fits)}`);
         const served = await api(server, `/admin/recommended?machine_gb=${gb}`);
