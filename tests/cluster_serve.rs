@@ -21,8 +21,21 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A port whose next one is free too: rank 0's roster listens there.
+fn free_port_pair() -> u16 {
+    loop {
+        let port = free_port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 fn host_file(dir: &Path, ranks: usize) -> PathBuf {
-    let hosts: Vec<Vec<String>> = (0..ranks).map(|_| vec![format!("127.0.0.1:{}", free_port())]).collect();
+    let first = free_port_pair();
+    let other = || std::iter::repeat_with(free_port).find(|&p| p != first + 1).unwrap();
+    let port = |rank: usize| if rank == 0 { first } else { other() };
+    let hosts: Vec<Vec<String>> = (0..ranks).map(|rank| vec![format!("127.0.0.1:{}", port(rank))]).collect();
     let path = dir.join(format!("hosts-{ranks}.json"));
     std::fs::write(&path, serde_json::to_string(&hosts).unwrap()).unwrap();
     path
@@ -396,7 +409,8 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
         let status: Value =
             retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await.json().await.unwrap();
         let reason = status["waiting"]["reason"].as_str().unwrap_or_default().to_string();
-        if reason.contains("waiting for every rank to join again") {
+        // Rank 2 started again and checked in: rank 0 names the rank that is gone.
+        if reason.contains("waiting for rank 1 (") && !reason.contains("rank 2 (") {
             break reason;
         }
         assert!(lost.elapsed() < Duration::from_secs(60), "rank 0 did not start again: {status}");
@@ -448,4 +462,67 @@ async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits_and_the_model
         .unwrap();
     assert_eq!(unload.status(), 409, "{}", unload.text().await.unwrap());
     assert!(short_answer(&client, port).await.contains("Paris"));
+}
+
+/// The roster's view from `/admin/status`: the cluster's nodes' ranks (none while rank 0
+/// serves alone) and the machines it serves without.
+async fn cluster_nodes(client: &reqwest::Client, port: u16) -> Option<(Vec<u64>, Vec<String>)> {
+    let response = retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await;
+    let status: Value = response.json().await.ok()?;
+    let cluster = status["loaded"].as_array()?.first()?.get("cluster")?.clone();
+    let ranks = cluster["nodes"].as_array()?.iter().filter_map(|n| n["rank"].as_u64()).collect();
+    let without = cluster["without"].as_array()?.iter().filter_map(|w| w.as_str().map(str::to_string)).collect();
+    Some((ranks, without))
+}
+
+/// Waits until `/health` says 503 (the lost machine found), then until it says 200 again.
+async fn served_again(client: &reqwest::Client, port: u16, node: &mut Node, what: &str) {
+    let lost = Instant::now();
+    while retried(|| client.get(format!("http://127.0.0.1:{port}/health"))).await.status() != 503 {
+        assert!(lost.elapsed() < Duration::from_secs(40), "{what}: the lost rank not seen: {}", node.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_ready(port, node).await;
+    eprintln!("{what}: served again {:?} after the loss", lost.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_they_return() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 3));
+    let args = ["--drop-after", "3"];
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &args).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let before = short_answer(&client, port).await;
+    // Rank 2 gone for good: after 3 s the model is split across ranks 0 and 1 again.
+    nodes[2].child.kill().unwrap();
+    served_again(&client, port, &mut nodes[0], "without rank 2").await;
+    assert_eq!(short_answer(&client, port).await, before, "on two machines: {}", nodes[0].log());
+    let (ranks, without) = cluster_nodes(&client, port).await.expect("a cluster");
+    assert_eq!(ranks, [0, 1], "{without:?}");
+    assert!(without.len() == 1 && without[0].starts_with("rank 2 (127.0.0.1:"), "{without:?}");
+    assert!(nodes[1].log().contains("rank 1 (rank 1 of 2, without rank 2 (127.0.0.1:"), "{}", nodes[1].log());
+    // Rank 1 gone too: rank 0 serves the model alone (it fits here).
+    nodes[1].child.kill().unwrap();
+    served_again(&client, port, &mut nodes[0], "alone").await;
+    assert_eq!(short_answer(&client, port).await, before, "alone: {}", nodes[0].log());
+    assert_eq!(cluster_nodes(&client, port).await, None, "a model served alone has no cluster");
+    assert!(nodes[0].log().contains("serving SmolLM2-135M-Instruct.Q4_1 on this machine alone"), "{}", nodes[0].log());
+    // Both back: once the server is idle, the cluster forms again with every machine.
+    let back = Instant::now();
+    for rank in [1, 2] {
+        nodes[rank] = serve(dir.path(), &model, free_port(), &args, Some((&hosts, rank)));
+    }
+    loop {
+        if let Some((ranks, without)) = cluster_nodes(&client, port).await {
+            if ranks == [0, 1, 2] && without.is_empty() {
+                break;
+            }
+        }
+        assert!(back.elapsed() < Duration::from_secs(90), "not taken back: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("every machine served again {:?} after they started again", back.elapsed());
+    assert!(nodes[0].log().contains("is back"), "{}", nodes[0].log());
+    assert_eq!(short_answer(&client, port).await, before, "every machine back: {}", nodes[0].log());
 }

@@ -221,6 +221,8 @@ export interface ClusterStatus {
   backend: string;
   nodes: { rank: number; host: string; room_bytes: number; first_layer: number; end_layer: number; ends: boolean }[];
   links: { from: number; to: number; round_trip_ms: number; megabytes_per_second: number }[];
+  /** The host file's machines served without (gone past `--drop-after` when it formed). */
+  without: string[];
   steps: number;
   tokens: number;
   bytes_per_hop: number;

@@ -57,7 +57,6 @@ pub(super) struct Joined {
     pub rooms: Vec<u64>,
     pub rank: usize,
     pub watchdog: Watchdog,
-    pub hosts: HostFile,
     /// Each link of the ring, measured as the cluster formed.
     pub links: Vec<crate::cluster::Link>,
 }
@@ -69,21 +68,20 @@ pub(super) fn rank_and_watchdog(cluster: &ClusterArgs) -> anyhow::Result<(usize,
     Ok((rank, Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout))))
 }
 
-/// Joins the cluster of `hosts_path` as `rank` serving `model` with `settings` (every rank must
+/// Joins the cluster of `hosts` as `rank` serving `model` with `settings` (every rank must
 /// state the same), gathers every rank's room (this one's: `room` bytes) and measures each link.
 /// A cluster that did not form is a [`FormError`] (whether trying again may help).
 pub(super) fn join(
     cluster: &ClusterArgs,
     (rank, watchdog): (usize, Watchdog),
-    hosts_path: &Path,
+    hosts: &HostFile,
     model: &Path,
     settings: &str,
     room: u64,
 ) -> anyhow::Result<Joined> {
     let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
-    let hosts = HostFile::read(hosts_path).map_err(anyhow::Error::msg)?;
     let identity = NodeIdentity::of(model, settings).map_err(anyhow::Error::msg)?;
-    let group = crate::cluster::form(&hosts, rank, kind, &identity, &watchdog)?;
+    let group = crate::cluster::form(hosts, rank, kind, &identity, &watchdog)?;
     let rooms = {
         let _w = watchdog.waiting("the ranks have not told their memory");
         crate::cluster::gather_rooms(&group, room).map_err(FormError::Absent)?
@@ -92,7 +90,7 @@ pub(super) fn join(
         let _w = watchdog.waiting("the link measurements have not finished");
         crate::cluster::check(&group).map_err(FormError::Absent)?.links
     };
-    Ok(Joined { group: Arc::new(group), rooms, rank, watchdog, hosts, links })
+    Ok(Joined { group: Arc::new(group), rooms, rank, watchdog, links })
 }
 
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {

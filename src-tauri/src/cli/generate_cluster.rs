@@ -72,7 +72,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let Joined { group, rooms, rank, watchdog, .. } = super::cluster_cmd::join(
         cluster,
         rank_and_watchdog(cluster)?,
-        &hosts_path,
+        &crate::cluster::hostfile::HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?,
         &path,
         &settings,
         crate::mlx::default_ceiling(),

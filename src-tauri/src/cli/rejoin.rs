@@ -12,6 +12,11 @@ pub const RESTARTED_AFTER_VAR: &str = "FASTMLX_RESTARTED_AFTER";
 /// Replaces this process with a fresh start of itself; `why` is logged and passed on. Returns
 /// only if that fails, by ending the process with an error.
 pub fn restart(why: &str) -> ! {
+    restart_with(why, &[])
+}
+
+/// [`restart`], with `env` entries set for the new image.
+pub fn restart_with(why: &str, env: &[(&str, String)]) -> ! {
     eprintln!("{why}\nstarting again to rejoin the cluster");
     #[cfg(unix)]
     {
@@ -23,6 +28,7 @@ pub fn restart(why: &str) -> ! {
                 .args(std::env::args_os().skip(1))
                 .env(RESTARTED_AFTER_VAR, why)
                 .env(crate::server::listen::INHERITED_VAR, listening)
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .exec(),
             Err(e) => e,
         };

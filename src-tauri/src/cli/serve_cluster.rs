@@ -4,11 +4,14 @@
 //! (batching, scheduling, sampling, grammars); the others hold the later layers and follow the
 //! engine's steps (`cluster::stage_server`) until rank 0 unloads the model or stops.
 //!
-//! A cluster that loses a rank forms again by itself: rank 0 keeps its port and answers 503
-//! with the reason while the cluster forms; each rank that lost the others (rank 0 once its
-//! streams have ended) starts again in place (`rejoin`) and waits for the rest. A rank that
-//! cannot be reached is waited for; a rank that disagrees (model, version, settings) is an
-//! error that ends the process.
+//! Before MLX forms the cluster, the workers check in on rank 0's roster (`cluster::roster`),
+//! which says when to form and with which machines. A cluster that loses a rank forms again by
+//! itself: rank 0 keeps its port and answers 503 with the reason while the cluster forms; each
+//! rank that lost the others (rank 0 once its streams have ended) starts again in place
+//! (`rejoin`) and checks in. A machine gone for longer than `--drop-after` is left out of the
+//! next cluster when the model fits on the others (split across them, or on rank 0 alone), and
+//! joins again once it is back and the server is idle. A rank that disagrees (model, version,
+//! settings) is an error that ends the process.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,8 +24,9 @@ use super::rejoin;
 use super::serve_cmd::{shutdown_signal, start_server, stop_server, ServeArgs};
 use crate::cluster::hostfile::HostFile;
 use crate::cluster::pipeline::Pipeline;
+use crate::cluster::roster::{self, Decision, Membership, Roster};
 use crate::cluster::watchdog::Watchdog;
-use crate::cluster::FormError;
+use crate::cluster::{FormError, Shape};
 use crate::engine::remote::{ClusterView, RemoteLayers};
 use crate::mlx::Backend;
 use crate::model::ModelError;
@@ -33,6 +37,34 @@ use crate::store::Residency;
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// How long rank 0 lets its other models' requests finish before it starts again.
 const DRAIN: Duration = Duration::from_secs(30);
+/// How long the server is idle before a machine that is back is taken in again (forming again
+/// reloads the model across the machines).
+const REJOIN_IDLE: Duration = Duration::from_secs(5);
+
+/// How a cluster copes with a machine that is gone.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RosterArgs {
+    /// Seconds a machine of the cluster may be gone before the others form without it, where
+    /// the model fits on them (split across them again, or on rank 0 alone); 0: wait for it
+    /// however long. It is taken in again once it is back and the server is idle.
+    #[arg(long, default_value_t = 120, requires = "cluster")]
+    drop_after: u64,
+    /// The port of rank 0's roster, at its addresses in the host file: every machine checks in
+    /// there before MLX forms the cluster (the same on every rank). Default: rank 0's port in
+    /// the host file plus one, or the next one the file does not use.
+    #[arg(long, requires = "cluster")]
+    roster_port: Option<u16>,
+}
+
+impl RosterArgs {
+    fn port(&self, hosts: &HostFile) -> u16 {
+        self.roster_port.unwrap_or_else(|| roster::default_port(hosts))
+    }
+
+    fn drop_after(&self) -> Option<Duration> {
+        (self.drop_after > 0).then(|| Duration::from_secs(self.drop_after))
+    }
+}
 
 pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Result<()> {
     if args.cluster.parallel == Parallel::Tensor {
@@ -45,14 +77,17 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
         anyhow::bail!("--draft-model is not served across a cluster yet (n-gram drafting is)");
     }
     let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
-    let (rank, watchdog) = rank_and_watchdog(&args.cluster)?;
-    if rank != 0 {
+    let (place, watchdog) = rank_and_watchdog(&args.cluster)?;
+    if place >= hosts.ranks.len() {
+        anyhow::bail!("rank {place} is not in {} ({} ranks)", hosts_path.display(), hosts.ranks.len());
+    }
+    if place != 0 {
         // A wait for the others past its deadline (rank 0 gone, or another rank) starts it again.
         watchdog.on_expiry(|error| rejoin::restart(&error));
-        return serve_stage(args, &path, &hosts_path, (rank, watchdog));
+        return serve_stage(args, &path, &hosts, (place, watchdog));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve_first_stage(args, path, hosts_path, hosts, watchdog))
+    runtime.block_on(serve_first_stage(args, path, hosts, watchdog))
 }
 
 /// What changes the numbers a rank computes: the same on every rank.
@@ -66,7 +101,6 @@ fn settings(args: &ServeArgs) -> String {
 /// What joining the cluster takes (a worker and rank 0 alike).
 struct JoinAsk {
     cluster: ClusterArgs,
-    hosts_path: PathBuf,
     model: PathBuf,
     settings: String,
     /// This rank's room for weights.
@@ -74,27 +108,21 @@ struct JoinAsk {
 }
 
 impl JoinAsk {
-    fn of(args: &ServeArgs, model: &Path, hosts_path: &Path) -> anyhow::Result<JoinAsk> {
+    fn of(args: &ServeArgs, model: &Path) -> anyhow::Result<JoinAsk> {
         Ok(JoinAsk {
             cluster: args.cluster.clone(),
-            hosts_path: hosts_path.to_path_buf(),
             model: model.to_path_buf(),
             settings: settings(args),
             room: args.residency_config()?.memory_budget,
         })
     }
 
-    /// Joins the cluster; where a rank was missing, `Ok(Err(why))`: worth trying again.
-    fn join(&self, rank_watchdog: (usize, Watchdog)) -> anyhow::Result<Result<Joined, String>> {
+    /// Joins the cluster of `hosts` (its members' addresses); where a rank was missing,
+    /// `Ok(Err(why))`: worth trying again.
+    fn join(&self, hosts: &HostFile, rank_watchdog: (usize, Watchdog)) -> anyhow::Result<Result<Joined, String>> {
         let rank = rank_watchdog.0;
-        let joined = super::cluster_cmd::join(
-            &self.cluster,
-            rank_watchdog,
-            &self.hosts_path,
-            &self.model,
-            &self.settings,
-            self.room,
-        );
+        let joined =
+            super::cluster_cmd::join(&self.cluster, rank_watchdog, hosts, &self.model, &self.settings, self.room);
         match joined {
             Err(e) if matches!(e.downcast_ref::<FormError>(), Some(FormError::Absent(_))) => {
                 Ok(Err(format!("rank {rank}: the cluster did not form: {e}")))
@@ -104,16 +132,19 @@ impl JoinAsk {
     }
 }
 
-/// A worker: its layers, on rank 0's steps, until rank 0 stops; it starts again when the
-/// others are lost.
+/// A worker: checks in on rank 0's roster until it is told to form, then its layers, on rank
+/// 0's steps, until rank 0 stops; it starts again when the others are lost.
 fn serve_stage(
     args: ServeArgs,
     path: &Path,
-    hosts_path: &Path,
-    rank_watchdog: (usize, Watchdog),
+    file: &HostFile,
+    (place, watchdog): (usize, Watchdog),
 ) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
-    let Joined { group, rooms, rank, watchdog, .. } = match JoinAsk::of(&args, path, hosts_path)?.join(rank_watchdog)? {
+    let ask = JoinAsk::of(&args, path)?;
+    let membership = roster::await_turn(file, args.roster.port(file), place, ask.room).map_err(anyhow::Error::msg)?;
+    let rank = membership.rank_of(place).expect("told to form as a member");
+    let Joined { group, rooms, watchdog, .. } = match ask.join(&membership.hosts(file), (rank, watchdog))? {
         Ok(joined) => joined,
         Err(why) => {
             std::thread::sleep(RETRY_PAUSE);
@@ -124,7 +155,12 @@ fn serve_stage(
     let loaded = load_checked(path, &backend, &args.weights.load_options(), &rooms, rank, kv_format);
     let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
         .with_context(|| format!("loading {}", path.display()))?;
-    eprintln!("rank {rank} of {}: {} {held}, serving rank 0's engine", group.size(), model.name);
+    let left_out: Vec<String> = membership.left_out(file).iter().map(|&p| roster::name(file, p)).collect();
+    let me = match left_out.is_empty() {
+        true => format!("rank {place} of {}", group.size()),
+        false => format!("rank {place} (rank {rank} of {}, without {})", group.size(), left_out.join(", ")),
+    };
+    eprintln!("{me}: {} {held}, serving rank 0's engine", model.name);
     // Its room for keys and values bounds what rank 0 admits: this machine's memory is not
     // governed by an engine of its own.
     let residency = args.residency_config()?;
@@ -132,18 +168,18 @@ fn serve_stage(
     let layers = plan[rank].layers.clone();
     let room =
         crate::engine::memory::stage_kv_capacity(&model.transformer, layers, &engine, residency.memory_budget as usize);
-    eprintln!("rank {rank}: room for {room} tokens of keys and values");
+    eprintln!("rank {place}: room for {room} tokens of keys and values");
     if let Err(e) = crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)) {
-        rejoin::restart(&format!("rank {rank}: the cluster lost a rank: {e}"))
+        rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}"))
     }
     // Its own prefix cache of its layers, keyed as rank 0's: a hit there is a hit here.
     let context = engine.context_length(model.transformer.config.max_position_embeddings);
     let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
     let hidden = model.transformer.config.hidden_size;
-    let mut pipeline = Pipeline::new(group, watchdog, hidden);
+    let mut pipeline = Pipeline::new(group, watchdog, hidden).with_places(membership.members.clone());
     match pipeline.serve_stage(&model.transformer, kv_format, prefix) {
         Ok(()) => Ok(()),
-        Err(e) => rejoin::restart(&format!("rank {rank}: the cluster lost a rank: {e}")),
+        Err(e) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
     }
 }
 
@@ -162,54 +198,60 @@ fn load_checked(
     Ok((model, held, plan))
 }
 
-/// Rank 0: the HTTP server at once (the model answered 503 with the reason while the cluster
-/// forms), then the cluster, the model's first stage and the engine; after a lost rank, a
-/// fresh start of this process to form the cluster again.
-async fn serve_first_stage(
-    args: ServeArgs,
-    path: PathBuf,
-    hosts_path: PathBuf,
-    hosts: HostFile,
-    watchdog: Watchdog,
-) -> anyhow::Result<()> {
+/// Rank 0: its roster and the HTTP server at once (the model answered 503 with the reason
+/// while the cluster forms), then the cluster of the machines the roster decides on, the
+/// model's first stage and the engine; after a lost rank, a fresh start of this process to form
+/// the cluster again.
+async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watchdog: Watchdog) -> anyhow::Result<()> {
     let models = args.residency()?;
     let id = models.catalog().find_or_add_path(&path.to_string_lossy())?.id;
-    let others: Vec<String> = hosts
-        .ranks
-        .iter()
-        .enumerate()
-        .skip(1)
-        .map(|(rank, addresses)| format!("rank {rank} ({})", addresses.join(", ")))
-        .collect();
-    let waiting = match rejoin::restarted_after() {
-        Some(why) => format!("{why}; waiting for every rank to join again: {}", others.join(", ")),
-        None => format!("waiting for the cluster to form: {}", others.join(", ")),
-    };
-    models.await_split(&id, waiting);
+    let start = std::env::var(roster::MEMBERSHIP_VAR)
+        .ok()
+        .and_then(|text| Membership::from_env(&text, &file))
+        .unwrap_or_else(|| Membership::everyone(&file));
+    let restarted = rejoin::restarted_after();
+    let port = args.roster.port(&file);
+    models.await_split(&id, with_cause(restarted.as_deref(), "waiting for the machines to check in".into()));
+    let roster = Roster::open(&file, port, start).map_err(anyhow::Error::msg)?;
     let server = start_server(&args, &models).await?;
-    eprintln!("FastMLX at {}: {id} is served once the cluster has formed", server.url());
+    eprintln!("FastMLX at {}: {id} is served once the cluster has formed (roster on port {port})", server.url());
+
+    let ask = JoinAsk::of(&args, &path)?;
+    let membership = {
+        let (options, drop_after) = (args.weights.load_options(), args.roster.drop_after());
+        tokio::select! {
+            membership = decided(&models, &id, &roster, (&path, options), drop_after, ask.room, restarted.as_deref()) => membership,
+            _ = shutdown_signal() => return stop_server(models, server).await,
+        }
+    };
+    if membership.members.len() == 1 {
+        return serve_alone(models, server, &id, &roster, &file).await;
+    }
+    roster.set_forming(true);
 
     // While the cluster forms, a wait past its deadline starts this process again.
     let (expired_tx, mut expired) = tokio::sync::mpsc::unbounded_channel();
     watchdog.on_expiry(move |error| {
         let _ = expired_tx.send(error);
     });
-    let ask = JoinAsk::of(&args, &path, &hosts_path)?;
-    let joining = tokio::task::spawn_blocking(move || ask.join((0, watchdog)));
+    let hosts = membership.hosts(&file);
+    let joining = tokio::task::spawn_blocking(move || ask.join(&hosts, (0, watchdog)));
     let joined = tokio::select! {
         joined = joining => joined??,
         Some(error) = expired.recv() => Err(error),
     };
-    let Joined { group, rooms, watchdog, hosts, links, .. } = match joined {
+    let Joined { group, rooms, watchdog, links, .. } = match joined {
         Ok(joined) => joined,
         Err(why) => {
             tokio::time::sleep(RETRY_PAUSE).await;
-            start_again(&models, server, &id, why).await
+            start_again(&models, server, &id, &roster.membership(), why).await
         }
     };
+    roster.set_forming(false);
     let size = group.size();
     let distributed = args.cluster.backend.clone();
     let kv_format = args.kv.format()?;
+    let (cluster, shown) = (membership.clone(), file.clone());
     let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
         let backend = Backend::init();
         let loaded = load_checked(&path, &backend, &options, &rooms, 0, kv_format);
@@ -217,8 +259,11 @@ async fn serve_first_stage(
         eprintln!("rank 0 of {size}: {} {held}", model.name);
         let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None).map_err(ModelError::Invalid)?;
         let hidden = model.transformer.config.hidden_size;
-        let view = ClusterView::new(crate::cluster::status_of(&distributed, &hosts, &rooms, &plan, &links));
-        let pipeline = Pipeline::new(group, watchdog.clone(), hidden).with_view(view).with_kv_capacity(room);
+        let status = crate::cluster::status_of(&distributed, &shown, &cluster, &rooms, &plan, &links);
+        let pipeline = Pipeline::new(group, watchdog.clone(), hidden)
+            .with_view(ClusterView::new(status))
+            .with_kv_capacity(room)
+            .with_places(cluster.members.clone());
         // Rank 0 stays up when a rank is lost: its requests end with the reason, the
         // server says it, and the wait that never returns is left behind.
         let health = pipeline.health();
@@ -228,9 +273,9 @@ async fn serve_first_stage(
     // Until the engine takes over the link, a wait past the deadline still starts this again.
     let first = tokio::select! {
         first = models.load_split(&id, load) => first.with_context(|| format!("loading {id} across the cluster"))?,
-        Some(error) = expired.recv() => start_again(&models, server, &id, error).await,
+        Some(error) = expired.recv() => start_again(&models, server, &id, &membership, error).await,
     };
-    eprintln!("FastMLX serving {} at {}", first.id, server.url());
+    eprintln!("FastMLX serving {} at {} on {} machines", first.id, server.url(), membership.members.len());
     let lost = first.engine.fault_watch();
     drop(first);
     tokio::select! {
@@ -240,18 +285,139 @@ async fn serve_first_stage(
             // signal meanwhile still stops the server).
             tokio::select! {
                 _ = shutdown_signal() => stop_server(models, server).await,
-                () = drained(&models, &id) => start_again(&models, server, &id, fault).await,
+                () = drained(&models, &id) => start_again(&models, server, &id, &membership, fault).await,
             }
+        }
+        back = returned(&models, &roster) => take_in(models, server, &id, &membership, &file, back).await,
+    }
+}
+
+/// `why` after the cause rank 0 started again for, if it did.
+fn with_cause(restarted: Option<&str>, why: String) -> String {
+    match restarted {
+        Some(cause) => format!("{cause}; {why}"),
+        None => why,
+    }
+}
+
+/// The machines the cluster forms with, once the roster decides (every member checked in; a
+/// member gone past `drop_after` left out where the model fits on the rest); meanwhile the
+/// model is answered 503 with what rank 0 waits for.
+async fn decided(
+    models: &Residency,
+    id: &str,
+    roster: &Roster,
+    (path, options): (&Path, crate::model::LoadOptions),
+    drop_after: Option<Duration>,
+    own_room: u64,
+    restarted: Option<&str>,
+) -> Membership {
+    // Whether the model fits on fewer machines is planned from its shape, read once (built,
+    // not loaded) while the machines check in.
+    let path = path.to_path_buf();
+    let mut shaping = drop_after.map(|_| {
+        tokio::task::spawn_blocking(move || {
+            crate::model::build_unread(&path, &Backend::init(), &options)
+                .map(|t| Shape::of(&t))
+                .map_err(|e| e.to_string())
+        })
+    });
+    let mut shape: Option<Result<Shape, String>> = None;
+    let mut said = String::new();
+    loop {
+        if shaping.as_ref().is_some_and(|h| h.is_finished()) {
+            let handle = shaping.take().expect("checked");
+            shape = Some(handle.await.unwrap_or_else(|e| Err(e.to_string())));
+        }
+        let mut fits = |rooms: &[u64]| match &shape {
+            Some(Ok(shape)) => shape.plan(rooms).map(|_| ()),
+            Some(Err(e)) => Err(format!("its size could not be read: {e}")),
+            None => Err("its size is still being read".into()),
+        };
+        match roster.decide(drop_after, own_room, &mut fits) {
+            Decision::Form(membership) => {
+                eprintln!(
+                    "rank 0: forming the cluster with {}",
+                    membership.members.iter().map(|p| format!("rank {p}")).collect::<Vec<_>>().join(", ")
+                );
+                return membership;
+            }
+            Decision::Wait(why) => {
+                let why = with_cause(restarted, why);
+                if why != said {
+                    models.await_split(id, why.clone());
+                    said = why;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Every other machine is gone past `--drop-after` and the model fits on rank 0: it is
+/// served here as any model, until a machine is back and the server idle.
+async fn serve_alone(
+    models: Residency,
+    server: RunningServer,
+    id: &str,
+    roster: &Roster,
+    file: &HostFile,
+) -> anyhow::Result<()> {
+    eprintln!("rank 0: every other machine is gone; serving {id} on this machine alone");
+    // Loaded now, as `serve` loads its first model (a failure is told to each request too).
+    match models.load_whole_instead(id, "every other machine is gone: loading it on rank 0 alone").await {
+        Ok(served) => eprintln!("FastMLX serving {} at {} alone", served.id, server.url()),
+        Err(e) => eprintln!("rank 0: {id} could not be loaded alone: {e}"),
+    }
+    let alone = roster.membership();
+    tokio::select! {
+        _ = shutdown_signal() => stop_server(models, server).await,
+        back = returned(&models, roster) => take_in(models, server, id, &alone, file, back).await,
+    }
+}
+
+/// Machines of the host file left out of the cluster and checking in again, once the server
+/// has been idle for [`REJOIN_IDLE`].
+async fn returned(models: &Residency, roster: &Roster) -> Vec<usize> {
+    let mut idle_since = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let back = roster.returned();
+        let busy = models.loaded().iter().any(|m| m.running + m.queued > 0);
+        if back.is_empty() || busy {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= REJOIN_IDLE {
+            return back;
         }
     }
 }
 
-/// Rank 0 starts again in place to form the cluster again (`why` it must), its port open
-/// throughout: meanwhile the model is answered 503 with the reason.
-async fn start_again(models: &Residency, server: RunningServer, id: &str, why: String) -> ! {
+/// Rank 0 starts again to form the cluster with the machines `back` as well.
+async fn take_in(
+    models: Residency,
+    server: RunningServer,
+    id: &str,
+    membership: &Membership,
+    file: &HostFile,
+    back: Vec<usize>,
+) -> ! {
+    let names: Vec<String> = back.iter().map(|&p| roster::name(file, p)).collect();
+    let why = format!("{} is back", names.join(", "));
+    // New requests wait for the larger cluster; a request that came in meanwhile finishes.
+    models.await_split(id, format!("{why}; forming the cluster again with it"));
+    drained(&models, "").await;
+    start_again(&models, server, id, &membership.with(&back), why).await
+}
+
+/// Rank 0 starts again in place to form the cluster again (`why` it must) with `membership`,
+/// its port open throughout: meanwhile the model is answered 503 with the reason.
+async fn start_again(models: &Residency, server: RunningServer, id: &str, membership: &Membership, why: String) -> ! {
     models.await_split(id, format!("{why}; starting again to form the cluster"));
     server.hand_over(Duration::from_secs(5)).await;
-    rejoin::restart(&why)
+    rejoin::restart_with(&why, &[(roster::MEMBERSHIP_VAR, membership.to_env())])
 }
 
 /// Once the split model's cluster lost a rank: why.

@@ -111,6 +111,8 @@ pub struct ServeArgs {
     pub(super) kv: super::KvArgs,
     #[command(flatten)]
     pub(super) cluster: super::generate_cluster::ClusterArgs,
+    #[command(flatten)]
+    pub(super) roster: super::serve_cluster::RosterArgs,
     /// A model's own KV-cache format, as MODEL=BITS[/GROUP[/START]] (repeatable; BITS 8, 4 or
     /// off): `--model-kv qwen3-coder-30b=4 --model-kv smollm2=off`. Others use --kv-bits.
     #[arg(long = "model-kv", env = "FASTMLX_MODEL_KV", value_delimiter = ',')]

@@ -7,6 +7,7 @@
 pub mod hostfile;
 pub mod identity;
 pub mod pipeline;
+pub mod roster;
 pub mod split;
 pub mod stage_server;
 pub mod watchdog;
@@ -159,20 +160,39 @@ fn gather_words(group: &Group, words: &[u64]) -> Result<Vec<u64>, String> {
     Ok(all.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect())
 }
 
+/// What splitting a model across machines plans from: its layers' bytes and its ends' (the
+/// embeddings, final norm and output head, on rank 0), or why it cannot be split.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    refusal: Option<String>,
+    ends: u64,
+    layers: Vec<u64>,
+}
+
+impl Shape {
+    pub fn of(model: &Transformer) -> Shape {
+        Shape { refusal: model.stage_refusal(), ends: model.ends_weight_bytes(), layers: model.layer_weight_bytes() }
+    }
+
+    /// Every rank's stage: the layers split by the ranks' room, rank 0's less the ends it holds.
+    pub fn plan(&self, rooms: &[u64]) -> Result<Vec<Stage>, String> {
+        if let Some(why) = &self.refusal {
+            return Err(format!("this model cannot be split across machines: {why}"));
+        }
+        let mut room = rooms.to_vec();
+        let Some(first) = room.first_mut() else { return Err("no ranks".into()) };
+        *first = first.checked_sub(self.ends).ok_or_else(|| {
+            format!("rank 0 has no room for the embeddings and output head ({:.2} GB)", self.ends as f64 / 1e9)
+        })?;
+        let ranges = split::split_layers(&self.layers, &room)?;
+        Ok(ranges.into_iter().enumerate().map(|(rank, layers)| Stage { layers, ends: rank == 0 }).collect())
+    }
+}
+
 /// Every rank's stage of `model` (built, not yet read): its layers split by the ranks' room,
 /// rank 0's less the ends it holds (embeddings, final norm, output head).
 pub fn plan_stages(model: &Transformer, rooms: &[u64]) -> Result<Vec<Stage>, String> {
-    if let Some(why) = model.stage_refusal() {
-        return Err(format!("this model cannot be split across machines: {why}"));
-    }
-    let ends = model.ends_weight_bytes();
-    let mut room = rooms.to_vec();
-    let Some(first) = room.first_mut() else { return Err("no ranks".into()) };
-    *first = first.checked_sub(ends).ok_or_else(|| {
-        format!("rank 0 has no room for the embeddings and output head ({:.2} GB)", ends as f64 / 1e9)
-    })?;
-    let ranges = split::split_layers(&model.layer_weight_bytes(), &room)?;
-    Ok(ranges.into_iter().enumerate().map(|(rank, layers)| Stage { layers, ends: rank == 0 }).collect())
+    Shape::of(model).plan(rooms)
 }
 
 fn eval(a: Array) -> Result<Array, String> {
@@ -241,21 +261,24 @@ pub fn load_stage(
 }
 
 /// What rank 0 shows people of the cluster as it formed: each machine's address, room and
-/// layers (`plan`), each link as measured.
+/// layers (`plan`), each link as measured; its machines named by their ranks in the host file
+/// (`membership`), and the file's machines it serves without.
 pub fn status_of(
     backend: &str,
-    hosts: &HostFile,
+    file: &HostFile,
+    membership: &roster::Membership,
     rooms: &[u64],
     plan: &[Stage],
     links: &[Link],
 ) -> crate::engine::remote::ClusterStatus {
+    let place = |rank: usize| membership.members.get(rank).copied().unwrap_or(rank);
     use crate::engine::remote::{ClusterLink, ClusterNode, ClusterStatus};
     let nodes = plan
         .iter()
         .enumerate()
         .map(|(rank, stage)| ClusterNode {
-            rank,
-            host: hosts.ranks.get(rank).map(|a| a.join(", ")).unwrap_or_default(),
+            rank: place(rank),
+            host: file.ranks.get(place(rank)).map(|a| a.join(", ")).unwrap_or_default(),
             room_bytes: rooms.get(rank).copied().unwrap_or(0),
             first_layer: stage.layers.start,
             end_layer: stage.layers.end,
@@ -265,13 +288,14 @@ pub fn status_of(
     let links = links
         .iter()
         .map(|l| ClusterLink {
-            from: l.from,
-            to: l.to,
+            from: place(l.from),
+            to: place(l.to),
             round_trip_ms: l.round_trip.as_secs_f64() * 1e3,
             megabytes_per_second: l.bytes_per_second / 1e6,
         })
         .collect();
-    ClusterStatus { backend: backend.to_string(), nodes, links, ..Default::default() }
+    let without = membership.left_out(file).into_iter().map(|p| roster::name(file, p)).collect();
+    ClusterStatus { backend: backend.to_string(), nodes, links, without, ..Default::default() }
 }
 
 /// This rank's `loaded`, once every rank has told whether it loaded (waited for under

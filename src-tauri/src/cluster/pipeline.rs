@@ -67,6 +67,9 @@ pub struct Pipeline {
     last_heard: Instant,
     /// Rank 0 serving: the fewest tokens of keys and values any other rank has room for.
     kv_capacity: Option<usize>,
+    /// Each rank's place in the host file, which names it in errors (a cluster formed without
+    /// a machine renumbers the rest).
+    places: Vec<usize>,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -113,7 +116,19 @@ impl Pipeline {
             view: ClusterView::default(),
             last_heard: Instant::now(),
             kv_capacity: None,
+            places: Vec::new(),
         }
+    }
+
+    /// The ranks are named by these places in the host file (rank order).
+    pub fn with_places(mut self, places: Vec<usize>) -> Pipeline {
+        self.places = places;
+        self
+    }
+
+    /// How `rank` of the group is named: its place in the host file.
+    fn name(&self, rank: usize) -> usize {
+        self.places.get(rank).copied().unwrap_or(rank)
     }
 
     /// Rank 0 serving: the other ranks have room for `tokens` of keys and values at most.
@@ -138,14 +153,14 @@ impl Pipeline {
 
     fn send(&self, x: &Array) -> Result<(), String> {
         let to = self.right();
-        let what = format!("sending to rank {to}");
+        let what = format!("sending to rank {}", self.name(to));
         let _w = self.watchdog.waiting(what.clone());
         self.group.send(x, to).and_then(eval).map(|_| ()).map_err(|e| format!("{what}: {e}"))
     }
 
     fn recv(&self, shape: &[i32], dtype: Dtype) -> Result<Array, String> {
         let from = self.left();
-        let what = format!("waiting for rank {from}");
+        let what = format!("waiting for rank {}", self.name(from));
         let _w = self.watchdog.waiting(what.clone());
         self.group.recv(shape, dtype, from).and_then(eval).map_err(|e| format!("{what}: {e}"))
     }
@@ -342,7 +357,7 @@ impl Pipeline {
                         self.send(&Array::from_slice(&[held], &[1]))?;
                     }
                 }
-                other => return Err(format!("rank {} sent an unknown step ({other})", self.left())),
+                other => return Err(format!("rank {} sent an unknown step ({other})", self.name(self.left()))),
             }
         }
     }

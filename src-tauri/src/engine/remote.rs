@@ -120,6 +120,9 @@ pub struct ClusterStatus {
     pub backend: String,
     pub nodes: Vec<ClusterNode>,
     pub links: Vec<ClusterLink>,
+    /// The host file's machines this cluster serves without (gone for longer than
+    /// `--drop-after` when it formed), named with their addresses.
+    pub without: Vec<String>,
     /// Steps run through the pipeline.
     pub steps: u64,
     /// Token positions sent through (rows x positions, summed over steps).
@@ -136,6 +139,7 @@ pub struct ClusterStatus {
 /// One machine of a cluster.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ClusterNode {
+    /// Its rank in the host file (its `--rank`); the pipeline runs in the nodes' order.
     pub rank: usize,
     /// Its address in the host file.
     pub host: String,

@@ -18,7 +18,7 @@ pub use cache::{BatchKvCache, KvCache, KvFootprint, KvFormat, KvQuant, KvTensor,
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use load::{
-    config_from_json, inspect, load_model, load_model_split, load_model_with, read_config, LoadOptions, LoadedModel,
-    ModelKind, ModelSummary, WeightFormat,
+    build_unread, config_from_json, inspect, load_model, load_model_split, load_model_with, read_config, LoadOptions,
+    LoadedModel, ModelKind, ModelSummary, WeightFormat,
 };
 pub use transformer::{Stage, Transformer};

@@ -208,6 +208,10 @@ struct Inner {
 pub struct Awaited {
     pub id: String,
     pub reason: String,
+    /// It is being loaded whole on this machine instead (its cluster's other machines gone):
+    /// a request for it may load it.
+    #[serde(skip)]
+    whole: bool,
 }
 
 #[derive(Clone)]
@@ -272,9 +276,22 @@ impl Residency {
     /// for): requests for it, and requests naming no model while none is loaded, are refused
     /// with that until [`Self::load_split`] loads it.
     pub fn await_split(&self, id: &str, reason: impl Into<String>) {
-        let awaited = Awaited { id: id.to_string(), reason: reason.into() };
+        let awaited = Awaited { id: id.to_string(), reason: reason.into(), whole: false };
         *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = Some(awaited);
         self.inner.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The model waited for is loaded whole on this machine instead (its cluster's other
+    /// machines are gone and it fits here), then served as any model; while it loads, requests
+    /// naming no model are told `reason`.
+    pub async fn load_whole_instead(&self, id: &str, reason: impl Into<String>) -> Result<Served, ResidencyError> {
+        let awaited = Awaited { id: id.to_string(), reason: reason.into(), whole: true };
+        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = Some(awaited);
+        self.inner.changes.send_modify(|n| *n += 1);
+        let loaded = self.load(id, None).await;
+        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.inner.changes.send_modify(|n| *n += 1);
+        loaded
     }
 
     /// The model waiting for its cluster, if one is.
@@ -394,8 +411,8 @@ impl Residency {
             }
             return Ok(engine);
         }
-        // Never loaded whole here: it is split across machines.
-        if let Some(waiting) = self.waiting_error(Some(id)) {
+        // Never loaded whole here while it waits for its cluster.
+        if let Some(waiting) = self.waiting_error(Some(id)).filter(|_| !self.awaited().is_some_and(|a| a.whole)) {
             return Err(waiting);
         }
         let model = self.inner.catalog.find(id)?;

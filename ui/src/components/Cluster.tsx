@@ -11,7 +11,8 @@ function millis(seconds: number): string {
 
 /** A model split across several machines (`fastmlx serve --cluster`): which machine holds which
  * layers, each link as measured when the cluster formed, and what a step through the pipeline
- * costs (averaged since the model loaded); a lost machine is said first. */
+ * costs (averaged since the model loaded); a lost machine is said first, and the host file's
+ * machines it serves without. */
 export function ClusterSection({ model, cluster, fault }: { model: string; cluster: ClusterStatus; fault?: string }) {
   const steps = Math.max(cluster.steps, 1);
   const per = (v: number) => v / steps;
@@ -22,6 +23,12 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
         Cluster · {model} · {cluster.nodes.length} machines ({cluster.backend})
       </h2>
       <ErrorBox error={fault ?? null} />
+      {cluster.without?.length ? (
+        <p class="note warn-note" data-testid="cluster-without">
+          Serving without {cluster.without.join(", ")}: gone when the cluster formed; taken back once it returns and the
+          server is idle.
+        </p>
+      ) : null}
       <div class="table-wrap">
         <table class="compact" data-testid="cluster-nodes">
           <thead>

@@ -74,24 +74,11 @@ pub fn load_model_split(
     options: &LoadOptions,
     split: impl FnOnce(&mut Transformer) -> Result<()>,
 ) -> Result<LoadedModel> {
-    if !path.exists() {
-        return Err(ModelError::NotFound { path: path.to_path_buf() });
-    }
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| path.display().to_string());
-    let (transformer, tokenizer, chat_template, vision) = if path.is_dir() {
-        hf_dir::load(path, backend, options)?
-    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        let (transformer, tokenizer, template) = gguf::load(path, backend, options)?;
-        (transformer, tokenizer, template, None)
-    } else {
-        return Err(ModelError::Config {
-            path: path.to_path_buf(),
-            message: "not a model: expected a folder with config.json or a .gguf file".into(),
-        });
-    };
+    let (transformer, tokenizer, chat_template, vision) = build(path, backend, options)?;
     let (mut transformer, mut vision) = (transformer, vision);
     split(&mut transformer)?;
     if transformer.is_split() {
@@ -113,6 +100,29 @@ pub fn load_model_split(
         weights_bytes,
         vision,
     })
+}
+
+/// The model at `path` built, before a weight is read (MLX reads lazily): its shape, what
+/// splitting it across machines plans from.
+pub fn build_unread(path: &Path, backend: &Backend, options: &LoadOptions) -> Result<Transformer> {
+    build(path, backend, options).map(|(transformer, ..)| transformer)
+}
+
+fn build(path: &Path, backend: &Backend, options: &LoadOptions) -> Result<Loaded> {
+    if !path.exists() {
+        return Err(ModelError::NotFound { path: path.to_path_buf() });
+    }
+    if path.is_dir() {
+        hf_dir::load(path, backend, options)
+    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        let (transformer, tokenizer, template) = gguf::load(path, backend, options)?;
+        Ok((transformer, tokenizer, template, None))
+    } else {
+        Err(ModelError::Config {
+            path: path.to_path_buf(),
+            message: "not a model: expected a folder with config.json or a .gguf file".into(),
+        })
+    }
 }
 
 pub use hf_dir::config_from_json;

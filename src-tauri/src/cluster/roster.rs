@@ -1,0 +1,444 @@
+//! Who is in the cluster. MLX fixes a group's ranks when it forms, cannot tell who is there
+//! before, and keeps a broken group for the life of the process, so rank 0 keeps a roster
+//! beside it: every worker checks in on rank 0's roster port (one line of JSON each way), rank
+//! 0 tells them when to form and with whom, and a machine gone for longer than `--drop-after`
+//! is left out of the next cluster when the model fits on the others: every rank renumbers
+//! from the same list. MLX carries everything else.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::hostfile::HostFile;
+
+/// The environment entry that hands a restarted rank 0 the machines it forms with.
+pub const MEMBERSHIP_VAR: &str = "FASTMLX_CLUSTER_MEMBERS";
+/// A check-in older than this and the machine counts as gone.
+const FRESH: Duration = Duration::from_secs(3);
+/// How often a worker checks in while it waits for its turn.
+const POLL: Duration = Duration::from_millis(250);
+/// The most a check-in may take (either side).
+const EXCHANGE: Duration = Duration::from_secs(2);
+
+/// The machines the cluster is made of: their places in the host file, in rank order (rank 0
+/// first). A new list gets a higher generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    pub generation: u64,
+    pub members: Vec<usize>,
+}
+
+impl Membership {
+    /// Every machine of the host file.
+    pub fn everyone(hosts: &HostFile) -> Membership {
+        Membership { generation: 0, members: (0..hosts.ranks.len()).collect() }
+    }
+
+    /// The rank of the machine at `place` in the host file, if it is a member.
+    pub fn rank_of(&self, place: usize) -> Option<usize> {
+        self.members.iter().position(|&p| p == place)
+    }
+
+    /// The host file of this cluster: the members' addresses, in its rank order.
+    pub fn hosts(&self, file: &HostFile) -> HostFile {
+        HostFile { ranks: self.members.iter().map(|&p| file.ranks[p].clone()).collect() }
+    }
+
+    /// The places of the host file left out.
+    pub fn left_out(&self, file: &HostFile) -> Vec<usize> {
+        (0..file.ranks.len()).filter(|p| !self.members.contains(p)).collect()
+    }
+
+    /// This list with `places` added (a new generation), in host-file order.
+    pub fn with(&self, places: &[usize]) -> Membership {
+        let mut members: Vec<usize> = self.members.iter().chain(places).copied().collect();
+        members.sort_unstable();
+        members.dedup();
+        Membership { generation: self.generation + 1, members }
+    }
+
+    /// For [`MEMBERSHIP_VAR`]: `generation:place,place,...`.
+    pub fn to_env(&self) -> String {
+        let places: Vec<String> = self.members.iter().map(usize::to_string).collect();
+        format!("{}:{}", self.generation, places.join(","))
+    }
+
+    /// The list a restarted rank 0 was handed, if it fits `hosts` (starts with 0, places in it).
+    pub fn from_env(text: &str, hosts: &HostFile) -> Option<Membership> {
+        let (generation, places) = text.split_once(':')?;
+        let members: Vec<usize> = places.split(',').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+        let valid = members.first() == Some(&0)
+            && members.windows(2).all(|w| w[0] < w[1])
+            && members.iter().all(|&p| p < hosts.ranks.len());
+        valid.then_some(Membership { generation: generation.parse().ok()?, members })
+    }
+}
+
+/// Names the machine at `place` as people know it: its rank in the host file and its address.
+pub fn name(hosts: &HostFile, place: usize) -> String {
+    format!("rank {place} ({})", hosts.ranks.get(place).map(|a| a.join(", ")).unwrap_or_default())
+}
+
+/// A worker's check-in.
+#[derive(Debug, Serialize, Deserialize)]
+struct CheckIn {
+    /// Its place in the host file (its `--rank`).
+    place: usize,
+    /// Its room for weights, in bytes.
+    room: u64,
+    version: String,
+}
+
+/// Rank 0's answer.
+#[derive(Debug, Serialize, Deserialize)]
+struct Answer {
+    membership: Membership,
+    /// The members form the cluster now.
+    form: bool,
+    /// Why this worker cannot join (another version): it stops.
+    #[serde(default)]
+    refused: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    at: Instant,
+    room: u64,
+}
+
+struct State {
+    membership: Membership,
+    form: bool,
+    /// Each place's last check-in (rank 0's own is never needed).
+    seen: Vec<Option<Seen>>,
+    /// Since when rank 0 has listened: the clock of a machine never heard from.
+    opened: Instant,
+}
+
+/// What rank 0 does next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Every member is there: form with them.
+    Form(Membership),
+    /// Why it waits (who is missing, for how long, what happens next).
+    Wait(String),
+}
+
+/// Rank 0's side: listens on its roster port, answers check-ins, and decides who forms.
+#[derive(Clone)]
+pub struct Roster {
+    state: Arc<Mutex<State>>,
+    hosts: HostFile,
+}
+
+impl Roster {
+    /// Listens on each of rank 0's hosts at `port`, starting from `membership`.
+    pub fn open(hosts: &HostFile, port: u16, membership: Membership) -> Result<Roster, String> {
+        let state = State { membership, form: false, seen: vec![None; hosts.ranks.len()], opened: Instant::now() };
+        let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone() };
+        for address in roster_addresses(hosts, port) {
+            let listener = TcpListener::bind(&address).map_err(|e| {
+                format!("the cluster's roster cannot listen on {address} (choose another with --roster-port): {e}")
+            })?;
+            let roster = roster.clone();
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    // A peer that stalls cannot hold the others up for more than the exchange.
+                    let _ = roster.answer(stream);
+                }
+            });
+        }
+        Ok(roster)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn answer(&self, stream: TcpStream) -> std::io::Result<()> {
+        stream.set_read_timeout(Some(EXCHANGE))?;
+        stream.set_write_timeout(Some(EXCHANGE))?;
+        let mut line = String::new();
+        BufReader::new(&stream).take(4096).read_line(&mut line)?;
+        let check_in: CheckIn = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+        let answer = {
+            let mut state = self.state();
+            let refused = if check_in.version != env!("CARGO_PKG_VERSION") {
+                Some(format!("rank 0 runs FastMLX {}, this machine {}", env!("CARGO_PKG_VERSION"), check_in.version))
+            } else if check_in.place == 0 || check_in.place >= state.seen.len() {
+                Some(format!("rank {} is not a worker of this host file", check_in.place))
+            } else {
+                state.seen[check_in.place] = Some(Seen { at: Instant::now(), room: check_in.room });
+                None
+            };
+            Answer { membership: state.membership.clone(), form: state.form, refused }
+        };
+        let mut text = serde_json::to_string(&answer).map_err(std::io::Error::other)?;
+        text.push('\n');
+        (&stream).write_all(text.as_bytes())
+    }
+
+    /// The current list.
+    pub fn membership(&self) -> Membership {
+        self.state().membership.clone()
+    }
+
+    /// Tells the members checking in to form now (or no longer).
+    pub fn set_forming(&self, form: bool) {
+        self.state().form = form;
+    }
+
+    /// The machines of the host file heard from lately that are not members (back after being
+    /// left out, or a first start that missed the forming).
+    pub fn returned(&self) -> Vec<usize> {
+        let state = self.state();
+        let now = Instant::now();
+        (1..state.seen.len()).filter(|&p| !state.membership.members.contains(&p) && fresh(&state, p, now)).collect()
+    }
+
+    /// Who forms next: every member heard from lately forms; the machines heard from that are
+    /// not members join them; a member not heard from for over `drop_after` is left out if
+    /// `fits` the others' rooms (rank 0's first, `own_room`), else waited for.
+    pub fn decide(
+        &self,
+        drop_after: Option<Duration>,
+        own_room: u64,
+        fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
+    ) -> Decision {
+        let mut state = self.state();
+        decide(&mut state, &self.hosts, Instant::now(), drop_after, own_room, fits)
+    }
+}
+
+fn fresh(state: &State, place: usize, now: Instant) -> bool {
+    state.seen[place].is_some_and(|s| now.duration_since(s.at) < FRESH)
+}
+
+fn decide(
+    state: &mut State,
+    hosts: &HostFile,
+    now: Instant,
+    drop_after: Option<Duration>,
+    own_room: u64,
+    fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
+) -> Decision {
+    let back: Vec<usize> =
+        (1..state.seen.len()).filter(|&p| !state.membership.members.contains(&p) && fresh(state, p, now)).collect();
+    if !back.is_empty() {
+        state.membership = state.membership.with(&back);
+    }
+    let missing: Vec<usize> =
+        state.membership.members.iter().copied().skip(1).filter(|&p| !fresh(state, p, now)).collect();
+    if missing.is_empty() {
+        return Decision::Form(state.membership.clone());
+    }
+    let gone_for = |p: usize| now.duration_since(state.seen[p].map_or(state.opened, |s| s.at));
+    let names = missing
+        .iter()
+        .map(|&p| format!("{}, not heard from for {} s", name(hosts, p), gone_for(p).as_secs()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let Some(drop_after) = drop_after else { return Decision::Wait(format!("waiting for {names}")) };
+    let lost: Vec<usize> = missing.iter().copied().filter(|&p| gone_for(p) >= drop_after).collect();
+    if lost.is_empty() {
+        return Decision::Wait(format!(
+            "waiting for {names}; the cluster forms without a machine gone for {} s if the model fits on the others",
+            drop_after.as_secs()
+        ));
+    }
+    let kept: Vec<usize> = state.membership.members.iter().copied().filter(|p| !lost.contains(p)).collect();
+    let rooms: Vec<u64> =
+        kept.iter().map(|&p| if p == 0 { own_room } else { state.seen[p].map_or(0, |s| s.room) }).collect();
+    match fits(&rooms) {
+        Ok(()) => {
+            state.membership = Membership { generation: state.membership.generation + 1, members: kept };
+            decide(state, hosts, now, Some(drop_after), own_room, fits)
+        }
+        Err(why) => Decision::Wait(format!("waiting for {names}: the model does not fit on the others ({why})")),
+    }
+}
+
+/// Where rank 0's roster listens: each of its hosts, at `port`.
+fn roster_addresses(hosts: &HostFile, port: u16) -> Vec<String> {
+    let mut addresses: Vec<String> =
+        hosts.ranks[0].iter().filter_map(|a| a.rsplit_once(':').map(|(host, _)| format!("{host}:{port}"))).collect();
+    addresses.dedup();
+    addresses
+}
+
+/// The roster's port unless one is chosen: rank 0's port in the host file plus one, or the next
+/// one no rank of the file uses (every rank works it out the same).
+pub fn default_port(hosts: &HostFile) -> u16 {
+    let used: Vec<u16> = hosts.ranks.iter().flatten().filter_map(|a| a.rsplit_once(':')?.1.parse().ok()).collect();
+    let first = used.first().copied().unwrap_or(super::hostfile::DEFAULT_PORT);
+    (1..=u16::MAX).map(|step| first.wrapping_add(step)).find(|p| *p > 1023 && !used.contains(p)).unwrap_or(first)
+}
+
+/// A worker's side: checks in with rank 0 (at `place` in the host file, with `room` for
+/// weights) until rank 0 tells the members to form and this machine is one; returns the list.
+/// Waits as long as it takes (rank 0 may be starting); an error only when rank 0 refuses it.
+pub fn await_turn(hosts: &HostFile, port: u16, place: usize, room: u64) -> Result<Membership, String> {
+    let addresses = roster_addresses(hosts, port);
+    let check_in = CheckIn { place, room, version: env!("CARGO_PKG_VERSION").to_string() };
+    let mut told = Instant::now() - Duration::from_secs(3600);
+    let mut last_error = String::new();
+    loop {
+        match ask(&addresses, &check_in) {
+            Ok(Answer { refused: Some(why), .. }) => return Err(format!("rank 0 refused rank {place}: {why}")),
+            Ok(Answer { membership, form: true, .. }) if membership.rank_of(place).is_some() => return Ok(membership),
+            Ok(Answer { membership, .. }) => {
+                if membership.rank_of(place).is_none() && told.elapsed() > Duration::from_secs(30) {
+                    eprintln!(
+                        "rank {place}: the cluster serves without this machine; it joins when rank 0 forms again"
+                    );
+                    told = Instant::now();
+                }
+                std::thread::sleep(POLL);
+            }
+            Err(e) => {
+                if e != last_error || told.elapsed() > Duration::from_secs(30) {
+                    eprintln!("rank {place}: waiting for rank 0's roster at {}: {e}", addresses.join(", "));
+                    (told, last_error) = (Instant::now(), e);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+fn ask(addresses: &[String], check_in: &CheckIn) -> Result<Answer, String> {
+    let mut last = String::from("no address");
+    for address in addresses {
+        match exchange(address, check_in) {
+            Ok(answer) => return Ok(answer),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
+
+fn exchange(address: &str, check_in: &CheckIn) -> std::io::Result<Answer> {
+    let target = address
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{address} resolves to nothing")))?;
+    let stream = TcpStream::connect_timeout(&target, EXCHANGE)?;
+    stream.set_read_timeout(Some(EXCHANGE))?;
+    stream.set_write_timeout(Some(EXCHANGE))?;
+    let mut text = serde_json::to_string(check_in).map_err(std::io::Error::other)?;
+    text.push('\n');
+    (&stream).write_all(text.as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&stream).take(1 << 16).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(n: usize) -> HostFile {
+        HostFile { ranks: (0..n).map(|r| vec![format!("127.0.0.1:{}", 5000 + r)]).collect() }
+    }
+
+    fn state(n: usize, opened: Instant) -> State {
+        State { membership: Membership::everyone(&hosts(n)), form: false, seen: vec![None; n], opened }
+    }
+
+    #[test]
+    fn a_member_gone_past_the_limit_is_left_out_only_if_the_model_fits_on_the_others() {
+        let (file, t0) = (hosts(3), Instant::now());
+        let mut s = state(3, t0);
+        let limit = Some(Duration::from_secs(60));
+        let mut fits = |rooms: &[u64]| if rooms.iter().sum::<u64>() >= 30 { Ok(()) } else { Err("too big".into()) };
+        // Rank 1 checks in, rank 2 never does: waited for, and named, until the limit.
+        s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(59), room: 10 });
+        let at = t0 + Duration::from_secs(59);
+        let Decision::Wait(why) = decide(&mut s, &file, at, limit, 20, &mut fits) else { panic!() };
+        assert!(why.contains("rank 2 (127.0.0.1:5002), not heard from for 59 s"), "{why}");
+        assert!(!why.contains("rank 1"), "{why}");
+        // Past it, the others hold the model (20 + 10): rank 2 is left out, ranks renumber.
+        let at = t0 + Duration::from_secs(61);
+        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
+        assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
+        let m = s.membership.clone();
+        assert_eq!((m.rank_of(1), m.rank_of(2)), (Some(1), None));
+        assert_eq!(m.hosts(&file).ranks, [vec!["127.0.0.1:5000".to_string()], vec!["127.0.0.1:5001".to_string()]]);
+        assert_eq!(m.left_out(&file), [2]);
+        // Rank 2 back: it joins the next forming, a new generation.
+        s.seen[2] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
+        s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
+        let at = t0 + Duration::from_secs(63);
+        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
+        assert_eq!(formed, Decision::Form(Membership { generation: 2, members: vec![0, 1, 2] }));
+        // Where the others cannot hold it, the lost one is waited for, saying why.
+        let mut s = state(3, t0);
+        s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(100), room: 5 });
+        let at = t0 + Duration::from_secs(101);
+        let Decision::Wait(why) = decide(&mut s, &file, at, limit, 20, &mut fits) else { panic!() };
+        assert!(why.contains("does not fit on the others (too big)"), "{why}");
+        assert_eq!(s.membership.generation, 0);
+        // With no limit, it is waited for always.
+        let Decision::Wait(why) = decide(&mut s, &file, at, None, 1000, &mut fits) else { panic!() };
+        assert!(why.starts_with("waiting for rank 2"), "{why}");
+    }
+
+    #[test]
+    fn the_list_passes_to_a_restarted_rank_0_and_a_bad_one_is_ignored() {
+        let file = hosts(4);
+        let m = Membership { generation: 7, members: vec![0, 1, 3] };
+        assert_eq!(Membership::from_env(&m.to_env(), &file), Some(m.clone()));
+        for bad in ["", "7", "7:1,3", "7:0,3,1", "7:0,4", "x:0,1"] {
+            assert_eq!(Membership::from_env(bad, &file), None, "{bad}");
+        }
+        assert_eq!(m.with(&[2]), Membership { generation: 8, members: vec![0, 1, 2, 3] });
+    }
+
+    #[test]
+    fn the_port_is_one_past_rank_0s_unless_the_file_uses_it() {
+        assert_eq!(default_port(&hosts(3)), 5003);
+        let launch = HostFile { ranks: vec![vec!["10.0.0.1:32323".into()], vec!["10.0.0.2:32323".into()]] };
+        assert_eq!(default_port(&launch), 32324);
+        assert_eq!(roster_addresses(&launch, 32324), ["10.0.0.1:32324"]);
+    }
+
+    #[test]
+    fn workers_check_in_and_form_when_told() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let file = HostFile { ranks: vec![vec![format!("127.0.0.1:{}", port.wrapping_sub(1))], vec!["x:1".into()]] };
+        let roster = Roster::open(&file, port, Membership::everyone(&file)).unwrap();
+        let worker = std::thread::spawn(move || await_turn(&file, port, 1, 123));
+        let started = Instant::now();
+        while roster.decide(None, 1, &mut |_| Ok(()))
+            != Decision::Form(Membership { generation: 0, members: vec![0, 1] })
+        {
+            assert!(started.elapsed() < Duration::from_secs(10), "rank 1 never checked in");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!worker.is_finished(), "a worker forms only when told");
+        roster.set_forming(true);
+        assert_eq!(worker.join().unwrap(), Ok(Membership { generation: 0, members: vec![0, 1] }));
+        assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
+        // Another version, or a rank the host file does not have: refused with the reason, and
+        // not counted as checked in.
+        let address = format!("127.0.0.1:{port}");
+        let other = CheckIn { place: 1, room: 1, version: "0.0.0".into() };
+        let refused = exchange(&address, &other).unwrap().refused.unwrap();
+        assert!(refused.contains("this machine 0.0.0"), "{refused}");
+        let stranger = CheckIn { place: 5, room: 1, version: env!("CARGO_PKG_VERSION").into() };
+        let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
+        assert!(refused.contains("rank 5 is not a worker"), "{refused}");
+        assert_eq!(roster.state().seen.len(), 2);
+        // A line that is not a check-in gets no answer, and the roster goes on.
+        let mut junk = TcpStream::connect(&address).unwrap();
+        junk.write_all(b"hello\n").unwrap();
+        let mut reply = String::new();
+        let _ = BufReader::new(&junk).read_line(&mut reply);
+        assert!(reply.is_empty(), "{reply}");
+        assert!(exchange(&address, &CheckIn { place: 1, room: 7, version: env!("CARGO_PKG_VERSION").into() }).is_ok());
+        assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
+    }
+}
