@@ -490,24 +490,43 @@ async fn served_again(client: &reqwest::Client, port: u16, node: &mut Node, what
 async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_they_return() {
     let dir = tempfile::tempdir().unwrap();
     let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 3));
-    let args = ["--drop-after", "3"];
+    let args = ["--drop-after", "8"];
     let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &args).await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let before = short_answer(&client, port).await;
-    // Rank 2 gone for good: after 3 s the model is split across ranks 0 and 1 again.
-    nodes[2].child.kill().unwrap();
-    served_again(&client, port, &mut nodes[0], "without rank 2").await;
+    // Rank 1 gone for good: after 8 s the model is split across ranks 0 and 2 again, rank 2
+    // now second in the ring and still named rank 2.
+    nodes[1].child.kill().unwrap();
+    served_again(&client, port, &mut nodes[0], "without rank 1").await;
     assert_eq!(short_answer(&client, port).await, before, "on two machines: {}", nodes[0].log());
     let (ranks, without) = cluster_nodes(&client, port).await.expect("a cluster");
-    assert_eq!(ranks, [0, 1], "{without:?}");
-    assert!(without.len() == 1 && without[0].starts_with("rank 2 (127.0.0.1:"), "{without:?}");
-    assert!(nodes[1].log().contains("rank 1 (rank 1 of 2, without rank 2 (127.0.0.1:"), "{}", nodes[1].log());
-    // Rank 1 gone too: rank 0 serves the model alone (it fits here).
-    nodes[1].child.kill().unwrap();
+    assert_eq!(ranks, [0, 2], "{without:?}");
+    assert!(without.len() == 1 && without[0].starts_with("rank 1 (127.0.0.1:"), "{without:?}");
+    assert!(nodes[2].log().contains("rank 2 (rank 1 of 2, without rank 1 (127.0.0.1:"), "{}", nodes[2].log());
+    // Rank 2 gone too: rank 0 serves the model alone (it fits here).
+    nodes[2].child.kill().unwrap();
     served_again(&client, port, &mut nodes[0], "alone").await;
     assert_eq!(short_answer(&client, port).await, before, "alone: {}", nodes[0].log());
     assert_eq!(cluster_nodes(&client, port).await, None, "a model served alone has no cluster");
     assert!(nodes[0].log().contains("serving SmolLM2-135M-Instruct.Q4_1 on this machine alone"), "{}", nodes[0].log());
+    // A machine back with other settings is refused at the roster, and rank 0 serves on.
+    let mut other = serve(dir.path(), &model, free_port(), &["--kv-bits", "8"], Some((&hosts, 1)));
+    let status = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(status) = other.child.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a machine with other settings was not refused: {}", other.log()));
+    assert!(
+        !status.success() && other.log().contains("rank 0 refused rank 1: the ranks do not match"),
+        "{}",
+        other.log()
+    );
+    assert_eq!(short_answer(&client, port).await, before, "alone, after the refusal: {}", nodes[0].log());
     // Both back: once the server is idle, the cluster forms again with every machine.
     let back = Instant::now();
     for rank in [1, 2] {

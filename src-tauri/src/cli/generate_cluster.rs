@@ -85,7 +85,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         Parallel::Tensor => load_model_split(&path, &backend, &options, |t| t.shard_tensors(group.clone()))
             .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()), Vec::new())),
     };
-    let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
+    let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded, &[])
         .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;
     eprintln!(

@@ -23,10 +23,11 @@ use super::generate_cluster::{ClusterArgs, Parallel};
 use super::rejoin;
 use super::serve_cmd::{shutdown_signal, start_server, stop_server, ServeArgs};
 use crate::cluster::hostfile::HostFile;
+use crate::cluster::identity::NodeIdentity;
 use crate::cluster::pipeline::Pipeline;
 use crate::cluster::roster::{self, Decision, Membership, Roster};
 use crate::cluster::watchdog::Watchdog;
-use crate::cluster::{FormError, Shape};
+use crate::cluster::{FormError, Shape, Unloaded};
 use crate::engine::remote::{ClusterView, RemoteLayers};
 use crate::mlx::Backend;
 use crate::model::ModelError;
@@ -117,15 +118,24 @@ impl JoinAsk {
         })
     }
 
-    /// Joins the cluster of `hosts` (its members' addresses); where a rank was missing,
-    /// `Ok(Err(why))`: worth trying again.
-    fn join(&self, hosts: &HostFile, rank_watchdog: (usize, Watchdog)) -> anyhow::Result<Result<Joined, String>> {
-        let rank = rank_watchdog.0;
+    /// What this rank tells the others it serves (checked on the roster and again by MLX).
+    fn identity(&self) -> anyhow::Result<NodeIdentity> {
+        NodeIdentity::of(&self.model, &self.settings).map_err(anyhow::Error::msg)
+    }
+
+    /// Joins the cluster of `hosts` (its members' addresses) as the machine at `place` in the
+    /// host file; where a rank was missing, `Ok(Err(why))`: worth trying again.
+    fn join(
+        &self,
+        hosts: &HostFile,
+        place: usize,
+        rank_watchdog: (usize, Watchdog),
+    ) -> anyhow::Result<Result<Joined, String>> {
         let joined =
             super::cluster_cmd::join(&self.cluster, rank_watchdog, hosts, &self.model, &self.settings, self.room);
         match joined {
             Err(e) if matches!(e.downcast_ref::<FormError>(), Some(FormError::Absent(_))) => {
-                Ok(Err(format!("rank {rank}: the cluster did not form: {e}")))
+                Ok(Err(format!("rank {place}: the cluster did not form: {e}")))
             }
             joined => joined.map(Ok),
         }
@@ -142,9 +152,10 @@ fn serve_stage(
 ) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let ask = JoinAsk::of(&args, path)?;
-    let membership = roster::await_turn(file, args.roster.port(file), place, ask.room).map_err(anyhow::Error::msg)?;
+    let membership = roster::await_turn(file, args.roster.port(file), place, ask.room, ask.identity()?)
+        .map_err(anyhow::Error::msg)?;
     let rank = membership.rank_of(place).expect("told to form as a member");
-    let Joined { group, rooms, watchdog, .. } = match ask.join(&membership.hosts(file), (rank, watchdog))? {
+    let Joined { group, rooms, watchdog, .. } = match ask.join(&membership.hosts(file), place, (rank, watchdog))? {
         Ok(joined) => joined,
         Err(why) => {
             std::thread::sleep(RETRY_PAUSE);
@@ -153,8 +164,11 @@ fn serve_stage(
     };
     let backend = Backend::init();
     let loaded = load_checked(path, &backend, &args.weights.load_options(), &rooms, rank, kv_format);
-    let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &membership.members) {
+        Ok(loaded) => loaded,
+        Err(Unloaded::Lost(e)) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
+        Err(e) => return Err(e).with_context(|| format!("loading {}", path.display())),
+    };
     let left_out: Vec<String> = membership.left_out(file).iter().map(|&p| roster::name(file, p)).collect();
     let me = match left_out.is_empty() {
         true => format!("rank {place} of {}", group.size()),
@@ -212,11 +226,11 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
     let restarted = rejoin::restarted_after();
     let port = args.roster.port(&file);
     models.await_split(&id, with_cause(restarted.as_deref(), "waiting for the machines to check in".into()));
-    let roster = Roster::open(&file, port, start).map_err(anyhow::Error::msg)?;
+    let ask = JoinAsk::of(&args, &path)?;
+    let roster = Roster::open(&file, port, start, ask.identity()?).map_err(anyhow::Error::msg)?;
     let server = start_server(&args, &models).await?;
     eprintln!("FastMLX at {}: {id} is served once the cluster has formed (roster on port {port})", server.url());
 
-    let ask = JoinAsk::of(&args, &path)?;
     let membership = {
         let (options, drop_after) = (args.weights.load_options(), args.roster.drop_after());
         tokio::select! {
@@ -235,29 +249,42 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         let _ = expired_tx.send(error);
     });
     let hosts = membership.hosts(&file);
-    let joining = tokio::task::spawn_blocking(move || ask.join(&hosts, (0, watchdog)));
+    let joining = tokio::task::spawn_blocking(move || ask.join(&hosts, 0, (0, watchdog)));
     let joined = tokio::select! {
-        joined = joining => joined??,
-        Some(error) = expired.recv() => Err(error),
+        joined = joining => joined,
+        Some(error) = expired.recv() => Ok(Ok(Err(error))),
     };
-    let Joined { group, rooms, watchdog, links, .. } = match joined {
+    // Formed or not, the workers checking in from now on wait for the next forming.
+    roster.set_forming(false);
+    let Joined { group, rooms, watchdog, links, .. } = match joined?? {
         Ok(joined) => joined,
         Err(why) => {
             tokio::time::sleep(RETRY_PAUSE).await;
-            start_again(&models, server, &id, &roster.membership(), why).await
+            start_again(&models, server, &id, &membership, why).await
         }
     };
-    roster.set_forming(false);
     let size = group.size();
     let distributed = args.cluster.backend.clone();
     let kv_format = args.kv.format()?;
     let (cluster, shown) = (membership.clone(), file.clone());
+    // A link lost while the ranks load starts this again; a rank that could not load ends it.
+    let lost_while_loading = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let lost = lost_while_loading.clone();
     let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
+        let link_lost = |e: String| {
+            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+            ModelError::Invalid(e)
+        };
         let backend = Backend::init();
         let loaded = load_checked(&path, &backend, &options, &rooms, 0, kv_format);
-        let (model, held, plan) = crate::cluster::agree_on_load(&group, &watchdog, loaded)?;
+        let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &cluster.members) {
+            Ok(loaded) => loaded,
+            Err(Unloaded::Lost(e)) => return Err(link_lost(format!("the cluster lost a rank while loading: {e}"))),
+            Err(Unloaded::Failed(e)) => return Err(e),
+        };
         eprintln!("rank 0 of {size}: {} {held}", model.name);
-        let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None).map_err(ModelError::Invalid)?;
+        let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None)
+            .map_err(|e| link_lost(format!("the cluster lost a rank while loading: {e}")))?;
         let hidden = model.transformer.config.hidden_size;
         let status = crate::cluster::status_of(&distributed, &shown, &cluster, &rooms, &plan, &links);
         let pipeline = Pipeline::new(group, watchdog.clone(), hidden)
@@ -272,8 +299,14 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
     };
     // Until the engine takes over the link, a wait past the deadline still starts this again.
     let first = tokio::select! {
-        first = models.load_split(&id, load) => first.with_context(|| format!("loading {id} across the cluster"))?,
+        first = models.load_split(&id, load) => first,
         Some(error) = expired.recv() => start_again(&models, server, &id, &membership, error).await,
+    };
+    let lost = lost_while_loading.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let first = match (first, lost) {
+        (Ok(first), _) => first,
+        (Err(_), Some(why)) => start_again(&models, server, &id, &membership, why).await,
+        (Err(e), None) => return Err(e).with_context(|| format!("loading {id} across the cluster")),
     };
     eprintln!("FastMLX serving {} at {} on {} machines", first.id, server.url(), membership.members.len());
     let lost = first.engine.fault_watch();
@@ -312,16 +345,10 @@ async fn decided(
     own_room: u64,
     restarted: Option<&str>,
 ) -> Membership {
-    // Whether the model fits on fewer machines is planned from its shape, read once (built,
-    // not loaded) while the machines check in.
+    // Whether the model fits on fewer machines is planned from its shape, read (built, not
+    // loaded) only once a machine has been gone that long: a GGUF file is read whole to build.
     let path = path.to_path_buf();
-    let mut shaping = drop_after.map(|_| {
-        tokio::task::spawn_blocking(move || {
-            crate::model::build_unread(&path, &Backend::init(), &options)
-                .map(|t| Shape::of(&t))
-                .map_err(|e| e.to_string())
-        })
-    });
+    let mut shaping: Option<tokio::task::JoinHandle<Result<Shape, String>>> = None;
     let mut shape: Option<Result<Shape, String>> = None;
     let mut said = String::new();
     loop {
@@ -329,12 +356,26 @@ async fn decided(
             let handle = shaping.take().expect("checked");
             shape = Some(handle.await.unwrap_or_else(|e| Err(e.to_string())));
         }
+        let mut wanted = false;
         let mut fits = |rooms: &[u64]| match &shape {
-            Some(Ok(shape)) => shape.plan(rooms).map(|_| ()),
-            Some(Err(e)) => Err(format!("its size could not be read: {e}")),
-            None => Err("its size is still being read".into()),
+            Some(Ok(shape)) => {
+                shape.plan(rooms).map(|_| ()).map_err(|e| format!("the model does not fit on the others ({e})"))
+            }
+            Some(Err(e)) => Err(format!("the model's size could not be read: {e}")),
+            None => {
+                wanted = true;
+                Err("reading the model's size to see whether the others hold it".into())
+            }
         };
-        match roster.decide(drop_after, own_room, &mut fits) {
+        let decision = roster.decide(drop_after, own_room, &mut fits);
+        if wanted && shaping.is_none() {
+            let path = path.clone();
+            shaping = Some(tokio::task::spawn_blocking(move || {
+                let model = crate::model::build_unread(&path, &Backend::init(), &options);
+                model.map(|t| Shape::of(&t)).map_err(|e| e.to_string())
+            }));
+        }
+        match decision {
             Decision::Form(membership) => {
                 eprintln!(
                     "rank 0: forming the cluster with {}",
@@ -403,13 +444,16 @@ async fn take_in(
     membership: &Membership,
     file: &HostFile,
     back: Vec<usize>,
-) -> ! {
+) -> anyhow::Result<()> {
     let names: Vec<String> = back.iter().map(|&p| roster::name(file, p)).collect();
     let why = format!("{} is back", names.join(", "));
-    // New requests wait for the larger cluster; a request that came in meanwhile finishes.
+    // New requests are answered 503 until the larger cluster serves; one that came in
+    // meanwhile finishes first (a signal meanwhile stops the server).
     models.await_split(id, format!("{why}; forming the cluster again with it"));
-    drained(&models, "").await;
-    start_again(&models, server, id, &membership.with(&back), why).await
+    tokio::select! {
+        _ = shutdown_signal() => stop_server(models, server).await,
+        () = drained(&models, "") => start_again(&models, server, id, &membership.with(&back), why).await,
+    }
 }
 
 /// Rank 0 starts again in place to form the cluster again (`why` it must) with `membership`,

@@ -298,20 +298,46 @@ pub fn status_of(
     ClusterStatus { backend: backend.to_string(), nodes, links, without, ..Default::default() }
 }
 
+/// Why the ranks did not all load.
+#[derive(Debug, thiserror::Error)]
+pub enum Unloaded {
+    /// The link failed while the ranks told each other: the cluster lost a rank (forming it
+    /// again may serve).
+    #[error("the cluster lost a rank while the ranks loaded: {0}")]
+    Lost(String),
+    /// This rank, or another one, could not load its part (trying again changes nothing).
+    #[error(transparent)]
+    Failed(#[from] crate::model::ModelError),
+}
+
 /// This rank's `loaded`, once every rank has told whether it loaded (waited for under
-/// `watchdog`): its own error first, else the ranks that failed.
+/// `watchdog`; a rank that failed is named here, so the others stop now rather than at their
+/// deadline): its own error first, else the ranks that failed (named by their `places` in the
+/// host file, where given), else a lost link.
 pub fn agree_on_load<T>(
     group: &Group,
     watchdog: &Watchdog,
     loaded: Result<T, crate::model::ModelError>,
-) -> Result<T, crate::model::ModelError> {
+    places: &[usize],
+) -> Result<T, Unloaded> {
     let agreed = {
         let _w = watchdog.waiting("the other ranks have not finished loading");
-        all_loaded(group, loaded.is_ok())
+        gather_words(group, &[loaded.is_ok() as u64])
     };
     let loaded = loaded?;
-    agreed.map_err(crate::model::ModelError::Invalid)?;
-    Ok(loaded)
+    let all = agreed.map_err(Unloaded::Lost)?;
+    let failed: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, &ok)| ok == 0)
+        .map(|(r, _)| places.get(r).copied().unwrap_or(r).to_string())
+        .collect();
+    if failed.is_empty() {
+        Ok(loaded)
+    } else {
+        let why = format!("rank {} could not load its part of the model (its own log says why)", failed.join(", "));
+        Err(Unloaded::Failed(crate::model::ModelError::Invalid(why)))
+    }
 }
 
 /// After every rank's load, each rank's room for keys and values in tokens (rank 0 passes
@@ -321,16 +347,4 @@ pub fn gather_kv_capacity(group: &Group, watchdog: &Watchdog, mine: Option<usize
     let _w = watchdog.waiting("the other ranks have not told their room for the KV cache");
     let all = gather_words(group, &[mine.map_or(u64::MAX, |t| t as u64)])?;
     Ok(all.into_iter().min().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize)
-}
-
-/// After every rank's load: whether all loaded, told to all at once (a rank that failed names
-/// itself here, so the others stop now rather than at their deadline).
-fn all_loaded(group: &Group, loaded: bool) -> Result<(), String> {
-    let all = gather_words(group, &[loaded as u64])?;
-    let failed: Vec<String> = all.iter().enumerate().filter(|(_, &ok)| ok == 0).map(|(r, _)| r.to_string()).collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("rank {} could not load its part of the model (its own log says why)", failed.join(", ")))
-    }
 }

@@ -7,21 +7,26 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::hostfile::HostFile;
+use super::identity::NodeIdentity;
 
 /// The environment entry that hands a restarted rank 0 the machines it forms with.
 pub const MEMBERSHIP_VAR: &str = "FASTMLX_CLUSTER_MEMBERS";
-/// A check-in older than this and the machine counts as gone.
-const FRESH: Duration = Duration::from_secs(3);
+/// A check-in older than this and the machine counts as gone (many polls: one slow exchange
+/// does not make a machine look gone).
+const FRESH: Duration = Duration::from_secs(5);
 /// How often a worker checks in while it waits for its turn.
 const POLL: Duration = Duration::from_millis(250);
 /// The most a check-in may take (either side).
 const EXCHANGE: Duration = Duration::from_secs(2);
+/// Check-ins answered at once; more connections wait in the port's queue.
+const AT_ONCE: usize = 32;
 
 /// The machines the cluster is made of: their places in the host file, in rank order (rank 0
 /// first). A new list gets a higher generation.
@@ -89,7 +94,9 @@ struct CheckIn {
     place: usize,
     /// Its room for weights, in bytes.
     room: u64,
-    version: String,
+    /// Its version, model and settings: a machine that differs is refused here, before it
+    /// could stop a serving cluster to be taken in.
+    identity: NodeIdentity,
 }
 
 /// Rank 0's answer.
@@ -98,7 +105,7 @@ struct Answer {
     membership: Membership,
     /// The members form the cluster now.
     form: bool,
-    /// Why this worker cannot join (another version): it stops.
+    /// Why this worker cannot join (another version, model or settings): it stops.
     #[serde(default)]
     refused: Option<String>,
 }
@@ -132,23 +139,41 @@ pub enum Decision {
 pub struct Roster {
     state: Arc<Mutex<State>>,
     hosts: HostFile,
+    identity: Arc<NodeIdentity>,
 }
 
 impl Roster {
-    /// Listens on each of rank 0's hosts at `port`, starting from `membership`.
-    pub fn open(hosts: &HostFile, port: u16, membership: Membership) -> Result<Roster, String> {
+    /// Listens on each of rank 0's hosts at `port`, starting from `membership`; a worker
+    /// whose `identity` differs from rank 0's is refused with the reason.
+    pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
         let state = State { membership, form: false, seen: vec![None; hosts.ranks.len()], opened: Instant::now() };
-        let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone() };
+        let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone(), identity: Arc::new(identity) };
+        let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
             let listener = TcpListener::bind(&address).map_err(|e| {
                 format!("the cluster's roster cannot listen on {address} (choose another with --roster-port): {e}")
             })?;
-            let roster = roster.clone();
-            std::thread::spawn(move || {
-                for stream in listener.incoming().flatten() {
-                    // A peer that stalls cannot hold the others up for more than the exchange.
-                    let _ = roster.answer(stream);
+            let (roster, answering) = (roster.clone(), answering.clone());
+            std::thread::spawn(move || loop {
+                let stream = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    // Out of descriptors, say: a pause rather than a spin.
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                // Each check-in on a thread of its own, so a peer that stalls holds up no other;
+                // past the limit a connection is closed unanswered (its worker asks again).
+                if answering.fetch_add(1, Ordering::SeqCst) >= AT_ONCE {
+                    answering.fetch_sub(1, Ordering::SeqCst);
+                    continue;
                 }
+                let (roster, answering) = (roster.clone(), answering.clone());
+                std::thread::spawn(move || {
+                    let _ = roster.answer(stream);
+                    answering.fetch_sub(1, Ordering::SeqCst);
+                });
             });
         }
         Ok(roster)
@@ -159,17 +184,15 @@ impl Roster {
     }
 
     fn answer(&self, stream: TcpStream) -> std::io::Result<()> {
-        stream.set_read_timeout(Some(EXCHANGE))?;
         stream.set_write_timeout(Some(EXCHANGE))?;
-        let mut line = String::new();
-        BufReader::new(&stream).take(4096).read_line(&mut line)?;
+        let line = read_line_within(&stream, 4096, EXCHANGE)?;
         let check_in: CheckIn = serde_json::from_str(&line).map_err(std::io::Error::other)?;
         let answer = {
             let mut state = self.state();
-            let refused = if check_in.version != env!("CARGO_PKG_VERSION") {
-                Some(format!("rank 0 runs FastMLX {}, this machine {}", env!("CARGO_PKG_VERSION"), check_in.version))
-            } else if check_in.place == 0 || check_in.place >= state.seen.len() {
+            let refused = if check_in.place == 0 || check_in.place >= state.seen.len() {
                 Some(format!("rank {} is not a worker of this host file", check_in.place))
+            } else if let Some(why) = self.identity.mismatch(check_in.place, &check_in.identity) {
+                Some(format!("the ranks do not match: {why}"))
             } else {
                 state.seen[check_in.place] = Some(Seen { at: Instant::now(), room: check_in.room });
                 None
@@ -257,7 +280,7 @@ fn decide(
             state.membership = Membership { generation: state.membership.generation + 1, members: kept };
             decide(state, hosts, now, Some(drop_after), own_room, fits)
         }
-        Err(why) => Decision::Wait(format!("waiting for {names}: the model does not fit on the others ({why})")),
+        Err(why) => Decision::Wait(format!("waiting for {names}; not serving without it: {why}")),
     }
 }
 
@@ -265,7 +288,8 @@ fn decide(
 fn roster_addresses(hosts: &HostFile, port: u16) -> Vec<String> {
     let mut addresses: Vec<String> =
         hosts.ranks[0].iter().filter_map(|a| a.rsplit_once(':').map(|(host, _)| format!("{host}:{port}"))).collect();
-    addresses.dedup();
+    let mut seen = std::collections::HashSet::new();
+    addresses.retain(|a| seen.insert(a.clone()));
     addresses
 }
 
@@ -278,30 +302,41 @@ pub fn default_port(hosts: &HostFile) -> u16 {
 }
 
 /// A worker's side: checks in with rank 0 (at `place` in the host file, with `room` for
-/// weights) until rank 0 tells the members to form and this machine is one; returns the list.
-/// Waits as long as it takes (rank 0 may be starting); an error only when rank 0 refuses it.
-pub fn await_turn(hosts: &HostFile, port: u16, place: usize, room: u64) -> Result<Membership, String> {
-    let addresses = roster_addresses(hosts, port);
-    let check_in = CheckIn { place, room, version: env!("CARGO_PKG_VERSION").to_string() };
-    let mut told = Instant::now() - Duration::from_secs(3600);
+/// weights and its `identity`) until rank 0 tells the members to form and this machine is one;
+/// returns the list. Waits as long as it takes (rank 0 may be starting); an error only when
+/// rank 0 refuses it.
+pub fn await_turn(
+    hosts: &HostFile,
+    port: u16,
+    place: usize,
+    room: u64,
+    identity: NodeIdentity,
+) -> Result<Membership, String> {
+    let mut addresses = roster_addresses(hosts, port);
+    let check_in = CheckIn { place, room, identity };
+    let started = Instant::now();
+    let mut told: Option<Instant> = None;
     let mut last_error = String::new();
+    let quiet_for = |told: Option<Instant>| told.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
     loop {
-        match ask(&addresses, &check_in) {
+        match ask(&mut addresses, &check_in) {
             Ok(Answer { refused: Some(why), .. }) => return Err(format!("rank 0 refused rank {place}: {why}")),
             Ok(Answer { membership, form: true, .. }) if membership.rank_of(place).is_some() => return Ok(membership),
             Ok(Answer { membership, .. }) => {
-                if membership.rank_of(place).is_none() && told.elapsed() > Duration::from_secs(30) {
+                // Said only once it has lasted: rank 0 takes a machine back when it is idle.
+                let left_out = membership.rank_of(place).is_none() && started.elapsed() > Duration::from_secs(30);
+                if left_out && quiet_for(told) {
                     eprintln!(
                         "rank {place}: the cluster serves without this machine; it joins when rank 0 forms again"
                     );
-                    told = Instant::now();
+                    told = Some(Instant::now());
                 }
                 std::thread::sleep(POLL);
             }
             Err(e) => {
-                if e != last_error || told.elapsed() > Duration::from_secs(30) {
+                if e != last_error || quiet_for(told) {
                     eprintln!("rank {place}: waiting for rank 0's roster at {}: {e}", addresses.join(", "));
-                    (told, last_error) = (Instant::now(), e);
+                    (told, last_error) = (Some(Instant::now()), e);
                 }
                 std::thread::sleep(Duration::from_secs(1));
             }
@@ -309,15 +344,48 @@ pub fn await_turn(hosts: &HostFile, port: u16, place: usize, room: u64) -> Resul
     }
 }
 
-fn ask(addresses: &[String], check_in: &CheckIn) -> Result<Answer, String> {
+/// One check-in, at the first of `addresses` that answers (moved to the front, so the next
+/// check-in spends no time on one this machine cannot reach).
+fn ask(addresses: &mut [String], check_in: &CheckIn) -> Result<Answer, String> {
     let mut last = String::from("no address");
-    for address in addresses {
-        match exchange(address, check_in) {
-            Ok(answer) => return Ok(answer),
+    for i in 0..addresses.len() {
+        match exchange(&addresses[i], check_in) {
+            Ok(answer) => {
+                addresses[..=i].rotate_right(1);
+                return Ok(answer);
+            }
             Err(e) => last = e.to_string(),
         }
     }
     Err(last)
+}
+
+/// A line of at most `limit` bytes, read within `within` however slowly the peer sends it.
+fn read_line_within(stream: &TcpStream, limit: u64, within: Duration) -> std::io::Result<String> {
+    let deadline = Instant::now() + within;
+    let mut reader = BufReader::new(stream).take(limit);
+    let mut bytes = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the check-in took too long"));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let buffer = reader.fill_buf()?;
+        if buffer.is_empty() {
+            break;
+        }
+        let (taken, done) = match buffer.iter().position(|&b| b == b'\n') {
+            Some(at) => (at + 1, true),
+            None => (buffer.len(), false),
+        };
+        bytes.extend_from_slice(&buffer[..taken]);
+        reader.consume(taken);
+        if done {
+            break;
+        }
+    }
+    String::from_utf8(bytes).map_err(std::io::Error::other)
 }
 
 fn exchange(address: &str, check_in: &CheckIn) -> std::io::Result<Answer> {
@@ -331,8 +399,7 @@ fn exchange(address: &str, check_in: &CheckIn) -> std::io::Result<Answer> {
     let mut text = serde_json::to_string(check_in).map_err(std::io::Error::other)?;
     text.push('\n');
     (&stream).write_all(text.as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(&stream).take(1 << 16).read_line(&mut line)?;
+    let line = read_line_within(&stream, 1 << 16, EXCHANGE)?;
     serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
@@ -379,7 +446,7 @@ mod tests {
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(100), room: 5 });
         let at = t0 + Duration::from_secs(101);
         let Decision::Wait(why) = decide(&mut s, &file, at, limit, 20, &mut fits) else { panic!() };
-        assert!(why.contains("does not fit on the others (too big)"), "{why}");
+        assert!(why.contains("not serving without it: too big"), "{why}");
         assert_eq!(s.membership.generation, 0);
         // With no limit, it is waited for always.
         let Decision::Wait(why) = decide(&mut s, &file, at, None, 1000, &mut fits) else { panic!() };
@@ -405,12 +472,16 @@ mod tests {
         assert_eq!(roster_addresses(&launch, 32324), ["10.0.0.1:32324"]);
     }
 
+    fn identity(model: &str) -> NodeIdentity {
+        NodeIdentity { version: env!("CARGO_PKG_VERSION").into(), model: model.into(), settings: "s".into() }
+    }
+
     #[test]
     fn workers_check_in_and_form_when_told() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let file = HostFile { ranks: vec![vec![format!("127.0.0.1:{}", port.wrapping_sub(1))], vec!["x:1".into()]] };
-        let roster = Roster::open(&file, port, Membership::everyone(&file)).unwrap();
-        let worker = std::thread::spawn(move || await_turn(&file, port, 1, 123));
+        let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
+        let worker = std::thread::spawn(move || await_turn(&file, port, 1, 123, identity("m (abc)")));
         let started = Instant::now();
         while roster.decide(None, 1, &mut |_| Ok(()))
             != Decision::Form(Membership { generation: 0, members: vec![0, 1] })
@@ -422,23 +493,29 @@ mod tests {
         roster.set_forming(true);
         assert_eq!(worker.join().unwrap(), Ok(Membership { generation: 0, members: vec![0, 1] }));
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
-        // Another version, or a rank the host file does not have: refused with the reason, and
+        // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other = CheckIn { place: 1, room: 1, version: "0.0.0".into() };
+        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)") };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
-        assert!(refused.contains("this machine 0.0.0"), "{refused}");
-        let stranger = CheckIn { place: 5, room: 1, version: env!("CARGO_PKG_VERSION").into() };
+        assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
+        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)") };
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
-        assert_eq!(roster.state().seen.len(), 2);
-        // A line that is not a check-in gets no answer, and the roster goes on.
+        assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
+        // A line that is not a check-in gets no answer, and a peer that sends nothing is let go
+        // at the deadline; the roster answers others meanwhile.
         let mut junk = TcpStream::connect(&address).unwrap();
         junk.write_all(b"hello\n").unwrap();
+        let silent = TcpStream::connect(&address).unwrap();
+        let asked = Instant::now();
+        assert!(exchange(&address, &CheckIn { place: 1, room: 7, identity: identity("m (abc)") }).is_ok());
+        assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
+        assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
         let mut reply = String::new();
         let _ = BufReader::new(&junk).read_line(&mut reply);
         assert!(reply.is_empty(), "{reply}");
-        assert!(exchange(&address, &CheckIn { place: 1, room: 7, version: env!("CARGO_PKG_VERSION").into() }).is_ok());
-        assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
+        silent.set_read_timeout(Some(EXCHANGE * 3)).unwrap();
+        assert_eq!(BufReader::new(&silent).read_line(&mut reply).unwrap_or(0), 0, "closed unanswered");
     }
 }

@@ -299,6 +299,11 @@ impl Residency {
         self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Why `id` is refused while its cluster forms (not while it is loaded whole instead).
+    fn split_waiting_error(&self, id: &str) -> Option<ResidencyError> {
+        self.waiting_error(Some(id)).filter(|_| !self.awaited().is_some_and(|a| a.whole))
+    }
+
     fn waiting_error(&self, id: Option<&str>) -> Option<ResidencyError> {
         let awaited = self.awaited()?;
         (id.is_none_or(|id| id == awaited.id))
@@ -335,6 +340,10 @@ impl Residency {
 
     /// The engine of `id`, loaded now if it is not.
     async fn engine(&self, id: &str) -> Result<Engine, ResidencyError> {
+        // A split model its cluster is forming again for takes no new request, loaded or not.
+        if let Some(waiting) = self.split_waiting_error(id) {
+            return Err(waiting);
+        }
         match self.touch(id) {
             Some(engine) => Ok(engine),
             None => self.load_engine(id, None).await,
@@ -412,7 +421,7 @@ impl Residency {
             return Ok(engine);
         }
         // Never loaded whole here while it waits for its cluster.
-        if let Some(waiting) = self.waiting_error(Some(id)).filter(|_| !self.awaited().is_some_and(|a| a.whole)) {
+        if let Some(waiting) = self.split_waiting_error(id) {
             return Err(waiting);
         }
         let model = self.inner.catalog.find(id)?;
