@@ -12,11 +12,11 @@ pub const RESTARTED_AFTER_VAR: &str = "FASTMLX_RESTARTED_AFTER";
 /// Replaces this process with a fresh start of itself; `why` is logged and passed on. Returns
 /// only if that fails, by ending the process with an error.
 pub fn restart(why: &str) -> ! {
-    restart_with(why, &[])
+    restart_with(why, &[], &[])
 }
 
-/// [`restart`], with `env` entries set for the new image.
-pub fn restart_with(why: &str, env: &[(&str, String)]) -> ! {
+/// [`restart`], with `env` entries set for the new image and the `clear` ones removed.
+pub fn restart_with(why: &str, env: &[(&str, String)], clear: &[&str]) -> ! {
     eprintln!("{why}\nstarting again to rejoin the cluster");
     #[cfg(unix)]
     {
@@ -24,12 +24,18 @@ pub fn restart_with(why: &str, env: &[(&str, String)]) -> ! {
         let (listening, keep) = crate::server::listen::to_pass_on();
         close_on_exec_all_but(&keep);
         let error = match std::env::current_exe() {
-            Ok(program) => std::process::Command::new(program)
-                .args(std::env::args_os().skip(1))
-                .env(RESTARTED_AFTER_VAR, why)
-                .env(crate::server::listen::INHERITED_VAR, listening)
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .exec(),
+            Ok(program) => {
+                let mut command = std::process::Command::new(program);
+                command.args(std::env::args_os().skip(1));
+                for key in clear {
+                    command.env_remove(key);
+                }
+                command
+                    .env(RESTARTED_AFTER_VAR, why)
+                    .env(crate::server::listen::INHERITED_VAR, listening)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .exec()
+            }
             Err(e) => e,
         };
         eprintln!("error: cannot start again: {error}");

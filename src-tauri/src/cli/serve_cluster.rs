@@ -223,6 +223,8 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         .ok()
         .and_then(|text| Membership::from_env(&text, &file))
         .unwrap_or_else(|| Membership::everyone(&file));
+    // After a take-in: the list that served before, if this larger one cannot form.
+    let fallback = std::env::var(roster::FALLBACK_VAR).ok().and_then(|text| Membership::from_env(&text, &file));
     let restarted = rejoin::restarted_after();
     let port = args.roster.port(&file);
     models.await_split(&id, with_cause(restarted.as_deref(), "waiting for the machines to check in".into()));
@@ -260,7 +262,8 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         Ok(joined) => joined,
         Err(why) => {
             tokio::time::sleep(RETRY_PAUSE).await;
-            start_again(&models, server, &id, &membership, why).await
+            let (next, why) = after_failed_forming(&file, &membership, fallback.as_ref(), why);
+            start_again(&models, server, &id, next, why).await
         }
     };
     let size = group.size();
@@ -300,12 +303,18 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
     // Until the engine takes over the link, a wait past the deadline still starts this again.
     let first = tokio::select! {
         first = models.load_split(&id, load) => first,
-        Some(error) = expired.recv() => start_again(&models, server, &id, &membership, error).await,
+        Some(error) = expired.recv() => {
+            let (next, why) = after_failed_forming(&file, &membership, fallback.as_ref(), error);
+            start_again(&models, server, &id, next, why).await
+        }
     };
     let lost = lost_while_loading.lock().unwrap_or_else(|p| p.into_inner()).take();
     let first = match (first, lost) {
         (Ok(first), _) => first,
-        (Err(_), Some(why)) => start_again(&models, server, &id, &membership, why).await,
+        (Err(_), Some(why)) => {
+            let (next, why) = after_failed_forming(&file, &membership, fallback.as_ref(), why);
+            start_again(&models, server, &id, next, why).await
+        }
         (Err(e), None) => return Err(e).with_context(|| format!("loading {id} across the cluster")),
     };
     eprintln!("FastMLX serving {} at {} on {} machines", first.id, server.url(), membership.members.len());
@@ -318,7 +327,7 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
             // signal meanwhile still stops the server).
             tokio::select! {
                 _ = shutdown_signal() => stop_server(models, server).await,
-                () = drained(&models, &id) => start_again(&models, server, &id, &membership, fault).await,
+                () = drained(&models, &id) => start_again(&models, server, &id, Next::list(&membership), fault).await,
             }
         }
         back = returned(&models, &roster) => take_in(models, server, &id, &membership, &file, back).await,
@@ -452,16 +461,68 @@ async fn take_in(
     models.await_split(id, format!("{why}; forming the cluster again with it"));
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
-        () = drained(&models, "") => start_again(&models, server, id, &membership.with(&back), why).await,
+        () = drained(&models, "") => {
+            let next = Next { fallback: Some(membership.to_env()), ..Next::list(&membership.with(&back)) };
+            start_again(&models, server, id, next, why).await
+        }
     }
 }
 
-/// Rank 0 starts again in place to form the cluster again (`why` it must) with `membership`,
-/// its port open throughout: meanwhile the model is answered 503 with the reason.
-async fn start_again(models: &Residency, server: RunningServer, id: &str, membership: &Membership, why: String) -> ! {
+/// What rank 0's next image forms with: the list, after a take-in the list that served before,
+/// and machines not to take back for a while.
+struct Next {
+    members: String,
+    fallback: Option<String>,
+    hold: Option<String>,
+}
+
+impl Next {
+    fn list(membership: &Membership) -> Next {
+        Next { members: membership.to_env(), fallback: None, hold: None }
+    }
+}
+
+/// How long a machine whose take-in failed is served without before it is tried again.
+const HOLD_OFF: Duration = Duration::from_secs(300);
+
+/// The cluster of `membership` did not form (`why`): formed again with the same machines, or,
+/// where it was a take-in, with the list that served before (`fallback`), the machines taken
+/// in held off for [`HOLD_OFF`]: the roster sees them, yet MLX could not reach them.
+fn after_failed_forming(
+    file: &HostFile,
+    membership: &Membership,
+    fallback: Option<&Membership>,
+    why: String,
+) -> (Next, String) {
+    let Some(fallback) = fallback else { return (Next::list(membership), why) };
+    let taken: Vec<usize> = membership.members.iter().copied().filter(|p| !fallback.members.contains(p)).collect();
+    if taken.is_empty() {
+        return (Next::list(membership), why);
+    }
+    let names: Vec<String> = taken.iter().map(|&p| roster::name(file, p)).collect();
+    let back = Membership { generation: membership.generation + 1, members: fallback.members.clone() };
+    let hold = roster::hold_to_env(&taken, std::time::SystemTime::now() + HOLD_OFF);
+    let why = format!(
+        "{} could not be taken back ({why}); serving without it again, and trying it again in {} min",
+        names.join(", "),
+        HOLD_OFF.as_secs() / 60
+    );
+    (Next { members: back.to_env(), fallback: None, hold: Some(hold) }, why)
+}
+
+/// Rank 0 starts again in place to form the cluster again (`why` it must) as `next` says, its
+/// port open throughout: meanwhile the model is answered 503 with the reason.
+async fn start_again(models: &Residency, server: RunningServer, id: &str, next: Next, why: String) -> ! {
     models.await_split(id, format!("{why}; starting again to form the cluster"));
     server.hand_over(Duration::from_secs(5)).await;
-    rejoin::restart_with(&why, &[(roster::MEMBERSHIP_VAR, membership.to_env())])
+    let mut env = vec![(roster::MEMBERSHIP_VAR, next.members)];
+    let mut clear = vec![];
+    match next.fallback {
+        Some(fallback) => env.push((roster::FALLBACK_VAR, fallback)),
+        None => clear.push(roster::FALLBACK_VAR),
+    }
+    env.extend(next.hold.map(|hold| (roster::HOLD_VAR, hold)));
+    rejoin::restart_with(&why, &env, &clear)
 }
 
 /// Once the split model's cluster lost a rank: why.

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +18,11 @@ use super::identity::NodeIdentity;
 
 /// The environment entry that hands a restarted rank 0 the machines it forms with.
 pub const MEMBERSHIP_VAR: &str = "FASTMLX_CLUSTER_MEMBERS";
+/// After a take-in: the list that served before, which rank 0 falls back to if the larger
+/// cluster cannot form.
+pub const FALLBACK_VAR: &str = "FASTMLX_CLUSTER_FALLBACK";
+/// Machines not taken back before a time (`place,place@unix seconds`): their take-in failed.
+pub const HOLD_VAR: &str = "FASTMLX_CLUSTER_HOLD";
 /// A check-in older than this and the machine counts as gone (many polls: one slow exchange
 /// does not make a machine look gone).
 const FRESH: Duration = Duration::from_secs(5);
@@ -123,6 +128,31 @@ struct State {
     seen: Vec<Option<Seen>>,
     /// Since when rank 0 has listened: the clock of a machine never heard from.
     opened: Instant,
+    /// Machines not taken back before a time (their last take-in failed to form).
+    held: Vec<usize>,
+    held_until: SystemTime,
+}
+
+impl State {
+    /// The machines of the host file heard from lately that are not members and not held off.
+    fn back(&self, now: Instant) -> Vec<usize> {
+        let held = |p: &usize| self.held.contains(p) && SystemTime::now() < self.held_until;
+        (1..self.seen.len())
+            .filter(|&p| !self.membership.members.contains(&p) && fresh(self, p, now) && !held(&p))
+            .collect()
+    }
+}
+
+/// Machines held off until a time, for [`HOLD_VAR`].
+pub fn hold_to_env(places: &[usize], until: SystemTime) -> String {
+    let secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{}@{secs}", places.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
+}
+
+fn hold_from_env(text: &str) -> Option<(Vec<usize>, SystemTime)> {
+    let (places, secs) = text.split_once('@')?;
+    let places = places.split(',').map(|p| p.parse().ok()).collect::<Option<Vec<usize>>>()?;
+    Some((places, UNIX_EPOCH + Duration::from_secs(secs.parse().ok()?)))
 }
 
 /// What rank 0 does next.
@@ -146,7 +176,10 @@ impl Roster {
     /// Listens on each of rank 0's hosts at `port`, starting from `membership`; a worker
     /// whose `identity` differs from rank 0's is refused with the reason.
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
-        let state = State { membership, form: false, seen: vec![None; hosts.ranks.len()], opened: Instant::now() };
+        let (held, held_until) =
+            std::env::var(HOLD_VAR).ok().and_then(|text| hold_from_env(&text)).unwrap_or((Vec::new(), UNIX_EPOCH));
+        let seen = vec![None; hosts.ranks.len()];
+        let state = State { membership, form: false, seen, opened: Instant::now(), held, held_until };
         let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone(), identity: Arc::new(identity) };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
@@ -217,9 +250,7 @@ impl Roster {
     /// The machines of the host file heard from lately that are not members (back after being
     /// left out, or a first start that missed the forming).
     pub fn returned(&self) -> Vec<usize> {
-        let state = self.state();
-        let now = Instant::now();
-        (1..state.seen.len()).filter(|&p| !state.membership.members.contains(&p) && fresh(&state, p, now)).collect()
+        self.state().back(Instant::now())
     }
 
     /// Who forms next: every member heard from lately forms; the machines heard from that are
@@ -248,8 +279,7 @@ fn decide(
     own_room: u64,
     fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
 ) -> Decision {
-    let back: Vec<usize> =
-        (1..state.seen.len()).filter(|&p| !state.membership.members.contains(&p) && fresh(state, p, now)).collect();
+    let back = state.back(now);
     if !back.is_empty() {
         state.membership = state.membership.with(&back);
     }
@@ -412,7 +442,15 @@ mod tests {
     }
 
     fn state(n: usize, opened: Instant) -> State {
-        State { membership: Membership::everyone(&hosts(n)), form: false, seen: vec![None; n], opened }
+        let (held, held_until) = (Vec::new(), UNIX_EPOCH);
+        State {
+            membership: Membership::everyone(&hosts(n)),
+            form: false,
+            seen: vec![None; n],
+            opened,
+            held,
+            held_until,
+        }
     }
 
     #[test]
@@ -439,6 +477,12 @@ mod tests {
         s.seen[2] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         let at = t0 + Duration::from_secs(63);
+        // Held off (its last take-in failed): not taken back until the time passes.
+        s.held = vec![2];
+        s.held_until = SystemTime::now() + Duration::from_secs(60);
+        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
+        assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
+        s.held_until = SystemTime::now() - Duration::from_secs(1);
         let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
         assert_eq!(formed, Decision::Form(Membership { generation: 2, members: vec![0, 1, 2] }));
         // Where the others cannot hold it, the lost one is waited for, saying why.
@@ -462,6 +506,9 @@ mod tests {
             assert_eq!(Membership::from_env(bad, &file), None, "{bad}");
         }
         assert_eq!(m.with(&[2]), Membership { generation: 8, members: vec![0, 1, 2, 3] });
+        let until = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert_eq!(hold_from_env(&hold_to_env(&[2, 3], until)), Some((vec![2, 3], until)));
+        assert_eq!(hold_from_env("2,x@5"), None);
     }
 
     #[test]

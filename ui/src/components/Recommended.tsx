@@ -97,7 +97,9 @@ export function RecommendedList({ state, pulls }: { state: RecommendedState; pul
           <p class="muted small-text">{use.blurb}</p>
           <div class="rec-grid">
             {use.models.map((m) => (
-              <RecommendedCard key={m.name} model={m} pulls={pulls} />
+              // Keyed by the plan's choice too: a card keeps the quantization picked in it only
+              // while the plan offers the same one (another Mac's plan brings its own choice).
+              <RecommendedCard key={`${m.name}:${m.choice}`} model={m} pulls={pulls} />
             ))}
           </div>
         </section>
