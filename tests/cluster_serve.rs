@@ -192,15 +192,14 @@ async fn turns(port: u16) -> (Vec<String>, Vec<u64>) {
     out.into_iter().unzip()
 }
 
-async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, speculative: &str, what: &str) {
-    let args = ["--speculative", speculative];
+async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, args: &[&str], what: &str) {
     let port = free_port();
-    let mut alone = serve(dir, model, port, &args, None);
+    let mut alone = serve(dir, model, port, args, None);
     wait_ready(port, &mut alone).await;
     let (want, _) = answers(port).await;
     let (want_turns, _) = turns(port).await;
     drop(alone);
-    let (port, nodes) = cluster(dir, model, ranks, &args).await;
+    let (port, nodes) = cluster(dir, model, ranks, args).await;
     let (got, drafted) = answers(port).await;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{what} across {ranks} ranks, prompt {i}: {}", nodes[0].log());
@@ -251,13 +250,18 @@ async fn assert_cluster_shown(port: u16, ranks: usize, what: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn served_across_ranks_answers_as_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    assert_served_like_alone(dir.path(), &common::smollm2_gguf(), 2, "ngram", "SmolLM2").await;
+    let smollm2 = common::smollm2_gguf();
+    assert_served_like_alone(dir.path(), &smollm2, 2, &["--speculative", "ngram"], "SmolLM2").await;
+    // A draft model drafts on rank 0 (loaded whole there); the pipeline checks its tokens.
+    let draft = ["--speculative", "draft", "--draft-model", smollm2.to_str().unwrap()];
+    assert_served_like_alone(dir.path(), &smollm2, 2, &draft, "SmolLM2 drafted by a draft model").await;
     // A random model repeats nothing for n-grams to find: its MTP head drafts (on rank 0,
     // with the ends), so the workers' recurrent layers take back rejected positions.
     let hybrid = dir.path().join("qwen35");
     let options = synthetic::TinyOptions { mtp: true, ..Default::default() };
     synthetic::write_tiny_model_with(&hybrid, Arch::Qwen35, 3, &options).unwrap();
-    assert_served_like_alone(dir.path(), &hybrid, 3, "mtp", "Qwen3.5 (Gated DeltaNet hybrid)").await;
+    assert_served_like_alone(dir.path(), &hybrid, 3, &["--speculative", "mtp"], "Qwen3.5 (Gated DeltaNet hybrid)")
+        .await;
 }
 
 /// A short greedy answer of the server on `port`.

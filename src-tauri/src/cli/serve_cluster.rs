@@ -74,9 +74,6 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
              `fastmlx generate --cluster`)"
         );
     }
-    if args.draft_model.is_some() {
-        anyhow::bail!("--draft-model is not served across a cluster yet (n-gram drafting is)");
-    }
     let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
     let (place, watchdog) = rank_and_watchdog(&args.cluster)?;
     if place >= hosts.ranks.len() {

@@ -212,12 +212,14 @@ impl EngineHandle {
     }
 
     /// As [`EngineHandle::start`] for a model split across a cluster: `load` gives this rank's
-    /// stage of it and the link to the ranks holding the later layers.
+    /// stage of it and the link to the ranks holding the later layers; a draft model, if any, is
+    /// loaded whole here (it drafts on this rank; the pipeline checks its tokens).
     pub fn start_split(
         config: EngineConfig,
         load: impl FnOnce() -> Result<(LoadedModel, Box<dyn RemoteLayers>), ModelError> + Send + 'static,
+        load_draft: Option<DraftLoader>,
     ) -> Result<EngineHandle, ModelError> {
-        Self::start_inner(config, move || load().map(|(model, remote)| (model, Some(remote))), None)
+        Self::start_inner(config, move || load().map(|(model, remote)| (model, Some(remote))), load_draft)
     }
 
     fn start_inner(

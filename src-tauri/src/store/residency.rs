@@ -386,17 +386,26 @@ impl Residency {
         let _one_at_a_time = self.inner.loading.lock().await;
         let model = self.inner.catalog.find_or_add_path(id_or_path)?;
         let config = self.config();
+        // A draft model (`--draft-model`) is loaded whole on this rank beside its stage.
+        let draft = match config.drafts.iter().find(|(target, _)| *target == model.id) {
+            Some((_, draft)) => Some(self.inner.catalog.find(draft)?),
+            None => None,
+        };
         // The stage's share of the weights is known once it is built; the engine measures what
         // the process holds when it sizes its KV budget.
-        let kv = self.make_room(&model.id, 0)?;
+        let draft_weights = draft.as_ref().map_or(0, |d| estimated_weights_bytes(&d.summary, &config.load));
+        let kv = self.make_room(&model.id, draft_weights)?;
         let engine_config = chat_engine_config(&config, &model.id, kv);
         let (path, options) = (model.path.clone(), config.load);
+        let load_draft =
+            draft.map(|d| -> DraftLoader { Box::new(move || load_model_with(&d.path, &Backend::init(), &options)) });
         let failed = |e: String| ResidencyError::LoadFailed { id: model.id.clone(), message: e };
-        let engine =
-            tokio::task::spawn_blocking(move || EngineHandle::start_split(engine_config, move || load(path, options)))
-                .await
-                .map_err(|e| failed(e.to_string()))?
-                .map_err(|e| failed(e.to_string()))?;
+        let engine = tokio::task::spawn_blocking(move || {
+            EngineHandle::start_split(engine_config, move || load(path, options), load_draft)
+        })
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(e.to_string()))?;
         let footprint = engine.model_info().weights_bytes as u64 + kv;
         let engine = self.add_resident(model.id.clone(), model.path, Engine::Chat(engine), footprint, None);
         if let Some(resident) = self.residents().iter_mut().find(|r| r.id == model.id) {

@@ -214,17 +214,6 @@ pub fn stage_kv_capacity(
     budget.bytes / per_token.max(1)
 }
 
-/// A pipeline stage's KV budget of `bytes` (its own memory) in the units the engine counts a
-/// token in, the whole model's layers (`all` elements per token) though the stage holds `held`
-/// of them: larger by `all / held`. A stage that holds no keys and values (only recurrent
-/// layers) keeps `bytes` (its rows' states still take room).
-pub fn stage_budget_in_model_units(bytes: usize, held: usize, all: usize) -> usize {
-    if held == 0 || held >= all {
-        return bytes;
-    }
-    (bytes as u128 * all as u128 / held as u128).min(usize::MAX as u128) as usize
-}
-
 /// The KV budget under a ceiling: what the ceiling leaves after the weights, what the process
 /// held before the model (`baseline`), MLX's buffer cache, and the steps the engine must always
 /// be able to run: a decode step of the whole batch (its growth scales with the rows and the KV
@@ -289,25 +278,6 @@ mod tests {
     use super::*;
     use crate::fixtures::synthetic;
     use crate::model::config::Arch;
-
-    #[test]
-    fn a_stage_admits_tokens_by_the_keys_and_values_it_holds() {
-        // A third of the layers' KV held: three times the bytes in the whole model's units.
-        assert_eq!(stage_budget_in_model_units(100 << 20, 10, 30), 300 << 20);
-        // A hybrid's stage of recurrent layers only, or the whole model: unchanged.
-        assert_eq!(stage_budget_in_model_units(100 << 20, 0, 30), 100 << 20);
-        assert_eq!(stage_budget_in_model_units(100 << 20, 30, 30), 100 << 20);
-        // The tiny Qwen3-Next hybrid: the keys and values of a stage of its layers are the
-        // stage's attention layers' only.
-        let dir = tempfile::tempdir().unwrap();
-        synthetic::write_tiny_model(dir.path(), Arch::Qwen3Next, 1, None).unwrap();
-        let config = crate::model::read_config(dir.path()).unwrap();
-        let all = config.kv_elements_per_token();
-        let halves = [0..config.num_layers / 2, config.num_layers / 2..config.num_layers];
-        let held: Vec<usize> = halves.iter().map(|h| config.kv_elements_per_token_in(h.clone())).collect();
-        assert_eq!(held.iter().sum::<usize>(), all);
-        assert!(held.iter().all(|&h| stage_budget_in_model_units(1000, h, all) >= 1000));
-    }
 
     #[test]
     fn verify_steps_narrow_to_what_is_free_under_the_ceiling() {

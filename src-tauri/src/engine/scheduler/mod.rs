@@ -110,12 +110,6 @@ impl Scheduler {
         let held = Governor::held_now().max(model.weights_bytes);
         let mut budget =
             memory::kv_budget(ceiling, held, 0, &cost, config.max_batch, context_length, config.kv_budget_bytes);
-        // A pipeline stage holds its own layers' keys and values only, while the engine counts
-        // every layer's per token: its room, in those units, is larger by their ratio.
-        if let Some(stage) = t.stage() {
-            let held = t.config.kv_elements_per_token_in(stage.layers.clone());
-            budget.bytes = memory::stage_budget_in_model_units(budget.bytes, held, t.config.kv_elements_per_token());
-        }
         // Split across machines: no more tokens than the other ranks have room for.
         if let Some(tokens) = remote.as_ref().and_then(RemoteLink::kv_capacity_tokens) {
             let capped = tokens.saturating_mul(t.kv_bytes_per_token());
