@@ -164,6 +164,8 @@ fn serve_stage(
     let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &membership.members) {
         Ok(loaded) => loaded,
         Err(Unloaded::Lost(e)) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
+        // Rank 0 forms again, without that rank if it stays away.
+        Err(Unloaded::Other(e)) => rejoin::restart(&format!("rank {place}: {e}")),
         Err(e) => return Err(e).with_context(|| format!("loading {}", path.display())),
     };
     let left_out: Vec<String> = membership.left_out(file).iter().map(|&p| roster::name(file, p)).collect();
@@ -267,7 +269,8 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
     let distributed = args.cluster.backend.clone();
     let kv_format = args.kv.format()?;
     let (cluster, shown) = (membership.clone(), file.clone());
-    // A link lost while the ranks load starts this again; a rank that could not load ends it.
+    // A link lost, or another rank's failed load, while the ranks load starts this again; rank
+    // 0's own failed load ends it.
     let lost_while_loading = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
     let lost = lost_while_loading.clone();
     let load = move |path: PathBuf, options| -> Result<(_, Box<dyn RemoteLayers>), ModelError> {
@@ -280,6 +283,8 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &cluster.members) {
             Ok(loaded) => loaded,
             Err(Unloaded::Lost(e)) => return Err(link_lost(format!("the cluster lost a rank while loading: {e}"))),
+            // The cluster forms again: without that rank once it stays away past --drop-after.
+            Err(Unloaded::Other(e)) => return Err(link_lost(e)),
             Err(Unloaded::Failed(e)) => return Err(e),
         };
         eprintln!("rank 0 of {size}: {} {held}", model.name);
@@ -423,8 +428,9 @@ async fn serve_alone(
     }
 }
 
-/// Machines of the host file left out of the cluster and checking in again, once the server
-/// has been idle for [`REJOIN_IDLE`].
+/// A machine of the host file left out of the cluster and checking in again, once the server
+/// has been idle for [`REJOIN_IDLE`]: one at a time (the lowest rank), so a take-in that fails
+/// holds off only the machine it tried.
 async fn returned(models: &Residency, roster: &Roster) -> Vec<usize> {
     let mut idle_since = None;
     loop {
@@ -437,7 +443,7 @@ async fn returned(models: &Residency, roster: &Roster) -> Vec<usize> {
         }
         let since = *idle_since.get_or_insert_with(std::time::Instant::now);
         if since.elapsed() >= REJOIN_IDLE {
-            return back;
+            return back[..1].to_vec();
         }
     }
 }
@@ -479,12 +485,9 @@ impl Next {
     }
 }
 
-/// How long a machine whose take-in failed is served without before it is tried again.
-const HOLD_OFF: Duration = Duration::from_secs(300);
-
 /// The cluster of `membership` did not form (`why`): formed again with the same machines, or,
 /// where it was a take-in, with the list that served before (`fallback`), the machines taken
-/// in held off for [`HOLD_OFF`]: the roster sees them, yet MLX could not reach them.
+/// in held off ([`roster::Holds`]): the roster sees them, yet MLX could not reach them.
 fn after_failed_forming(
     file: &HostFile,
     membership: &Membership,
@@ -498,12 +501,14 @@ fn after_failed_forming(
     }
     let names: Vec<String> = taken.iter().map(|&p| roster::name(file, p)).collect();
     let back = Membership { generation: membership.generation + 1, members: fallback.members.clone() };
-    let hold = roster::hold_to_env(&taken, std::time::SystemTime::now() + HOLD_OFF);
+    let now = std::time::SystemTime::now();
+    let holds = roster::Holds::from_env().failed(&taken, now);
+    let minutes = holds.remaining(taken[0], now).as_secs().div_ceil(60);
     let why = format!(
-        "{} could not be taken back ({why}); serving without it again, and trying it again in {} min",
-        names.join(", "),
-        HOLD_OFF.as_secs() / 60
+        "{} could not be taken back ({why}); serving without it again, and trying it again in {minutes} min",
+        names.join(", ")
     );
+    let hold = holds.to_env();
     (Next { members: back.to_env(), fallback: None, hold: Some(hold) }, why)
 }
 

@@ -305,9 +305,12 @@ pub enum Unloaded {
     /// again may serve).
     #[error("the cluster lost a rank while the ranks loaded: {0}")]
     Lost(String),
-    /// This rank, or another one, could not load its part (trying again changes nothing).
+    /// This rank could not load its part (trying again changes nothing).
     #[error(transparent)]
     Failed(#[from] crate::model::ModelError),
+    /// Another rank could not load its part: the others may serve without it.
+    #[error("{0}")]
+    Other(String),
 }
 
 /// This rank's `loaded`, once every rank has told whether it loaded (waited for under
@@ -336,7 +339,7 @@ pub fn agree_on_load<T>(
         Ok(loaded)
     } else {
         let why = format!("rank {} could not load its part of the model (its own log says why)", failed.join(", "));
-        Err(Unloaded::Failed(crate::model::ModelError::Invalid(why)))
+        Err(Unloaded::Other(why))
     }
 }
 

@@ -21,8 +21,13 @@ pub const MEMBERSHIP_VAR: &str = "FASTMLX_CLUSTER_MEMBERS";
 /// After a take-in: the list that served before, which rank 0 falls back to if the larger
 /// cluster cannot form.
 pub const FALLBACK_VAR: &str = "FASTMLX_CLUSTER_FALLBACK";
-/// Machines not taken back before a time (`place,place@unix seconds`): their take-in failed.
+/// Machines whose take-in failed: not taken back before a time (`place:unix seconds:failures`,
+/// comma-separated).
 pub const HOLD_VAR: &str = "FASTMLX_CLUSTER_HOLD";
+/// How long a machine whose take-in failed is served without at first; each failure after
+/// doubles it, up to [`MAX_HOLD`].
+pub const HOLD_OFF: Duration = Duration::from_secs(300);
+const MAX_HOLD: Duration = Duration::from_secs(4 * 3600);
 /// A check-in older than this and the machine counts as gone (many polls: one slow exchange
 /// does not make a machine look gone).
 const FRESH: Duration = Duration::from_secs(5);
@@ -128,31 +133,69 @@ struct State {
     seen: Vec<Option<Seen>>,
     /// Since when rank 0 has listened: the clock of a machine never heard from.
     opened: Instant,
-    /// Machines not taken back before a time (their last take-in failed to form).
-    held: Vec<usize>,
-    held_until: SystemTime,
+    /// Machines whose take-in failed, each held off until its own time.
+    holds: Holds,
 }
 
 impl State {
     /// The machines of the host file heard from lately that are not members and not held off.
     fn back(&self, now: Instant) -> Vec<usize> {
-        let held = |p: &usize| self.held.contains(p) && SystemTime::now() < self.held_until;
+        let at = SystemTime::now();
         (1..self.seen.len())
-            .filter(|&p| !self.membership.members.contains(&p) && fresh(self, p, now) && !held(&p))
+            .filter(|&p| !self.membership.members.contains(&p) && fresh(self, p, now) && !self.holds.active(p, at))
             .collect()
     }
 }
 
-/// Machines held off until a time, for [`HOLD_VAR`].
-pub fn hold_to_env(places: &[usize], until: SystemTime) -> String {
-    let secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    format!("{}@{secs}", places.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
-}
+/// Machines whose take-in failed: each held off until its own time, the longer the more often
+/// it failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holds(Vec<(usize, SystemTime, u32)>);
 
-fn hold_from_env(text: &str) -> Option<(Vec<usize>, SystemTime)> {
-    let (places, secs) = text.split_once('@')?;
-    let places = places.split(',').map(|p| p.parse().ok()).collect::<Option<Vec<usize>>>()?;
-    Some((places, UNIX_EPOCH + Duration::from_secs(secs.parse().ok()?)))
+impl Holds {
+    /// The holds rank 0 was handed ([`HOLD_VAR`]); none if absent or unreadable.
+    pub fn from_env() -> Holds {
+        std::env::var(HOLD_VAR).ok().and_then(|text| Holds::parse(&text)).unwrap_or_default()
+    }
+
+    fn parse(text: &str) -> Option<Holds> {
+        let entry = |e: &str| -> Option<(usize, SystemTime, u32)> {
+            let mut parts = e.split(':');
+            let place = parts.next()?.parse().ok()?;
+            let until = UNIX_EPOCH + Duration::from_secs(parts.next()?.parse().ok()?);
+            Some((place, until, parts.next()?.parse().ok()?))
+        };
+        text.split(',').filter(|e| !e.is_empty()).map(entry).collect::<Option<Vec<_>>>().map(Holds)
+    }
+
+    pub fn to_env(&self) -> String {
+        let secs = |t: &SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.0.iter().map(|(p, until, n)| format!("{p}:{}:{n}", secs(until))).collect::<Vec<_>>().join(",")
+    }
+
+    /// Whether `place` is held off at `at`.
+    pub fn active(&self, place: usize, at: SystemTime) -> bool {
+        self.0.iter().any(|&(p, until, _)| p == place && at < until)
+    }
+
+    /// How long `place` is still held off at `at`.
+    pub fn remaining(&self, place: usize, at: SystemTime) -> Duration {
+        let until = self.0.iter().find(|h| h.0 == place).map_or(at, |h| h.1);
+        until.duration_since(at).unwrap_or_default()
+    }
+
+    /// These holds with `places` failed once more at `at`: each held for [`HOLD_OFF`] doubled
+    /// for every failure before (the others' kept as they are).
+    pub fn failed(&self, places: &[usize], at: SystemTime) -> Holds {
+        let mut holds = self.0.clone();
+        for &place in places {
+            let failures = holds.iter().find(|h| h.0 == place).map_or(0, |h| h.2) + 1;
+            let hold = HOLD_OFF.saturating_mul(1 << (failures - 1).min(16)).min(MAX_HOLD);
+            holds.retain(|h| h.0 != place);
+            holds.push((place, at + hold, failures));
+        }
+        Holds(holds)
+    }
 }
 
 /// What rank 0 does next.
@@ -176,10 +219,8 @@ impl Roster {
     /// Listens on each of rank 0's hosts at `port`, starting from `membership`; a worker
     /// whose `identity` differs from rank 0's is refused with the reason.
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
-        let (held, held_until) =
-            std::env::var(HOLD_VAR).ok().and_then(|text| hold_from_env(&text)).unwrap_or((Vec::new(), UNIX_EPOCH));
         let seen = vec![None; hosts.ranks.len()];
-        let state = State { membership, form: false, seen, opened: Instant::now(), held, held_until };
+        let state = State { membership, form: false, seen, opened: Instant::now(), holds: Holds::from_env() };
         let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone(), identity: Arc::new(identity) };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
@@ -202,11 +243,15 @@ impl Roster {
                     answering.fetch_sub(1, Ordering::SeqCst);
                     continue;
                 }
-                let (roster, answering) = (roster.clone(), answering.clone());
-                std::thread::spawn(move || {
+                let (roster, counter) = (roster.clone(), answering.clone());
+                let spawned = std::thread::Builder::new().name("fastmlx-roster".into()).spawn(move || {
                     let _ = roster.answer(stream);
-                    answering.fetch_sub(1, Ordering::SeqCst);
+                    counter.fetch_sub(1, Ordering::SeqCst);
                 });
+                // No thread to be had: the connection closes unanswered and its worker asks again.
+                if spawned.is_err() {
+                    answering.fetch_sub(1, Ordering::SeqCst);
+                }
             });
         }
         Ok(roster)
@@ -253,8 +298,8 @@ impl Roster {
         self.state().back(Instant::now())
     }
 
-    /// Who forms next: every member heard from lately forms; the machines heard from that are
-    /// not members join them; a member not heard from for over `drop_after` is left out if
+    /// Who forms next: every member heard from lately forms (a machine left out is taken back
+    /// only by a start of its own, [`Self::returned`]); a member not heard from for over `drop_after` is left out if
     /// `fits` the others' rooms (rank 0's first, `own_room`), else waited for.
     pub fn decide(
         &self,
@@ -279,10 +324,6 @@ fn decide(
     own_room: u64,
     fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
 ) -> Decision {
-    let back = state.back(now);
-    if !back.is_empty() {
-        state.membership = state.membership.with(&back);
-    }
     let missing: Vec<usize> =
         state.membership.members.iter().copied().skip(1).filter(|&p| !fresh(state, p, now)).collect();
     if missing.is_empty() {
@@ -442,14 +483,12 @@ mod tests {
     }
 
     fn state(n: usize, opened: Instant) -> State {
-        let (held, held_until) = (Vec::new(), UNIX_EPOCH);
         State {
             membership: Membership::everyone(&hosts(n)),
             form: false,
             seen: vec![None; n],
             opened,
-            held,
-            held_until,
+            holds: Holds::default(),
         }
     }
 
@@ -473,18 +512,18 @@ mod tests {
         assert_eq!((m.rank_of(1), m.rank_of(2)), (Some(1), None));
         assert_eq!(m.hosts(&file).ranks, [vec!["127.0.0.1:5000".to_string()], vec!["127.0.0.1:5001".to_string()]]);
         assert_eq!(m.left_out(&file), [2]);
-        // Rank 2 back: it joins the next forming, a new generation.
+        // Rank 2 back: the forming goes on without it; it is listed as back, to be taken in.
         s.seen[2] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         let at = t0 + Duration::from_secs(63);
-        // Held off (its last take-in failed): not taken back until the time passes.
-        s.held = vec![2];
-        s.held_until = SystemTime::now() + Duration::from_secs(60);
         let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
         assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
-        s.held_until = SystemTime::now() - Duration::from_secs(1);
-        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
-        assert_eq!(formed, Decision::Form(Membership { generation: 2, members: vec![0, 1, 2] }));
+        assert_eq!(s.back(at), [2]);
+        // Held off (its last take-in failed): not listed until its time passes.
+        s.holds = Holds::default().failed(&[2], SystemTime::now());
+        assert_eq!(s.back(at), Vec::<usize>::new());
+        s.holds = Holds::default().failed(&[2], SystemTime::now() - HOLD_OFF * 2);
+        assert_eq!(s.back(at), [2]);
         // Where the others cannot hold it, the lost one is waited for, saying why.
         let mut s = state(3, t0);
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(100), room: 5 });
@@ -506,9 +545,17 @@ mod tests {
             assert_eq!(Membership::from_env(bad, &file), None, "{bad}");
         }
         assert_eq!(m.with(&[2]), Membership { generation: 8, members: vec![0, 1, 2, 3] });
-        let until = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        assert_eq!(hold_from_env(&hold_to_env(&[2, 3], until)), Some((vec![2, 3], until)));
-        assert_eq!(hold_from_env("2,x@5"), None);
+        // Holds: each machine its own time, doubled for each failure, the others' kept.
+        let t = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let once = Holds::default().failed(&[2], t);
+        let twice = once.failed(&[2], t).failed(&[3], t);
+        assert_eq!(twice.0, [(2, t + HOLD_OFF * 2, 2), (3, t + HOLD_OFF, 1)]);
+        assert!(twice.active(2, t + HOLD_OFF) && !twice.active(3, t + HOLD_OFF) && !twice.active(1, t));
+        assert_eq!(Holds::parse(&twice.to_env()), Some(twice.clone()));
+        assert_eq!(Holds::parse(""), Some(Holds::default()));
+        assert_eq!(Holds::parse("2:x:1"), None);
+        let many = (0..40).fold(Holds::default(), |h, _| h.failed(&[1], t));
+        assert_eq!(many.0, [(1, t + MAX_HOLD, 40)]);
     }
 
     #[test]
