@@ -2,7 +2,7 @@
 //! host file, each its own `--rank`): the ranks join MLX's group, agree on the FastMLX version,
 //! the model and the settings, and each link of the ring is measured (rank 0 prints them).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::generate_cluster::ClusterArgs;
@@ -68,20 +68,18 @@ pub(super) fn rank_and_watchdog(cluster: &ClusterArgs) -> anyhow::Result<(usize,
     Ok((rank, Watchdog::start(rank, std::time::Duration::from_secs(cluster.timeout))))
 }
 
-/// Joins the cluster of `hosts` as `rank` serving `model` with `settings` (every rank must
+/// Joins the cluster of `hosts` as `rank` serving what `identity` says (every rank must
 /// state the same), gathers every rank's room (this one's: `room` bytes) and measures each link.
 /// A cluster that did not form is a [`FormError`] (whether trying again may help).
 pub(super) fn join(
     cluster: &ClusterArgs,
     (rank, watchdog): (usize, Watchdog),
     hosts: &HostFile,
-    model: &Path,
-    settings: &str,
+    identity: &NodeIdentity,
     room: u64,
 ) -> anyhow::Result<Joined> {
     let kind = DistributedBackend::parse(&cluster.backend).map_err(anyhow::Error::msg)?;
-    let identity = NodeIdentity::of(model, settings).map_err(anyhow::Error::msg)?;
-    let group = crate::cluster::form(hosts, rank, kind, &identity, &watchdog)?;
+    let group = crate::cluster::form(hosts, rank, kind, identity, &watchdog)?;
     let rooms = {
         let _w = watchdog.waiting("the ranks have not told their memory");
         crate::cluster::gather_rooms(&group, room).map_err(FormError::Absent)?

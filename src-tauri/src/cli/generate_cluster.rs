@@ -73,8 +73,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         cluster,
         rank_and_watchdog(cluster)?,
         &crate::cluster::hostfile::HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?,
-        &path,
-        &settings,
+        &crate::cluster::identity::NodeIdentity::of(&path, &settings).map_err(anyhow::Error::msg)?,
         crate::mlx::default_ceiling(),
     )?;
 

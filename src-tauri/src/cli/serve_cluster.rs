@@ -99,8 +99,8 @@ fn settings(args: &ServeArgs) -> String {
 /// What joining the cluster takes (a worker and rank 0 alike).
 struct JoinAsk {
     cluster: ClusterArgs,
-    model: PathBuf,
-    settings: String,
+    /// What this rank tells the others it serves (checked on the roster and again by MLX).
+    identity: NodeIdentity,
     /// This rank's room for weights.
     room: u64,
 }
@@ -109,15 +109,9 @@ impl JoinAsk {
     fn of(args: &ServeArgs, model: &Path) -> anyhow::Result<JoinAsk> {
         Ok(JoinAsk {
             cluster: args.cluster.clone(),
-            model: model.to_path_buf(),
-            settings: settings(args),
+            identity: NodeIdentity::of(model, &settings(args)).map_err(anyhow::Error::msg)?,
             room: args.residency_config()?.memory_budget,
         })
-    }
-
-    /// What this rank tells the others it serves (checked on the roster and again by MLX).
-    fn identity(&self) -> anyhow::Result<NodeIdentity> {
-        NodeIdentity::of(&self.model, &self.settings).map_err(anyhow::Error::msg)
     }
 
     /// Joins the cluster of `hosts` (its members' addresses) as the machine at `place` in the
@@ -128,8 +122,7 @@ impl JoinAsk {
         place: usize,
         rank_watchdog: (usize, Watchdog),
     ) -> anyhow::Result<Result<Joined, String>> {
-        let joined =
-            super::cluster_cmd::join(&self.cluster, rank_watchdog, hosts, &self.model, &self.settings, self.room);
+        let joined = super::cluster_cmd::join(&self.cluster, rank_watchdog, hosts, &self.identity, self.room);
         match joined {
             Err(e) if matches!(e.downcast_ref::<FormError>(), Some(FormError::Absent(_))) => {
                 Ok(Err(format!("rank {place}: the cluster did not form: {e}")))
@@ -149,7 +142,7 @@ fn serve_stage(
 ) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let ask = JoinAsk::of(&args, path)?;
-    let membership = roster::await_turn(file, args.roster.port(file), place, ask.room, ask.identity()?)
+    let membership = roster::await_turn(file, args.roster.port(file), place, ask.room, ask.identity.clone())
         .map_err(anyhow::Error::msg)?;
     let rank = membership.rank_of(place).expect("told to form as a member");
     let Joined { group, rooms, watchdog, .. } = match ask.join(&membership.hosts(file), place, (rank, watchdog))? {
@@ -218,17 +211,14 @@ fn load_checked(
 async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watchdog: Watchdog) -> anyhow::Result<()> {
     let models = args.residency()?;
     let id = models.catalog().find_or_add_path(&path.to_string_lossy())?.id;
-    let start = std::env::var(roster::MEMBERSHIP_VAR)
-        .ok()
-        .and_then(|text| Membership::from_env(&text, &file))
-        .unwrap_or_else(|| Membership::everyone(&file));
+    let start = Membership::from_var(roster::MEMBERSHIP_VAR, &file).unwrap_or_else(|| Membership::everyone(&file));
     // After a take-in: the list that served before, if this larger one cannot form.
-    let fallback = std::env::var(roster::FALLBACK_VAR).ok().and_then(|text| Membership::from_env(&text, &file));
+    let fallback = Membership::from_var(roster::FALLBACK_VAR, &file);
     let restarted = rejoin::restarted_after();
     let port = args.roster.port(&file);
     models.await_split(&id, with_cause(restarted.as_deref(), "waiting for the machines to check in".into()));
     let ask = JoinAsk::of(&args, &path)?;
-    let roster = Roster::open(&file, port, start, ask.identity()?).map_err(anyhow::Error::msg)?;
+    let roster = Roster::open(&file, port, start, ask.identity.clone()).map_err(anyhow::Error::msg)?;
     let server = start_server(&args, &models).await?;
     eprintln!("FastMLX at {}: {id} is served once the cluster has formed (roster on port {port})", server.url());
 

@@ -271,7 +271,7 @@ pub fn status_of(
     plan: &[Stage],
     links: &[Link],
 ) -> crate::engine::remote::ClusterStatus {
-    let place = |rank: usize| membership.members.get(rank).copied().unwrap_or(rank);
+    let place = |rank: usize| roster::place_of(&membership.members, rank);
     use crate::engine::remote::{ClusterLink, ClusterNode, ClusterStatus};
     let nodes = plan
         .iter()
@@ -333,7 +333,7 @@ pub fn agree_on_load<T>(
         .iter()
         .enumerate()
         .filter(|(_, &ok)| ok == 0)
-        .map(|(r, _)| places.get(r).copied().unwrap_or(r).to_string())
+        .map(|(r, _)| roster::place_of(places, r).to_string())
         .collect();
     if failed.is_empty() {
         Ok(loaded)

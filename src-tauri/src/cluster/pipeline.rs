@@ -128,7 +128,7 @@ impl Pipeline {
 
     /// How `rank` of the group is named: its place in the host file.
     fn name(&self, rank: usize) -> usize {
-        self.places.get(rank).copied().unwrap_or(rank)
+        super::roster::place_of(&self.places, rank)
     }
 
     /// Rank 0 serving: the other ranks have room for `tokens` of keys and values at most.

@@ -81,8 +81,14 @@ impl Membership {
         format!("{}:{}", self.generation, places.join(","))
     }
 
+    /// The list in the environment entry `var` ([`MEMBERSHIP_VAR`], [`FALLBACK_VAR`]), if
+    /// there is one that fits `hosts`.
+    pub fn from_var(var: &str, hosts: &HostFile) -> Option<Membership> {
+        Membership::parse(&std::env::var(var).ok()?, hosts)
+    }
+
     /// The list a restarted rank 0 was handed, if it fits `hosts` (starts with 0, places in it).
-    pub fn from_env(text: &str, hosts: &HostFile) -> Option<Membership> {
+    fn parse(text: &str, hosts: &HostFile) -> Option<Membership> {
         let (generation, places) = text.split_once(':')?;
         let members: Vec<usize> = places.split(',').map(|p| p.parse().ok()).collect::<Option<_>>()?;
         let valid = members.first() == Some(&0)
@@ -90,6 +96,12 @@ impl Membership {
             && members.iter().all(|&p| p < hosts.ranks.len());
         valid.then_some(Membership { generation: generation.parse().ok()?, members })
     }
+}
+
+/// The place in the host file of the group's `rank`, given the members' `places` in rank order
+/// (none given: the group is the host file).
+pub fn place_of(places: &[usize], rank: usize) -> usize {
+    places.get(rank).copied().unwrap_or(rank)
 }
 
 /// Names the machine at `place` as people know it: its rank in the host file and its address.
@@ -540,9 +552,9 @@ mod tests {
     fn the_list_passes_to_a_restarted_rank_0_and_a_bad_one_is_ignored() {
         let file = hosts(4);
         let m = Membership { generation: 7, members: vec![0, 1, 3] };
-        assert_eq!(Membership::from_env(&m.to_env(), &file), Some(m.clone()));
+        assert_eq!(Membership::parse(&m.to_env(), &file), Some(m.clone()));
         for bad in ["", "7", "7:1,3", "7:0,3,1", "7:0,4", "x:0,1"] {
-            assert_eq!(Membership::from_env(bad, &file), None, "{bad}");
+            assert_eq!(Membership::parse(bad, &file), None, "{bad}");
         }
         assert_eq!(m.with(&[2]), Membership { generation: 8, members: vec![0, 1, 2, 3] });
         // Holds: each machine its own time, doubled for each failure, the others' kept.

@@ -276,8 +276,11 @@ impl Residency {
     /// for): requests for it, and requests naming no model while none is loaded, are refused
     /// with that until [`Self::load_split`] loads it.
     pub fn await_split(&self, id: &str, reason: impl Into<String>) {
-        let awaited = Awaited { id: id.to_string(), reason: reason.into(), whole: false };
-        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = Some(awaited);
+        self.set_awaited(Some(Awaited { id: id.to_string(), reason: reason.into(), whole: false }));
+    }
+
+    fn set_awaited(&self, awaited: Option<Awaited>) {
+        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = awaited;
         self.inner.changes.send_modify(|n| *n += 1);
     }
 
@@ -285,13 +288,18 @@ impl Residency {
     /// machines are gone and it fits here), then served as any model; while it loads, requests
     /// naming no model are told `reason`.
     pub async fn load_whole_instead(&self, id: &str, reason: impl Into<String>) -> Result<Served, ResidencyError> {
-        let awaited = Awaited { id: id.to_string(), reason: reason.into(), whole: true };
-        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = Some(awaited);
-        self.inner.changes.send_modify(|n| *n += 1);
+        self.set_awaited(Some(Awaited { id: id.to_string(), reason: reason.into(), whole: true }));
         let loaded = self.load(id, None).await;
-        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.inner.changes.send_modify(|n| *n += 1);
+        self.set_awaited(None);
         loaded
+    }
+
+    /// The draft model paired with `id` (`--draft-model`), if one is.
+    fn draft_of(&self, config: &ResidencyConfig, id: &str) -> Result<Option<LocalModel>, ResidencyError> {
+        match config.drafts.iter().find(|(target, _)| target == id) {
+            Some((_, draft)) => Ok(Some(self.inner.catalog.find(draft)?)),
+            None => Ok(None),
+        }
     }
 
     /// The model waiting for its cluster, if one is.
@@ -387,18 +395,14 @@ impl Residency {
         let model = self.inner.catalog.find_or_add_path(id_or_path)?;
         let config = self.config();
         // A draft model (`--draft-model`) is loaded whole on this rank beside its stage.
-        let draft = match config.drafts.iter().find(|(target, _)| *target == model.id) {
-            Some((_, draft)) => Some(self.inner.catalog.find(draft)?),
-            None => None,
-        };
+        let draft = self.draft_of(&config, &model.id)?;
         // The stage's share of the weights is known once it is built; the engine measures what
         // the process holds when it sizes its KV budget.
         let draft_weights = draft.as_ref().map_or(0, |d| estimated_weights_bytes(&d.summary, &config.load));
         let kv = self.make_room(&model.id, draft_weights)?;
         let engine_config = chat_engine_config(&config, &model.id, kv);
         let (path, options) = (model.path.clone(), config.load);
-        let load_draft =
-            draft.map(|d| -> DraftLoader { Box::new(move || load_model_with(&d.path, &Backend::init(), &options)) });
+        let load_draft = draft.map(|d| draft_loader(d, options));
         let failed = |e: String| ResidencyError::LoadFailed { id: model.id.clone(), message: e };
         let engine = tokio::task::spawn_blocking(move || {
             EngineHandle::start_split(engine_config, move || load(path, options), load_draft)
@@ -411,7 +415,7 @@ impl Residency {
         if let Some(resident) = self.residents().iter_mut().find(|r| r.id == model.id) {
             resident.pinned = true;
         }
-        *self.inner.awaited.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.set_awaited(None);
         chat_engine(model.id, engine)
     }
 
@@ -441,17 +445,13 @@ impl Residency {
             return self.load_encoder(model, keep_alive).await;
         }
         let config = self.config();
-        let draft = match config.drafts.iter().find(|(target, _)| *target == model.id) {
-            Some((_, draft)) => Some(self.inner.catalog.find(draft)?),
-            None => None,
-        };
+        let draft = self.draft_of(&config, &model.id)?;
         let weights = estimated_weights_bytes(&model.summary, &config.load)
             + draft.as_ref().map_or(0, |d| estimated_weights_bytes(&d.summary, &config.load));
         let kv = self.make_room(&model.id, weights)?;
         let engine_config = chat_engine_config(&config, &model.id, kv);
         let (path, options) = (model.path.clone(), config.load);
-        let load_draft =
-            draft.map(|d| -> DraftLoader { Box::new(move || load_model_with(&d.path, &Backend::init(), &options)) });
+        let load_draft = draft.map(|d| draft_loader(d, options));
         let engine = tokio::task::spawn_blocking(move || {
             let load = move || load_model_with(&path, &Backend::init(), &options);
             EngineHandle::start_with_draft(engine_config, load, load_draft)
@@ -705,6 +705,11 @@ impl Residency {
 }
 
 /// The chat engine `engine` is, or why it is not one.
+/// What loads a draft model beside the model it drafts for.
+fn draft_loader(draft: LocalModel, options: LoadOptions) -> DraftLoader {
+    Box::new(move || load_model_with(&draft.path, &Backend::init(), &options))
+}
+
 fn chat_engine(id: String, engine: Engine) -> Result<Served, ResidencyError> {
     match engine {
         Engine::Chat(engine) => Ok(Served { id, engine }),
