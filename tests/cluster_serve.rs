@@ -192,14 +192,22 @@ async fn turns(port: u16) -> (Vec<String>, Vec<u64>) {
     out.into_iter().unzip()
 }
 
-async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, args: &[&str], what: &str) {
+/// `model` across `ranks` processes with `args` (and `split`: how it is split) answers as one
+/// process with `args` does.
+async fn assert_served_like_alone(
+    dir: &Path,
+    model: &Path,
+    (ranks, split): (usize, &[&str]),
+    args: &[&str],
+    what: &str,
+) {
     let port = free_port();
     let mut alone = serve(dir, model, port, args, None);
     wait_ready(port, &mut alone).await;
     let (want, _) = answers(port).await;
     let (want_turns, _) = turns(port).await;
     drop(alone);
-    let (port, nodes) = cluster(dir, model, ranks, args).await;
+    let (port, nodes) = cluster(dir, model, ranks, &[args, split].concat()).await;
     let (got, drafted) = answers(port).await;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{what} across {ranks} ranks, prompt {i}: {}", nodes[0].log());
@@ -212,23 +220,31 @@ async fn assert_served_like_alone(dir: &Path, model: &Path, ranks: usize, args: 
     for (rank, node) in nodes.iter().enumerate() {
         assert!(node.log().contains(&format!("rank {rank} of {ranks}: ")), "{}", node.log());
     }
-    assert_cluster_shown(port, ranks, what).await;
+    let tensor = split.contains(&"tensor");
+    assert_cluster_shown(port, ranks, tensor, what).await;
 }
 
 /// `/admin/status` and `/metrics` show the cluster: every rank's layers (all of the model's,
-/// once each), each link measured at start, the steps sent through and their costs.
-async fn assert_cluster_shown(port: u16, ranks: usize, what: &str) {
+/// once each; by `tensor`s, a share of every layer on every rank), each link measured at
+/// start, the steps sent through and their costs.
+async fn assert_cluster_shown(port: u16, ranks: usize, tensor: bool, what: &str) {
     let url = format!("http://127.0.0.1:{port}");
     let status: Value = reqwest::get(format!("{url}/admin/status")).await.unwrap().json().await.unwrap();
     let cluster = &status["loaded"][0]["cluster"];
     let nodes = cluster["nodes"].as_array().unwrap_or_else(|| panic!("{what}: no cluster in {status}"));
     assert_eq!(nodes.len(), ranks, "{what}: {cluster}");
+    assert_eq!(cluster["parallel"], if tensor { "tensor" } else { "pipeline" }, "{what}: {cluster}");
     let mut next = 0;
     for (rank, node) in nodes.iter().enumerate() {
         assert_eq!(node["rank"], rank, "{what}: {cluster}");
+        assert!(node["room_bytes"].as_u64().unwrap() > 0 && node["host"].as_str().unwrap().starts_with("127.0.0.1:"));
+        if tensor {
+            assert_eq!((&node["first_layer"], &node["end_layer"]), (&json!(0), &nodes[0]["end_layer"]), "{what}");
+            assert_eq!(node["ends"], true, "{what}: {cluster}");
+            continue;
+        }
         assert_eq!(node["first_layer"], next, "{what}: the layers run in rank order: {cluster}");
         next = node["end_layer"].as_u64().unwrap();
-        assert!(node["room_bytes"].as_u64().unwrap() > 0 && node["host"].as_str().unwrap().starts_with("127.0.0.1:"));
         assert_eq!(node["ends"], rank == 0, "{what}: {cluster}");
     }
     let links = cluster["links"].as_array().unwrap();
@@ -251,17 +267,24 @@ async fn assert_cluster_shown(port: u16, ranks: usize, what: &str) {
 async fn served_across_ranks_answers_as_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let smollm2 = common::smollm2_gguf();
-    assert_served_like_alone(dir.path(), &smollm2, 2, &["--speculative", "ngram"], "SmolLM2").await;
+    assert_served_like_alone(dir.path(), &smollm2, (2, &[]), &["--speculative", "ngram"], "SmolLM2").await;
     // A draft model drafts on rank 0 (loaded whole there); the pipeline checks its tokens.
     let draft = ["--speculative", "draft", "--draft-model", smollm2.to_str().unwrap()];
-    assert_served_like_alone(dir.path(), &smollm2, 2, &draft, "SmolLM2 drafted by a draft model").await;
+    assert_served_like_alone(dir.path(), &smollm2, (2, &[]), &draft, "SmolLM2 drafted by a draft model").await;
+    // Shared out by tensors: every rank runs its half of every layer's heads and columns on the
+    // engine's rows, summing with the other's; a draft model (itself) drafts on rank 0.
+    let qwen3 = dir.path().join("qwen3");
+    synthetic::write_tiny_model(&qwen3, Arch::Qwen3, 3, None).unwrap();
+    let draft = ["--speculative", "draft", "--draft-model", qwen3.to_str().unwrap()];
+    let tensor = (2, &["--parallel", "tensor"][..]);
+    assert_served_like_alone(dir.path(), &qwen3, tensor, &draft, "Qwen3 by tensors").await;
     // A random model repeats nothing for n-grams to find: its MTP head drafts (on rank 0,
     // with the ends), so the workers' recurrent layers take back rejected positions.
     let hybrid = dir.path().join("qwen35");
     let options = synthetic::TinyOptions { mtp: true, ..Default::default() };
     synthetic::write_tiny_model_with(&hybrid, Arch::Qwen35, 3, &options).unwrap();
-    assert_served_like_alone(dir.path(), &hybrid, 3, &["--speculative", "mtp"], "Qwen3.5 (Gated DeltaNet hybrid)")
-        .await;
+    let mtp = ["--speculative", "mtp"];
+    assert_served_like_alone(dir.path(), &hybrid, (3, &[]), &mtp, "Qwen3.5 (Gated DeltaNet hybrid)").await;
 }
 
 /// A short greedy answer of the server on `port`.
@@ -292,10 +315,16 @@ async fn retried(request: impl Fn() -> reqwest::RequestBuilder) -> reqwest::Resp
 /// server stays up saying which rank is gone, and new requests are refused with that. With
 /// `restart`, the worker is then started again: the cluster forms again by itself and serves
 /// the answers it gave before, also after idling past the deadline (rank 0's heartbeats).
-async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str, restart: bool) {
+/// The cluster: `ranks` processes, the model split as `split` says.
+async fn assert_lost_worker_reported(
+    lose: impl FnOnce(&mut Child),
+    how: &str,
+    restart: bool,
+    (ranks, split): (usize, &[&str]),
+) {
     let dir = tempfile::tempdir().unwrap();
-    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 2));
-    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &[]).await;
+    let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), ranks));
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, split).await;
     // A connection per request: rank 0 closes its open ones when it starts again.
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
@@ -379,14 +408,15 @@ async fn assert_lost_worker_reported(lose: impl FnOnce(&mut Child), how: &str, r
 async fn a_worker_lost_mid_answer_ends_the_stream_with_an_error_and_is_served_again_once_back() {
     // Killed: its connections close, MLX's send fails.
     // Started again, it is served again.
-    assert_lost_worker_reported(|worker| worker.kill().unwrap(), "killed", true).await;
+    assert_lost_worker_reported(|worker| worker.kill().unwrap(), "killed", true, (2, &[])).await;
     // Frozen (a machine that hangs or a cable pulled): nothing closes and MLX waits for good;
-    // the deadline ends the stream and the wait is left behind.
+    // the deadline ends the stream and the wait is left behind. Here with the model shared out
+    // by tensors across 3 ranks (SmolLM2's 3 key/value heads): rank 0 waits in MLX's sums.
     let freeze = |worker: &mut Child| {
         let frozen = Command::new("kill").args(["-STOP", &worker.id().to_string()]).status().unwrap();
         assert!(frozen.success());
     };
-    assert_lost_worker_reported(freeze, "frozen", false).await;
+    assert_lost_worker_reported(freeze, "frozen, by tensors", false, (3, &["--parallel", "tensor"])).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

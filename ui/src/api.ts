@@ -219,6 +219,9 @@ export interface LoadedModel {
  * and what rank 0's steps through the pipeline cost (sums since it loaded). */
 export interface ClusterStatus {
   backend: string;
+  /** How the model is split: `pipeline` (each machine its layers) or `tensor` (each machine its
+   * share of every layer's heads and columns, the outputs summed). */
+  parallel?: string;
   nodes: { rank: number; host: string; room_bytes: number; first_layer: number; end_layer: number; ends: boolean }[];
   links: { from: number; to: number; round_trip_ms: number; megabytes_per_second: number }[];
   /** The host file's machines served without (gone past `--drop-after` when it formed). */

@@ -13,9 +13,10 @@ use clap::Args;
 use super::cluster_cmd::{rank_and_watchdog, Joined};
 use super::generate_cmd::{print_stats, print_text, GenerateArgs};
 use crate::cluster::pipeline::Pipeline;
+pub use crate::cluster::Parallel;
 use crate::generate::generate_with;
 use crate::mlx::Backend;
-use crate::model::{load_model_split, ModelError};
+use crate::model::ModelError;
 
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
@@ -38,13 +39,6 @@ pub struct ClusterArgs {
     /// summed after each attention and MLP: for fast links).
     #[arg(long, value_enum, default_value_t = Parallel::Pipeline, requires = "cluster")]
     pub(super) parallel: Parallel,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Parallel {
-    #[default]
-    Pipeline,
-    Tensor,
 }
 
 impl ClusterArgs {
@@ -79,11 +73,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
 
     let load_started = Instant::now();
     let options = args.weights.load_options();
-    let loaded = match cluster.parallel {
-        Parallel::Pipeline => crate::cluster::load_stage(&path, &backend, &options, &rooms, rank),
-        Parallel::Tensor => load_model_split(&path, &backend, &options, |t| t.shard_tensors(group.clone()))
-            .map(|m| (m, format!("1/{} of every layer's heads and MLP columns", group.size()), Vec::new())),
-    };
+    let loaded = crate::cluster::load_part(&path, &backend, &options, &rooms, &group, cluster.parallel);
     let (model, held, _) = crate::cluster::agree_on_load(&group, &watchdog, loaded, &[])
         .with_context(|| format!("loading {}", path.display()))?;
     model.transformer.config.check_kv_format(kv_format).map_err(anyhow::Error::msg)?;

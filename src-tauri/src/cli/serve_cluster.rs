@@ -1,7 +1,8 @@
 //! `fastmlx serve --cluster hosts.json --rank N`: one model served across the machines of a
-//! cluster, split into pipeline stages by each machine's room. Every machine runs the same
-//! command with its own rank: rank 0 runs the HTTP server and the engine on the first stage
-//! (batching, scheduling, sampling, grammars); the others hold the later layers and follow the
+//! cluster, split into pipeline stages by each machine's room (or, `--parallel tensor`, each
+//! layer's heads and columns shared out). Every machine runs the same command with its own
+//! rank: rank 0 runs the HTTP server and the engine on the first stage (batching, scheduling,
+//! sampling, grammars); the others hold the later layers (their shares) and follow the
 //! engine's steps (`cluster::stage_server`) until rank 0 unloads the model or stops.
 //!
 //! Before MLX forms the cluster, the workers check in on rank 0's roster (`cluster::roster`),
@@ -68,12 +69,6 @@ impl RosterArgs {
 }
 
 pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Result<()> {
-    if args.cluster.parallel == Parallel::Tensor {
-        anyhow::bail!(
-            "serve --cluster splits the model into pipeline stages only for now (`--parallel tensor` is in \
-             `fastmlx generate --cluster`)"
-        );
-    }
     let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
     let (place, watchdog) = rank_and_watchdog(&args.cluster)?;
     if place >= hosts.ranks.len() {
@@ -91,8 +86,8 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
 /// What changes the numbers a rank computes: the same on every rank.
 fn settings(args: &ServeArgs) -> String {
     format!(
-        "parallel=pipeline weights={:?} kv_bits={} kv_group_size={} kv_start={}",
-        args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
+        "parallel={:?} weights={:?} kv_bits={} kv_group_size={} kv_start={}",
+        args.cluster.parallel, args.weights, args.kv.kv_bits, args.kv.kv_group_size, args.kv.kv_start
     )
 }
 
@@ -153,7 +148,8 @@ fn serve_stage(
         }
     };
     let backend = Backend::init();
-    let loaded = load_checked(path, &backend, &args.weights.load_options(), &rooms, rank, kv_format);
+    let parallel = args.cluster.parallel;
+    let loaded = load_checked(path, &backend, &args.weights.load_options(), (&rooms, &group, parallel), kv_format);
     let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &membership.members) {
         Ok(loaded) => loaded,
         Err(Unloaded::Lost(e)) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
@@ -171,9 +167,9 @@ fn serve_stage(
     // governed by an engine of its own.
     let residency = args.residency_config()?;
     let engine = residency.engine;
-    let layers = plan[rank].layers.clone();
+    let part = (plan[rank].layers.clone(), shares(parallel, group.size()));
     let room =
-        crate::engine::memory::stage_kv_capacity(&model.transformer, layers, &engine, residency.memory_budget as usize);
+        crate::engine::memory::stage_kv_capacity(&model.transformer, part, &engine, residency.memory_budget as usize);
     eprintln!("rank {place}: room for {room} tokens of keys and values");
     if let Err(e) = crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)) {
         rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}"))
@@ -182,26 +178,43 @@ fn serve_stage(
     let context = engine.context_length(model.transformer.config.max_position_embeddings);
     let prefix = crate::engine::kv::prefix_cache_for(&model, context, &engine, engine.prefix_cache_bytes);
     let hidden = model.transformer.config.hidden_size;
-    let mut pipeline = Pipeline::new(group, watchdog, hidden).with_places(membership.members.clone());
+    let pipeline = Pipeline::new(group, watchdog, hidden).with_places(membership.members.clone());
+    let mut pipeline = sharing(pipeline, parallel, &model.transformer);
     match pipeline.serve_stage(&model.transformer, kv_format, prefix) {
         Ok(()) => Ok(()),
         Err(e) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
     }
 }
 
-/// This rank's stage of the model, its KV format checked before the ranks agree that all
-/// loaded (so a format the model cannot hold fails every rank at once).
+/// This rank's part of the model (split `parallel` across `group`, whose rooms are `rooms`),
+/// its KV format checked before the ranks agree that all loaded (so a format the model cannot
+/// hold fails every rank at once).
 fn load_checked(
     path: &Path,
     backend: &Backend,
     options: &crate::model::LoadOptions,
-    rooms: &[u64],
-    rank: usize,
+    (rooms, group, parallel): (&[u64], &std::sync::Arc<crate::mlx::distributed::Group>, Parallel),
     kv_format: crate::model::KvFormat,
 ) -> Result<(crate::model::LoadedModel, String, Vec<crate::model::Stage>), ModelError> {
-    let (model, held, plan) = crate::cluster::load_stage(path, backend, options, rooms, rank)?;
+    let (model, held, plan) = crate::cluster::load_part(path, backend, options, rooms, group, parallel)?;
     model.transformer.config.check_kv_format(kv_format).map_err(ModelError::Invalid)?;
     Ok((model, held, plan))
+}
+
+/// Into how many shares each layer's heads are split: one per rank by tensors, none by stages.
+fn shares(parallel: Parallel, ranks: usize) -> usize {
+    match parallel {
+        Parallel::Tensor => ranks,
+        Parallel::Pipeline => 1,
+    }
+}
+
+/// `pipeline`, its steps summed across the ranks where the model is shared out by tensors.
+fn sharing(pipeline: Pipeline, parallel: Parallel, model: &crate::model::Transformer) -> Pipeline {
+    match parallel {
+        Parallel::Tensor => pipeline.sharing_layers(model.sums_per_step()),
+        Parallel::Pipeline => pipeline,
+    }
 }
 
 /// Rank 0: its roster and the HTTP server at once (the model answered 503 with the reason
@@ -224,8 +237,9 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
 
     let membership = {
         let (options, drop_after) = (args.weights.load_options(), args.roster.drop_after());
+        let split = (path.as_path(), options, args.cluster.parallel, file.ranks.len());
         tokio::select! {
-            membership = decided(&models, &id, &roster, (&path, options), drop_after, ask.room, restarted.as_deref()) => membership,
+            membership = decided(&models, &id, &roster, split, drop_after, ask.room, restarted.as_deref()) => membership,
             _ = shutdown_signal() => return stop_server(models, server).await,
         }
     };
@@ -256,7 +270,7 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         }
     };
     let size = group.size();
-    let distributed = args.cluster.backend.clone();
+    let (distributed, parallel) = (args.cluster.backend.clone(), args.cluster.parallel);
     let kv_format = args.kv.format()?;
     let (cluster, shown) = (membership.clone(), file.clone());
     // A link lost, or another rank's failed load, while the ranks load starts this again; rank
@@ -269,7 +283,7 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
             ModelError::Invalid(e)
         };
         let backend = Backend::init();
-        let loaded = load_checked(&path, &backend, &options, &rooms, 0, kv_format);
+        let loaded = load_checked(&path, &backend, &options, (&rooms, &group, parallel), kv_format);
         let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &cluster.members) {
             Ok(loaded) => loaded,
             Err(Unloaded::Lost(e)) => return Err(link_lost(format!("the cluster lost a rank while loading: {e}"))),
@@ -281,11 +295,12 @@ async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watch
         let room = crate::cluster::gather_kv_capacity(&group, &watchdog, None)
             .map_err(|e| link_lost(format!("the cluster lost a rank while loading: {e}")))?;
         let hidden = model.transformer.config.hidden_size;
-        let status = crate::cluster::status_of(&distributed, &shown, &cluster, &rooms, &plan, &links);
+        let status = crate::cluster::status_of((&distributed, parallel), &shown, &cluster, &rooms, &plan, &links);
         let pipeline = Pipeline::new(group, watchdog.clone(), hidden)
             .with_view(ClusterView::new(status))
             .with_kv_capacity(room)
             .with_places(cluster.members.clone());
+        let pipeline = sharing(pipeline, parallel, &model.transformer);
         // Rank 0 stays up when a rank is lost: its requests end with the reason, the
         // server says it, and the wait that never returns is left behind.
         let health = pipeline.health();
@@ -341,7 +356,7 @@ async fn decided(
     models: &Residency,
     id: &str,
     roster: &Roster,
-    (path, options): (&Path, crate::model::LoadOptions),
+    (path, options, parallel, most_ranks): (&Path, crate::model::LoadOptions, Parallel, usize),
     drop_after: Option<Duration>,
     own_room: u64,
     restarted: Option<&str>,
@@ -359,9 +374,10 @@ async fn decided(
         }
         let mut wanted = false;
         let mut fits = |rooms: &[u64]| match &shape {
-            Some(Ok(shape)) => {
-                shape.plan(rooms).map(|_| ()).map_err(|e| format!("the model does not fit on the others ({e})"))
-            }
+            Some(Ok(shape)) => shape
+                .plan_for(parallel, rooms)
+                .map(|_| ())
+                .map_err(|e| format!("the model does not fit on the others ({e})")),
             Some(Err(e)) => Err(format!("the model's size could not be read: {e}")),
             None => {
                 wanted = true;
@@ -373,7 +389,7 @@ async fn decided(
             let path = path.clone();
             shaping = Some(tokio::task::spawn_blocking(move || {
                 let model = crate::model::build_unread(&path, &Backend::init(), &options);
-                model.map(|t| Shape::of(&t)).map_err(|e| e.to_string())
+                model.map(|t| Shape::of(&t, most_ranks)).map_err(|e| e.to_string())
             }));
         }
         match decision {

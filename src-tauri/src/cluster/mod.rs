@@ -2,7 +2,8 @@
 //! process per machine, the host file in MLX's format. Every rank joins the group and agrees
 //! with rank 0 on the version, the model and the settings (a mismatch named, on every rank);
 //! `fastmlx cluster check` also measures each link of the ring. The model is then split into
-//! pipeline stages by each rank's room ([`plan_stages`], [`pipeline`]).
+//! pipeline stages by each rank's room ([`plan_stages`], [`pipeline`]) or shared out by heads
+//! and columns ([`Parallel::Tensor`], [`load_share`]).
 
 pub mod hostfile;
 pub mod identity;
@@ -160,18 +161,46 @@ fn gather_words(group: &Group, words: &[u64]) -> Result<Vec<u64>, String> {
     Ok(all.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect())
 }
 
+/// How a model is split across the machines of a cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Parallel {
+    /// Consecutive layers per machine, the residual stream passed on rank to rank.
+    #[default]
+    Pipeline,
+    /// Every layer's heads and MLP columns shared out, partial outputs summed after each
+    /// attention and MLP (`all_sum`): for fast links.
+    Tensor,
+}
+
 /// What splitting a model across machines plans from: its layers' bytes and its ends' (the
 /// embeddings, final norm and output head, on rank 0), or why it cannot be split.
 #[derive(Debug, Clone)]
 pub struct Shape {
     refusal: Option<String>,
+    /// Why it cannot be shared out by tensors across `n` ranks, at `n - 1` (up to the host
+    /// file's size).
+    tensor_refusals: Vec<Option<String>>,
     ends: u64,
     layers: Vec<u64>,
 }
 
 impl Shape {
-    pub fn of(model: &Transformer) -> Shape {
-        Shape { refusal: model.stage_refusal(), ends: model.ends_weight_bytes(), layers: model.layer_weight_bytes() }
+    /// `model`'s shape, for clusters of up to `most_ranks` machines.
+    pub fn of(model: &Transformer, most_ranks: usize) -> Shape {
+        Shape {
+            refusal: model.stage_refusal(),
+            tensor_refusals: (1..=most_ranks.max(1)).map(|n| model.tensor_refusal(n)).collect(),
+            ends: model.ends_weight_bytes(),
+            layers: model.layer_weight_bytes(),
+        }
+    }
+
+    /// Every rank's part, split `parallel` across machines of these `rooms`.
+    pub fn plan_for(&self, parallel: Parallel, rooms: &[u64]) -> Result<Vec<Stage>, String> {
+        match parallel {
+            Parallel::Pipeline => self.plan(rooms),
+            Parallel::Tensor => self.plan_shares(rooms),
+        }
     }
 
     /// Every rank's stage: the layers split by the ranks' room, rank 0's less the ends it holds.
@@ -187,12 +216,34 @@ impl Shape {
         let ranges = split::split_layers(&self.layers, &room)?;
         Ok(ranges.into_iter().enumerate().map(|(rank, layers)| Stage { layers, ends: rank == 0 }).collect())
     }
+
+    /// Tensor parallel: every rank holds every layer (its share of each) and the ends whole;
+    /// each rank's room must hold its share.
+    fn plan_shares(&self, rooms: &[u64]) -> Result<Vec<Stage>, String> {
+        let n = rooms.len();
+        let refusal = match self.tensor_refusals.get(n.saturating_sub(1)) {
+            Some(refusal) => refusal.clone(),
+            None => Some(format!("the shape was read for {} ranks at most, not {n}", self.tensor_refusals.len())),
+        };
+        if let Some(why) = refusal {
+            return Err(format!("this model cannot be split by tensors: {why}"));
+        }
+        let share = self.ends + self.layers.iter().sum::<u64>().div_ceil(n.max(1) as u64);
+        if let Some((rank, room)) = rooms.iter().enumerate().find(|(_, &room)| room < share) {
+            return Err(format!(
+                "rank {rank} has room for {:.2} GB of weights, its share of every layer and the ends is {:.2} GB",
+                *room as f64 / 1e9,
+                share as f64 / 1e9
+            ));
+        }
+        Ok((0..n).map(|_| Stage { layers: 0..self.layers.len(), ends: true }).collect())
+    }
 }
 
 /// Every rank's stage of `model` (built, not yet read): its layers split by the ranks' room,
 /// rank 0's less the ends it holds (embeddings, final norm, output head).
 pub fn plan_stages(model: &Transformer, rooms: &[u64]) -> Result<Vec<Stage>, String> {
-    Shape::of(model).plan(rooms)
+    Shape::of(model, 1).plan(rooms)
 }
 
 fn eval(a: Array) -> Result<Array, String> {
@@ -260,11 +311,46 @@ pub fn load_stage(
     Ok((model, held, plan))
 }
 
+/// Builds `path`'s model and keeps `group`'s rank's share of every layer's heads and columns
+/// (tensor parallel), read from this machine's disk, once every rank's room holds its share;
+/// returns it as [`load_stage`] does.
+pub fn load_share(
+    path: &Path,
+    backend: &crate::mlx::Backend,
+    options: &crate::model::LoadOptions,
+    rooms: &[u64],
+    group: std::sync::Arc<Group>,
+) -> Result<(crate::model::LoadedModel, String, Vec<Stage>), crate::model::ModelError> {
+    let mut plan = Vec::new();
+    let size = group.size();
+    let model = crate::model::load_model_split(path, backend, options, |t| {
+        plan = Shape::of(t, size).plan_for(Parallel::Tensor, rooms).map_err(crate::model::ModelError::Invalid)?;
+        t.shard_tensors(group)
+    })?;
+    Ok((model, format!("1/{size} of every layer's heads and MLP columns"), plan))
+}
+
+/// This rank's part of `path`'s model, split `parallel` across the ranks of `group` (whose
+/// rooms are `rooms`).
+pub fn load_part(
+    path: &Path,
+    backend: &crate::mlx::Backend,
+    options: &crate::model::LoadOptions,
+    rooms: &[u64],
+    group: &std::sync::Arc<Group>,
+    parallel: Parallel,
+) -> Result<(crate::model::LoadedModel, String, Vec<Stage>), crate::model::ModelError> {
+    match parallel {
+        Parallel::Pipeline => load_stage(path, backend, options, rooms, group.rank()),
+        Parallel::Tensor => load_share(path, backend, options, rooms, group.clone()),
+    }
+}
+
 /// What rank 0 shows people of the cluster as it formed: each machine's address, room and
 /// layers (`plan`), each link as measured; its machines named by their ranks in the host file
 /// (`membership`), and the file's machines it serves without.
 pub fn status_of(
-    backend: &str,
+    (backend, parallel): (&str, Parallel),
     file: &HostFile,
     membership: &roster::Membership,
     rooms: &[u64],
@@ -295,7 +381,8 @@ pub fn status_of(
         })
         .collect();
     let without = membership.left_out(file).into_iter().map(|p| roster::name(file, p)).collect();
-    ClusterStatus { backend: backend.to_string(), nodes, links, without, ..Default::default() }
+    let parallel = format!("{parallel:?}").to_lowercase();
+    ClusterStatus { backend: backend.to_string(), parallel, nodes, links, without, ..Default::default() }
 }
 
 /// Why the ranks did not all load.
@@ -350,4 +437,33 @@ pub fn gather_kv_capacity(group: &Group, watchdog: &Watchdog, mine: Option<usize
     let _w = watchdog.waiting("the other ranks have not told their room for the KV cache");
     let all = gather_words(group, &[mine.map_or(u64::MAX, |t| t as u64)])?;
     Ok(all.into_iter().min().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tensor_plan_gives_every_rank_every_layer_when_each_holds_its_share() {
+        // 4 layers of 100 bytes, 50 bytes of ends; whole heads split in 2 but not in 3.
+        let shape = Shape {
+            refusal: None,
+            tensor_refusals: vec![None, None, Some("3 heads do not split into 3".into())],
+            ends: 50,
+            layers: vec![100; 4],
+        };
+        let plan = shape.plan_for(Parallel::Tensor, &[250, 250]).unwrap();
+        assert_eq!(plan, vec![Stage { layers: 0..4, ends: true }; 2]);
+        // Each rank holds the ends and half the layers: 250 bytes.
+        let short = shape.plan_for(Parallel::Tensor, &[250, 249]).unwrap_err();
+        assert!(short.starts_with("rank 1 has room for"), "{short}");
+        let refused = shape.plan_for(Parallel::Tensor, &[1000; 3]).unwrap_err();
+        assert!(refused.contains("cannot be split by tensors: 3 heads"), "{refused}");
+        assert!(shape.plan_for(Parallel::Tensor, &[1000; 4]).is_err());
+        // Alone, the whole model; by stages, the layers split as before.
+        assert_eq!(shape.plan_for(Parallel::Tensor, &[450]).unwrap(), vec![Stage { layers: 0..4, ends: true }]);
+        let stages = shape.plan_for(Parallel::Pipeline, &[250, 250]).unwrap();
+        assert_eq!((stages[0].layers.start, stages[1].layers.end), (0, 4));
+        assert!(stages[0].ends && !stages[1].ends && stages[0].layers.end == stages[1].layers.start);
+    }
 }

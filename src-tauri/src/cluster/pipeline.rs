@@ -8,6 +8,11 @@
 //! keeps one cache per layer it holds, in step with rank 0's. An engine's step (`serve
 //! --cluster`) also names its rows and what became of the rows since the last step, in a second
 //! message of integers (`stage_server`).
+//!
+//! A model shared out by tensors (`serve --cluster --parallel tensor`) takes the same control
+//! path: the step's header and rows go down the ring ahead of it, then every rank embeds the
+//! step's tokens and runs its share of every layer, the ranks summing their partial outputs
+//! (MLX's `all_sum`) instead of passing the residual stream on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +75,8 @@ pub struct Pipeline {
     /// Each rank's place in the host file, which names it in errors (a cluster formed without
     /// a machine renumbers the rest).
     places: Vec<usize>,
+    /// Tensor parallel: the sums (`all_sum`) of one step through the model, instead of hops.
+    sums: Option<usize>,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -117,7 +124,14 @@ impl Pipeline {
             last_heard: Instant::now(),
             kv_capacity: None,
             places: Vec::new(),
+            sums: None,
         }
+    }
+
+    /// Every rank holds its share of every layer (tensor parallel), `sums` sums per step.
+    pub fn sharing_layers(mut self, sums: usize) -> Pipeline {
+        self.sums = Some(sums);
+        self
     }
 
     /// The ranks are named by these places in the host file (rank order).
@@ -188,6 +202,13 @@ impl Pipeline {
         model.final_norm(&back).map_err(model_err)
     }
 
+    /// What a rank waits on while it sums a step's outputs with the others.
+    fn summing_with(&self) -> String {
+        let others: Vec<String> =
+            (0..self.group.size()).filter(|&r| r != self.group.rank()).map(|r| self.name(r).to_string()).collect();
+        format!("summing a step's outputs with rank {}", others.join(", "))
+    }
+
     /// Rank 0, its header sent: sends the residual stream `h` on and waits for it to come back
     /// through every rank's layers. `extra`: bytes sent ahead besides the header.
     fn round_trip(&mut self, h: &Array, started: Instant, extra: usize) -> Result<Array, String> {
@@ -195,9 +216,14 @@ impl Pipeline {
         self.send(h)?;
         let sent = Instant::now();
         let back = self.recv(&[h.dim(0), h.dim(1), self.hidden], h.dtype())?;
-        let (waited, total) = (sent.elapsed(), started.elapsed());
-        let tokens = (h.dim(0) * h.dim(1)) as u64;
         let bytes = (HEADER_LEN * 4 + extra) as u64 + h.nbytes() as u64;
+        self.record((h.dim(0) * h.dim(1)) as u64, bytes, sent.elapsed(), started.elapsed());
+        Ok(back)
+    }
+
+    /// One step's costs: its token positions, the bytes over each hop, the wait for the other
+    /// ranks and the whole step.
+    fn record(&mut self, tokens: u64, bytes: u64, waited: Duration, total: Duration) {
         self.stats.waited += waited;
         self.stats.total += total;
         self.stats.steps += 1;
@@ -205,17 +231,56 @@ impl Pipeline {
         self.stats.bytes_per_hop += bytes;
         self.view.record_step(tokens, bytes, waited, total);
         self.last_heard = Instant::now();
-        Ok(back)
     }
 
     /// Rank 0's engine: one step of its batch through the other ranks' layers (see
-    /// `stage_server` for what the workers do with the rows' description).
-    pub fn forward_step(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
+    /// `stage_server` for what the workers do with the rows' description); `own` runs rank 0's.
+    pub fn forward_step(
+        &mut self,
+        step: &RemoteStep,
+        own: &mut dyn FnMut() -> Result<Array, String>,
+    ) -> Result<Array, String> {
         // Once a rank is lost, MLX's ring is not to be waited on again.
         if let Some(why) = self.health.fault() {
             return Err(why);
         }
-        self.send_step(step, h).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+        let stepped = match self.sums {
+            Some(sums) => self.shared_step(step, own, sums),
+            None => {
+                let h = own()?;
+                self.send_step(step, &h)
+            }
+        };
+        stepped.inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+    }
+
+    /// Tensor parallel: the step's rows go down the ring, then rank 0 runs its share of every
+    /// layer while the others run theirs, the sums waited for under the deadline.
+    fn shared_step(
+        &mut self,
+        step: &RemoteStep,
+        own: &mut dyn FnMut() -> Result<Array, String>,
+        sums: usize,
+    ) -> Result<Array, String> {
+        let rows = step.rows.len();
+        let positions = step.tokens.len() / rows.max(1);
+        if rows == 0 || positions * rows != step.tokens.len() || step.lengths.len() != rows {
+            return Err(format!("a step of {} tokens over {rows} rows", step.tokens.len()));
+        }
+        let data = self.send_described(STEP, rows as i32, positions as i32, 0, step)?;
+        let sent = Instant::now();
+        let h = {
+            // MLX's sum does not say which rank it lost; the roster names it once rank 0 starts again.
+            let what = self.summing_with();
+            let _w = self.watchdog.waiting(what.clone());
+            own().map_err(|e| without_source_places(&e)).and_then(eval).map_err(|e| format!("{what}: {e}"))?
+        };
+        // A ring's sum sends 2 (n - 1) / n of the array from each rank.
+        let n = self.group.size() as u64;
+        let summed = sums as u64 * h.nbytes() as u64 * 2 * (n - 1) / n.max(1);
+        let bytes = (HEADER_LEN * 4 + data * 8) as u64 + summed;
+        self.record((rows * positions) as u64, bytes, sent.elapsed(), step.began.elapsed());
+        Ok(h)
     }
 
     fn send_step(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
@@ -339,6 +404,14 @@ impl Pipeline {
                         self.send(&data)?;
                     }
                     let rows = StepRows::decode(&header, data.as_slice::<i64>())?;
+                    if self.sums.is_some() {
+                        // Its share of every layer on the step's tokens, summed with the others'.
+                        let ids = Array::from_slice(&rows.tokens, &[batch, len]);
+                        let _w = self.watchdog.waiting(self.summing_with());
+                        let h = model.embed_tokens(&ids).map_err(model_err)?;
+                        engine.forward(model, &rows, &h)?;
+                        continue;
+                    }
                     let h = self.recv(&[batch, len, self.hidden], dtype)?;
                     let out = engine.forward(model, &rows, &h)?;
                     self.send_on(out, dtype)?;
@@ -372,8 +445,8 @@ impl Pipeline {
 }
 
 impl RemoteLayers for Pipeline {
-    fn forward(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String> {
-        self.forward_step(step, h)
+    fn forward(&mut self, step: &RemoteStep, own: &mut dyn FnMut() -> Result<Array, String>) -> Result<Array, String> {
+        self.forward_step(step, own)
     }
 
     fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {

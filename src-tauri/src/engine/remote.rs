@@ -1,7 +1,9 @@
-//! The layers after this process's, on other machines: a pipeline cluster's other ranks
-//! (`cluster::stage_server` runs them). The engine runs the first stage (its caches hold its
-//! layers only) and hands the residual stream on at each forward; what the other ranks must do
-//! to their own caches to stay in step with the engine's rides along with it.
+//! The rest of the model, on other machines: a cluster's other ranks (`cluster::stage_server`
+//! runs them). Split into pipeline stages, the engine runs the first stage (its caches hold its
+//! layers only) and hands the residual stream on at each forward; shared out by tensors, every
+//! rank runs its share of every layer at once and the ranks sum their partial outputs. Either
+//! way, what the other ranks must do to their own caches to stay in step with the engine's
+//! rides along with each step.
 //!
 //! A worker keeps each batch's rows in the engine's order; the engine tells it the step's rows
 //! by request id (rows that joined are added, with their own caches if a worker held them
@@ -118,6 +120,9 @@ impl LinkHealth {
 pub struct ClusterStatus {
     /// MLX's distributed backend (`ring`, `jaccl`).
     pub backend: String,
+    /// How the model is split: `pipeline` (each node its layers) or `tensor` (each node its
+    /// share of every layer's heads and columns).
+    pub parallel: String,
     pub nodes: Vec<ClusterNode>,
     pub links: Vec<ClusterLink>,
     /// The host file's machines this cluster serves without (gone for longer than
@@ -145,10 +150,11 @@ pub struct ClusterNode {
     pub host: String,
     /// The room it told for weights, in bytes.
     pub room_bytes: u64,
-    /// The layers it holds, `[first_layer, end_layer)`.
+    /// The layers it holds, `[first_layer, end_layer)` (tensor parallel: its share of each).
     pub first_layer: usize,
     pub end_layer: usize,
-    /// It holds the embeddings, the final norm and the output head (rank 0).
+    /// It holds the embeddings, the final norm and the output head (rank 0; every rank by
+    /// tensors).
     pub ends: bool,
 }
 
@@ -187,11 +193,13 @@ impl ClusterView {
     }
 }
 
-/// The ranks holding the later layers.
+/// The ranks holding the rest of the model.
 pub trait RemoteLayers: Send {
-    /// Runs `h` (`[rows, positions, hidden]`, after this rank's layers) through the other
-    /// ranks' layers; the residual stream after the model's last layer.
-    fn forward(&mut self, step: &RemoteStep, h: &Array) -> Result<Array, String>;
+    /// One step through the whole model: `own` runs this rank's layers (lazily) on the step's
+    /// embedded tokens; the residual stream after the model's last layer. Pipeline: `own`'s
+    /// output goes through the other ranks' layers; tensor: the other ranks hear of the step
+    /// first, since `own` sums with theirs.
+    fn forward(&mut self, step: &RemoteStep, own: &mut dyn FnMut() -> Result<Array, String>) -> Result<Array, String>;
     /// Request `id`'s prompt start `tokens` is in rank 0's prefix cache: each other rank takes
     /// what its own holds of it (kept for the row's first step) and the fewest tokens any rank
     /// holds comes back.
@@ -253,7 +261,7 @@ impl RemoteLink {
     }
 
     /// Hidden states after the final norm of `ids` (`[rows, positions]`) following what
-    /// `batch` holds: this rank's layers, then the others'.
+    /// `batch` holds: this rank's layers, and the others'.
     pub fn forward(
         &mut self,
         model: &Transformer,
@@ -266,7 +274,8 @@ impl RemoteLink {
         let began = Instant::now();
         let tokens = ids.as_slice::<u32>().to_vec();
         let h = model.embed_tokens(ids)?;
-        let h = model.forward_layers(&h, &mut batch.cache)?;
+        let cache = &mut batch.cache;
+        let mut own = || model.forward_layers(&h, cache).map_err(|e| e.to_string());
         let step = RemoteStep {
             batch: which,
             rows: &rows,
@@ -276,7 +285,7 @@ impl RemoteLink {
             pending: &self.pending,
             began,
         };
-        let out = self.layers.forward(&step, &h).map_err(ModelError::Mlx)?;
+        let out = self.layers.forward(&step, &mut own).map_err(ModelError::Mlx)?;
         self.pending = Pending::default();
         model.final_norm(&out)
     }

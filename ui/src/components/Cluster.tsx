@@ -17,10 +17,16 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
   const steps = Math.max(cluster.steps, 1);
   const per = (v: number) => v / steps;
   const layers = cluster.nodes.reduce((n, node) => Math.max(n, node.end_layer), 0);
+  const tensor = cluster.parallel === "tensor";
+  const holds = (n: ClusterStatus["nodes"][number]) =>
+    tensor
+      ? `1/${cluster.nodes.length} of every layer's heads and MLP columns (${layers} layers) + embeddings and output head`
+      : `layers ${n.first_layer}–${n.end_layer - 1} of ${layers}${n.ends ? " + embeddings and output head" : ""}`;
   return (
     <div class="card cluster" data-testid="cluster" data-model={model}>
       <h2>
-        Cluster · {model} · {cluster.nodes.length} machines ({cluster.backend})
+        Cluster · {model} · {cluster.nodes.length} machines ({cluster.backend}
+        {tensor ? ", split by tensors" : ", pipeline"})
       </h2>
       <ErrorBox error={fault ?? null} />
       {cluster.without?.length ? (
@@ -45,9 +51,9 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
                 <td class="num">{n.rank}</td>
                 <td>{n.host}</td>
                 <td class="num">{bytes(n.room_bytes)}</td>
-                <td>
-                  layers {n.first_layer}–{n.end_layer - 1} of {layers}
-                  {n.ends ? " + embeddings and output head (runs the engine)" : ""}
+                <td data-testid="cluster-holds">
+                  {holds(n)}
+                  {n.rank === cluster.nodes[0]?.rank ? " (runs the engine)" : ""}
                 </td>
               </tr>
             ))}
@@ -63,9 +69,12 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
         ))}
         measured when the cluster formed
       </p>
-      <p data-testid="cluster-steps" title="Sums since the model loaded, per step through the pipeline">
-        {cluster.steps} steps · {bytes(per(cluster.bytes_per_hop))} per hop per step · step {millis(per(cluster.step_seconds))}, of
-        which waiting on the other machines {millis(per(cluster.wait_seconds))} (their layers and every hop)
+      <p data-testid="cluster-steps" title="Sums since the model loaded, per step through the model">
+        {cluster.steps} steps · {bytes(per(cluster.bytes_per_hop))} {tensor ? "sent by each machine" : "per hop"} per step ·
+        step {millis(per(cluster.step_seconds))}, of which{" "}
+        {tensor
+          ? `its layers and the sums with the other machines ${millis(per(cluster.wait_seconds))}`
+          : `waiting on the other machines ${millis(per(cluster.wait_seconds))} (their layers and every hop)`}
       </p>
     </div>
   );

@@ -198,19 +198,20 @@ pub fn cost_model_of(model: &crate::model::Transformer, kv: crate::model::KvForm
     CostModel::new(&model.config, act_bytes, mlx::gpu_available()).with_kv_quant(kv.quant.filter(|_| kv.start == 0))
 }
 
-/// The tokens of keys and values a pipeline stage of `model` (its `layers`) has room for: the
-/// KV budget its machine's `ceiling` leaves beside what the process holds now, over the stage's
-/// own bytes per token (counted unquantized: a bound).
+/// The tokens of keys and values a cluster rank's part of `model` (its `layers`, each whole or
+/// its share of `1/ranks` of the heads) has room for: the KV budget its machine's `ceiling`
+/// leaves beside what the process holds now, over that part's own bytes per token (counted
+/// unquantized: a bound).
 pub fn stage_kv_capacity(
     model: &crate::model::Transformer,
-    layers: std::ops::Range<usize>,
+    (layers, ranks): (std::ops::Range<usize>, usize),
     config: &crate::engine::EngineConfig,
     ceiling: usize,
 ) -> usize {
     let context = config.context_length(model.config.max_position_embeddings);
     let cost = cost_model_of(model, config.kv_format);
     let budget = kv_budget(ceiling, Governor::held_now(), 0, &cost, config.max_batch, context, None);
-    let per_token = model.config.kv_elements_per_token_in(layers) * model.dtype_bytes();
+    let per_token = model.config.kv_elements_per_token_in(layers) * model.dtype_bytes() / ranks.max(1);
     budget.bytes / per_token.max(1)
 }
 

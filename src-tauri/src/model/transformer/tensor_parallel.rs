@@ -225,6 +225,17 @@ impl Transformer {
         self.tensor = Some(group);
         Ok(())
     }
+
+    /// This rank's share of every layer, `(rank, ranks)`, where the model is shared out.
+    pub fn tensor_share(&self) -> Option<(usize, usize)> {
+        self.tensor.as_ref().map(|g| (g.rank(), g.size()))
+    }
+
+    /// The sums one step through the model takes once shared out: one after each attention,
+    /// one after each MLP that has its own residual.
+    pub fn sums_per_step(&self) -> usize {
+        self.layers.iter().map(|l| 1 + l.post_attention_norm.is_some() as usize).sum()
+    }
 }
 
 impl DecoderLayer {

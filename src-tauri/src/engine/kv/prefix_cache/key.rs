@@ -41,6 +41,10 @@ pub fn model_identity(model: &LoadedModel, context_length: usize, format: KvForm
     if let Some(stage) = t.stage() {
         h.update(format!("stage {:?}\0", stage.layers).as_bytes());
     }
+    // A tensor-parallel rank's blocks hold its share of every layer's heads.
+    if let Some((rank, ranks)) = t.tensor_share() {
+        h.update(format!("share {rank}/{ranks}\0").as_bytes());
+    }
     h.finalize().into()
 }
 
