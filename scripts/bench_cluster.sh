@@ -8,9 +8,10 @@
 # hop, the time rank 0 waits for the other rank each step) and the prefill and decode speeds.
 # Each process of the split runs one BLAS thread (one core each, as two machines would have
 # their own); the single process is timed with all cores and with one. Then the server (`serve
-# --cluster`, SmolLM2): one long prompt (prefill) and 8 concurrent requests (decode at batch 8),
-# alone and across 2 processes, with the cluster's per-step figures from /admin/status.
-#   scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
+# --cluster`): one long prompt (prefill) and 8 concurrent requests (decode at batch 8), alone and
+# across 2 processes, with the cluster's per-step figures from /admin/status: SmolLM2 by pipeline
+# with each prefill step sent whole and in parts, the Qwen3 bench model by tensors.
+#   [SERVE_ONLY=1] scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORDS="${1:-400}"
@@ -42,7 +43,8 @@ split() { # split MODEL PARALLEL
   wait $r0 || true
   grep -hE "$REPORT|error" "$LOG0" "$LOG1" || true
 }
-for MODEL in .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"; do
+# SERVE_ONLY=1: the servers only.
+for MODEL in $([[ -n ${SERVE_ONLY:-} ]] || echo .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"); do
   echo "######## $(basename "$MODEL")"
   ARGS=(generate --model "$MODEL" --prompt "$PROMPT" --max-tokens "$GEN" --ignore-eos)
   echo "== 1 process, every core"
@@ -79,32 +81,48 @@ after = status()
 if after:
     steps = after["steps"] - before["steps"]
     per = lambda k: (after[k] - before[k]) / max(steps, 1)
-    print(f"pipeline over those: {steps} steps, {per('tokens'):.1f} positions and {per('bytes_per_hop'):.0f} bytes "
-          f"per hop per step, step {per('step_seconds') * 1e3:.2f} ms of which rank 0 waited "
-          f"{per('wait_seconds') * 1e3:.2f} ms for rank 1's layers and both hops")
+    print(f"{after.get('parallel', 'pipeline')} over those: {steps} steps, {per('tokens'):.1f} positions and "
+          f"{per('bytes_per_hop'):.0f} bytes per hop per step, step {per('step_seconds') * 1e3:.2f} ms of which rank 0 "
+          f"waited {per('wait_seconds') * 1e3:.2f} ms for the other rank (its layers and the hops, or the sums)")
 PY
 }
 wait_health() { for _ in $(seq 240); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; echo "server on $1 not ready" >&2; return 1; }
 SMOL=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 SERVE_DIR="$(mktemp -d)"
 SERVE=(env FASTMLX_CACHE_DIR="$SERVE_DIR/cache" FASTMLX_MODELS_DIR="$SERVE_DIR/models" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
+serve_alone() { # serve_alone MODEL
+  echo "== 1 process, one BLAS thread"
+  PORT=$(free_port)
+  "${SERVE[@]}" $BIN serve --model "$1" --port "$PORT" --no-prefix-cache 2>"$LOG0" &
+  S0=$!
+  wait_health "$PORT" && serve_load "$PORT"
+  kill $S0; wait $S0 2>/dev/null || true
+}
+serve_split() { # serve_split MODEL LABEL [ENV=VALUE...] -- [serve flags...]
+  local model="$1" label="$2" env=() flags=()
+  shift 2
+  while [[ $# -gt 0 && $1 != -- ]]; do env+=("$1"); shift; done
+  [[ $# -gt 0 ]] && shift
+  flags=("$@")
+  echo "== 2 processes $label, one BLAS thread each (ring backend, loopback)"
+  new_hosts
+  PORT=$(free_port)
+  "${SERVE[@]}" "${env[@]}" $BIN serve --model "$model" --port "$PORT" --no-prefix-cache --cluster "$HOSTS" --rank 0 "${flags[@]}" 2>"$LOG0" &
+  S0=$!
+  sleep 0.5
+  "${SERVE[@]}" "${env[@]}" $BIN serve --model "$model" --port "$(free_port)" --no-prefix-cache --cluster "$HOSTS" --rank 1 "${flags[@]}" 2>"$LOG1" &
+  S1=$!
+  wait_health "$PORT" && serve_load "$PORT"
+  kill $S0; wait $S0 $S1 2>/dev/null || true
+}
 echo "######## serve: $(basename "$SMOL"), prefix cache off"
-echo "== 1 process, one BLAS thread"
-PORT=$(free_port)
-"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$PORT" --no-prefix-cache 2>"$LOG0" &
-S0=$!
-wait_health "$PORT" && serve_load "$PORT"
-kill $S0; wait $S0 2>/dev/null || true
-echo "== 2 processes by pipeline, one BLAS thread each (ring backend, loopback)"
-new_hosts
-PORT=$(free_port)
-"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$PORT" --no-prefix-cache --cluster "$HOSTS" --rank 0 2>"$LOG0" &
-S0=$!
-sleep 0.5
-"${SERVE[@]}" $BIN serve --model "$SMOL" --port "$(free_port)" --no-prefix-cache --cluster "$HOSTS" --rank 1 2>"$LOG1" &
-S1=$!
-wait_health "$PORT" && serve_load "$PORT"
-kill $S0; wait $S0 $S1 2>/dev/null || true
+serve_alone "$SMOL"
+# FASTMLX_CLUSTER_PARTS=1: each prefill step goes down the pipeline whole (the machines in turn).
+serve_split "$SMOL" "by pipeline, prefill steps whole" FASTMLX_CLUSTER_PARTS=1 --
+serve_split "$SMOL" "by pipeline, prefill steps in parts (the default)" --
+echo "######## serve: $(basename "$BENCH"), prefix cache off"
+serve_alone "$BENCH"
+serve_split "$BENCH" "by tensors" -- --parallel tensor
 rm -rf "$SERVE_DIR"
 echo "== the ring's link, measured by the preflight"
 new_hosts

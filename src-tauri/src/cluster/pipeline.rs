@@ -44,6 +44,13 @@ const PING: i32 = 6;
 /// (`StepRows`).
 const HEADER_LEN: usize = 4 + HEADER_TAIL;
 
+/// Positions a part of a prefill step has at least (fewer cost more in steps than they save).
+const PART_POSITIONS: usize = 64;
+/// Parts a prefill step is cut into at most: rank 0 keeps one part ahead of the others, so more
+/// parts idle the machines less (`(parts + 1) / (2 parts)` of the step's time on two ranks of
+/// equal stages) but run smaller matrices.
+const MOST_PARTS: usize = 4;
+
 /// What rank 0 measured of its steps.
 #[derive(Debug, Clone, Default)]
 pub struct PipelineStats {
@@ -254,6 +261,60 @@ impl Pipeline {
         stepped.inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
     }
 
+    /// Rank 0's engine: into how many parts a prefill step of `width` positions goes down the
+    /// pipeline (`FASTMLX_CLUSTER_PARTS` caps it: 1 sends every step whole, to measure against).
+    pub fn parts_for(&self, width: usize) -> usize {
+        let most = std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS);
+        match self.sums {
+            Some(_) => 1,
+            None => (width / PART_POSITIONS).clamp(1, most.max(1)),
+        }
+    }
+
+    /// Rank 0's engine: the parts of one prefill step, in order; `own(i)` runs rank 0's layers
+    /// on part `i`. Rank 0 sends a part only once the one before came back (every other rank
+    /// is then waiting to receive, so no two ranks ever wait to send to each other), and runs
+    /// its layers on the next part while the others run theirs on this one.
+    pub fn forward_parts(
+        &mut self,
+        steps: &[RemoteStep],
+        own: &mut dyn FnMut(usize) -> Result<Array, String>,
+    ) -> Result<Vec<Array>, String> {
+        if let Some(why) = self.health.fault() {
+            return Err(why);
+        }
+        self.send_parts(steps, own).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+    }
+
+    fn send_parts(
+        &mut self,
+        steps: &[RemoteStep],
+        own: &mut dyn FnMut(usize) -> Result<Array, String>,
+    ) -> Result<Vec<Array>, String> {
+        let mut outs = Vec::with_capacity(steps.len());
+        let mut mark = steps.first().map_or_else(Instant::now, |s| s.began);
+        let mut h = own(0)?;
+        for (i, step) in steps.iter().enumerate() {
+            let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, step)?;
+            self.send(&h)?;
+            let next = match i + 1 < steps.len() {
+                true => Some(eval(own(i + 1)?)?),
+                false => None,
+            };
+            let waiting = Instant::now();
+            let back = self.recv(&[h.dim(0), h.dim(1), self.hidden], h.dtype())?;
+            let bytes = (HEADER_LEN * 4 + data * 8) as u64 + h.nbytes() as u64;
+            // Each part's time runs from the end of the one before: they add up to the step's.
+            self.record((h.dim(0) * h.dim(1)) as u64, bytes, waiting.elapsed(), mark.elapsed());
+            mark = Instant::now();
+            outs.push(back);
+            if let Some(next) = next {
+                h = next;
+            }
+        }
+        Ok(outs)
+    }
+
     /// Tensor parallel: the step's rows go down the ring, then rank 0 runs its share of every
     /// layer while the others run theirs, the sums waited for under the deadline.
     fn shared_step(
@@ -447,6 +508,18 @@ impl Pipeline {
 impl RemoteLayers for Pipeline {
     fn forward(&mut self, step: &RemoteStep, own: &mut dyn FnMut() -> Result<Array, String>) -> Result<Array, String> {
         self.forward_step(step, own)
+    }
+
+    fn parts_for(&self, width: usize) -> usize {
+        Pipeline::parts_for(self, width)
+    }
+
+    fn forward_parts(
+        &mut self,
+        steps: &[RemoteStep],
+        own: &mut dyn FnMut(usize) -> Result<Array, String>,
+    ) -> Result<Vec<Array>, String> {
+        Pipeline::forward_parts(self, steps, own)
     }
 
     fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {

@@ -200,6 +200,16 @@ pub trait RemoteLayers: Send {
     /// output goes through the other ranks' layers; tensor: the other ranks hear of the step
     /// first, since `own` sums with theirs.
     fn forward(&mut self, step: &RemoteStep, own: &mut dyn FnMut() -> Result<Array, String>) -> Result<Array, String>;
+    /// Into how many parts a prefill step of `width` positions goes down the ring one after
+    /// the other, so that the machines work on different parts at once (1: whole).
+    fn parts_for(&self, width: usize) -> usize;
+    /// The parts of one prefill step (`steps`, in order of positions): `own(i)` runs this rank's
+    /// layers on part `i`; each part's residual stream after the model's last layer.
+    fn forward_parts(
+        &mut self,
+        steps: &[RemoteStep],
+        own: &mut dyn FnMut(usize) -> Result<Array, String>,
+    ) -> Result<Vec<Array>, String>;
     /// Request `id`'s prompt start `tokens` is in rank 0's prefix cache: each other rank takes
     /// what its own holds of it (kept for the row's first step) and the fewest tokens any rank
     /// holds comes back.
@@ -216,6 +226,16 @@ pub trait RemoteLayers: Send {
     fn kv_capacity_tokens(&self) -> Option<usize>;
     /// The cluster as people see it.
     fn view(&self) -> ClusterView;
+}
+
+/// One prefill step as the engine asked for it, before it is cut into parts.
+struct Whole<'a> {
+    rows: &'a [RequestId],
+    lengths: &'a [i32],
+    /// `[rows, width]` token ids, flattened.
+    tokens: &'a [u32],
+    width: usize,
+    began: Instant,
 }
 
 /// The engine's end of the link, and what changed since the other ranks last heard.
@@ -273,6 +293,14 @@ impl RemoteLink {
         let lengths = batch.lengths();
         let began = Instant::now();
         let tokens = ids.as_slice::<u32>().to_vec();
+        let parts = match which {
+            StepBatch::Prefill if !self.verifying => self.layers.parts_for(ids.dim(1) as usize),
+            _ => 1,
+        };
+        if parts > 1 {
+            let step = Whole { rows: &rows, lengths: &lengths, tokens: &tokens, width: ids.dim(1) as usize, began };
+            return self.forward_in_parts(model, batch, step, parts);
+        }
         let h = model.embed_tokens(ids)?;
         let cache = &mut batch.cache;
         let mut own = || model.forward_layers(&h, cache).map_err(|e| e.to_string());
@@ -287,6 +315,51 @@ impl RemoteLink {
         };
         let out = self.layers.forward(&step, &mut own).map_err(ModelError::Mlx)?;
         self.pending = Pending::default();
+        model.final_norm(&out)
+    }
+
+    /// A prefill step in `parts` along its positions, each a step of its own for the other
+    /// ranks (what changed since they last heard goes with the first): rank 0 runs part `i + 1`
+    /// while the others run part `i`.
+    fn forward_in_parts(
+        &mut self,
+        model: &Transformer,
+        batch: &mut Batch,
+        whole: Whole,
+        parts: usize,
+    ) -> Result<Array, ModelError> {
+        let bounds: Vec<(usize, usize)> =
+            (0..parts).map(|i| (whole.width * i / parts, whole.width * (i + 1) / parts)).collect();
+        let rows = whole.rows.len();
+        let tokens: Vec<Vec<u32>> = bounds
+            .iter()
+            .map(|&(a, b)| {
+                (0..rows).flat_map(|r| &whole.tokens[r * whole.width + a..r * whole.width + b]).copied().collect()
+            })
+            .collect();
+        let lengths: Vec<Vec<i32>> =
+            bounds.iter().map(|&(a, _)| whole.lengths.iter().map(|&l| l + a as i32).collect()).collect();
+        let pending = std::mem::take(&mut self.pending);
+        let none = Pending::default();
+        let steps: Vec<RemoteStep> = (0..parts)
+            .map(|i| RemoteStep {
+                batch: StepBatch::Prefill,
+                rows: whole.rows,
+                lengths: &lengths[i],
+                tokens: &tokens[i],
+                verifying: false,
+                pending: if i == 0 { &pending } else { &none },
+                began: whole.began,
+            })
+            .collect();
+        let cache = &mut batch.cache;
+        let mut own = |i: usize| {
+            let (a, b) = bounds[i];
+            let ids = Array::from_slice(&tokens[i], &[rows as i32, (b - a) as i32]);
+            model.embed_tokens(&ids).and_then(|h| model.forward_layers(&h, cache)).map_err(|e| e.to_string())
+        };
+        let outs = self.layers.forward_parts(&steps, &mut own).map_err(ModelError::Mlx)?;
+        let out = mlx_rs::ops::concatenate(&outs, 1)?;
         model.final_norm(&out)
     }
 
