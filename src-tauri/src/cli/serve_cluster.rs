@@ -150,7 +150,7 @@ fn serve_stage(
     let backend = Backend::init();
     let parallel = args.cluster.parallel;
     let loaded = load_checked(path, &backend, &args.weights.load_options(), (&rooms, &group, parallel), kv_format);
-    let (model, held, plan) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &membership.members) {
+    let (model, held, _) = match crate::cluster::agree_on_load(&group, &watchdog, loaded, &membership.members) {
         Ok(loaded) => loaded,
         Err(Unloaded::Lost(e)) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
         // Rank 0 forms again, without that rank if it stays away.
@@ -167,9 +167,7 @@ fn serve_stage(
     // governed by an engine of its own.
     let residency = args.residency_config()?;
     let engine = residency.engine;
-    let part = (plan[rank].layers.clone(), shares(parallel, group.size()));
-    let room =
-        crate::engine::memory::stage_kv_capacity(&model.transformer, part, &engine, residency.memory_budget as usize);
+    let room = crate::engine::memory::stage_kv_capacity(&model.transformer, &engine, residency.memory_budget as usize);
     eprintln!("rank {place}: room for {room} tokens of keys and values");
     if let Err(e) = crate::cluster::gather_kv_capacity(&group, &watchdog, Some(room)) {
         rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}"))
@@ -199,14 +197,6 @@ fn load_checked(
     let (model, held, plan) = crate::cluster::load_part(path, backend, options, rooms, group, parallel)?;
     model.transformer.config.check_kv_format(kv_format).map_err(ModelError::Invalid)?;
     Ok((model, held, plan))
-}
-
-/// Into how many shares each layer's heads are split: one per rank by tensors, none by stages.
-fn shares(parallel: Parallel, ranks: usize) -> usize {
-    match parallel {
-        Parallel::Tensor => ranks,
-        Parallel::Pipeline => 1,
-    }
 }
 
 /// `pipeline`, its steps summed across the ranks where the model is shared out by tensors.

@@ -198,21 +198,19 @@ pub fn cost_model_of(model: &crate::model::Transformer, kv: crate::model::KvForm
     CostModel::new(&model.config, act_bytes, mlx::gpu_available()).with_kv_quant(kv.quant.filter(|_| kv.start == 0))
 }
 
-/// The tokens of keys and values a cluster rank's part of `model` (its `layers`, each whole or
-/// its share of `1/ranks` of the heads) has room for: the KV budget its machine's `ceiling`
+/// The tokens of keys and values a cluster rank's part of `model` (a pipeline stage's layers,
+/// or its share of every layer's heads) has room for: the KV budget its machine's `ceiling`
 /// leaves beside what the process holds now, over that part's own bytes per token (counted
 /// unquantized: a bound).
 pub fn stage_kv_capacity(
     model: &crate::model::Transformer,
-    (layers, ranks): (std::ops::Range<usize>, usize),
     config: &crate::engine::EngineConfig,
     ceiling: usize,
 ) -> usize {
     let context = config.context_length(model.config.max_position_embeddings);
     let cost = cost_model_of(model, config.kv_format);
     let budget = kv_budget(ceiling, Governor::held_now(), 0, &cost, config.max_batch, context, None);
-    let per_token = model.config.kv_elements_per_token_in(layers) * model.dtype_bytes() / ranks.max(1);
-    budget.bytes / per_token.max(1)
+    budget.bytes / model.kv_bytes_per_token().max(1)
 }
 
 /// The KV budget under a ceiling: what the ceiling leaves after the weights, what the process
@@ -279,6 +277,28 @@ mod tests {
     use super::*;
     use crate::fixtures::synthetic;
     use crate::model::config::Arch;
+
+    #[test]
+    fn a_cluster_rank_counts_the_keys_and_values_of_its_own_part() {
+        let dir = tempfile::tempdir().unwrap();
+        // Local (windowed) and global layers, keys and values quantized from token 8.
+        synthetic::write_tiny_model(dir.path(), Arch::Gemma3, 1, None).unwrap();
+        let config = crate::model::read_config(dir.path()).unwrap();
+        let quant = crate::model::KvQuant { bits: 8, group_size: 32 };
+        let whole = config.kv_footprint_in(4, crate::model::KvFormat { quant: Some(quant), start: 8 });
+        assert_eq!(whole.scaled(3, 3), whole);
+        let half = whole.scaled(1, 2);
+        assert_eq!(
+            (2 * half.full_per_token, 2 * half.windowed_per_token),
+            (whole.full_per_token, whole.windowed_per_token)
+        );
+        let (q, hq) = (whole.quantized.unwrap(), half.quantized.unwrap());
+        assert!(q.full_per_token - 2 * hq.full_per_token <= 1 && hq.from == q.from);
+        assert_eq!((half.windowed_tokens, half.state_bytes), (whole.windowed_tokens, whole.state_bytes));
+        // Half the bytes per token hold about twice the tokens.
+        let budget = 1 << 20;
+        assert!(half.tokens_within(budget) >= 2 * whole.tokens_within(budget) - 16);
+    }
 
     #[test]
     fn verify_steps_narrow_to_what_is_free_under_the_ceiling() {

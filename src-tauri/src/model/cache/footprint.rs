@@ -26,6 +26,23 @@ pub struct QuantizedFootprint {
 }
 
 impl KvFootprint {
+    /// Every per-token figure times `part / whole` (a cluster rank's part of the model's keys
+    /// and values, counted in the whole model's shape); the recurrent state stays whole.
+    pub fn scaled(self, part: usize, whole: usize) -> KvFootprint {
+        let whole = whole.max(1);
+        let scale = |bytes: usize| (bytes as u128 * part as u128 / whole as u128) as usize;
+        KvFootprint {
+            full_per_token: scale(self.full_per_token),
+            windowed_per_token: scale(self.windowed_per_token),
+            quantized: self.quantized.map(|q| QuantizedFootprint {
+                full_per_token: scale(q.full_per_token),
+                windowed_per_token: scale(q.windowed_per_token),
+                ..q
+            }),
+            ..self
+        }
+    }
+
     /// The longest sequence whose caches fit in `budget` bytes (`usize::MAX`: any, when a token
     /// costs nothing past the windows, as in a model of windowed and recurrent layers only).
     pub fn tokens_within(&self, budget: usize) -> usize {

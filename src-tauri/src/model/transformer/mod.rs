@@ -461,9 +461,25 @@ impl Transformer {
         Ok(arrays.iter().map(|a| a.nbytes()).sum())
     }
 
-    /// Key/value cache bytes per token of one sequence (all layers).
+    /// Key/value cache bytes per token of one sequence in what this process holds (every layer,
+    /// a pipeline stage's layers, or its share of every layer's heads): the bytes its caches
+    /// and its prefix cache take, so that budgets and reservations count in one unit.
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.config.kv_elements_per_token() * self.dtype_bytes()
+        let (part, whole) = self.held_part();
+        self.config.kv_elements_per_token() * self.dtype_bytes() * part / whole
+    }
+
+    /// The part of the model's per-token keys and values this process holds, `(part, whole)`
+    /// in elements per token. A stage holding none (recurrent layers only) counts as the whole:
+    /// rank 0 must still count tokens, for the other ranks' room in tokens to bound what it admits.
+    fn held_part(&self) -> (usize, usize) {
+        let whole = self.config.kv_elements_per_token();
+        let layers = self.stage().map_or(0..self.config.num_layers, |s| s.layers.clone());
+        let part = match self.config.kv_elements_per_token_in(layers) {
+            0 => whole,
+            part => part,
+        };
+        (part, whole.max(1) * self.tensor_share().map_or(1, |(_, ranks)| ranks))
     }
 
     /// Key/value cache bytes per token of one sequence in the MTP head's layer (0 without one).
@@ -471,14 +487,18 @@ impl Transformer {
         self.mtp.as_ref().map_or(0, |h| h.kv_elements_per_token() * self.dtype_bytes())
     }
 
-    /// What a sequence's key/value caches take (windowed layers hold a bounded number).
+    /// What a sequence's key/value caches take (windowed layers hold a bounded number), in
+    /// what this process holds.
     pub fn kv_footprint(&self) -> KvFootprint {
-        self.config.kv_footprint(self.dtype_bytes())
+        self.kv_footprint_in(KvFormat::FULL)
     }
 
-    /// [`Self::kv_footprint`] with keys and values stored in `format`.
+    /// [`Self::kv_footprint`] with keys and values stored in `format`: the whole model's shape
+    /// (how its layers' keys and values grow with a sequence, which is what the other ranks of
+    /// a cluster hold too) scaled to the part this process holds.
     pub fn kv_footprint_in(&self, format: KvFormat) -> KvFootprint {
-        self.config.kv_footprint_in(self.dtype_bytes(), format)
+        let (part, whole) = self.held_part();
+        self.config.kv_footprint_in(self.dtype_bytes(), format).scaled(part, whole)
     }
 
     /// The window of each cache's layer (`None`: it sees the whole sequence).
