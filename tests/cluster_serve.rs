@@ -469,7 +469,9 @@ async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits_and_the_model
     let dir = tempfile::tempdir().unwrap();
     let (model, hosts) = (common::smollm2_gguf(), host_file(dir.path(), 2));
     let port = free_port();
-    let mut nodes = vec![serve(dir.path(), &model, port, &[], Some((&hosts, 0)))];
+    // Rank 0 drafts with a draft model (itself): the drafts' keys and values are all on rank 0.
+    let draft = ["--speculative", "draft", "--draft-model", model.to_str().unwrap()];
+    let mut nodes = vec![serve(dir.path(), &model, port, &draft, Some((&hosts, 0)))];
     tokio::time::sleep(Duration::from_millis(500)).await;
     nodes.push(serve(dir.path(), &model, free_port(), &["--memory-limit", "400MiB"], Some((&hosts, 1))));
     wait_ready(port, &mut nodes[0]).await;
@@ -489,6 +491,9 @@ async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits_and_the_model
     assert!(layers < 30, "{status}");
     let per_token_bound = layers * 2 * 3 * 64 * 4;
     assert!(0 < budget && budget <= room * per_token_bound, "budget {budget} for {room} tokens: {status}");
+    // The draft model's keys and values take their share beside the worker's room, not out
+    // of it: rank 0 still admits the tokens the worker holds (2 bytes an element at least).
+    assert!(budget >= room * layers * 2 * 3 * 64 * 2, "budget {budget} for {room} tokens: {status}");
     let client = reqwest::Client::new();
     assert!(short_answer(&client, port).await.contains("Paris"));
     // The split model stays loaded while the server runs (unloaded, the workers would end).

@@ -115,6 +115,16 @@ fn without_source_places(message: &str) -> String {
     message.split(" at /").next().unwrap_or(message).trim_matches('"').to_string()
 }
 
+/// A tensor-parallel step's rows and positions, checked against its description.
+fn step_shape(step: &RemoteStep) -> Result<(usize, usize), String> {
+    let rows = step.rows.len();
+    let positions = step.tokens.len() / rows.max(1);
+    if rows == 0 || positions * rows != step.tokens.len() || step.lengths.len() != rows {
+        return Err(format!("a step of {} tokens over {rows} rows", step.tokens.len()));
+    }
+    Ok((rows, positions))
+}
+
 fn model_err(e: crate::model::ModelError) -> String {
     e.to_string()
 }
@@ -252,7 +262,11 @@ impl Pipeline {
             return Err(why);
         }
         let stepped = match self.sums {
-            Some(sums) => self.shared_step(step, own, sums),
+            Some(sums) => {
+                let (rows, positions) = step_shape(step)?;
+                self.shared_step(step, own, (rows, positions), sums)
+            }
+            // Rank 0's own graph is built before anything is sent: an error there is its own.
             None => {
                 let h = own()?;
                 self.send_step(step, &h)
@@ -283,17 +297,20 @@ impl Pipeline {
         if let Some(why) = self.health.fault() {
             return Err(why);
         }
-        self.send_parts(steps, own).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+        // Rank 0's own graph of the first part is built before anything is sent.
+        let first = own(0)?;
+        self.send_parts(steps, own, first).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
     }
 
     fn send_parts(
         &mut self,
         steps: &[RemoteStep],
         own: &mut dyn FnMut(usize) -> Result<Array, String>,
+        first: Array,
     ) -> Result<Vec<Array>, String> {
         let mut outs = Vec::with_capacity(steps.len());
         let mut mark = steps.first().map_or_else(Instant::now, |s| s.began);
-        let mut h = own(0)?;
+        let mut h = first;
         for (i, step) in steps.iter().enumerate() {
             let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, step)?;
             self.send(&h)?;
@@ -321,13 +338,9 @@ impl Pipeline {
         &mut self,
         step: &RemoteStep,
         own: &mut dyn FnMut() -> Result<Array, String>,
+        (rows, positions): (usize, usize),
         sums: usize,
     ) -> Result<Array, String> {
-        let rows = step.rows.len();
-        let positions = step.tokens.len() / rows.max(1);
-        if rows == 0 || positions * rows != step.tokens.len() || step.lengths.len() != rows {
-            return Err(format!("a step of {} tokens over {rows} rows", step.tokens.len()));
-        }
         let data = self.send_described(STEP, rows as i32, positions as i32, 0, step)?;
         let sent = Instant::now();
         let h = {

@@ -170,9 +170,8 @@ pub(crate) struct Shared {
 /// Loads a draft model (on the engine thread).
 pub type DraftLoader = Box<dyn FnOnce() -> Result<LoadedModel, ModelError> + Send>;
 
-/// The draft model `load` gives, if its vocabulary is `model`'s.
-fn draft_for(model: &LoadedModel, load: DraftLoader) -> Result<DraftModel, ModelError> {
-    let draft = load()?;
+/// `draft`, ready to draft for `model` if its vocabulary is `model`'s.
+fn draft_for(model: &LoadedModel, draft: LoadedModel) -> Result<DraftModel, ModelError> {
     if let Err(message) = check_vocabularies(&model.tokenizer, &draft.tokenizer) {
         return Err(ModelError::Config {
             path: draft.path.clone(),
@@ -237,6 +236,15 @@ impl EngineHandle {
             .name("fastmlx-engine".into())
             .spawn(move || {
                 crate::mlx::Backend::init();
+                // The draft model first: a split model's other ranks hear from this thread once
+                // the engine runs, and wait for it no longer than their deadline.
+                let draft = match load_draft.map(|load_draft| load_draft()).transpose() {
+                    Ok(draft) => draft,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
                 let (model, remote) = match load() {
                     Ok((model, _))
                         if engine_config.speculative.mode == Mode::Mtp && model.transformer.mtp.is_none() =>
@@ -262,7 +270,7 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let draft = match load_draft.map(|load_draft| draft_for(&model, load_draft)).transpose() {
+                let draft = match draft.map(|draft| draft_for(&model, draft)).transpose() {
                     Ok(draft) => draft,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));

@@ -110,14 +110,6 @@ impl Scheduler {
         let held = Governor::held_now().max(model.weights_bytes);
         let mut budget =
             memory::kv_budget(ceiling, held, 0, &cost, config.max_batch, context_length, config.kv_budget_bytes);
-        // Split across machines: no more tokens than the other ranks have room for.
-        if let Some(tokens) = remote.as_ref().and_then(RemoteLink::kv_capacity_tokens) {
-            let capped = tokens.saturating_mul(t.kv_bytes_per_token());
-            if capped < budget.bytes {
-                tracing::info!("{}: KV held to {tokens} tokens by the other ranks' room", model.name);
-                budget.bytes = capped;
-            }
-        }
         if budget.max_rows < config.max_batch {
             tracing::info!(
                 "{}: at most {} rows at once under the memory ceiling ({} MiB)",
@@ -142,8 +134,18 @@ impl Scheduler {
             (None, None) => 0,
         };
         let own = t.kv_bytes_per_token().max(1);
-        let kv_budget = (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize;
         let kv_footprint = t.kv_footprint_in(config.kv_format);
+        // Split across machines: no more tokens than the other ranks have room for, counted as
+        // admission counts them (a sequence's footprint, its windowed layers bounded), with the
+        // drafts' keys and values, which are all here, beside them.
+        if let Some(tokens) = remote.as_ref().and_then(RemoteLink::kv_capacity_tokens) {
+            let capped = kv_footprint.bytes(tokens) as u128 * (own + theirs) as u128 / own as u128;
+            if capped < budget.bytes as u128 {
+                tracing::info!("{}: KV held to {tokens} tokens by the other ranks' room", model.name);
+                budget.bytes = capped as usize;
+            }
+        }
+        let kv_budget = (budget.bytes as u128 * own as u128 / (own + theirs) as u128) as usize;
         let info = ModelInfo {
             name: model.name.clone(),
             tokenizer: model.tokenizer.clone(),
