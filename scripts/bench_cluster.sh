@@ -54,6 +54,19 @@ for MODEL in $([[ -n ${SERVE_ONLY:-} ]] || echo .cache/models/SmolLM2-135M-Instr
   split "$MODEL" pipeline
   split "$MODEL" tensor
 done
+# mlx-lm's own split of the same model (the peer: `mlx.launch` starting `mlx_lm.benchmark` on 2
+# ranks of the ring backend, by tensors: mlx-lm pipelines only the families that declare it, not
+# Qwen3), the prompt random tokens of the same length, one BLAS thread per process.
+if [[ -z ${SERVE_ONLY:-} ]]; then
+  TOKENS=$($BIN generate --model "$BENCH" --prompt "$PROMPT" --max-tokens 1 2>&1 >/dev/null | sed -n 's/^Prompt: \([0-9]*\) tokens.*/\1/p')
+  MLXLM=(-m mlx_lm.benchmark --model "$ROOT/$BENCH" -p "$TOKENS" -g "$GEN" -n 3)
+  echo "######## mlx-lm $(.cache/venv/bin/python -c 'import mlx_lm; print(mlx_lm.__version__)'): $(basename "$BENCH")"
+  echo "== 1 process, one BLAS thread"
+  "${ONE_THREAD[@]}" .cache/venv/bin/python "${MLXLM[@]}" 2>&1 | grep Averages
+  echo "== 2 processes by tensors (mlx.launch, ring backend, loopback), one BLAS thread each"
+  .cache/venv/bin/mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --env OPENBLAS_NUM_THREADS=1 --env OMP_NUM_THREADS=1 \
+    -- "$ROOT/.cache/venv/bin/python" "${MLXLM[@]}" 2>&1 | grep Averages
+fi
 # serve_load PORT: one long prompt, then 8 at once; prints prefill and decode speeds and, for a
 # cluster, its steps' costs.
 serve_load() {
