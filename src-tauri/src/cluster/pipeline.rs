@@ -84,6 +84,8 @@ pub struct Pipeline {
     places: Vec<usize>,
     /// Tensor parallel: the sums (`all_sum`) of one step through the model, instead of hops.
     sums: Option<usize>,
+    /// The most parts a prefill step goes down in (`FASTMLX_CLUSTER_PARTS`, read once).
+    most_parts: usize,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -142,6 +144,7 @@ impl Pipeline {
             kv_capacity: None,
             places: Vec::new(),
             sums: None,
+            most_parts: std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS),
         }
     }
 
@@ -278,10 +281,9 @@ impl Pipeline {
     /// Rank 0's engine: into how many parts a prefill step of `width` positions goes down the
     /// pipeline (`FASTMLX_CLUSTER_PARTS` caps it: 1 sends every step whole, to measure against).
     pub fn parts_for(&self, width: usize) -> usize {
-        let most = std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS);
         match self.sums {
             Some(_) => 1,
-            None => (width / PART_POSITIONS).clamp(1, most.max(1)),
+            None => (width / PART_POSITIONS).clamp(1, self.most_parts.max(1)),
         }
     }
 
