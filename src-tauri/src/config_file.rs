@@ -20,6 +20,14 @@ pub fn config_path() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "FastMLX").map(|d| d.config_dir().join("config.toml"))
 }
 
+/// The variables [`apply`] set from the file (a process the app starts leaves them out, so that
+/// it reads the file as it is then, not as it was when the app started).
+static APPLIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+pub fn applied_keys() -> Vec<String> {
+    APPLIED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Applies the config file, if there is one. Must run before other threads start (it sets
 /// environment variables).
 pub fn apply() -> anyhow::Result<()> {
@@ -28,7 +36,8 @@ pub fn apply() -> anyhow::Result<()> {
     for (key, value) in parse(&text).with_context(|| format!("in {}", path.display()))? {
         if std::env::var_os(&key).is_none() {
             // SAFETY: called at start-up, before any other thread exists.
-            unsafe { std::env::set_var(key, value) };
+            unsafe { std::env::set_var(&key, value) };
+            APPLIED.lock().unwrap_or_else(|e| e.into_inner()).push(key);
         }
     }
     Ok(())

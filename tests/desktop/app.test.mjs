@@ -4,10 +4,10 @@
 // sees it applied.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
-import { api, attr, binary, click, exec, find, go, launch, quit, root, screenshot, SMOL, until, wd } from "./harness.mjs";
+import { api, attr, binary, click, exec, find, freePort, go, launch, quit, root, screenshot, SMOL, tmp, until, wd } from "./harness.mjs";
 
 before(() =>
   launch({
@@ -15,7 +15,11 @@ before(() =>
   }),
 );
 
-after(quit);
+let worker;
+after(async () => {
+  worker?.kill("SIGKILL");
+  await quit();
+});
 
 test("the dashboard window shows the UI with the app's API address", async () => {
   assert.match(await wd("GET", "/title"), /FastMLX/);
@@ -123,4 +127,79 @@ test("server: a changed setting is applied", async () => {
   await find("[data-testid=settings-saved]");
   assert.equal((await api("/admin/settings")).max_batch, 6);
   await screenshot("server");
+});
+
+/** The menu's rows ({id, label, enabled}) as the app last drew them (its test build). */
+const trayRows = () => exec(`return await window.__TAURI__.core.invoke("test_tray_menu");`);
+
+test("cluster: started from the Server page, the menu names the machine it lost, stopped to serve alone", async () => {
+  // Two ranks on loopback: this app is rank 0 (its child process serves the API on the app's
+  // address), and the test starts rank 1 as the other Mac would, with the same list.
+  const machines = [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`];
+  const hosts = path.join(tmp, "worker-hosts.json");
+  writeFileSync(hosts, JSON.stringify(machines.map((m) => [m])));
+  const log = openSync(path.join(root, "target/desktop-cluster-worker.log"), "w");
+  const model = path.join(tmp, "models", "tiny-llama");
+  // The app's environment (its config file, its marker for the teardown) is the worker's too.
+  worker = spawn(binary, ["serve", "--cluster", hosts, "--rank", "1", "--model", model], {
+    env: { ...process.env, FASTMLX_DESKTOP_TEST: path.basename(tmp), FASTMLX_CONFIG: path.join(tmp, "config.toml") },
+    stdio: ["ignore", log, log],
+  });
+  closeSync(log);
+
+  await go("#/server");
+  const area = await find("[data-testid=cluster-machines]");
+  await wd("POST", `/element/${area}/clear`, {});
+  await wd("POST", `/element/${area}/value`, { text: machines.join(", ") });
+  await until(async () => exec(`return [...document.querySelectorAll("[data-testid=cluster-model] option")].some(o => o.value === "tiny-llama");`), "the model list");
+  await exec(`const s = document.querySelector("[data-testid=cluster-model]"); s.value = "tiny-llama"; s.dispatchEvent(new Event("change", {bubbles: true}));`);
+  await click("[data-testid=cluster-start]");
+  try {
+    await until(async () => (await attr("[data-testid=cluster-launch]", "data-running")) === "true", "the cluster's rank 0 running");
+  } catch (e) {
+    await screenshot("cluster-not-started");
+    throw new Error(`${e.message}; the page says: ${await exec(`return document.querySelector("[data-testid=cluster-launch]").textContent;`)}`);
+  }
+
+  // Served across the two processes, on the app's own address: the page shows the Cluster card.
+  const split = await until(async () => (await api("/admin/status")).loaded.find((m) => m.id === "tiny-llama" && m.cluster), "tiny-llama across the cluster", 120_000);
+  assert.deepEqual(split.cluster.nodes.map((n) => n.host), machines);
+  const answer = await api("/v1/chat/completions", {
+    method: "POST",
+    body: JSON.stringify({ model: "tiny-llama", messages: [{ role: "user", content: "Hi" }], max_tokens: 8, temperature: 0 }),
+  });
+  assert.equal(answer.usage.completion_tokens, 8);
+  await find('[data-testid=cluster][data-model="tiny-llama"]');
+  const rows = await until(async () => {
+    const r = await trayRows();
+    return r.some((row) => row.label === "Cluster: tiny-llama across 2 machines, this Mac rank 0") && r;
+  }, "the cluster in the menu");
+  assert.ok(rows.some((row) => row.id === "stop-cluster" && row.enabled), "Stop Cluster in the menu");
+  assert.ok(!rows.some((row) => row.id === "toggle-server"), "the server is the cluster's meanwhile");
+  await screenshot("cluster");
+
+  // The other Mac gone: a request finds it lost, and the menu names it.
+  worker.kill("SIGKILL");
+  const base = await exec(`return window.__FASTMLX__.apiBase;`);
+  await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "tiny-llama", messages: [{ role: "user", content: "Hi" }], max_tokens: 8 }),
+  })
+    .then((r) => r.text())
+    .catch(() => "");
+  // First the fault, then (rank 0 started again in place, waiting for it) the machine by its address.
+  const lost = await until(async () => (await trayRows()).find((row) => row.label.startsWith("⚠") && row.label.includes(`rank 1 (${machines[1]})`)), "the lost machine in the menu", 60_000);
+  assert.match(lost.label, /waiting for rank 1/);
+
+  // Stopped from the page: the app serves again on its address, on its own.
+  await click("[data-testid=cluster-stop]");
+  await until(async () => /ended: it stopped/.test(await exec(`return document.querySelector("[data-testid=cluster-child]")?.textContent ?? "";`)), "the page says it stopped");
+  const alone = await until(async () => api("/admin/status"), "the app's own server again");
+  assert.ok(!alone.waiting && !alone.loaded.some((m) => m.cluster), JSON.stringify(alone));
+  const menu = await until(async () => {
+    const r = await trayRows();
+    return r.some((row) => row.id === "toggle-server") && r;
+  }, "the menu without the cluster's server");
+  assert.ok(menu.some((row) => row.label === "Cluster stopped (this Mac was rank 0): it stopped"), JSON.stringify(menu));
 });

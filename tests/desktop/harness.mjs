@@ -98,7 +98,7 @@ for (const sig of ["SIGTERM", "SIGINT"]) {
   });
 }
 
-function freePort() {
+export function freePort() {
   return new Promise((resolve) => {
     const s = createServer().listen(0, "127.0.0.1", () => {
       const { port } = s.address();

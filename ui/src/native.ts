@@ -48,3 +48,41 @@ export async function getLaunchAtLogin(): Promise<boolean | null> {
 export async function setLaunchAtLogin(enabled: boolean): Promise<void> {
   await invoke("set_launch_at_login", { enabled });
 }
+
+/** What the Server page asks the app for: this Mac's rank of a cluster (`serve --cluster`, run by
+ * the app as a child process). */
+export interface ClusterPlan {
+  machines: string[];
+  rank: number;
+  model: string;
+  parallel: "pipeline" | "tensor";
+}
+
+/** This Mac's rank as the app runs it: running, or how it ended; its latest output. */
+export interface ClusterChild {
+  rank: number;
+  machines: string[];
+  model: string;
+  parallel: string;
+  pid: number;
+  running: boolean;
+  exit: string | null;
+  log: string[];
+}
+
+/** Null outside the app (a browser has no process to start). */
+export async function clusterLaunch(): Promise<ClusterChild | null> {
+  const native = invoke("cluster_launch");
+  return native ? ((await native) as ClusterChild | null) : null;
+}
+
+export async function startCluster(plan: ClusterPlan): Promise<ClusterChild> {
+  const native = invoke("start_cluster", { plan });
+  if (!native) throw new Error("only the FastMLX app starts a cluster; elsewhere run fastmlx serve --cluster");
+  return (await native) as ClusterChild;
+}
+
+export async function stopCluster(): Promise<ClusterChild | null> {
+  const native = invoke("stop_cluster");
+  return native ? ((await native) as ClusterChild | null) : null;
+}

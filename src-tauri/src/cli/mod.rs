@@ -157,7 +157,8 @@ pub fn main() -> ExitCode {
 
 #[cfg(feature = "desktop")]
 fn run_app(args: AppArgs) -> anyhow::Result<()> {
-    crate::desktop::run(args.serve, args.hidden, args.no_model)
+    let flags = crate::desktop::cluster_launch::serve_flags(std::env::args_os());
+    crate::desktop::run(args.serve, args.hidden, args.no_model, flags)
 }
 
 #[cfg(not(feature = "desktop"))]

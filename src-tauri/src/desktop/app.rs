@@ -1,6 +1,6 @@
 //! Starting the app: the server in-process, the tray icon and its menu, the two windows.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
@@ -33,23 +33,14 @@ impl Window {
 
 /// `fastmlx app`: serves like `fastmlx serve` and shows the menu-bar icon (and, unless
 /// `hidden`, the dashboard); serves its first model unless `no_model`.
-pub fn run(args: ServeArgs, hidden: bool, no_model: bool) -> anyhow::Result<()> {
+/// `flags` are the app's own `serve` flags, passed on to a cluster's child process.
+pub fn run(args: ServeArgs, hidden: bool, no_model: bool, flags: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
     let runtime = Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build()?);
     let models = args.residency()?;
     let pulls = Pulls::new(models.catalog().paths().clone(), HubClient::from_env());
     let (host, port) = args.address();
-    let control = Arc::new(Control {
-        runtime: runtime.clone(),
-        models: models.clone(),
-        pulls,
-        config: args.server_config(),
-        host,
-        port: Mutex::new(port),
-        server: Mutex::new(None),
-        loading: Mutex::new(None),
-        shown: Mutex::new(None),
-        listed: Mutex::new(None),
-    });
+    let control =
+        Arc::new(Control::new(runtime.clone(), (models.clone(), pulls), args.server_config(), (host, port), flags));
     let url = control.start_server()?;
     eprintln!("FastMLX app serving at {url}");
     {
@@ -86,6 +77,8 @@ pub fn run(args: ServeArgs, hidden: bool, no_model: bool) -> anyhow::Result<()> 
             api.prevent_exit();
         }
     });
+    // A cluster's rank ends with the app (rank 0's end starts the app's server: stopped after).
+    control.stop_cluster();
     control.stop_server();
     runtime.block_on(models.unload_all());
     Ok(())
@@ -95,7 +88,16 @@ pub fn run(args: ServeArgs, hidden: bool, no_model: bool) -> anyhow::Result<()> 
 #[cfg(not(feature = "desktop-tests"))]
 fn invoke_handler<R: Runtime>() -> impl Fn(tauri::ipc::Invoke<R>) -> bool + Send + Sync + 'static {
     use super::commands::*;
-    tauri::generate_handler![open_chat, open_dashboard, copy_text, get_launch_at_login, set_launch_at_login]
+    tauri::generate_handler![
+        open_chat,
+        open_dashboard,
+        copy_text,
+        get_launch_at_login,
+        set_launch_at_login,
+        start_cluster,
+        stop_cluster,
+        cluster_launch
+    ]
 }
 
 /// The commands the web UI may invoke, and the menu's rows and clicks for the desktop tests.
@@ -108,6 +110,9 @@ fn invoke_handler<R: Runtime>() -> impl Fn(tauri::ipc::Invoke<R>) -> bool + Send
         copy_text,
         get_launch_at_login,
         set_launch_at_login,
+        start_cluster,
+        stop_cluster,
+        cluster_launch,
         test_tray_menu,
         test_tray_click
     ]
@@ -147,13 +152,13 @@ fn native_menu<R: Runtime>(app: &AppHandle<R>, items: &[Item]) -> tauri::Result<
         match item {
             Item::Label(text) => menu.append(&MenuItem::new(app, text, false, None::<&str>)?)?,
             Item::Separator => menu.append(&PredefinedMenuItem::separator(app)?)?,
-            Item::Model { id, checked, loading } => {
+            Item::Model { id, checked, loading, enabled } => {
                 let action = Action::ServeModel(id.clone());
                 menu.append(&CheckMenuItem::with_id(
                     app,
                     action.id(),
                     model_label(id, *loading),
-                    !*loading,
+                    *enabled,
                     *checked,
                     None::<&str>,
                 )?)?
@@ -207,6 +212,11 @@ pub(super) fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
             Some(url) => app.clipboard().write_text(url).map_err(Into::into),
             None => Ok(()),
         },
+        Action::StopCluster => {
+            // Waits for the child to end: off the menu's thread.
+            std::thread::spawn(move || control.stop_cluster());
+            Ok(())
+        }
         Action::ToggleServer => {
             if control.url().is_some() {
                 control.stop_server();

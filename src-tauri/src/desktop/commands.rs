@@ -32,6 +32,35 @@ pub fn set_launch_at_login(enabled: bool) -> Result<(), String> {
     autostart.set_enabled(enabled).map_err(|e| format!("{}: {e}", autostart.entry().display()))
 }
 
+/// Starts this Mac's rank of a cluster (the Server page's form), as a child process serving
+/// with the app's settings; for rank 0 the app's server steps aside meanwhile.
+#[tauri::command]
+pub async fn start_cluster(
+    control: tauri::State<'_, std::sync::Arc<super::control::Control>>,
+    plan: super::cluster_launch::ClusterPlan,
+) -> Result<super::cluster_launch::ChildState, String> {
+    let control = control.inner().clone();
+    // It unloads models and stops a server: off the IPC thread, on a plain one.
+    tokio::task::spawn_blocking(move || control.start_cluster(plan)).await.map_err(|e| e.to_string())?
+}
+
+/// Stops this Mac's rank of the cluster; returns how it ended.
+#[tauri::command]
+pub async fn stop_cluster(
+    control: tauri::State<'_, std::sync::Arc<super::control::Control>>,
+) -> Result<Option<super::cluster_launch::ChildState>, String> {
+    let control = control.inner().clone();
+    tokio::task::spawn_blocking(move || control.stop_cluster()).await.map_err(|e| e.to_string())
+}
+
+/// This Mac's rank of a cluster, running or how it ended, with its latest output.
+#[tauri::command]
+pub fn cluster_launch(
+    control: tauri::State<'_, std::sync::Arc<super::control::Control>>,
+) -> Option<super::cluster_launch::ChildState> {
+    control.cluster_state()
+}
+
 fn unsupported() -> String {
     "launch at login is not available on this system".into()
 }
@@ -65,11 +94,9 @@ pub fn test_tray_menu<R: Runtime>(app: AppHandle<R>) -> Vec<MenuRow> {
         .map(|item| match item {
             Item::Label(label) => MenuRow { id: None, label, enabled: false },
             Item::Separator => MenuRow { id: None, label: "-".into(), enabled: false },
-            Item::Model { id, loading, .. } => MenuRow {
-                id: Some(Action::ServeModel(id.clone()).id()),
-                label: model_label(&id, loading),
-                enabled: !loading,
-            },
+            Item::Model { id, loading, enabled, .. } => {
+                MenuRow { id: Some(Action::ServeModel(id.clone()).id()), label: model_label(&id, loading), enabled }
+            }
             Item::Button { action, label, enabled } => MenuRow { id: Some(action.id()), label, enabled },
         })
         .collect()
@@ -86,7 +113,7 @@ pub fn test_tray_click<R: Runtime>(app: AppHandle<R>, id: String) {
 /// the launch-at-login entry they write. Needs the `desktop-tests` feature (Tauri's `test`).
 #[cfg(all(test, feature = "desktop-tests"))]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     use tauri::ipc::{CallbackFn, InvokeBody};
     use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
@@ -101,18 +128,13 @@ mod tests {
 
     fn app(models_dir: &std::path::Path) -> (App<MockRuntime>, WebviewWindow<MockRuntime>) {
         let models = Residency::new(Catalog::new(StorePaths::only(models_dir)), ResidencyConfig::default());
-        let control = Arc::new(Control {
-            runtime: Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()),
-            pulls: Pulls::new(StorePaths::only(models_dir), HubClient::new("http://127.0.0.1:9", None)),
-            models,
-            config: ServerConfig::default(),
-            host: [127, 0, 0, 1].into(),
-            port: Mutex::new(8123),
-            server: Mutex::new(None),
-            loading: Mutex::new(None),
-            shown: Mutex::new(None),
-            listed: Mutex::new(None),
-        });
+        let control = Arc::new(Control::new(
+            Arc::new(tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()),
+            (models, Pulls::new(StorePaths::only(models_dir), HubClient::new("http://127.0.0.1:9", None))),
+            ServerConfig::default(),
+            ([127, 0, 0, 1].into(), 8123),
+            vec![],
+        ));
         let app = mock_builder()
             .manage(control)
             .invoke_handler(tauri::generate_handler![

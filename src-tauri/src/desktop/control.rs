@@ -1,6 +1,7 @@
 //! The app's own side of the server: the tokio runtime, the models, the running server (which
 //! the menu can stop and start again on the same address) and the menu's state.
 
+use std::ffi::OsString;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -9,7 +10,8 @@ use crate::model::ModelKind;
 use crate::server::{RunningServer, ServerConfig};
 use crate::store::{Pulls, Residency};
 
-use super::tray::TrayState;
+use super::cluster_launch::{self, ChildState, ClusterChild, ClusterPlan, Launch};
+use super::tray::{TrayCluster, TrayState};
 
 /// The loadable chat models, and the embedding models and rerankers.
 pub type Listed = (Vec<String>, Vec<String>);
@@ -30,18 +32,56 @@ pub struct Control {
     /// The loadable local models (chat, then embedding and reranking) and when they were listed:
     /// the menu checks every second, the disk is scanned again only every few seconds.
     pub listed: Mutex<Option<(Instant, Listed)>>,
+    /// The app's own `serve` flags, for a cluster's child process (`cluster_launch`).
+    pub flags: Vec<OsString>,
+    /// This Mac's rank of a cluster, running as a child process (or how it ended).
+    pub cluster: Mutex<Option<ClusterChild>>,
+    http: reqwest::Client,
 }
 
 /// How long a scan of the model folders stands for the menu.
 const RESCAN: Duration = Duration::from_secs(5);
 
 impl Control {
+    pub fn new(
+        runtime: Arc<tokio::runtime::Runtime>,
+        (models, pulls): (Residency, Pulls),
+        config: ServerConfig,
+        (host, port): (IpAddr, u16),
+        flags: Vec<OsString>,
+    ) -> Control {
+        Control {
+            runtime,
+            models,
+            pulls,
+            config,
+            host,
+            port: Mutex::new(port),
+            server: Mutex::new(None),
+            loading: Mutex::new(None),
+            shown: Mutex::new(None),
+            listed: Mutex::new(None),
+            flags,
+            cluster: Mutex::new(None),
+            http: reqwest::Client::new(),
+        }
+    }
+
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The API's URL: the app's own server's, or a cluster's rank 0 serving in its place.
     pub fn url(&self) -> Option<String> {
-        Self::lock(&self.server).as_ref().map(RunningServer::url)
+        match Self::lock(&self.server).as_ref() {
+            Some(server) => Some(server.url()),
+            None => self.cluster_serves_api().then(|| format!("{}/v1", self.api_base())),
+        }
+    }
+
+    /// A cluster's rank 0 runs here, serving the API on the app's address.
+    pub fn cluster_serves_api(&self) -> bool {
+        Self::lock(&self.cluster).as_ref().is_some_and(|c| c.plan().rank == 0 && c.running())
     }
 
     /// `http://host:port` for the web UI's API calls.
@@ -56,6 +96,9 @@ impl Control {
     pub fn start_server(&self) -> anyhow::Result<String> {
         if let Some(url) = self.url() {
             return Ok(url);
+        }
+        if self.cluster_serves_api() {
+            anyhow::bail!("a cluster serves on this address: stop it first");
         }
         let port = *Self::lock(&self.port);
         let server = self.runtime.block_on(RunningServer::start(
@@ -77,21 +120,130 @@ impl Control {
         }
     }
 
+    /// Starts this Mac's rank of the cluster `plan` describes, as a child process serving with
+    /// the app's settings. The app's models are unloaded first (the rank needs the memory);
+    /// for rank 0 its server steps aside, the child serving the API on the same address until
+    /// it ends, when the app's server starts again.
+    pub fn start_cluster(self: &Arc<Self>, plan: ClusterPlan) -> Result<ChildState, String> {
+        if Self::lock(&self.cluster).as_ref().is_some_and(ClusterChild::running) {
+            return Err("a cluster is running already: stop it first".into());
+        }
+        let hosts = plan.host_file()?;
+        plan.parallel()?;
+        let model = self.models.catalog().find(&plan.model).map_err(|e| e.to_string())?;
+        let host_file = cluster_launch::host_file_path().ok_or("no folder for the host file on this system")?;
+        if let Some(dir) = host_file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        std::fs::write(&host_file, hosts.ring_json()).map_err(|e| format!("{}: {e}", host_file.display()))?;
+        let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+
+        self.runtime.block_on(self.models.unload_all());
+        let rank_zero = plan.rank == 0;
+        if rank_zero {
+            self.stop_server();
+        }
+        let port = *Self::lock(&self.port);
+        let args = Launch {
+            plan: &plan,
+            model_path: &model.path,
+            host_file: &host_file,
+            host: self.host,
+            port,
+            flags: &self.flags,
+        }
+        .args();
+        // Settings from the config file are read by the child itself, as the file is now.
+        let unset = crate::config_file::applied_keys();
+        let env: Vec<(String, String)> =
+            self.config.api_key.iter().map(|key| ("FASTMLX_API_KEY".to_string(), key.clone())).collect();
+        let this = Arc::downgrade(self);
+        let on_exit = move || {
+            // Rank 0's child served in the app's place: the app serves again.
+            if let Some(control) = this.upgrade().filter(|_| rank_zero) {
+                if let Err(e) = control.start_server() {
+                    tracing::error!("cannot serve again after the cluster: {e:#}");
+                }
+            }
+        };
+        let child = match ClusterChild::spawn(plan, &program, &args, (&env, &unset), on_exit) {
+            Ok(child) => child,
+            Err(e) => {
+                if rank_zero {
+                    let _ = self.start_server();
+                }
+                return Err(format!("cannot start {}: {e}", program.display()));
+            }
+        };
+        let state = child.state();
+        *Self::lock(&self.cluster) = Some(child);
+        Ok(state)
+    }
+
+    /// Stops this Mac's rank of the cluster (rank 0: the app serves again once it has ended).
+    pub fn stop_cluster(&self) -> Option<ChildState> {
+        let child = Self::lock(&self.cluster).clone()?;
+        child.stop();
+        Some(child.state())
+    }
+
+    pub fn cluster_state(&self) -> Option<ChildState> {
+        Self::lock(&self.cluster).as_ref().map(ClusterChild::state)
+    }
+
+    /// What the menu says of the cluster (for rank 0, what its server says: the lost machine),
+    /// and the model rank 0 serves.
+    fn tray_cluster(&self) -> Option<(TrayCluster, Option<String>)> {
+        let child = Self::lock(&self.cluster).clone()?;
+        let plan = child.plan();
+        let machines = plan.host_file().map_or(plan.machines.len(), |h| h.ranks.len());
+        let mut shown = TrayCluster { rank: plan.rank, machines, model: plan.model.clone(), ..Default::default() };
+        if !child.running() {
+            shown.ended = child.state().exit;
+            return Some((shown, None));
+        }
+        if plan.rank != 0 {
+            shown.detail = child.last_line();
+            return Some((shown, None));
+        }
+        let seen = self.seen_from_rank_zero(&child);
+        shown.detail = seen.problem;
+        Some((shown, seen.model))
+    }
+
+    /// What rank 0's `/admin/status` says: its model, and why it does not serve, if it does not.
+    fn seen_from_rank_zero(&self, child: &ClusterChild) -> cluster_launch::SeenFromRankZero {
+        let url = format!("{}/admin/status", self.api_base());
+        let mut request = self.http.get(url).timeout(Duration::from_millis(800));
+        if let Some(key) = &self.config.api_key {
+            request = request.bearer_auth(key);
+        }
+        let status = self.runtime.block_on(async { request.send().await?.error_for_status()?.json().await });
+        let problem = match status {
+            Ok(status) => return cluster_launch::seen_from_status(&status),
+            Err(_) if child.age() < Duration::from_secs(10) => "starting…".to_string(),
+            Err(e) => format!("its server does not answer: {e}"),
+        };
+        cluster_launch::SeenFromRankZero { model: None, problem: Some(problem) }
+    }
+
     /// What the menu should show now.
     pub fn tray_state(&self) -> TrayState {
         let loaded = self.models.loaded();
         let (models, encoders) = self.loadable_models();
+        let (cluster, cluster_model) = self.tray_cluster().map_or((None, None), |(c, m)| (Some(c), m));
         let loaded_chat = loaded.iter().filter(|m| m.kind == ModelKind::Chat).map(|m| m.id.clone());
         let mut all = loaded_chat.clone().filter(|id| !models.contains(id)).collect::<Vec<_>>();
         all.extend(models);
         TrayState {
             url: self.url(),
-            serving: loaded_chat.clone().next(),
+            serving: loaded_chat.clone().next().or(cluster_model),
             models: all,
             loaded_encoders: loaded.iter().filter(|m| m.kind != ModelKind::Chat).map(|m| m.id.clone()).collect(),
             encoders,
             loading: Self::lock(&self.loading).clone(),
             tokens_per_sec: self.models.engines().iter().map(|s| s.engine.snapshot().decode_tokens_per_sec).sum(),
+            cluster,
         }
     }
 

@@ -4,6 +4,7 @@
 //! decided in [`tray`] (plain, unit-tested), the rest is Tauri glue.
 
 pub mod autostart;
+pub mod cluster_launch;
 pub mod tray;
 
 #[cfg(feature = "desktop")]

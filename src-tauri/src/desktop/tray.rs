@@ -19,6 +19,28 @@ pub struct TrayState {
     pub loading: Option<String>,
     /// Generated tokens per second, all models together.
     pub tokens_per_sec: f64,
+    /// This Mac's rank of a cluster, started from the Server page (`cluster_launch`).
+    pub cluster: Option<TrayCluster>,
+}
+
+/// What the menu says of this Mac's rank of a cluster.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrayCluster {
+    pub rank: usize,
+    pub machines: usize,
+    pub model: String,
+    /// Why it ended, once it has.
+    pub ended: Option<String>,
+    /// What keeps it from serving (on rank 0, the lost machine, named), else a worker's latest
+    /// line.
+    pub detail: Option<String>,
+}
+
+impl TrayCluster {
+    /// Rank 0 running: its child serves the API in the app's place.
+    fn serves_api(&self) -> bool {
+        self.rank == 0 && self.ended.is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +52,7 @@ pub enum Action {
     OpenChat,
     CopyApiUrl,
     ToggleServer,
+    StopCluster,
     Quit,
 }
 
@@ -41,6 +64,8 @@ pub enum Item {
         id: String,
         checked: bool,
         loading: bool,
+        /// Not while it loads, nor while a cluster serves the API in the app's place.
+        enabled: bool,
     },
     Button {
         action: Action,
@@ -62,6 +87,7 @@ impl Action {
             Action::OpenChat => "open-chat".into(),
             Action::CopyApiUrl => "copy-api-url".into(),
             Action::ToggleServer => "toggle-server".into(),
+            Action::StopCluster => "stop-cluster".into(),
             Action::Quit => "quit".into(),
         }
     }
@@ -77,6 +103,7 @@ impl Action {
             "open-chat" => Action::OpenChat,
             "copy-api-url" => Action::CopyApiUrl,
             "toggle-server" => Action::ToggleServer,
+            "stop-cluster" => Action::StopCluster,
             "quit" => Action::Quit,
             _ => return None,
         })
@@ -97,7 +124,12 @@ pub fn status_line(state: &TrayState) -> String {
 
 /// The whole menu, top to bottom.
 pub fn menu(state: &TrayState) -> Vec<Item> {
-    let mut items = vec![Item::Label(status_line(state)), Item::Separator];
+    let mut items = vec![Item::Label(status_line(state))];
+    if let Some(cluster) = &state.cluster {
+        items.extend(cluster_items(cluster));
+    }
+    items.push(Item::Separator);
+    let clustered = state.cluster.as_ref().is_some_and(TrayCluster::serves_api);
     if state.models.is_empty() && state.encoders.is_empty() {
         items.push(Item::Button {
             action: Action::ChooseModel,
@@ -106,20 +138,24 @@ pub fn menu(state: &TrayState) -> Vec<Item> {
         });
     }
     for id in &state.models {
+        let loading = state.loading.as_ref() == Some(id);
         items.push(Item::Model {
             id: id.clone(),
             checked: state.serving.as_ref() == Some(id),
-            loading: state.loading.as_ref() == Some(id),
+            loading,
+            enabled: !loading && !clustered,
         });
     }
     if !state.encoders.is_empty() {
         items.push(Item::Separator);
         items.push(Item::Label("Embeddings and reranking".into()));
         for id in &state.encoders {
+            let loading = state.loading.as_ref() == Some(id);
             items.push(Item::Model {
                 id: id.clone(),
                 checked: state.loaded_encoders.contains(id),
-                loading: state.loading.as_ref() == Some(id),
+                loading,
+                enabled: !loading && !clustered,
             });
         }
     }
@@ -128,13 +164,43 @@ pub fn menu(state: &TrayState) -> Vec<Item> {
     items.push(Item::Button { action: Action::OpenDashboard, label: "Open Dashboard".into(), enabled: true });
     items.push(Item::Button { action: Action::OpenChat, label: "Open Chat".into(), enabled: running });
     items.push(Item::Button { action: Action::CopyApiUrl, label: "Copy API URL".into(), enabled: running });
-    items.push(Item::Button {
-        action: Action::ToggleServer,
-        label: if running { "Stop Server" } else { "Start Server" }.into(),
-        enabled: true,
-    });
+    // While a cluster serves in the app's place, its own Stop Cluster stops that server.
+    if !clustered {
+        items.push(Item::Button {
+            action: Action::ToggleServer,
+            label: if running { "Stop Server" } else { "Start Server" }.into(),
+            enabled: true,
+        });
+    }
     items.push(Item::Separator);
     items.push(Item::Button { action: Action::Quit, label: "Quit FastMLX".into(), enabled: true });
+    items
+}
+
+/// Longest a line of the menu gets (a fault's text can run long), and most lines a reason gets.
+const LONGEST: usize = 90;
+const MOST_LINES: usize = 3;
+
+/// The cluster's lines: what this Mac is in it, what is wrong (the machine lost, named), and a
+/// way to stop it.
+fn cluster_items(cluster: &TrayCluster) -> Vec<Item> {
+    let mut items = vec![Item::Label(match (&cluster.ended, cluster.rank) {
+        (Some(why), rank) => format!("Cluster stopped (this Mac was rank {rank}): {why}"),
+        (None, 0) => format!("Cluster: {} across {} machines, this Mac rank 0", cluster.model, cluster.machines),
+        (None, rank) => format!("Cluster: this Mac is rank {rank} of {} for {}", cluster.machines, cluster.model),
+    })];
+    // A reason reads "what happened; what it waits for now": a line each, so that neither is
+    // cut off (the machine it waits for is named in the last).
+    for clause in cluster.detail.iter().flat_map(|d| d.split("; ")).filter(|c| !c.is_empty()).take(MOST_LINES) {
+        let mut line: String = clause.chars().take(LONGEST).collect();
+        if line.len() < clause.len() {
+            line.push('…');
+        }
+        items.push(Item::Label(format!("⚠ {line}")));
+    }
+    if cluster.ended.is_none() {
+        items.push(Item::Button { action: Action::StopCluster, label: "Stop Cluster".into(), enabled: true });
+    }
     items
 }
 
@@ -160,7 +226,47 @@ mod tests {
             loaded_encoders: vec![],
             loading: Some("b/two".into()),
             tokens_per_sec: 42.04,
+            cluster: None,
         }
+    }
+
+    #[test]
+    fn a_cluster_names_its_lost_machine_and_can_be_stopped() {
+        let cause = "the cluster lost a rank: waiting for rank 1: [ring] connection to a peer was lost";
+        let lost = "waiting for rank 1 (10.0.0.2:32323), not heard from for 12 s";
+        let rank0 = TrayCluster {
+            rank: 0,
+            machines: 2,
+            model: "a/one".into(),
+            ended: None,
+            detail: Some(format!("{cause}; {lost}")),
+        };
+        let items = menu(&TrayState { cluster: Some(rank0.clone()), loading: None, ..state() });
+        assert_eq!(items[1], Item::Label("Cluster: a/one across 2 machines, this Mac rank 0".into()));
+        assert_eq!(items[2], Item::Label(format!("⚠ {cause}")));
+        assert_eq!(items[3], Item::Label(format!("⚠ {lost}")));
+        assert_eq!(items[4], Item::Button { action: Action::StopCluster, label: "Stop Cluster".into(), enabled: true });
+        // Its server is the cluster's: models cannot be loaded in the app meanwhile, nor the
+        // server toggled (Stop Cluster is that).
+        assert!(items.iter().all(|i| !matches!(i, Item::Model { enabled: true, .. })));
+        assert!(items.iter().all(|i| !matches!(i, Item::Button { action: Action::ToggleServer, .. })));
+
+        let long = "x".repeat(200);
+        let worker = TrayCluster { rank: 1, detail: Some(long), ..rank0.clone() };
+        let items = menu(&TrayState { cluster: Some(worker), loading: None, ..state() });
+        assert_eq!(items[1], Item::Label("Cluster: this Mac is rank 1 of 2 for a/one".into()));
+        assert_eq!(items[2], Item::Label(format!("⚠ {}…", "x".repeat(90))));
+        assert!(
+            items.iter().any(|i| matches!(i, Item::Model { enabled: true, .. })),
+            "a worker's app serves as before"
+        );
+        assert!(items.iter().any(|i| matches!(i, Item::Button { action: Action::ToggleServer, .. })));
+
+        let ended = TrayCluster { ended: Some("it ended with exit code 1".into()), detail: None, ..rank0 };
+        let items = menu(&TrayState { cluster: Some(ended), ..state() });
+        assert_eq!(items[1], Item::Label("Cluster stopped (this Mac was rank 0): it ended with exit code 1".into()));
+        assert_eq!(items[2], Item::Separator);
+        assert!(items.iter().all(|i| !matches!(i, Item::Button { action: Action::StopCluster, .. })));
     }
 
     #[test]
@@ -173,18 +279,18 @@ mod tests {
         let items = menu(&with);
         let at = items.iter().position(|i| *i == Item::Label("Embeddings and reranking".into())).unwrap();
         assert_eq!(items[at - 1], Item::Separator);
-        assert_eq!(items[at + 1], Item::Model { id: "minilm".into(), checked: true, loading: false });
-        assert_eq!(items[at + 2], Item::Model { id: "reranker".into(), checked: false, loading: false });
+        assert_eq!(items[at + 1], Item::Model { id: "minilm".into(), checked: true, loading: false, enabled: true });
+        assert_eq!(items[at + 2], Item::Model { id: "reranker".into(), checked: false, loading: false, enabled: true });
         // The chat model stays the checked one above them.
-        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false });
+        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false, enabled: true });
     }
 
     #[test]
     fn menu_lists_models_with_the_serving_one_checked() {
         let items = menu(&state());
         assert_eq!(items[0], Item::Label("a/one · http://127.0.0.1:8080/v1 · 42.0 tok/s".into()));
-        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false });
-        assert_eq!(items[3], Item::Model { id: "b/two".into(), checked: false, loading: true });
+        assert_eq!(items[2], Item::Model { id: "a/one".into(), checked: true, loading: false, enabled: true });
+        assert_eq!(items[3], Item::Model { id: "b/two".into(), checked: false, loading: true, enabled: false });
         assert_eq!(model_label("b/two", true), "b/two (loading…)");
         let labels: Vec<&str> = items
             .iter()
@@ -220,6 +326,7 @@ mod tests {
             Action::OpenChat,
             Action::CopyApiUrl,
             Action::ToggleServer,
+            Action::StopCluster,
             Action::Quit,
         ] {
             assert_eq!(Action::from_id(&action.id()), Some(action));

@@ -11,6 +11,7 @@ import {
   type Settings,
 } from "../api";
 import { ClusterSection } from "../components/Cluster";
+import { ClusterLaunch } from "../components/ClusterLaunch";
 import { CopyButton, ErrorBox, Spinner } from "../components/common";
 import { clientSnippets } from "../snippets";
 import { SnippetCards } from "../components/SnippetCards";
@@ -59,6 +60,8 @@ export function ServerPage() {
   const [cleared, setCleared] = useState<string | null>(null);
   const [clustered, setClustered] = useState<LoadedModel[]>([]);
   const [waiting, setWaiting] = useState<ServerStatus["waiting"]>(null);
+  // This Mac's rank of a cluster, started here (the app only).
+  const [launched, setLaunched] = useState(false);
 
   async function clearCache() {
     setCleared(null);
@@ -93,7 +96,7 @@ export function ServerPage() {
   }, []);
 
   // A model split across machines: its step costs and a lost machine, kept current.
-  const hasCluster = clustered.length > 0 || waiting != null;
+  const hasCluster = clustered.length > 0 || waiting != null || launched;
   useEffect(() => {
     if (!hasCluster) return;
     const timer = setInterval(() => {
@@ -173,6 +176,7 @@ export function ServerPage() {
       <ErrorBox error={error} onClose={() => setError(null)} />
       <ErrorBox error={waiting ? `${waiting.id}: ${waiting.reason}` : null} />
       {clustered.map((m) => m.cluster && <ClusterSection key={m.id} model={m.id} cluster={m.cluster} fault={m.fault} />)}
+      {hasNative() && <ClusterLaunch onRunning={setLaunched} />}
       {!settings ? (
         !error && (
           <p class="muted">
