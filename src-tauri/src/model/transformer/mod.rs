@@ -435,9 +435,9 @@ impl Transformer {
     pub fn arrays(&self) -> Vec<&Array> {
         let mut out: Vec<&Array> = self.layers.iter().flat_map(DecoderLayer::arrays).collect();
         if self.stage.as_ref().is_none_or(|s| s.ends) {
+            // The MTP head among them: listed once, so its bytes are counted once.
             out.extend(self.end_arrays());
         }
-        out.extend(self.mtp.iter().flat_map(MtpHead::arrays));
         out
     }
 
