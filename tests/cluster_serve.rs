@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::fake_hub::{FakeHub, FakeRepo};
 use fastmlx::fixtures::synthetic;
 use fastmlx::model::Arch;
 use serde_json::{json, Value};
@@ -62,6 +63,18 @@ impl Drop for Node {
 
 /// `fastmlx serve` of `model` on `port` with `args`, alone or as `rank` of the cluster `hosts`.
 fn serve(dir: &Path, model: &Path, port: u16, args: &[&str], cluster: Option<(&Path, usize)>) -> Node {
+    let (mut command, log) = serve_command(dir, model, port, args, cluster);
+    Node { child: command.spawn().unwrap(), log }
+}
+
+/// [`serve`]'s command, not started, and its log.
+fn serve_command(
+    dir: &Path,
+    model: &Path,
+    port: u16,
+    args: &[&str],
+    cluster: Option<(&Path, usize)>,
+) -> (Command, PathBuf) {
     let name = cluster.map_or("alone".to_string(), |(_, rank)| format!("rank{rank}"));
     let log = dir.join(format!("{name}-{port}.log"));
     let mut command = Command::new(env!("CARGO_BIN_EXE_fastmlx"));
@@ -80,7 +93,7 @@ fn serve(dir: &Path, model: &Path, port: u16, args: &[&str], cluster: Option<(&P
     if let Some((hosts, rank)) = cluster {
         command.arg("--cluster").arg(hosts).args(["--rank", &rank.to_string(), "--timeout", "15"]);
     }
-    Node { child: command.spawn().unwrap(), log }
+    (command, log)
 }
 
 async fn wait_ready(port: u16, node: &mut Node) {
@@ -602,4 +615,59 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     assert!(nodes[0].log().contains("serving without it again, and trying it again in 5 min"), "{}", nodes[0].log());
     assert!(nodes[0].log().contains("rank 2 (127.0.0.1:"), "{}", nodes[0].log());
     assert_eq!(short_answer(&client, port).await, before, "rank 2 back: {}", nodes[0].log());
+}
+
+/// A rank of `hosts` serving `repo`, on a machine of its own (`dir`: its models folder, empty at
+/// first) that reaches the Hub at `hub`.
+fn pulling(dir: &Path, repo: &str, port: u16, (hosts, rank): (&Path, usize), hub: &FakeHub) -> Node {
+    std::fs::create_dir_all(dir).unwrap();
+    let (mut command, log) = serve_command(dir, Path::new(repo), port, &[], Some((hosts, rank)));
+    command
+        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_HUB_CACHE", dir.join("hf"))
+        .env("LMSTUDIO_MODELS_DIR", dir.join("lms"));
+    Node { child: command.spawn().unwrap(), log }
+}
+
+/// A Mac of the cluster without the model pulls it from the Hub (verified as any pull) before
+/// it joins; a repo the Hub does not have ends that rank with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_absent_on_a_machine_is_pulled_there_before_it_joins() {
+    const REPO: &str = "test-org/tiny-llama";
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("written");
+    synthetic::write_tiny_model(&written, Arch::Llama, 3, None).unwrap();
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&written)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    let hub =
+        FakeHub::start(vec![FakeRepo::new(REPO, files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect())]).await;
+    let hosts = host_file(dir.path(), 2);
+
+    let mut absent = pulling(&dir.path().join("other"), "test-org/absent", free_port(), (&hosts, 1), &hub);
+    let status = absent.child.wait().unwrap();
+    assert!(!status.success());
+    assert!(
+        absent.log().contains("rank 1: test-org/absent is not on this machine and could not be pulled"),
+        "{}",
+        absent.log()
+    );
+
+    // Two machines, neither of which has it: each pulls it to its own disk, then they form.
+    let port = free_port();
+    let mut first = pulling(&dir.path().join("mac-1"), REPO, port, (&hosts, 0), &hub);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = pulling(&dir.path().join("mac-2"), REPO, free_port(), (&hosts, 1), &hub);
+    wait_ready(port, &mut first).await;
+    for (rank, node) in [(0, &first), (1, &second)] {
+        assert!(node.log().contains(&format!("rank {rank}: {REPO} pulled to")), "{}", node.log());
+    }
+    let client = reqwest::Client::new();
+    assert!(!short_answer(&client, port).await.is_empty());
+    let status: Value =
+        client.get(format!("http://127.0.0.1:{port}/admin/status")).send().await.unwrap().json().await.unwrap();
+    let model = status["loaded"].as_array().unwrap().iter().find(|m| m["id"] == REPO).expect("served under its Hub id");
+    assert_eq!(model["cluster"]["nodes"].as_array().unwrap().len(), 2, "{model}");
 }

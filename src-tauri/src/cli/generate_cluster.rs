@@ -52,6 +52,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let backend = Backend::init();
     let path = super::resolve_model_path(args.model.clone())?;
+    let path = super::cluster_model::local_or_pulled(&path, "this rank")?;
     // What changes the numbers every rank computes must be the same on every rank; tensor
     // parallel ranks each run the whole generation, so the request too.
     let mut settings = format!(

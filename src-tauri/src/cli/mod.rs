@@ -4,6 +4,7 @@ mod bench_cmd;
 mod bench_grammar_cmd;
 mod cache_cmd;
 mod cluster_cmd;
+mod cluster_model;
 mod generate_cluster;
 mod generate_cmd;
 mod inspect_cmd;

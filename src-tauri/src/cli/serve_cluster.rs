@@ -74,13 +74,16 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
     if place >= hosts.ranks.len() {
         anyhow::bail!("rank {place} is not in {} ({} ranks)", hosts_path.display(), hosts.ranks.len());
     }
+    // A Hub repo absent here is pulled first; the given name stays the model's id on rank 0.
+    let given = path.to_string_lossy().into_owned();
+    let path = super::cluster_model::local_or_pulled(&path, &format!("rank {place}"))?;
     if place != 0 {
         // A wait for the others past its deadline (rank 0 gone, or another rank) starts it again.
         watchdog.on_expiry(|error| rejoin::restart(&error));
         return serve_stage(args, &path, &hosts, (place, watchdog));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve_first_stage(args, path, hosts, watchdog))
+    runtime.block_on(serve_first_stage(args, (given, path), hosts, watchdog))
 }
 
 /// What changes the numbers a rank computes: the same on every rank.
@@ -211,9 +214,14 @@ fn sharing(pipeline: Pipeline, parallel: Parallel, model: &crate::model::Transfo
 /// while the cluster forms), then the cluster of the machines the roster decides on, the
 /// model's first stage and the engine; after a lost rank, a fresh start of this process to form
 /// the cluster again.
-async fn serve_first_stage(args: ServeArgs, path: PathBuf, file: HostFile, watchdog: Watchdog) -> anyhow::Result<()> {
+async fn serve_first_stage(
+    args: ServeArgs,
+    (given, path): (String, PathBuf),
+    file: HostFile,
+    watchdog: Watchdog,
+) -> anyhow::Result<()> {
     let models = args.residency()?;
-    let id = models.catalog().find_or_add_path(&path.to_string_lossy())?.id;
+    let id = models.catalog().find_or_add_path(&given)?.id;
     let start = Membership::from_var(roster::MEMBERSHIP_VAR, &file).unwrap_or_else(|| Membership::everyone(&file));
     // After a take-in: the list that served before, if this larger one cannot form.
     let fallback = Membership::from_var(roster::FALLBACK_VAR, &file);
