@@ -520,8 +520,8 @@ async fn a_worker_short_of_memory_bounds_the_kv_that_rank_0_admits_and_the_model
     assert!(short_answer(&client, port).await.contains("Paris"));
 }
 
-/// The roster's view from `/admin/status`: the cluster's nodes' ranks (none while rank 0
-/// serves alone) and the machines it serves without.
+/// The roster's view from `/admin/status`: the cluster's nodes' ranks (rank 0's only while
+/// it serves alone) and the machines it serves without.
 async fn cluster_nodes(client: &reqwest::Client, port: u16) -> Option<(Vec<u64>, Vec<String>)> {
     let response = retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await;
     let status: Value = response.json().await.ok()?;
@@ -563,7 +563,18 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     nodes[2].child.kill().unwrap();
     served_again(&client, port, &mut nodes[0], "alone").await;
     assert_eq!(short_answer(&client, port).await, before, "alone: {}", nodes[0].log());
-    assert_eq!(cluster_nodes(&client, port).await, None, "a model served alone has no cluster");
+    // Shown as a cluster of this machine alone, without the others, and kept loaded for them.
+    let (ranks, without) = cluster_nodes(&client, port).await.expect("alone, shown as its cluster");
+    assert_eq!(ranks, [0]);
+    assert!(
+        without.len() == 2 && without[0].starts_with("rank 1 (") && without[1].starts_with("rank 2 ("),
+        "{without:?}"
+    );
+    let unload = client
+        .post(format!("http://127.0.0.1:{port}/admin/unload"))
+        .json(&json!({"model": "SmolLM2-135M-Instruct.Q4_1"}));
+    let refused = unload.send().await.unwrap();
+    assert_eq!(refused.status(), 409, "{}", refused.text().await.unwrap());
     assert!(nodes[0].log().contains("serving SmolLM2-135M-Instruct.Q4_1 on this machine alone"), "{}", nodes[0].log());
     // A machine back with other settings is refused at the roster, and rank 0 serves on.
     let mut other = serve(dir.path(), &model, free_port(), &["--kv-bits", "8"], Some((&hosts, 1)));

@@ -242,7 +242,8 @@ async fn serve_first_stage(
         }
     };
     if membership.members.len() == 1 {
-        return serve_alone(models, server, &id, &roster, &file).await;
+        let shown = (args.cluster.backend.as_str(), args.cluster.parallel, ask.room);
+        return serve_alone(models, server, &id, (&roster, &file), shown).await;
     }
     roster.set_forming(true);
 
@@ -416,16 +417,23 @@ async fn serve_alone(
     models: Residency,
     server: RunningServer,
     id: &str,
-    roster: &Roster,
-    file: &HostFile,
+    (roster, file): (&Roster, &HostFile),
+    (backend, parallel, room): (&str, Parallel, u64),
 ) -> anyhow::Result<()> {
     eprintln!("rank 0: every other machine is gone; serving {id} on this machine alone");
+    let alone = roster.membership();
     // Loaded now, as `serve` loads its first model (a failure is told to each request too).
     match models.load_whole_instead(id, "every other machine is gone: loading it on rank 0 alone").await {
-        Ok(served) => eprintln!("FastMLX serving {} at {} alone", served.id, server.url()),
+        Ok(served) => {
+            eprintln!("FastMLX serving {} at {} alone", served.id, server.url());
+            // Kept loaded as the cluster's model, shown as a cluster of this machine without
+            // the others, until they are back.
+            let whole = [crate::model::Stage { layers: 0..served.engine.model_info().layers, ends: true }];
+            let status = crate::cluster::status_of((backend, parallel), file, &alone, &[room], &whole, &[]);
+            models.pin_alone(id, status);
+        }
         Err(e) => eprintln!("rank 0: {id} could not be loaded alone: {e}"),
     }
-    let alone = roster.membership();
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
         back = returned(&models, roster) => take_in(models, server, id, &alone, file, back).await,

@@ -336,11 +336,15 @@ pub fn seen_from_status(status: &serde_json::Value) -> SeenFromRankZero {
     }
     let loaded = status.get("loaded").and_then(|l| l.as_array()).into_iter().flatten();
     let split = loaded.clone().find(|m| m.get("cluster").is_some_and(|c| !c.is_null()));
-    match split {
-        Some(model) => SeenFromRankZero { model: text(model, "id"), problem: text(model, "fault") },
-        // Served alone on rank 0, every other machine gone: no cluster to show, only the model.
-        None => SeenFromRankZero { model: loaded.clone().find_map(|m| text(m, "id")), problem: None },
-    }
+    let Some(model) = split else {
+        return SeenFromRankZero { model: loaded.clone().find_map(|m| text(m, "id")), problem: None };
+    };
+    // A lost machine, else the machines it serves without (alone on rank 0, or fewer).
+    let without: Vec<&str> =
+        model["cluster"]["without"].as_array().into_iter().flatten().filter_map(|w| w.as_str()).collect();
+    let problem = text(model, "fault")
+        .or_else(|| (!without.is_empty()).then(|| format!("serving without {}", without.join(", "))));
+    SeenFromRankZero { model: text(model, "id"), problem }
 }
 
 /// Where the app writes the host file it serves a cluster from: beside its config file.
@@ -420,8 +424,11 @@ mod tests {
             (seen.model.as_deref(), seen.problem.as_deref()),
             (Some("qwen"), Some("the cluster lost a rank: rank 1 ..."))
         );
-        let serving = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": []}}]});
+        let serving = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [], "without": []}}]});
         assert_eq!(seen_from_status(&serving), SeenFromRankZero { model: Some("qwen".into()), problem: None });
+        let alone = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [{"rank": 0}], "without": ["rank 1 (10.0.0.2:32323)"]}}]});
+        let seen = seen_from_status(&alone);
+        assert_eq!(seen.problem.as_deref(), Some("serving without rank 1 (10.0.0.2:32323)"));
     }
 
     #[cfg(unix)]

@@ -104,6 +104,8 @@ pub struct ModelInfo {
     pub chat_template: Option<Arc<crate::tokenizer::ChatTemplate>>,
     pub context_length: usize,
     pub vocab_size: usize,
+    /// Decoder layers this process runs (a pipeline stage's, where split).
+    pub layers: usize,
     /// Key/value bytes per token in all layers...
     pub kv_bytes_per_token: usize,
     /// ...and what a sequence really takes (windowed layers hold a bounded number of tokens).

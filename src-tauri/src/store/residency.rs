@@ -40,9 +40,10 @@ pub enum ResidencyError {
     /// A model split across a cluster, not (or no longer) formed: served once it is.
     #[error("{id} is not served yet: {reason}")]
     Waiting { id: String, reason: String },
-    /// A model split across a cluster stays loaded while the server runs (unloaded, its
-    /// workers would end, and rank 0 alone may not hold it).
-    #[error("{id} is split across a cluster: it stays loaded until the server stops")]
+    /// A model served for a cluster (split across it, or alone on rank 0 while the others are
+    /// gone) stays loaded while the server runs: unloaded, its workers would end, and a request
+    /// would load it again outside the cluster.
+    #[error("{id} is served for a cluster: it stays loaded until the server stops")]
     Pinned { id: String },
 }
 
@@ -174,6 +175,9 @@ struct Resident {
     keep_alive: Option<Duration>,
     /// Split across a cluster: never evicted, unloaded only when the server stops.
     pinned: bool,
+    /// Served alone on rank 0 for a cluster whose other machines are gone: the cluster as it
+    /// stands (this machine, the ones it serves without).
+    alone: Option<crate::engine::remote::ClusterStatus>,
 }
 
 impl Resident {
@@ -292,6 +296,16 @@ impl Residency {
         let loaded = self.load(id, None).await;
         self.set_awaited(None);
         loaded
+    }
+
+    /// `id`, loaded whole on rank 0 of a cluster whose other machines are gone, stays loaded
+    /// (as a split model does) and shows `cluster` (this machine, the ones it serves without).
+    pub fn pin_alone(&self, id: &str, cluster: crate::engine::remote::ClusterStatus) {
+        if let Some(resident) = self.residents().iter_mut().find(|r| r.id == id) {
+            resident.pinned = true;
+            resident.alone = Some(cluster);
+        }
+        self.inner.changes.send_modify(|n| *n += 1);
     }
 
     /// The draft model paired with `id` (`--draft-model`), if one is.
@@ -508,6 +522,7 @@ impl Residency {
             last_used: Instant::now(),
             keep_alive,
             pinned: false,
+            alone: None,
         };
         self.residents().push(resident);
         self.inner.changes.send_modify(|n| *n += 1);
@@ -619,7 +634,7 @@ impl Residency {
                         status.draft_model = info.draft_model.clone();
                         status.mtp_head = info.mtp_head;
                         status.fault = engine.fault();
-                        status.cluster = engine.cluster();
+                        status.cluster = engine.cluster().or_else(|| r.alone.clone());
                     }
                     Engine::Encoder(engine) => {
                         status.weights_bytes = engine.info().weights_bytes as u64;

@@ -18,21 +18,27 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
   const per = (v: number) => v / steps;
   const layers = cluster.nodes.reduce((n, node) => Math.max(n, node.end_layer), 0);
   const tensor = cluster.parallel === "tensor";
+  // Every other machine gone past --drop-after: rank 0 serves the whole model by itself.
+  const alone = cluster.nodes.length === 1;
   const holds = (n: ClusterStatus["nodes"][number]) =>
-    tensor
+    alone
+      ? `the whole model (${layers} layers)`
+      : tensor
       ? `1/${cluster.nodes.length} of every layer's heads and MLP columns (${layers} layers) + embeddings and output head`
       : `layers ${n.first_layer}–${n.end_layer - 1} of ${layers}${n.ends ? " + embeddings and output head" : ""}`;
   return (
-    <div class="card cluster" data-testid="cluster" data-model={model}>
+    <div class="card cluster" data-testid="cluster" data-model={model} data-alone={String(alone)}>
       <h2>
-        Cluster · {model} · {cluster.nodes.length} machines ({cluster.backend}
-        {tensor ? ", split by tensors" : ", pipeline"})
+        Cluster · {model} ·{" "}
+        {alone
+          ? "on this machine alone"
+          : `${cluster.nodes.length} machines (${cluster.backend}${tensor ? ", split by tensors" : ", pipeline"})`}
       </h2>
       <ErrorBox error={fault ?? null} />
       {cluster.without?.length ? (
         <p class="note warn-note" data-testid="cluster-without">
           Serving without {cluster.without.join(", ")}: gone when the cluster formed; taken back once it returns and the
-          server is idle.
+          server is idle{alone ? " (the model stays loaded here meanwhile)" : ""}.
         </p>
       ) : null}
       <div class="table-wrap">
@@ -60,6 +66,8 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
           </tbody>
         </table>
       </div>
+      {!alone && (
+        <>
       <p class="muted" data-testid="cluster-links">
         {cluster.links.map((l) => (
           <span key={`${l.from}-${l.to}`}>
@@ -76,6 +84,8 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
           ? `its layers and the sums with the other machines ${millis(per(cluster.wait_seconds))}`
           : `waiting on the other machines ${millis(per(cluster.wait_seconds))} (their layers and every hop)`}
       </p>
+        </>
+      )}
     </div>
   );
 }

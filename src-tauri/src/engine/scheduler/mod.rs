@@ -152,6 +152,7 @@ impl Scheduler {
             chat_template: model.chat_template.clone(),
             context_length,
             vocab_size: t.config.vocab_size,
+            layers: t.held_layers(),
             kv_bytes_per_token: t.kv_bytes_per_token(),
             kv_footprint,
             kv_budget_bytes: kv_budget,

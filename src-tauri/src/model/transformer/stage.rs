@@ -66,6 +66,11 @@ impl Transformer {
         Ok(())
     }
 
+    /// The decoder layers this process holds (a stage's, where split into stages).
+    pub fn held_layers(&self) -> usize {
+        self.layers.len()
+    }
+
     /// Whether this process holds only part of the model (a pipeline stage or a tensor share).
     pub fn is_split(&self) -> bool {
         self.stage.is_some() || self.tensor.is_some()
