@@ -682,3 +682,47 @@ async fn a_model_absent_on_a_machine_is_pulled_there_before_it_joins() {
     let model = status["loaded"].as_array().unwrap().iter().find(|m| m["id"] == REPO).expect("served under its Hub id");
     assert_eq!(model["cluster"]["nodes"].as_array().unwrap().len(), 2, "{model}");
 }
+
+/// A rank the app runs names the app its parent (`FASTMLX_EXIT_WITH_PARENT`): once the app is
+/// gone (a crash included), the rank ends rather than keep its port and memory.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rank_the_app_started_ends_when_the_app_is_gone() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = host_file(dir.path(), 2);
+    // A shell stands in for the app: it starts rank 1 (which waits for rank 0's roster), naming
+    // itself the parent, and is killed.
+    let (rank, log) = serve_command(dir.path(), &common::smollm2_gguf(), free_port(), &[], Some((&hosts, 1)));
+    let mut app = Command::new("sh");
+    app.arg("-c").arg(r#"FASTMLX_EXIT_WITH_PARENT=$$ "$@" & echo $!; wait"#).arg("sh");
+    app.arg(rank.get_program()).args(rank.get_args());
+    for (key, value) in rank.get_envs() {
+        if let Some(value) = value {
+            app.env(key, value);
+        }
+    }
+    app.stdout(Stdio::piped()).stderr(std::fs::File::create(&log).unwrap());
+    let mut app = app.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(app.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !matches!(s.rsplit_once(") ").map(|(_, r)| &r[..1]), Some("Z" | "X")))
+    };
+    let started = Instant::now();
+    while !read().contains("waiting for rank 0's roster") {
+        assert!(started.elapsed() < Duration::from_secs(30) && alive(), "rank 1 did not start: {}", read());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.kill().unwrap();
+    app.wait().unwrap();
+    let gone = Instant::now();
+    while alive() {
+        assert!(gone.elapsed() < Duration::from_secs(10), "rank 1 outlived the app: {}", read());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(read().contains("the app that started this rank (process"), "{}", read());
+}

@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 
 pub use kv_args::KvArgs;
 pub use model_path::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE};
+pub use serve_cluster::EXIT_WITH_PARENT_VAR;
 pub use serve_cmd::ServeArgs;
 
 /// `--weights`: how quantized weights are held (see [`crate::model::WeightFormat`]).

@@ -68,7 +68,12 @@ impl RosterArgs {
     }
 }
 
+/// Set by the app for the rank it runs: that process's id. The rank ends when the app does
+/// (a crash included), rather than keep its port and memory with no one to stop it.
+pub const EXIT_WITH_PARENT_VAR: &str = "FASTMLX_EXIT_WITH_PARENT";
+
 pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Result<()> {
+    exit_with_parent();
     let hosts = HostFile::read(&hosts_path).map_err(anyhow::Error::msg)?;
     let (place, watchdog) = rank_and_watchdog(&args.cluster)?;
     if place >= hosts.ranks.len() {
@@ -84,6 +89,25 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve_first_stage(args, (given, path), hosts, watchdog))
+}
+
+/// Where [`EXIT_WITH_PARENT_VAR`] names this process's parent, ends the process once its parent
+/// is gone (it is then another's child: macOS has no signal for a parent's death).
+fn exit_with_parent() {
+    #[cfg(unix)]
+    {
+        let Some(parent) = std::env::var(EXIT_WITH_PARENT_VAR).ok().and_then(|p| p.parse::<i32>().ok()) else {
+            return;
+        };
+        std::thread::spawn(move || loop {
+            // SAFETY: getppid has no preconditions.
+            if unsafe { libc::getppid() } != parent {
+                eprintln!("the app that started this rank (process {parent}) is gone: stopping");
+                std::process::exit(1);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        });
+    }
 }
 
 /// What changes the numbers a rank computes: the same on every rank.

@@ -155,8 +155,10 @@ impl Control {
         .args();
         // Settings from the config file are read by the child itself, as the file is now.
         let unset = crate::config_file::applied_keys();
-        let env: Vec<(String, String)> =
+        let mut env: Vec<(String, String)> =
             self.config.api_key.iter().map(|key| ("FASTMLX_API_KEY".to_string(), key.clone())).collect();
+        // It ends with the app, a crash included.
+        env.push((crate::cli::EXIT_WITH_PARENT_VAR.to_string(), std::process::id().to_string()));
         let this = Arc::downgrade(self);
         let on_exit = move || {
             // Rank 0's child served in the app's place: the app serves again.
