@@ -194,9 +194,24 @@ impl Pipeline {
 
     fn recv(&self, shape: &[i32], dtype: Dtype) -> Result<Array, String> {
         let from = self.left();
-        let what = format!("waiting for rank {}", self.name(from));
+        let what = self.waiting_for(from);
         let _w = self.watchdog.waiting(what.clone());
         self.group.recv(shape, dtype, from).and_then(eval).map_err(|e| format!("{what}: {e}"))
+    }
+
+    /// What a wait on `from` says if it fails. Rank 0 of three or more hears only from the ring's
+    /// last rank, whose silence may be any other rank's loss: it says so rather than blame it.
+    fn waiting_for(&self, from: usize) -> String {
+        let size = self.group.size();
+        if self.group.rank() != 0 || size < 3 {
+            return format!("waiting for rank {}", self.name(from));
+        }
+        let others: Vec<String> = (1..size).map(|r| self.name(r).to_string()).collect();
+        format!(
+            "waiting for rank {}, the ring's last: one of ranks {} is lost or stalled",
+            self.name(from),
+            others.join(", ")
+        )
     }
 
     /// Rank 0 serving: what tells the engine, its streams and `/health` that a rank is lost
