@@ -91,7 +91,8 @@ pub fn serve_flags(app_argv: impl IntoIterator<Item = OsString>) -> Vec<OsString
 /// Everything the child's command line is made of.
 pub struct Launch<'a> {
     pub plan: &'a ClusterPlan,
-    pub model_path: &'a Path,
+    /// The model as the child is to find it: its id, or its path.
+    pub model: &'a std::ffi::OsStr,
     pub host_file: &'a Path,
     /// The app's address: rank 0's child serves the API there.
     pub host: IpAddr,
@@ -104,7 +105,7 @@ impl Launch<'_> {
     pub fn args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["serve".into(), "--cluster".into(), self.host_file.into()];
         args.extend(["--rank".into(), self.plan.rank.to_string().into()]);
-        args.extend(["--model".into(), self.model_path.into()]);
+        args.extend(["--model".into(), self.model.into()]);
         args.extend(["--parallel".into(), self.plan.parallel.to_ascii_lowercase().into()]);
         args.extend(["--host".into(), self.host.to_string().into(), "--port".into(), self.port.to_string().into()]);
         args.extend(self.flags.iter().cloned());
@@ -129,6 +130,9 @@ pub struct ChildState {
 
 #[derive(Default)]
 struct Shared {
+    /// The child until it is reaped: it is reaped and signalled under this lock only, so a
+    /// signal never reaches another process that took its id.
+    child: Mutex<Option<std::process::Child>>,
     log: Mutex<VecDeque<String>>,
     /// Why it ended, once it has.
     exit: Mutex<Option<String>>,
@@ -180,9 +184,10 @@ impl ClusterChild {
         })
         .collect();
         let pid = child.id();
+        *lock(&shared.child) = Some(child);
         let waiter = shared.clone();
         std::thread::spawn(move || {
-            let status = child.wait();
+            let status = reaped(&waiter);
             let exit = describe(status, *lock(&waiter.sent));
             // Its last words are in the log before anyone reads that it ended.
             for reader in readers {
@@ -201,6 +206,11 @@ impl ClusterChild {
 
     pub fn running(&self) -> bool {
         lock(&self.shared.exit).is_none()
+    }
+
+    /// It ended and what follows its end (the exit callback) is done.
+    pub fn settled(&self) -> bool {
+        self.shared.settled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How long ago it started.
@@ -244,7 +254,7 @@ impl ClusterChild {
 
     fn ended_within(&self, within: Duration) -> bool {
         let until = Instant::now() + within;
-        while !self.shared.settled.load(std::sync::atomic::Ordering::SeqCst) {
+        while !self.settled() {
             if Instant::now() >= until {
                 return false;
             }
@@ -254,22 +264,21 @@ impl ClusterChild {
     }
 
     fn signal(&self, signal: Signal) {
-        if !self.running() {
-            return;
-        }
+        let child = lock(&self.shared.child);
+        let Some(child) = child.as_ref() else { return };
+        *lock(&self.shared.sent) = Some(signal);
         #[cfg(unix)]
         {
             let number = match signal {
                 Signal::Stop => libc::SIGTERM,
                 Signal::Kill => libc::SIGKILL,
             };
-            *lock(&self.shared.sent) = Some(signal);
-            // SAFETY: a signal to our own child, which the waiter thread has not reaped yet
-            // (`running`), so the pid is still its own.
-            unsafe { libc::kill(self.pid as libc::pid_t, number) };
+            // SAFETY: a signal to our own child, not reaped yet (it is reaped under the lock
+            // held here), so the pid is still its own.
+            unsafe { libc::kill(child.id() as libc::pid_t, number) };
         }
         #[cfg(not(unix))]
-        let _ = signal;
+        let _ = (child, signal);
     }
 }
 
@@ -283,9 +292,36 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Waits for the child's end, polling under the lock [`ClusterChild::signal`] takes.
+fn reaped(shared: &Shared) -> std::io::Result<ExitStatus> {
+    loop {
+        {
+            let mut child = lock(&shared.child);
+            let Some(running) = child.as_mut() else { return Err(std::io::Error::other("no child")) };
+            match running.try_wait() {
+                Ok(None) => {}
+                ended => {
+                    *child = None;
+                    return ended.map(|s| s.expect("ended"));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Keeps the child's lines, draining its output to the end (a line that is not UTF-8
+/// included: a pipe left unread would stall the child once full).
 fn keep_lines(stream: impl std::io::Read, shared: &Shared, tag: &str) {
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
+    let mut reader = BufReader::new(stream);
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        match reader.read_until(b'\n', &mut bytes) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let line = String::from_utf8_lossy(&bytes).trim_end_matches(['\n', '\r']).to_string();
         eprintln!("[{tag}] {line}");
         let mut log = lock(&shared.log);
         if log.len() == LOG_LINES {
@@ -390,7 +426,7 @@ mod tests {
         let plan = plan();
         let launch = Launch {
             plan: &plan,
-            model_path: Path::new("/m/qwen"),
+            model: "org/qwen".as_ref(),
             host_file: Path::new("/c/hosts.json"),
             host: [127, 0, 0, 1].into(),
             port: 8123,
@@ -399,7 +435,7 @@ mod tests {
         assert_eq!(
             launch.args(),
             argv(
-                "serve --cluster /c/hosts.json --rank 1 --model /m/qwen --parallel tensor --host 127.0.0.1 --port 8123 \
+                "serve --cluster /c/hosts.json --rank 1 --model org/qwen --parallel tensor --host 127.0.0.1 --port 8123 \
                  --max-batch 6 --kv-bits 8"
             )
         );

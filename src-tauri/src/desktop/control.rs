@@ -36,6 +36,8 @@ pub struct Control {
     pub flags: Vec<OsString>,
     /// This Mac's rank of a cluster, running as a child process (or how it ended).
     pub cluster: Mutex<Option<ClusterChild>>,
+    /// Held while the app's server or a cluster starts (see [`Control::start_server`]).
+    starting: Mutex<()>,
     http: reqwest::Client,
 }
 
@@ -63,6 +65,7 @@ impl Control {
             listed: Mutex::new(None),
             flags,
             cluster: Mutex::new(None),
+            starting: Mutex::new(()),
             http: reqwest::Client::new(),
         }
     }
@@ -79,6 +82,13 @@ impl Control {
         }
     }
 
+    /// The app's server, started, is the only one on its address: one start at a time, a
+    /// cluster's included.
+    pub fn start_server(&self) -> anyhow::Result<String> {
+        let _one = Self::lock(&self.starting);
+        self.start_server_now()
+    }
+
     /// A cluster's rank 0 runs here, serving the API on the app's address.
     pub fn cluster_serves_api(&self) -> bool {
         Self::lock(&self.cluster).as_ref().is_some_and(|c| c.plan().rank == 0 && c.running())
@@ -93,7 +103,7 @@ impl Control {
         )
     }
 
-    pub fn start_server(&self) -> anyhow::Result<String> {
+    fn start_server_now(&self) -> anyhow::Result<String> {
         if let Some(url) = self.url() {
             return Ok(url);
         }
@@ -125,12 +135,21 @@ impl Control {
     /// for rank 0 its server steps aside, the child serving the API on the same address until
     /// it ends, when the app's server starts again.
     pub fn start_cluster(self: &Arc<Self>, plan: ClusterPlan) -> Result<ChildState, String> {
-        if Self::lock(&self.cluster).as_ref().is_some_and(ClusterChild::running) {
+        // Held throughout: a second start waits, then finds this one running; the app's server
+        // (the last child's end starting it again, or the menu) waits too.
+        let _one = Self::lock(&self.starting);
+        if Self::lock(&self.cluster).as_ref().is_some_and(|c| !c.settled()) {
             return Err("a cluster is running already: stop it first".into());
         }
         let hosts = plan.host_file()?;
         plan.parallel()?;
         let model = self.models.catalog().find(&plan.model).map_err(|e| e.to_string())?;
+        // By its id, so that rank 0 serves it under the name clients know (a model given to the
+        // app by path is not in the child's catalog: by path).
+        let model_arg: std::ffi::OsString = match model.source {
+            crate::store::Source::Path => model.path.clone().into(),
+            _ => plan.model.clone().into(),
+        };
         let host_file = cluster_launch::host_file_path().ok_or("no folder for the host file on this system")?;
         if let Some(dir) = host_file.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -144,15 +163,9 @@ impl Control {
             self.stop_server();
         }
         let port = *Self::lock(&self.port);
-        let args = Launch {
-            plan: &plan,
-            model_path: &model.path,
-            host_file: &host_file,
-            host: self.host,
-            port,
-            flags: &self.flags,
-        }
-        .args();
+        let args =
+            Launch { plan: &plan, model: &model_arg, host_file: &host_file, host: self.host, port, flags: &self.flags }
+                .args();
         // Settings from the config file are read by the child itself, as the file is now.
         let unset = crate::config_file::applied_keys();
         let mut env: Vec<(String, String)> =
@@ -172,7 +185,7 @@ impl Control {
             Ok(child) => child,
             Err(e) => {
                 if rank_zero {
-                    let _ = self.start_server();
+                    let _ = self.start_server_now();
                 }
                 return Err(format!("cannot start {}: {e}", program.display()));
             }
@@ -205,7 +218,7 @@ impl Control {
             return Some((shown, None));
         }
         if plan.rank != 0 {
-            shown.detail = child.last_line();
+            shown.latest = child.last_line();
             return Some((shown, None));
         }
         let seen = self.seen_from_rank_zero(&child);

@@ -31,9 +31,10 @@ pub struct TrayCluster {
     pub model: String,
     /// Why it ended, once it has.
     pub ended: Option<String>,
-    /// What keeps it from serving (on rank 0, the lost machine, named), else a worker's latest
-    /// line.
+    /// What keeps it from serving (on rank 0, the lost machine, named).
     pub detail: Option<String>,
+    /// Another rank's latest line of output (it has no server to ask).
+    pub latest: Option<String>,
 }
 
 impl TrayCluster {
@@ -192,16 +193,23 @@ fn cluster_items(cluster: &TrayCluster) -> Vec<Item> {
     // A reason reads "what happened; what it waits for now": a line each, so that neither is
     // cut off (the machine it waits for is named in the last).
     for clause in cluster.detail.iter().flat_map(|d| d.split("; ")).filter(|c| !c.is_empty()).take(MOST_LINES) {
-        let mut line: String = clause.chars().take(LONGEST).collect();
-        if line.len() < clause.len() {
-            line.push('…');
-        }
-        items.push(Item::Label(format!("⚠ {line}")));
+        items.push(Item::Label(format!("⚠ {}", shortened(clause))));
+    }
+    if let Some(latest) = &cluster.latest {
+        items.push(Item::Label(shortened(latest)));
     }
     if cluster.ended.is_none() {
         items.push(Item::Button { action: Action::StopCluster, label: "Stop Cluster".into(), enabled: true });
     }
     items
+}
+
+fn shortened(text: &str) -> String {
+    let mut line: String = text.chars().take(LONGEST).collect();
+    if line.len() < text.len() {
+        line.push('…');
+    }
+    line
 }
 
 /// A model's line: a check mark on the one serving, "loading…" while it loads.
@@ -240,6 +248,7 @@ mod tests {
             model: "a/one".into(),
             ended: None,
             detail: Some(format!("{cause}; {lost}")),
+            latest: None,
         };
         let items = menu(&TrayState { cluster: Some(rank0.clone()), loading: None, ..state() });
         assert_eq!(items[1], Item::Label("Cluster: a/one across 2 machines, this Mac rank 0".into()));
@@ -252,10 +261,11 @@ mod tests {
         assert!(items.iter().all(|i| !matches!(i, Item::Button { action: Action::ToggleServer, .. })));
 
         let long = "x".repeat(200);
-        let worker = TrayCluster { rank: 1, detail: Some(long), ..rank0.clone() };
+        let worker = TrayCluster { rank: 1, detail: None, latest: Some(long), ..rank0.clone() };
         let items = menu(&TrayState { cluster: Some(worker), loading: None, ..state() });
         assert_eq!(items[1], Item::Label("Cluster: this Mac is rank 1 of 2 for a/one".into()));
-        assert_eq!(items[2], Item::Label(format!("⚠ {}…", "x".repeat(90))));
+        // Its latest line, not a warning.
+        assert_eq!(items[2], Item::Label(format!("{}…", "x".repeat(90))));
         assert!(
             items.iter().any(|i| matches!(i, Item::Model { enabled: true, .. })),
             "a worker's app serves as before"

@@ -303,6 +303,7 @@ impl Residency {
     pub fn pin_alone(&self, id: &str, cluster: crate::engine::remote::ClusterStatus) {
         if let Some(resident) = self.residents().iter_mut().find(|r| r.id == id) {
             resident.pinned = true;
+            resident.keep_alive = None;
             resident.alone = Some(cluster);
         }
         self.inner.changes.send_modify(|n| *n += 1);
@@ -688,7 +689,7 @@ impl Residency {
         let expired: Vec<String> = self
             .residents()
             .iter()
-            .filter(|r| r.keep_alive.is_some_and(|k| now.duration_since(r.last_used) >= k) && !r.busy())
+            .filter(|r| r.keep_alive.is_some_and(|k| now.duration_since(r.last_used) >= k) && !r.busy() && !r.pinned)
             .map(|r| r.id.clone())
             .collect();
         for id in &expired {
