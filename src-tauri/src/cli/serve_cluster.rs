@@ -456,7 +456,15 @@ async fn serve_alone(
             let status = crate::cluster::status_of((backend, parallel), file, &alone, &[room], &whole, &[]);
             models.pin_alone(id, status);
         }
-        Err(e) => eprintln!("rank 0: {id} could not be loaded alone: {e}"),
+        Err(e) => {
+            eprintln!("rank 0: {id} could not be loaded alone: {e}");
+            // Answered 503 with the reason until a machine is back, rather than loaded by the
+            // next request outside the cluster (unpinned, and likely to fail the same way).
+            models.await_split(
+                id,
+                format!("every other machine is gone and it could not be loaded on rank 0 alone: {e}"),
+            );
+        }
     }
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
