@@ -4,7 +4,7 @@
 //! network rather than failing to join. A rank that starts again in place finds it local.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::store::hub::HubClient;
 use crate::store::{Catalog, PullRequest, PullState, Pulls, StorePaths};
@@ -45,26 +45,19 @@ pub fn local_or_pulled(given: &Path, who: &str) -> anyhow::Result<PathBuf> {
 
 async fn pull(paths: StorePaths, repo: &str, who: &str) -> PullState {
     let pulls = Pulls::new(paths, HubClient::from_env());
-    let mut watch = pulls.start(PullRequest { repo: repo.to_string(), revision: "main".into(), gguf: None });
-    let mut said = Instant::now();
+    let watch = pulls.start(PullRequest { repo: repo.to_string(), revision: "main".into(), gguf: None });
+    let progress = watch.progress.clone();
+    let finished = watch.finished();
+    tokio::pin!(finished);
+    let mut ticks = tokio::time::interval(PROGRESS_EVERY);
+    ticks.tick().await;
     loop {
-        if watch.state.borrow().is_finished() {
-            return watch.state.borrow().clone();
-        }
-        if said.elapsed() >= PROGRESS_EVERY {
-            let p = watch.progress.borrow().clone();
-            eprintln!(
-                "{who}: pulling {repo}: {} of {} MB, file {} of {}",
-                p.done >> 20,
-                p.total >> 20,
-                p.files_done,
-                p.files_total
-            );
-            said = Instant::now();
-        }
         tokio::select! {
-            _ = watch.state.changed() => {}
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            state = &mut finished => return state,
+            _ = ticks.tick() => {
+                let p = progress.borrow().clone();
+                eprintln!("{who}: pulling {repo}: {} of {} MB, file {} of {}", p.done >> 20, p.total >> 20, p.files_done, p.files_total);
+            }
         }
     }
 }
