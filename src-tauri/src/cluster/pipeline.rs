@@ -46,10 +46,48 @@ const HEADER_LEN: usize = 4 + HEADER_TAIL;
 
 /// Positions a part of a prefill step has at least (fewer cost more in steps than they save).
 const PART_POSITIONS: usize = 64;
-/// Parts a prefill step is cut into at most: rank 0 keeps one part ahead of the others, so more
-/// parts idle the machines less (`(parts + 1) / (2 parts)` of the step's time on two ranks of
-/// equal stages) but run smaller matrices.
+/// Parts a prefill step is cut into at most: more parts idle the machines less (`(parts + ranks -
+/// 1) / (ranks x parts)` of the step's time in turn, for equal stages) but run smaller matrices.
 const MOST_PARTS: usize = 4;
+
+/// What rank 0 does next while a prefill step goes down the pipeline in parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartMove {
+    /// Send part i (its header, rows and residual stream) to rank 1.
+    Send(usize),
+    /// Run rank 0's own layers on part i (the first is run before any move).
+    Own(usize),
+    /// Wait for part i to come back from the ring's last rank.
+    Back(usize),
+}
+
+/// Rank 0's moves for a prefill step in `parts` on a ring of `ranks`. A worker takes a part
+/// whole, runs it and passes it on before it takes the next, so it holds one part at a time:
+/// with at most `ranks - 1` parts out, some worker is always free to take one, and no two ranks
+/// ever wait to send to each other, however little a link buffers (MLX's sends block until the
+/// socket takes them). Every other rank then runs a part while rank 0 runs its layers on the
+/// next one.
+fn part_moves(parts: usize, ranks: usize) -> Vec<PartMove> {
+    moves_within(parts, ranks.saturating_sub(1).max(1))
+}
+
+/// Rank 0's moves with at most `window` parts out.
+fn moves_within(parts: usize, window: usize) -> Vec<PartMove> {
+    let mut moves = Vec::with_capacity(3 * parts);
+    let mut back = 0;
+    for i in 0..parts {
+        moves.push(PartMove::Send(i));
+        let last = i + 1 == parts;
+        if !last {
+            moves.push(PartMove::Own(i + 1));
+        }
+        while back <= i && (last || i + 1 - back >= window) {
+            moves.push(PartMove::Back(back));
+            back += 1;
+        }
+    }
+    moves
+}
 
 /// What rank 0 measured of its steps.
 #[derive(Debug, Clone, Default)]
@@ -303,9 +341,8 @@ impl Pipeline {
     }
 
     /// Rank 0's engine: the parts of one prefill step, in order; `own(i)` runs rank 0's layers
-    /// on part `i`. Rank 0 sends a part only once the one before came back (every other rank
-    /// is then waiting to receive, so no two ranks ever wait to send to each other), and runs
-    /// its layers on the next part while the others run theirs on this one.
+    /// on part `i`. Up to one part per other rank is out at once ([`part_moves`]): rank 0 runs
+    /// its layers on the next part while every other rank runs one of the parts before.
     pub fn forward_parts(
         &mut self,
         steps: &[RemoteStep],
@@ -327,23 +364,28 @@ impl Pipeline {
     ) -> Result<Vec<Array>, String> {
         let mut outs = Vec::with_capacity(steps.len());
         let mut mark = steps.first().map_or_else(Instant::now, |s| s.began);
-        let mut h = first;
-        for (i, step) in steps.iter().enumerate() {
-            let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, step)?;
-            self.send(&h)?;
-            let next = match i + 1 < steps.len() {
-                true => Some(eval(own(i + 1)?)?),
-                false => None,
-            };
-            let waiting = Instant::now();
-            let back = self.recv(&[h.dim(0), h.dim(1), self.hidden], h.dtype())?;
-            let bytes = (HEADER_LEN * 4 + data * 8) as u64 + h.nbytes() as u64;
-            // Each part's time runs from the end of the one before: they add up to the step's.
-            self.record((h.dim(0) * h.dim(1)) as u64, bytes, waiting.elapsed(), mark.elapsed());
-            mark = Instant::now();
-            outs.push(back);
-            if let Some(next) = next {
-                h = next;
+        // Each part's rank-0 output, kept until it is sent; what went out: (shape, bytes).
+        let mut ready = vec![Some(first)];
+        let mut out: Vec<(i32, i32, Dtype, u64)> = Vec::with_capacity(steps.len());
+        for step in part_moves(steps.len(), self.group.size()) {
+            match step {
+                PartMove::Own(i) => ready.push(Some(eval(own(i)?)?)),
+                PartMove::Send(i) => {
+                    let h = ready[i].take().ok_or("a part sent twice")?;
+                    let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, &steps[i])?;
+                    self.send(&h)?;
+                    let bytes = (HEADER_LEN * 4 + data * 8) as u64 + h.nbytes() as u64;
+                    out.push((h.dim(0), h.dim(1), h.dtype(), bytes));
+                }
+                PartMove::Back(i) => {
+                    let (rows, positions, dtype, bytes) = out[i];
+                    let waiting = Instant::now();
+                    let back = self.recv(&[rows, positions, self.hidden], dtype)?;
+                    // Each part's time runs from the end of the one before: they add up to the step's.
+                    self.record((rows * positions) as u64, bytes, waiting.elapsed(), mark.elapsed());
+                    mark = Instant::now();
+                    outs.push(back);
+                }
             }
         }
         Ok(outs)
@@ -485,8 +527,8 @@ impl Pipeline {
                     let out = model.forward_layers(&h, &mut cache).map_err(model_err)?;
                     self.send_on(out, dtype)?;
                 }
-                STEP => {
-                    let dtype = code_dtype(code)?;
+                // Every rank starts together: the step goes on before this rank runs its share.
+                STEP if self.sums.is_some() => {
                     if passes_on {
                         self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
                     }
@@ -495,16 +537,24 @@ impl Pipeline {
                         self.send(&data)?;
                     }
                     let rows = StepRows::decode(&header, data.as_slice::<i64>())?;
-                    if self.sums.is_some() {
-                        // Its share of every layer on the step's tokens, summed with the others'.
-                        let ids = Array::from_slice(&rows.tokens, &[batch, len]);
-                        let _w = self.watchdog.waiting(self.summing_with());
-                        let h = model.embed_tokens(&ids).map_err(model_err)?;
-                        engine.forward(model, &rows, &h)?;
-                        continue;
-                    }
+                    // Its share of every layer on the step's tokens, summed with the others'.
+                    let ids = Array::from_slice(&rows.tokens, &[batch, len]);
+                    let _w = self.watchdog.waiting(self.summing_with());
+                    let h = model.embed_tokens(&ids).map_err(model_err)?;
+                    engine.forward(model, &rows, &h)?;
+                }
+                // Taken whole and run before anything is passed on: this rank holds one step at
+                // a time, which lets rank 0 keep a part of a prefill step with each rank.
+                STEP => {
+                    let dtype = code_dtype(code)?;
+                    let data = self.recv(&[StepRows::size(&header) as i32], Dtype::Int64)?;
+                    let rows = StepRows::decode(&header, data.as_slice::<i64>())?;
                     let h = self.recv(&[batch, len, self.hidden], dtype)?;
-                    let out = engine.forward(model, &rows, &h)?;
+                    let out = eval(engine.forward(model, &rows, &h)?)?;
+                    if passes_on {
+                        self.send(&Array::from_slice(&header, &[HEADER_LEN as i32]))?;
+                        self.send(&data)?;
+                    }
                     self.send_on(out, dtype)?;
                 }
                 PROBE => {
@@ -578,5 +628,92 @@ impl RemoteLayers for Pipeline {
 
     fn view(&self) -> ClusterView {
         self.view.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartMove::{Back, Own, Send};
+    use super::*;
+    use std::sync::mpsc::{channel, sync_channel};
+
+    #[test]
+    fn two_ranks_keep_one_part_out_and_three_keep_two() {
+        assert_eq!(part_moves(1, 2), [Send(0), Back(0)]);
+        assert_eq!(part_moves(3, 2), [Send(0), Own(1), Back(0), Send(1), Own(2), Back(1), Send(2), Back(2)]);
+        assert_eq!(
+            part_moves(4, 3),
+            [Send(0), Own(1), Send(1), Own(2), Back(0), Send(2), Own(3), Back(1), Send(3), Back(2), Back(3)]
+        );
+        // Every part is sent and waited for once, in order, and run by rank 0 before it is sent.
+        for (parts, ranks) in [(1, 4), (2, 5), (6, 3), (4, 4)] {
+            let moves = part_moves(parts, ranks);
+            let of = |kind: fn(&PartMove) -> Option<usize>| moves.iter().filter_map(kind).collect::<Vec<_>>();
+            let all: Vec<usize> = (0..parts).collect();
+            assert_eq!(of(|m| if let Send(i) = m { Some(*i) } else { None }), all);
+            assert_eq!(of(|m| if let Back(i) = m { Some(*i) } else { None }), all);
+            assert_eq!(of(|m| if let Own(i) = m { Some(*i) } else { None }), all[1..]);
+            let sent = |i: usize| moves.iter().position(|m| *m == Send(i));
+            assert!((1..parts).all(|i| moves.iter().position(|m| *m == Own(i)) < sent(i)), "{moves:?}");
+            assert_eq!(most_out(&moves), parts.min(ranks - 1), "{moves:?}");
+        }
+    }
+
+    fn most_out(moves: &[PartMove]) -> usize {
+        let (mut out, mut most) = (0usize, 0);
+        for m in moves {
+            match m {
+                Send(_) => out += 1,
+                Back(_) => out -= 1,
+                Own(_) => {}
+            }
+            most = most.max(out);
+        }
+        most
+    }
+
+    /// Runs rank 0's `moves` against `ranks - 1` workers on links that buffer nothing (a send
+    /// waits for its receive, the worst a socket can do): each worker takes a part's three
+    /// messages, then passes them on. Whether every part came back, in order, within 3 s.
+    fn completes(moves: Vec<PartMove>, ranks: usize) -> bool {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..ranks).map(|_| sync_channel::<usize>(0)).unzip();
+        let mut receivers: Vec<_> = receivers.into_iter().map(Some).collect();
+        for rank in 1..ranks {
+            let (from, to) = (receivers[rank - 1].take().unwrap(), senders[rank].clone());
+            std::thread::spawn(move || {
+                while let (Ok(a), Ok(b), Ok(c)) = (from.recv(), from.recv(), from.recv()) {
+                    if [a, b, c].iter().any(|&m| to.send(m).is_err()) {
+                        return;
+                    }
+                }
+            });
+        }
+        let (to_ring, from_ring) = (senders[0].clone(), receivers[ranks - 1].take().unwrap());
+        let (done, finished) = channel();
+        std::thread::spawn(move || {
+            for m in moves {
+                match m {
+                    Send(i) => (0..3).for_each(|_| to_ring.send(i).unwrap()),
+                    Back(i) => {
+                        let parts = (0..3).map(|_| from_ring.recv().unwrap()).collect::<Vec<_>>();
+                        assert_eq!(parts, [i; 3]);
+                    }
+                    Own(_) => {}
+                }
+            }
+            done.send(()).unwrap();
+        });
+        finished.recv_timeout(Duration::from_secs(3)).is_ok()
+    }
+
+    #[test]
+    fn no_two_ranks_wait_on_each_other_however_little_a_link_buffers() {
+        for ranks in 2..=5 {
+            for parts in [1, 2, 4, 7] {
+                assert!(completes(part_moves(parts, ranks), ranks), "{parts} parts on {ranks} ranks");
+            }
+        }
+        // One part more out than there are workers to hold them: the ring locks up.
+        assert!(!completes(moves_within(4, 3), 3));
     }
 }
