@@ -162,3 +162,70 @@ fn inspect_plans_the_context_a_model_serves_under_a_ceiling() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such/model"));
 }
+
+/// A process started again in place (a rank of `serve --cluster` rejoining its cluster) closes
+/// every descriptor the image before left open but did not pass on, first thing: a socket MLX
+/// opened after that image marked its descriptors close-on-exec must not outlive it. The
+/// listening socket it did pass on is the one it serves on.
+#[cfg(unix)]
+#[test]
+fn a_process_started_again_in_place_closes_what_it_was_not_passed() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A leftover: the write end of a pipe, open in the child as descriptor 7 (not close-on-exec).
+    let (mut read, write) = std::io::pipe().unwrap();
+    let (leftover, passed) = (write.as_raw_fd(), listener.as_raw_fd());
+    let mut command = fastmlx();
+    command
+        .args(["serve", "--model", common::smollm2_gguf().to_str().unwrap(), "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .env("FASTMLX_CACHE_DIR", dir.path().join("cache"))
+        .env("FASTMLX_MODELS_DIR", dir.path().join("models"))
+        .env("FASTMLX_RESTARTED_AFTER", "a test")
+        .env("FASTMLX_LISTEN_FDS", format!("127.0.0.1:{port}=8"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            for (from, to) in [(leftover, 7), (passed, 8)] {
+                if libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    drop(write);
+    // The pipe reads to its end once the child has closed its copy, while the child runs on.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(read.read_to_end(&mut Vec::new()).is_ok()));
+    let closed = rx.recv_timeout(Duration::from_secs(30));
+    let running = child.try_wait().unwrap().is_none();
+    assert!(closed == Ok(true) && running, "the leftover was not closed ({closed:?}, still running: {running})");
+    // Its port is the passed socket (this test's copy still listens: a bind of its own would fail).
+    let started = Instant::now();
+    let answer = loop {
+        let mut answer = String::new();
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            if stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok() {
+                let _ = stream.read_to_string(&mut answer);
+            }
+        }
+        if answer.starts_with("HTTP/1.") || started.elapsed() > Duration::from_secs(60) {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(answer.starts_with("HTTP/1.") && answer.contains("200"), "{answer}");
+}

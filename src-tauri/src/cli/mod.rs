@@ -106,6 +106,7 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    rejoin::close_leftovers();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FASTMLX_LOG")

@@ -3,7 +3,9 @@
 //! broken one, and there is no call to free it), so rejoining takes a new process image: the
 //! same program, arguments and process id. Rank 0's listening sockets are passed on, so its
 //! port stays open throughout; every other descriptor (MLX's sockets among them) is closed, so
-//! the other ranks see this one go and the new image can bind MLX's port again.
+//! the other ranks see this one go and the new image can bind MLX's port again: marked
+//! close-on-exec before the exec, and closed by the new image first thing (`close_leftovers`)
+//! should one have been opened after that.
 
 /// The environment entry that tells the new image why the old one started it (shown while
 /// the cluster forms again).
@@ -43,6 +45,46 @@ pub fn restart_with(why: &str, env: &[(&str, String)], clear: &[&str]) -> ! {
     std::process::exit(1)
 }
 
+/// First thing in a process image started by [`restart`]: closes every descriptor past the
+/// standard three that was not passed on on purpose. The image before marked the others
+/// close-on-exec, but a socket MLX's threads opened between that listing and the exec would
+/// otherwise live on here, holding a port or a peer's connection open.
+pub fn close_leftovers() {
+    #[cfg(unix)]
+    if restarted_after().is_some() {
+        let passed = std::env::var(crate::server::listen::INHERITED_VAR).unwrap_or_default();
+        close_all_but(&passed_descriptors(&passed));
+    }
+}
+
+/// The descriptors named in a `FASTMLX_LISTEN_FDS` entry (`address=fd;...`).
+#[cfg(unix)]
+fn passed_descriptors(entry: &str) -> Vec<i32> {
+    entry.split(';').filter_map(|e| e.rsplit_once('=')?.1.parse().ok()).collect()
+}
+
+#[cfg(unix)]
+fn close_all_but(keep: &[i32]) {
+    for fd in open_descriptors().into_iter().filter(|fd| *fd > 2 && !keep.contains(fd)) {
+        // SAFETY: nothing in this image has opened a descriptor yet (this runs first in
+        // `main`): each one past the standard three is the image before's; one that is no
+        // longer open (the listing's own) fails harmlessly.
+        unsafe {
+            libc::close(fd);
+        }
+    }
+}
+
+/// This process's open descriptors, the listing's own included.
+#[cfg(unix)]
+fn open_descriptors() -> Vec<i32> {
+    match std::fs::read_dir("/dev/fd") {
+        Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
+        // No listing: every descriptor up to the limit.
+        Err(_) => (3..1024).collect(),
+    }
+}
+
 /// Why the process before this one started it, if it did.
 pub fn restarted_after() -> Option<String> {
     std::env::var(RESTARTED_AFTER_VAR).ok().filter(|why| !why.is_empty())
@@ -53,12 +95,7 @@ pub fn restarted_after() -> Option<String> {
 #[cfg(unix)]
 fn close_on_exec_all_but(keep: &[i32]) {
     // Listed first, changed after: the listing holds a descriptor of its own.
-    let open: Vec<i32> = match std::fs::read_dir("/dev/fd") {
-        Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
-        // No listing: every descriptor up to the limit.
-        Err(_) => (3..1024).collect(),
-    };
-    for fd in open.into_iter().filter(|&fd| fd > 2) {
+    for fd in open_descriptors().into_iter().filter(|&fd| fd > 2) {
         // SAFETY: flags of descriptors of this process, which is about to be replaced; a
         // descriptor closed since the listing fails harmlessly.
         unsafe {
@@ -69,5 +106,15 @@ fn close_on_exec_all_but(keep: &[i32]) {
             let flags = if keep.contains(&fd) { flags & !libc::FD_CLOEXEC } else { flags | libc::FD_CLOEXEC };
             libc::fcntl(fd, libc::F_SETFD, flags);
         }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    #[test]
+    fn the_passed_descriptors_are_read_from_the_entry() {
+        assert_eq!(super::passed_descriptors("127.0.0.1:8000=5;[::1]:8000=9"), [5, 9]);
+        assert_eq!(super::passed_descriptors(""), Vec::<i32>::new());
+        assert_eq!(super::passed_descriptors("127.0.0.1:8000=x"), Vec::<i32>::new());
     }
 }
