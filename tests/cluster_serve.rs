@@ -683,6 +683,45 @@ async fn a_model_absent_on_a_machine_is_pulled_there_before_it_joins() {
     assert_eq!(model["cluster"]["nodes"].as_array().unwrap().len(), 2, "{model}");
 }
 
+/// A machine that checks in but whose MLX port another process holds is named, on rank 0 and on
+/// itself, and waited for (MLX's start would fail without saying which rank could not listen);
+/// once the port is free, the cluster forms.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_mlx_port_is_taken_is_named_and_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-llama");
+    synthetic::write_tiny_model(&model, Arch::Llama, 3, None).unwrap();
+    let hosts = host_file(dir.path(), 2);
+    let list: Vec<Vec<String>> = serde_json::from_str(&std::fs::read_to_string(&hosts).unwrap()).unwrap();
+    let taken = list[1][0].clone();
+    let holder = std::net::TcpListener::bind(&taken).unwrap();
+    let port = free_port();
+    let mut first = serve(dir.path(), &model, port, &[], Some((&hosts, 0)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = serve(dir.path(), &model, free_port(), &[], Some((&hosts, 1)));
+    let client = reqwest::Client::new();
+    let body = json!({"model": "tiny-llama", "prompt": "Hi", "max_tokens": 2});
+    let started = Instant::now();
+    let said = loop {
+        let response = client.post(format!("http://127.0.0.1:{port}/v1/completions")).json(&body).send().await;
+        if let Ok(response) = response {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            if status == 503 && text.contains("MLX cannot listen") {
+                break text;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "never named: {}", first.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(said.contains(&format!("waiting for rank 1 ({taken}): MLX cannot listen at {taken}: ")), "{said}");
+    assert!(second.log().contains(&format!("rank 1: MLX cannot listen at {taken}")), "{}", second.log());
+    drop(holder);
+    wait_ready(port, &mut first).await;
+    assert!(!short_answer(&client, port).await.is_empty());
+    assert!(second.log().contains("rank 1: MLX can listen at this machine's address again"), "{}", second.log());
+}
+
 /// A rank the app runs names the app its parent (`FASTMLX_EXIT_WITH_PARENT`): once the app is
 /// gone (a crash included), the rank ends rather than keep its port and memory.
 #[cfg(target_os = "linux")]

@@ -407,7 +407,11 @@ async fn decided(
                 Err("reading the model's size to see whether the others hold it".into())
             }
         };
-        let decision = roster.decide(drop_after, own_room, &mut fits);
+        // Checked first: MLX's start would fail without saying which rank could not listen.
+        let decision = match roster.own_problem() {
+            Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
+            None => roster.decide(drop_after, own_room, &mut fits),
+        };
         if wanted && shaping.is_none() {
             let path = path.clone();
             shaping = Some(tokio::task::spawn_blocking(move || {

@@ -7,6 +7,7 @@
 
 pub mod hostfile;
 pub mod identity;
+pub mod mlx_address;
 pub mod pipeline;
 pub mod roster;
 pub mod split;

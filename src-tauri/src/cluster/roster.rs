@@ -119,6 +119,10 @@ struct CheckIn {
     /// Its version, model and settings: a machine that differs is refused here, before it
     /// could stop a serving cluster to be taken in.
     identity: NodeIdentity,
+    /// What keeps it from joining now (MLX cannot listen at its address): it is there, but the
+    /// cluster does not form with it until it checks in without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 /// Rank 0's answer.
@@ -141,8 +145,10 @@ struct Seen {
 struct State {
     membership: Membership,
     form: bool,
-    /// Each place's last check-in (rank 0's own is never needed).
+    /// Each place's last check-in ready to join (rank 0's own is never needed).
     seen: Vec<Option<Seen>>,
+    /// Each place's problem as it last checked in with one (cleared by a check-in without).
+    problems: Vec<Option<(Instant, String)>>,
     /// Since when rank 0 has listened: the clock of a machine never heard from.
     opened: Instant,
     /// Machines whose take-in failed, each held off until its own time.
@@ -231,8 +237,8 @@ impl Roster {
     /// Listens on each of rank 0's hosts at `port`, starting from `membership`; a worker
     /// whose `identity` differs from rank 0's is refused with the reason.
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
-        let seen = vec![None; hosts.ranks.len()];
-        let state = State { membership, form: false, seen, opened: Instant::now(), holds: Holds::from_env() };
+        let (seen, problems) = (vec![None; hosts.ranks.len()], vec![None; hosts.ranks.len()]);
+        let state = State { membership, form: false, seen, problems, opened: Instant::now(), holds: Holds::from_env() };
         let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone(), identity: Arc::new(identity) };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
@@ -284,7 +290,14 @@ impl Roster {
             } else if let Some(why) = self.identity.mismatch(check_in.place, &check_in.identity) {
                 Some(format!("the ranks do not match: {why}"))
             } else {
-                state.seen[check_in.place] = Some(Seen { at: Instant::now(), room: check_in.room });
+                let place = check_in.place;
+                match check_in.problem {
+                    Some(problem) => state.problems[place] = Some((Instant::now(), problem)),
+                    None => {
+                        state.seen[place] = Some(Seen { at: Instant::now(), room: check_in.room });
+                        state.problems[place] = None;
+                    }
+                }
                 None
             };
             Answer { membership: state.membership.clone(), form: state.form, refused }
@@ -292,6 +305,11 @@ impl Roster {
         let mut text = serde_json::to_string(&answer).map_err(std::io::Error::other)?;
         text.push('\n');
         (&stream).write_all(text.as_bytes())
+    }
+
+    /// What keeps rank 0 itself from forming the cluster (MLX cannot listen at its address).
+    pub fn own_problem(&self) -> Option<String> {
+        super::mlx_address::problem(&self.hosts.ranks[0]).map(|why| format!("this machine, rank 0: {why}"))
     }
 
     /// The current list.
@@ -325,7 +343,16 @@ impl Roster {
 }
 
 fn fresh(state: &State, place: usize, now: Instant) -> bool {
-    state.seen[place].is_some_and(|s| now.duration_since(s.at) < FRESH)
+    state.seen[place].is_some_and(|s| now.duration_since(s.at) < FRESH) && state.problems[place].is_none()
+}
+
+/// What is said of a member the cluster waits for: its problem if it told one lately, else how
+/// long it has been silent.
+fn missing_reason(state: &State, hosts: &HostFile, place: usize, now: Instant, gone_for: Duration) -> String {
+    match &state.problems[place] {
+        Some((at, problem)) if now.duration_since(*at) < FRESH => format!("{}: {problem}", name(hosts, place)),
+        _ => format!("{}, not heard from for {} s", name(hosts, place), gone_for.as_secs()),
+    }
 }
 
 fn decide(
@@ -342,11 +369,8 @@ fn decide(
         return Decision::Form(state.membership.clone());
     }
     let gone_for = |p: usize| now.duration_since(state.seen[p].map_or(state.opened, |s| s.at));
-    let names = missing
-        .iter()
-        .map(|&p| format!("{}, not heard from for {} s", name(hosts, p), gone_for(p).as_secs()))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let names =
+        missing.iter().map(|&p| missing_reason(state, hosts, p, now, gone_for(p))).collect::<Vec<_>>().join("; ");
     let Some(drop_after) = drop_after else { return Decision::Wait(format!("waiting for {names}")) };
     let lost: Vec<usize> = missing.iter().copied().filter(|&p| gone_for(p) >= drop_after).collect();
     if lost.is_empty() {
@@ -396,15 +420,28 @@ pub fn await_turn(
     identity: NodeIdentity,
 ) -> Result<Membership, String> {
     let mut addresses = roster_addresses(hosts, port);
-    let check_in = CheckIn { place, room, identity };
+    let mut check_in = CheckIn { place, room, identity, problem: None };
     let started = Instant::now();
     let mut told: Option<Instant> = None;
     let mut last_error = String::new();
     let quiet_for = |told: Option<Instant>| told.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
     loop {
+        // Told with each check-in, and said here when it changes: rank 0 waits for it to clear.
+        let problem = super::mlx_address::problem(&hosts.ranks[place]);
+        if problem != check_in.problem {
+            match &problem {
+                Some(why) => eprintln!("rank {place}: {why}; the cluster waits for this machine until it can"),
+                None => eprintln!("rank {place}: MLX can listen at this machine's address again"),
+            }
+        }
+        check_in.problem = problem;
         match ask(&mut addresses, &check_in) {
             Ok(Answer { refused: Some(why), .. }) => return Err(format!("rank 0 refused rank {place}: {why}")),
-            Ok(Answer { membership, form: true, .. }) if membership.rank_of(place).is_some() => return Ok(membership),
+            Ok(Answer { membership, form: true, .. })
+                if membership.rank_of(place).is_some() && check_in.problem.is_none() =>
+            {
+                return Ok(membership)
+            }
             Ok(Answer { membership, .. }) => {
                 // Said only once it has lasted: rank 0 takes a machine back when it is idle.
                 let left_out = membership.rank_of(place).is_none() && started.elapsed() > Duration::from_secs(30);
@@ -499,6 +536,7 @@ mod tests {
             membership: Membership::everyone(&hosts(n)),
             form: false,
             seen: vec![None; n],
+            problems: vec![None; n],
             opened,
             holds: Holds::default(),
         }
@@ -585,7 +623,9 @@ mod tests {
     #[test]
     fn workers_check_in_and_form_when_told() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let file = HostFile { ranks: vec![vec![format!("127.0.0.1:{}", port.wrapping_sub(1))], vec!["x:1".into()]] };
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let file =
+            HostFile { ranks: vec![vec![format!("127.0.0.1:{}", port.wrapping_sub(1))], vec![free.to_string()]] };
         let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
         let worker = std::thread::spawn(move || await_turn(&file, port, 1, 123, identity("m (abc)")));
         let started = Instant::now();
@@ -602,10 +642,10 @@ mod tests {
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)") };
+        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
         assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
-        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)") };
+        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None };
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
@@ -615,9 +655,19 @@ mod tests {
         junk.write_all(b"hello\n").unwrap();
         let silent = TcpStream::connect(&address).unwrap();
         let asked = Instant::now();
-        assert!(exchange(&address, &CheckIn { place: 1, room: 7, identity: identity("m (abc)") }).is_ok());
+        assert!(
+            exchange(&address, &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None }).is_ok()
+        );
         assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
+        // There, but MLX cannot listen at its address: named, and the cluster waits for it.
+        let held =
+            CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: Some("MLX cannot listen".into()) };
+        assert!(exchange(&address, &held).unwrap().refused.is_none());
+        let Decision::Wait(why) = roster.decide(None, 1, &mut |_| Ok(())) else { panic!("formed with a problem") };
+        assert_eq!(why, format!("waiting for rank 1 ({free}): MLX cannot listen"));
+        assert!(exchange(&address, &CheckIn { problem: None, ..held }).is_ok());
+        assert!(matches!(roster.decide(None, 1, &mut |_| Ok(())), Decision::Form(_)));
         let mut reply = String::new();
         let _ = BufReader::new(&junk).read_line(&mut reply);
         assert!(reply.is_empty(), "{reply}");
