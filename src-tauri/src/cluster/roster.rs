@@ -569,6 +569,10 @@ mod tests {
         let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
         assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
         assert_eq!(s.back(at), [2]);
+        // Back, but MLX cannot listen at its address: not taken in until it can.
+        s.problems[2] = Some((at, "MLX cannot listen".into()));
+        assert_eq!(s.back(at), Vec::<usize>::new());
+        s.problems[2] = None;
         // Held off (its last take-in failed): not listed until its time passes.
         s.holds = Holds::default().failed(&[2], SystemTime::now());
         assert_eq!(s.back(at), Vec::<usize>::new());
