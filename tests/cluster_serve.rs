@@ -576,6 +576,33 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     let refused = unload.send().await.unwrap();
     assert_eq!(refused.status(), 409, "{}", refused.text().await.unwrap());
     assert!(nodes[0].log().contains("serving SmolLM2-135M-Instruct.Q4_1 on this machine alone"), "{}", nodes[0].log());
+    // `/metrics` and the Live page count it as a cluster of one machine, serving without two.
+    let metrics = client.get(format!("http://127.0.0.1:{port}/metrics")).send().await.unwrap().text().await.unwrap();
+    for series in [
+        "fastmlx_cluster_nodes{model=\"SmolLM2-135M-Instruct.Q4_1\"} 1",
+        "fastmlx_cluster_without{model=\"SmolLM2-135M-Instruct.Q4_1\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == series), "{series}: {metrics}");
+    }
+    let started = Instant::now();
+    loop {
+        let history: Value = client
+            .get(format!("http://127.0.0.1:{port}/admin/metrics/history"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let latest = &history["samples"].as_array().unwrap().last().unwrap()["models"][0]["cluster"];
+        if latest["nodes"].as_array().is_some_and(|n| n.len() == 1)
+            && latest["without"].as_array().is_some_and(|w| w.len() == 2)
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "the Live page's samples: {latest}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     // A machine back with other settings is refused at the roster, and rank 0 serves on.
     let mut other = serve(dir.path(), &model, free_port(), &["--kv-bits", "8"], Some((&hosts, 1)));
     let status = tokio::time::timeout(Duration::from_secs(60), async {

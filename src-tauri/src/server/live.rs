@@ -124,7 +124,7 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
     let mut models = Vec::new();
     let mut recent = Vec::new();
     for served in state.models.engines() {
-        let m = served.engine.snapshot();
+        let (m, cluster) = (served.engine.snapshot(), served.cluster());
         recent.extend(m.recent.iter().map(|r| RecentWithModel { model: served.id.clone(), request: r.clone() }));
         models.push(ModelLive {
             id: served.id,
@@ -151,7 +151,7 @@ pub fn snapshot(state: &AppState) -> LiveSnapshot {
             refused_waited_total: m.refused_waited_total,
             refused_memory_total: m.refused_memory_total,
             fault: served.engine.fault(),
-            cluster: served.engine.cluster(),
+            cluster,
         });
     }
     recent.sort_by_key(|r| std::cmp::Reverse(r.request.finished_ms));

@@ -16,10 +16,8 @@ type HistogramOf = fn(&Metrics) -> &Histogram;
 pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     let served = state.models.engines();
     let engines: Vec<(String, Metrics)> = served.iter().map(|s| (s.id.clone(), s.engine.snapshot())).collect();
-    let clusters: Vec<(String, ClusterStatus, bool)> = served
-        .iter()
-        .filter_map(|s| s.engine.cluster().map(|c| (s.id.clone(), c, s.engine.fault().is_none())))
-        .collect();
+    let clusters: Vec<(String, ClusterStatus, bool)> =
+        served.iter().filter_map(|s| s.cluster().map(|c| (s.id.clone(), c, s.engine.fault().is_none()))).collect();
     let mut out = String::new();
     // One series per loaded model, labelled with its id.
     let mut put = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Metrics) -> f64| {
@@ -192,8 +190,11 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], 
     if clusters.is_empty() {
         return;
     }
-    let totals: [(&str, &str, &str, Of); 6] = [
-        ("nodes", "gauge", "Machines the model is split across.", |c| c.nodes.len() as f64),
+    let totals: [(&str, &str, &str, Of); 7] = [
+        ("nodes", "gauge", "Machines the model is split across (1: served alone on rank 0).", |c| c.nodes.len() as f64),
+        ("without", "gauge", "Machines of the host file the cluster serves without (gone past --drop-after).", |c| {
+            c.without.len() as f64
+        }),
         ("steps_total", "counter", "Engine steps run through the pipeline.", |c| c.steps as f64),
         ("tokens_total", "counter", "Token positions sent through the pipeline.", |c| c.tokens as f64),
         ("hop_bytes_total", "counter", "Bytes sent over each hop of the pipeline.", |c| c.bytes_per_hop as f64),

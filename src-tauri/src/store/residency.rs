@@ -133,6 +133,16 @@ pub struct LoadedStatus {
 pub struct Served {
     pub id: String,
     pub engine: EngineHandle,
+    /// Served alone on rank 0 for a cluster whose other machines are gone: that cluster.
+    alone: Option<crate::engine::remote::ClusterStatus>,
+}
+
+impl Served {
+    /// The cluster it is served for: split across it, or alone on rank 0 while the others are
+    /// gone (shown as a cluster of one machine, with the ones it serves without).
+    pub fn cluster(&self) -> Option<crate::engine::remote::ClusterStatus> {
+        self.engine.cluster().or_else(|| self.alone.clone())
+    }
 }
 
 /// An embedding model or reranker chosen to serve a request.
@@ -340,7 +350,7 @@ impl Residency {
             None => return Err(self.waiting_error(None).unwrap_or(ResidencyError::NoModel)),
         };
         let engine = self.engine(&id).await?;
-        chat_engine(id, engine)
+        self.chat_engine(id, engine)
     }
 
     /// The embedding model or reranker `id` (loading it if needed); with no id, the most recently
@@ -395,7 +405,7 @@ impl Residency {
     /// overrides the default time-out.
     pub async fn load(&self, id: &str, keep_alive: Option<Duration>) -> Result<Served, ResidencyError> {
         let engine = self.load_engine(id, keep_alive).await?;
-        chat_engine(id.to_string(), engine)
+        self.chat_engine(id.to_string(), engine)
     }
 
     /// Loads the chat model at `id_or_path` split across a cluster: `load` gives this rank's
@@ -431,7 +441,7 @@ impl Residency {
             resident.pinned = true;
         }
         self.set_awaited(None);
-        chat_engine(model.id, engine)
+        self.chat_engine(model.id, engine)
     }
 
     /// Loads `id`, of any kind, unless it is loaded (Ollama's and the UI's load, which serve
@@ -677,7 +687,9 @@ impl Residency {
         self.residents()
             .iter()
             .filter_map(|r| match &r.engine {
-                Engine::Chat(engine) => Some(Served { id: r.id.clone(), engine: engine.clone() }),
+                Engine::Chat(engine) => {
+                    Some(Served { id: r.id.clone(), engine: engine.clone(), alone: r.alone.clone() })
+                }
                 Engine::Encoder(_) => None,
             })
             .collect()
@@ -711,6 +723,17 @@ impl Residency {
         })
     }
 
+    /// The chat engine `engine` (of the resident `id`) is, or why it is not one.
+    fn chat_engine(&self, id: String, engine: Engine) -> Result<Served, ResidencyError> {
+        match engine {
+            Engine::Chat(engine) => {
+                let alone = self.residents().iter().find(|r| r.id == id).and_then(|r| r.alone.clone());
+                Ok(Served { id, engine, alone })
+            }
+            other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: ModelKind::Chat }),
+        }
+    }
+
     /// Unloads everything (server shutdown).
     pub async fn unload_all(&self) {
         let ids: Vec<String> = self.residents().iter().map(|r| r.id.clone()).collect();
@@ -720,17 +743,9 @@ impl Residency {
     }
 }
 
-/// The chat engine `engine` is, or why it is not one.
 /// What loads a draft model beside the model it drafts for.
 fn draft_loader(draft: LocalModel, options: LoadOptions) -> DraftLoader {
     Box::new(move || load_model_with(&draft.path, &Backend::init(), &options))
-}
-
-fn chat_engine(id: String, engine: Engine) -> Result<Served, ResidencyError> {
-    match engine {
-        Engine::Chat(engine) => Ok(Served { id, engine }),
-        other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: ModelKind::Chat }),
-    }
 }
 
 /// Sets MLX's own limits from the ceiling (process-wide).
