@@ -10,8 +10,11 @@
 # their own); the single process is timed with all cores and with one. Then the server (`serve
 # --cluster`): one long prompt (prefill) and 8 concurrent requests (decode at batch 8), alone and
 # across 2 processes, with the cluster's per-step figures from /admin/status: SmolLM2 by pipeline
-# with each prefill step sent whole and in parts, the Qwen3 bench model by tensors.
-#   [SERVE_ONLY=1] scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
+# with each prefill step sent whole and in parts, the Qwen3 bench model by tensors. THREE=1: only
+# SmolLM2 served alone and across 3 processes, prefill steps whole, in parts with one part out
+# at a time (FASTMLX_CLUSTER_WINDOW=1: the others' stages in turn) and in parts with one out per
+# other rank (the default).
+#   [SERVE_ONLY=1 | THREE=1] scripts/bench_cluster.sh [PROMPT_WORDS] [GEN_TOKENS]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORDS="${1:-400}"
@@ -30,7 +33,12 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 HOSTS="$(mktemp)"
 LOG0="$(mktemp)"
 LOG1="$(mktemp)"
-new_hosts() { echo "[[\"127.0.0.1:$(free_port)\"], [\"127.0.0.1:$(free_port)\"]]" >"$HOSTS"; }
+RANKS=2
+new_hosts() { # the host file of $RANKS ranks on loopback
+  local list=""
+  for _ in $(seq "$RANKS"); do list="$list${list:+, }[\"127.0.0.1:$(free_port)\"]"; done
+  echo "[$list]" >"$HOSTS"
+}
 REPORT='^(rank|Prompt|Generation|Peak|Pipeline)'
 
 split() { # split MODEL PARALLEL
@@ -44,7 +52,7 @@ split() { # split MODEL PARALLEL
   grep -hE "$REPORT|error" "$LOG0" "$LOG1" || true
 }
 # SERVE_ONLY=1: the servers only.
-for MODEL in $([[ -n ${SERVE_ONLY:-} ]] || echo .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"); do
+for MODEL in $([[ -n ${SERVE_ONLY:-}${THREE:-} ]] || echo .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$BENCH"); do
   echo "######## $(basename "$MODEL")"
   ARGS=(generate --model "$MODEL" --prompt "$PROMPT" --max-tokens "$GEN" --ignore-eos)
   echo "== 1 process, every core"
@@ -57,7 +65,7 @@ done
 # mlx-lm's own split of the same model (the peer: `mlx.launch` starting `mlx_lm.benchmark` on 2
 # ranks of the ring backend, by tensors: mlx-lm pipelines only the families that declare it, not
 # Qwen3), the prompt random tokens of the same length, one BLAS thread per process.
-if [[ -z ${SERVE_ONLY:-} ]]; then
+if [[ -z ${SERVE_ONLY:-}${THREE:-} ]]; then
   TOKENS=$($BIN generate --model "$BENCH" --prompt "$PROMPT" --max-tokens 1 2>&1 >/dev/null | sed -n 's/^Prompt: \([0-9]*\) tokens.*/\1/p')
   MLXLM=(-m mlx_lm.benchmark --model "$ROOT/$BENCH" -p "$TOKENS" -g "$GEN" -n 3)
   echo "######## mlx-lm $(.cache/venv/bin/python -c 'import mlx_lm; print(mlx_lm.__version__)'): $(basename "$BENCH")"
@@ -117,17 +125,29 @@ serve_split() { # serve_split MODEL LABEL [ENV=VALUE...] -- [serve flags...]
   while [[ $# -gt 0 && $1 != -- ]]; do env+=("$1"); shift; done
   [[ $# -gt 0 ]] && shift
   flags=("$@")
-  echo "== 2 processes $label, one BLAS thread each (ring backend, loopback)"
+  echo "== $RANKS processes $label, one BLAS thread each (ring backend, loopback)"
   new_hosts
   PORT=$(free_port)
   "${SERVE[@]}" "${env[@]}" $BIN serve --model "$model" --port "$PORT" --no-prefix-cache --cluster "$HOSTS" --rank 0 "${flags[@]}" 2>"$LOG0" &
-  S0=$!
-  sleep 0.5
-  "${SERVE[@]}" "${env[@]}" $BIN serve --model "$model" --port "$(free_port)" --no-prefix-cache --cluster "$HOSTS" --rank 1 "${flags[@]}" 2>"$LOG1" &
-  S1=$!
+  local pids=($!)
+  for rank in $(seq 1 $((RANKS - 1))); do
+    sleep 0.5
+    "${SERVE[@]}" "${env[@]}" $BIN serve --model "$model" --port "$(free_port)" --no-prefix-cache --cluster "$HOSTS" --rank "$rank" "${flags[@]}" 2>"$LOG1" &
+    pids+=($!)
+  done
   wait_health "$PORT" && serve_load "$PORT"
-  kill $S0; wait $S0 $S1 2>/dev/null || true
+  kill "${pids[0]}"; wait "${pids[@]}" 2>/dev/null || true
 }
+if [[ -n ${THREE:-} ]]; then
+  echo "######## serve: $(basename "$SMOL"), prefix cache off, 3 processes"
+  serve_alone "$SMOL"
+  RANKS=3
+  serve_split "$SMOL" "by pipeline, prefill steps whole" FASTMLX_CLUSTER_PARTS=1 --
+  serve_split "$SMOL" "by pipeline, prefill steps in parts, one out at a time" FASTMLX_CLUSTER_WINDOW=1 --
+  serve_split "$SMOL" "by pipeline, prefill steps in parts, one out per other rank (the default)" --
+  rm -rf "$SERVE_DIR" "$HOSTS" "$LOG0" "$LOG1"
+  exit 0
+fi
 echo "######## serve: $(basename "$SMOL"), prefix cache off"
 serve_alone "$SMOL"
 # FASTMLX_CLUSTER_PARTS=1: each prefill step goes down the pipeline whole (the machines in turn).

@@ -61,18 +61,14 @@ enum PartMove {
     Back(usize),
 }
 
-/// Rank 0's moves for a prefill step in `parts` on a ring of `ranks`. A worker takes a part
-/// whole, runs it and passes it on before it takes the next, so it holds one part at a time:
-/// with at most `ranks - 1` parts out, some worker is always free to take one, and no two ranks
-/// ever wait to send to each other, however little a link buffers (MLX's sends block until the
-/// socket takes them). Every other rank then runs a part while rank 0 runs its layers on the
-/// next one.
-fn part_moves(parts: usize, ranks: usize) -> Vec<PartMove> {
-    moves_within(parts, ranks.saturating_sub(1).max(1))
-}
-
-/// Rank 0's moves with at most `window` parts out.
+/// Rank 0's moves for a prefill step in `parts`, with at most `window` parts out. A worker
+/// takes a part whole, runs it and passes it on before it takes the next, so it holds one part
+/// at a time: with at most one part out per other rank (the default window), some worker is
+/// always free to take one, and no two ranks ever wait to send to each other, however little a
+/// link buffers (MLX's sends block until the socket takes them). Every other rank then runs a
+/// part while rank 0 runs its layers on the next one.
 fn moves_within(parts: usize, window: usize) -> Vec<PartMove> {
+    let window = window.max(1);
     let mut moves = Vec::with_capacity(3 * parts);
     let mut back = 0;
     for i in 0..parts {
@@ -124,6 +120,9 @@ pub struct Pipeline {
     sums: Option<usize>,
     /// The most parts a prefill step goes down in (`FASTMLX_CLUSTER_PARTS`, read once).
     most_parts: usize,
+    /// The most parts out at once (`FASTMLX_CLUSTER_WINDOW`, read once; at most one per other
+    /// rank, which is the default): 1 runs the others' stages in turn, to measure against.
+    window: Option<usize>,
 }
 
 fn dtype_code(d: Dtype) -> Result<i32, String> {
@@ -183,6 +182,7 @@ impl Pipeline {
             places: Vec::new(),
             sums: None,
             most_parts: std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS),
+            window: std::env::var("FASTMLX_CLUSTER_WINDOW").ok().and_then(|v| v.parse().ok()),
         }
     }
 
@@ -367,7 +367,9 @@ impl Pipeline {
         // Each part's rank-0 output, kept until it is sent; what went out: (shape, bytes).
         let mut ready = vec![Some(first)];
         let mut out: Vec<(i32, i32, Dtype, u64)> = Vec::with_capacity(steps.len());
-        for step in part_moves(steps.len(), self.group.size()) {
+        let most_out = self.group.size().saturating_sub(1).max(1);
+        let window = self.window.map_or(most_out, |w| w.clamp(1, most_out));
+        for step in moves_within(steps.len(), window) {
             match step {
                 PartMove::Own(i) => ready.push(Some(eval(own(i)?)?)),
                 PartMove::Send(i) => {
@@ -636,6 +638,11 @@ mod tests {
     use super::PartMove::{Back, Own, Send};
     use super::*;
     use std::sync::mpsc::{channel, sync_channel};
+
+    /// The default: one part out per other rank.
+    fn part_moves(parts: usize, ranks: usize) -> Vec<PartMove> {
+        moves_within(parts, ranks - 1)
+    }
 
     #[test]
     fn two_ranks_keep_one_part_out_and_three_keep_two() {
