@@ -659,6 +659,69 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     assert_eq!(short_answer(&client, port).await, before, "rank 2 back: {}", nodes[0].log());
 }
 
+/// With `--take-back asked`, a machine that is back is listed (`/admin/status`'s `back`) but not
+/// taken in however idle the server is, until a person asks (`POST /admin/cluster/take-back`):
+/// taking it in reloads the model across the machines, minutes of 503s for a large model.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_back_is_taken_in_only_when_asked_where_the_server_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-llama");
+    synthetic::write_tiny_model(&model, Arch::Llama, 3, None).unwrap();
+    let hosts = host_file(dir.path(), 2);
+    let args = ["--drop-after", "2", "--take-back", "asked"];
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &args).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let before = short_answer(&client, port).await;
+    let take_back = || client.post(format!("http://127.0.0.1:{port}/admin/cluster/take-back"));
+    let status = || async {
+        let status: Value =
+            retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await.json().await.unwrap();
+        status["loaded"][0]["cluster"].clone()
+    };
+    // Rank 1 gone (a request finds it at once): past 2 s, rank 0 serves the model alone.
+    nodes[1].child.kill().unwrap();
+    let _ = client
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .json(&json!({"prompt": "Hi", "max_tokens": 2}))
+        .send()
+        .await;
+    let lost = Instant::now();
+    while cluster_nodes(&client, port).await.is_none_or(|(ranks, _)| ranks != [0]) {
+        assert!(lost.elapsed() < Duration::from_secs(60), "not alone: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refused = retried(take_back).await;
+    assert_eq!(refused.status(), 409);
+    let refused: Value = refused.json().await.unwrap();
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("no machine the cluster serves without is back"),
+        "{refused}"
+    );
+    // Back: listed, and still left out after idling past the 5 s of `--take-back idle`.
+    nodes[1] = serve(dir.path(), &model, free_port(), &args, Some((&hosts, 1)));
+    let started = Instant::now();
+    while status().await["back"].as_array().is_none_or(|b| b.is_empty()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "never listed as back: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let cluster = status().await;
+    assert_eq!(cluster["take_back"], "asked", "{cluster}");
+    assert!(cluster["back"][0].as_str().unwrap().starts_with("rank 1 (127.0.0.1:"), "{cluster}");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(cluster_nodes(&client, port).await.map(|(ranks, _)| ranks), Some(vec![0]), "{}", nodes[0].log());
+    // Asked: the cluster forms again with it and answers as before.
+    let asked = retried(take_back).await;
+    assert_eq!(asked.status(), 202);
+    let asked: Value = asked.json().await.unwrap();
+    assert!(asked["taking_back"][0].as_str().unwrap().starts_with("rank 1 ("), "{asked}");
+    let started = Instant::now();
+    while cluster_nodes(&client, port).await.is_none_or(|(ranks, _)| ranks != [0, 1]) {
+        assert!(started.elapsed() < Duration::from_secs(60), "not taken back: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
+}
+
 /// A rank of `hosts` serving `repo`, on a machine of its own (`dir`: its models folder, empty at
 /// first) that reaches the Hub at `hub`.
 fn pulling(dir: &Path, repo: &str, port: u16, (hosts, rank): (&Path, usize), hub: &FakeHub) -> Node {

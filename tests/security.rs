@@ -34,6 +34,7 @@ fn state_changing(id: &str) -> Vec<(Method, String, String)> {
     vec![
         (Method::POST, "/admin/settings".into(), json!({"keep_alive_secs": 1}).to_string()),
         (Method::POST, "/admin/unload".into(), json!({"model": id}).to_string()),
+        (Method::POST, "/admin/cluster/take-back".into(), String::new()),
         (Method::POST, "/admin/load".into(), json!({"model": id}).to_string()),
         (Method::POST, "/admin/pull".into(), json!({"repo": "someone/some-model"}).to_string()),
         (Method::POST, "/admin/pull/cancel".into(), json!({"repo": "someone/some-model"}).to_string()),

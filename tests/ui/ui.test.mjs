@@ -765,6 +765,41 @@ describe("web UI", { concurrency: false }, () => {
     }
   });
 
+  test("server: a cluster's machine that is back is taken in when asked", async () => {
+    const { context, page } = await openPage(browser);
+    try {
+      // The status of rank 0 serving alone, rank 1 back, `--take-back asked` (a cluster cannot
+      // run in this suite; tests/cluster_serve.rs runs the real one).
+      const cluster = {
+        backend: "ring", parallel: "pipeline",
+        nodes: [{ rank: 0, host: "10.0.0.1:32323", room_bytes: 8e9, first_layer: 0, end_layer: 30, ends: true }],
+        links: [], without: ["rank 1 (10.0.0.2:32323)"], back: ["rank 1 (10.0.0.2:32323)"], take_back: "asked",
+        steps: 0, tokens: 0, bytes_per_hop: 0, wait_seconds: 0, step_seconds: 0,
+      };
+      const model = {
+        id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
+        idle_secs: 1, expires_in_secs: null, running: 0, queued: 0, context_length: 4096, cluster,
+      };
+      await page.route("**/admin/status", (route) => route.fulfill({ json: { loaded: [model], waiting: null } }));
+      const asked = [];
+      await page.route("**/admin/cluster/take-back", (route) => {
+        asked.push(route.request().method());
+        return route.fulfill({ status: 202, json: { taking_back: cluster.back } });
+      });
+      await page.goto(`${server.base}/ui/#/server`);
+      await page.getByTestId("cluster-back").waitFor();
+      assert.match(await text(page.getByTestId("cluster-without")), /taken back once it returns and you take it back here/);
+      assert.match(await text(page.getByTestId("cluster-back")), /rank 1 \(10\.0\.0\.2:32323\) is back\. Taking it in reloads/);
+      await page.getByTestId("cluster-take-back").click();
+      await page.waitForFunction(() => document.querySelector("[data-testid=cluster-take-back]")?.disabled);
+      assert.deepEqual(asked, ["POST"]);
+      assert.equal(await text(page.getByTestId("cluster-take-back")), "Taking back…");
+      await screenshot(page, "cluster-back");
+    } finally {
+      await context.close();
+    }
+  });
+
   test("a model's page: shape, memory here with and without KV quantization, files, client configs", async () => {
     const { context, page } = await open("models");
     try {

@@ -226,6 +226,11 @@ export interface ClusterStatus {
   links: { from: number; to: number; round_trip_ms: number; megabytes_per_second: number }[];
   /** The host file's machines served without (gone past `--drop-after` when it formed). */
   without: string[];
+  /** Of those, the machines back (checked in again), to be taken in. */
+  back?: string[];
+  /** When a machine that is back is taken in: `idle` (the server idle a few seconds) or `asked`
+   * (`POST /admin/cluster/take-back`). */
+  take_back?: "idle" | "asked";
   steps: number;
   tokens: number;
   bytes_per_hop: number;

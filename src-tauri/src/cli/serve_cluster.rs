@@ -56,6 +56,28 @@ pub struct RosterArgs {
     /// the host file plus one, or the next one the file does not use.
     #[arg(long, requires = "cluster")]
     roster_port: Option<u16>,
+    /// When a machine the cluster serves without is taken in again once it is back (rank 0
+    /// starts again to reload the model across the machines, answering 503 meanwhile: minutes
+    /// for a large model): `idle`, once the server has been idle 5 s; `asked`, only when asked
+    /// (`POST /admin/cluster/take-back`, or the Server page).
+    #[arg(long, value_enum, default_value_t = TakeBack::Idle, requires = "cluster")]
+    take_back: TakeBack,
+}
+
+/// When a machine that is back is taken in again.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakeBack {
+    Idle,
+    Asked,
+}
+
+impl TakeBack {
+    fn as_str(self) -> &'static str {
+        match self {
+            TakeBack::Idle => "idle",
+            TakeBack::Asked => "asked",
+        }
+    }
 }
 
 impl RosterArgs {
@@ -267,7 +289,7 @@ async fn serve_first_stage(
     };
     if membership.members.len() == 1 {
         let shown = (args.cluster.backend.as_str(), args.cluster.parallel, ask.room);
-        return serve_alone(models, server, &id, (&roster, &file), shown).await;
+        return serve_alone(models, server, &id, (&roster, &file, args.roster.take_back), shown).await;
     }
     roster.set_forming(true);
 
@@ -360,7 +382,9 @@ async fn serve_first_stage(
                 () = drained(&models, &id) => start_again(&models, server, &id, Next::list(&membership), fault).await,
             }
         }
-        back = returned(&models, &roster) => take_in(models, server, &id, &membership, &file, back).await,
+        back = returned(&models, (&roster, &file), args.roster.take_back) => {
+            take_in(models, server, &id, &membership, &file, back).await
+        }
     }
 }
 
@@ -445,7 +469,7 @@ async fn serve_alone(
     models: Residency,
     server: RunningServer,
     id: &str,
-    (roster, file): (&Roster, &HostFile),
+    (roster, file, take_back): (&Roster, &HostFile, TakeBack),
     (backend, parallel, room): (&str, Parallel, u64),
 ) -> anyhow::Result<()> {
     eprintln!("rank 0: every other machine is gone; serving {id} on this machine alone");
@@ -472,18 +496,29 @@ async fn serve_alone(
     }
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
-        back = returned(&models, roster) => take_in(models, server, id, &alone, file, back).await,
+        back = returned(&models, (roster, file), take_back) => take_in(models, server, id, &alone, file, back).await,
     }
 }
 
-/// A machine of the host file left out of the cluster and checking in again, once the server
-/// has been idle for [`REJOIN_IDLE`]: one at a time (the lowest rank), so a take-in that fails
+/// Machines of the host file left out of the cluster and checking in again (shown in the
+/// cluster's status): every one once a person asks; with `take_back` idle, also once the server
+/// has been idle for [`REJOIN_IDLE`], one at a time (the lowest rank), so a take-in that fails
 /// holds off only the machine it tried.
-async fn returned(models: &Residency, roster: &Roster) -> Vec<usize> {
-    let mut idle_since = None;
+async fn returned(models: &Residency, (roster, file): (&Roster, &HostFile), take_back: TakeBack) -> Vec<usize> {
+    let (mut idle_since, mut first) = (None, true);
     loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Published at once, so the status says how machines are taken back from the start.
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let back = roster.returned();
+        models.set_returns(back.iter().map(|&p| roster::name(file, p)).collect(), take_back.as_str());
+        if !back.is_empty() && models.take_back_asked() {
+            return back;
+        }
+        if take_back == TakeBack::Asked {
+            continue;
+        }
         let busy = models.loaded().iter().any(|m| m.running + m.queued > 0);
         if back.is_empty() || busy {
             idle_since = None;

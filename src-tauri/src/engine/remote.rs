@@ -128,6 +128,13 @@ pub struct ClusterStatus {
     /// The host file's machines this cluster serves without (gone for longer than
     /// `--drop-after` when it formed), named with their addresses.
     pub without: Vec<String>,
+    /// Machines it serves without that are back (checked in again), to be taken in.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub back: Vec<String>,
+    /// When a machine that is back is taken in: `idle` (once the server has been idle a few
+    /// seconds) or `asked` (`POST /admin/cluster/take-back`, the Server page's button).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub take_back: Option<String>,
     /// Steps run through the pipeline.
     pub steps: u64,
     /// Token positions sent through (rows x positions, summed over steps).

@@ -83,6 +83,16 @@ pub async fn unload(State(state): State<AppState>, ApiJson(body): ApiJson<Value>
     Ok(Json(json!({"unloaded": request.model})))
 }
 
+/// Rank 0 of a cluster: take the machines it serves without that are back in now (it starts
+/// again across them, answering 503 while the model loads), rather than when it is idle or never
+/// (`--take-back asked`).
+pub async fn take_back(State(state): State<AppState>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    match state.models.ask_take_back() {
+        Ok(machines) => Ok((StatusCode::ACCEPTED, Json(json!({"taking_back": machines})))),
+        Err(why) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", why)),
+    }
+}
+
 #[derive(Deserialize)]
 pub struct DeleteQuery {
     #[serde(default)]

@@ -180,6 +180,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/status", get(admin::status))
         .route("/admin/load", post(admin::load))
         .route("/admin/unload", post(admin::unload))
+        .route("/admin/cluster/take-back", post(admin::take_back))
         .route("/admin/search", get(admin::search))
         .route("/admin/recommended", get(admin::recommended))
         .route("/admin/hub", get(admin::hub_status))

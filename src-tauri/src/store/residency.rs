@@ -135,13 +135,32 @@ pub struct Served {
     pub engine: EngineHandle,
     /// Served alone on rank 0 for a cluster whose other machines are gone: that cluster.
     alone: Option<crate::engine::remote::ClusterStatus>,
+    /// Its cluster's machines that are back, as rank 0 last told.
+    returns: Returns,
 }
 
 impl Served {
     /// The cluster it is served for: split across it, or alone on rank 0 while the others are
     /// gone (shown as a cluster of one machine, with the ones it serves without).
     pub fn cluster(&self) -> Option<crate::engine::remote::ClusterStatus> {
-        self.engine.cluster().or_else(|| self.alone.clone())
+        self.engine.cluster().or_else(|| self.alone.clone()).map(|c| self.returns.shown_in(c))
+    }
+}
+
+/// Rank 0 of a cluster: its machines that are back and waiting to be taken in, when they are
+/// (`idle` or `asked`), and whether a person asked to take them in now.
+#[derive(Debug, Clone, Default)]
+struct Returns {
+    back: Vec<String>,
+    when: Option<String>,
+    asked: bool,
+}
+
+impl Returns {
+    fn shown_in(&self, mut cluster: crate::engine::remote::ClusterStatus) -> crate::engine::remote::ClusterStatus {
+        cluster.back = self.back.clone();
+        cluster.take_back = self.when.clone();
+        cluster
     }
 }
 
@@ -215,6 +234,8 @@ struct Inner {
     /// The model this process serves split across a cluster, while the cluster forms: its id
     /// and why it does not serve yet. Requests for it are refused with that, never loaded here.
     awaited: Mutex<Option<Awaited>>,
+    /// Rank 0 of a cluster: the machines back, and a person's ask to take them in.
+    returns: Mutex<Returns>,
 }
 
 /// A model waiting for its cluster to form.
@@ -247,6 +268,7 @@ impl Residency {
                 loading: tokio::sync::Mutex::new(()),
                 changes,
                 awaited: Mutex::new(None),
+                returns: Mutex::default(),
             }),
         }
     }
@@ -325,6 +347,38 @@ impl Residency {
             Some((_, draft)) => Ok(Some(self.inner.catalog.find(draft)?)),
             None => Ok(None),
         }
+    }
+
+    fn returns(&self) -> std::sync::MutexGuard<'_, Returns> {
+        self.inner.returns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rank 0 of a cluster: the machines that are back (named), taken in when `when` says
+    /// (`idle` or `asked`). An ask with none back lapses.
+    pub fn set_returns(&self, back: Vec<String>, when: &str) {
+        let mut returns = self.returns();
+        returns.asked &= !back.is_empty();
+        returns.back = back;
+        returns.when = Some(when.to_string());
+    }
+
+    /// A person asks to take the cluster's machines that are back in now: the machines, or
+    /// why there are none.
+    pub fn ask_take_back(&self) -> Result<Vec<String>, String> {
+        let mut returns = self.returns();
+        if returns.when.is_none() {
+            return Err("this server does not serve a model across a cluster".into());
+        }
+        if returns.back.is_empty() {
+            return Err("no machine the cluster serves without is back to take in".into());
+        }
+        returns.asked = true;
+        Ok(returns.back.clone())
+    }
+
+    /// Whether a person asked to take the machines that are back in now (the ask is used up).
+    pub fn take_back_asked(&self) -> bool {
+        std::mem::take(&mut self.returns().asked)
     }
 
     /// The model waiting for its cluster, if one is.
@@ -645,7 +699,8 @@ impl Residency {
                         status.draft_model = info.draft_model.clone();
                         status.mtp_head = info.mtp_head;
                         status.fault = engine.fault();
-                        status.cluster = engine.cluster().or_else(|| r.alone.clone());
+                        status.cluster =
+                            engine.cluster().or_else(|| r.alone.clone()).map(|c| self.returns().shown_in(c));
                     }
                     Engine::Encoder(engine) => {
                         status.weights_bytes = engine.info().weights_bytes as u64;
@@ -687,9 +742,12 @@ impl Residency {
         self.residents()
             .iter()
             .filter_map(|r| match &r.engine {
-                Engine::Chat(engine) => {
-                    Some(Served { id: r.id.clone(), engine: engine.clone(), alone: r.alone.clone() })
-                }
+                Engine::Chat(engine) => Some(Served {
+                    id: r.id.clone(),
+                    engine: engine.clone(),
+                    alone: r.alone.clone(),
+                    returns: self.returns().clone(),
+                }),
                 Engine::Encoder(_) => None,
             })
             .collect()
@@ -728,7 +786,7 @@ impl Residency {
         match engine {
             Engine::Chat(engine) => {
                 let alone = self.residents().iter().find(|r| r.id == id).and_then(|r| r.alone.clone());
-                Ok(Served { id, engine, alone })
+                Ok(Served { id, engine, alone, returns: self.returns().clone() })
             }
             other => Err(ResidencyError::WrongKind { id, kind: other.kind(), wanted: ModelKind::Chat }),
         }

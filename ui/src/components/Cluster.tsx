@@ -1,4 +1,5 @@
-import type { ClusterStatus } from "../api";
+import { useState } from "preact/hooks";
+import { postJson, type ClusterStatus } from "../api";
 import { ErrorBox } from "./common";
 import { bytes, rate } from "../format";
 
@@ -7,6 +8,32 @@ function millis(seconds: number): string {
   const v = seconds * 1e3;
   if (!Number.isFinite(v)) return "–";
   return v < 10 ? `${v.toFixed(2)} ms` : `${Math.round(v)} ms`;
+}
+
+/** Machines the cluster serves without that are back: taking them in reloads the model across
+ * the machines (requests are answered 503 meanwhile, minutes for a large model). */
+function TakeBack({ back }: { back: string[] }) {
+  const [state, setState] = useState<{ asked?: boolean; error?: string }>({});
+  const ask = async () => {
+    try {
+      await postJson("/admin/cluster/take-back", {});
+      setState({ asked: true });
+    } catch (e) {
+      setState({ error: String(e instanceof Error ? e.message : e) });
+    }
+  };
+  return (
+    <div class="note" data-testid="cluster-back">
+      <p>
+        {back.join(", ")} {back.length === 1 ? "is" : "are"} back. Taking {back.length === 1 ? "it" : "them"} in
+        reloads the model across the machines: requests are answered 503 until it has loaded.
+      </p>
+      <button type="button" onClick={ask} disabled={state.asked} data-testid="cluster-take-back">
+        {state.asked ? "Taking back…" : "Take back now"}
+      </button>
+      <ErrorBox error={state.error ?? null} />
+    </div>
+  );
 }
 
 /** A model split across several machines (`fastmlx serve --cluster`): which machine holds which
@@ -37,10 +64,12 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
       <ErrorBox error={fault ?? null} />
       {cluster.without?.length ? (
         <p class="note warn-note" data-testid="cluster-without">
-          Serving without {cluster.without.join(", ")}: gone when the cluster formed; taken back once it returns and the
-          server is idle{alone ? " (the model stays loaded here meanwhile)" : ""}.
+          Serving without {cluster.without.join(", ")}: gone when the cluster formed; taken back once it returns
+          {cluster.take_back === "asked" ? " and you take it back here" : " and the server is idle"}
+          {alone ? " (the model stays loaded here meanwhile)" : ""}.
         </p>
       ) : null}
+      {cluster.back?.length ? <TakeBack back={cluster.back} /> : null}
       <div class="table-wrap">
         <table class="compact" data-testid="cluster-nodes">
           <thead>
