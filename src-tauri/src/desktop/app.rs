@@ -217,6 +217,15 @@ pub(super) fn on_action<R: Runtime>(app: &AppHandle<R>, id: &str) {
             std::thread::spawn(move || control.stop_cluster());
             Ok(())
         }
+        Action::TakeBack => {
+            // A request to rank 0's server: off the menu's thread.
+            std::thread::spawn(move || {
+                if let Err(e) = control.take_back() {
+                    tracing::error!("take-back: {e:#}");
+                }
+            });
+            Ok(())
+        }
         Action::ToggleServer => {
             if control.url().is_some() {
                 control.stop_server();

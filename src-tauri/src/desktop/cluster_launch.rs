@@ -363,24 +363,31 @@ fn describe(status: std::io::Result<ExitStatus>, sent: Option<Signal>) -> String
 pub struct SeenFromRankZero {
     pub model: Option<String>,
     pub problem: Option<String>,
+    /// The machines it serves across, while it serves.
+    pub serving: Option<usize>,
+    /// Machines it serves without that are back.
+    pub back: Vec<String>,
 }
 
 pub fn seen_from_status(status: &serde_json::Value) -> SeenFromRankZero {
     let text = |v: &serde_json::Value, key: &str| v.get(key).and_then(|s| s.as_str()).map(str::to_string);
     if let Some(waiting) = status.get("waiting").filter(|w| !w.is_null()) {
-        return SeenFromRankZero { model: text(waiting, "id"), problem: text(waiting, "reason") };
+        return SeenFromRankZero { model: text(waiting, "id"), problem: text(waiting, "reason"), ..Default::default() };
     }
     let loaded = status.get("loaded").and_then(|l| l.as_array()).into_iter().flatten();
     let split = loaded.clone().find(|m| m.get("cluster").is_some_and(|c| !c.is_null()));
     let Some(model) = split else {
-        return SeenFromRankZero { model: loaded.clone().find_map(|m| text(m, "id")), problem: None };
+        return SeenFromRankZero { model: loaded.clone().find_map(|m| text(m, "id")), ..Default::default() };
     };
     // A lost machine, else the machines it serves without (alone on rank 0, or fewer).
     let without: Vec<&str> =
         model["cluster"]["without"].as_array().into_iter().flatten().filter_map(|w| w.as_str()).collect();
-    let problem = text(model, "fault")
-        .or_else(|| (!without.is_empty()).then(|| format!("serving without {}", without.join(", "))));
-    SeenFromRankZero { model: text(model, "id"), problem }
+    let fault = text(model, "fault");
+    let serving = model["cluster"]["nodes"].as_array().map(Vec::len).filter(|_| fault.is_none());
+    let problem = fault.or_else(|| (!without.is_empty()).then(|| format!("serving without {}", without.join(", "))));
+    let back = model["cluster"]["back"].as_array().into_iter().flatten();
+    let back = back.filter_map(|w| w.as_str().map(str::to_string)).collect();
+    SeenFromRankZero { model: text(model, "id"), problem, serving, back }
 }
 
 /// Where the app writes the host file it serves a cluster from: beside its config file.
@@ -448,7 +455,8 @@ mod tests {
             seen_from_status(&forming),
             SeenFromRankZero {
                 model: Some("qwen".into()),
-                problem: Some("waiting for rank 1 (10.0.0.2:32323), not heard from for 12 s".into())
+                problem: Some("waiting for rank 1 (10.0.0.2:32323), not heard from for 12 s".into()),
+                ..Default::default()
             }
         );
         let lost = serde_json::json!({"waiting": null, "loaded": [
@@ -460,11 +468,17 @@ mod tests {
             (seen.model.as_deref(), seen.problem.as_deref()),
             (Some("qwen"), Some("the cluster lost a rank: rank 1 ..."))
         );
-        let serving = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [], "without": []}}]});
-        assert_eq!(seen_from_status(&serving), SeenFromRankZero { model: Some("qwen".into()), problem: None });
-        let alone = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [{"rank": 0}], "without": ["rank 1 (10.0.0.2:32323)"]}}]});
+        assert_eq!(seen.serving, None, "not serving once a rank is lost");
+        let serving = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [{}, {}], "without": []}}]});
+        assert_eq!(
+            seen_from_status(&serving),
+            SeenFromRankZero { model: Some("qwen".into()), serving: Some(2), ..Default::default() }
+        );
+        let alone = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {
+            "nodes": [{"rank": 0}], "without": ["rank 1 (10.0.0.2:32323)"], "back": ["rank 1 (10.0.0.2:32323)"]}}]});
         let seen = seen_from_status(&alone);
         assert_eq!(seen.problem.as_deref(), Some("serving without rank 1 (10.0.0.2:32323)"));
+        assert_eq!((seen.serving, seen.back), (Some(1), vec!["rank 1 (10.0.0.2:32323)".to_string()]));
     }
 
     #[cfg(unix)]

@@ -222,8 +222,24 @@ impl Control {
             return Some((shown, None));
         }
         let seen = self.seen_from_rank_zero(&child);
-        shown.detail = seen.problem;
+        (shown.detail, shown.serving, shown.back) = (seen.problem, seen.serving, seen.back);
         Some((shown, seen.model))
+    }
+
+    /// Rank 0's child serving: asks it to take the machines that are back in now (what its
+    /// `POST /admin/cluster/take-back` answers, as an error where it refuses).
+    pub fn take_back(&self) -> anyhow::Result<()> {
+        let url = format!("{}/admin/cluster/take-back", self.api_base());
+        let mut request = self.http.post(url).timeout(Duration::from_secs(5));
+        if let Some(key) = &self.config.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = self.runtime.block_on(request.send())?;
+        if !response.status().is_success() {
+            let body = self.runtime.block_on(response.text()).unwrap_or_default();
+            anyhow::bail!("rank 0 did not take the machines back: {body}");
+        }
+        Ok(())
     }
 
     /// What rank 0's `/admin/status` says: its model, and why it does not serve, if it does not.
@@ -239,7 +255,7 @@ impl Control {
             Err(_) if child.age() < Duration::from_secs(10) => "starting…".to_string(),
             Err(e) => format!("its server does not answer: {e}"),
         };
-        cluster_launch::SeenFromRankZero { model: None, problem: Some(problem) }
+        cluster_launch::SeenFromRankZero { problem: Some(problem), ..Default::default() }
     }
 
     /// What the menu should show now.

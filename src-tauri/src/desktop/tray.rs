@@ -35,6 +35,11 @@ pub struct TrayCluster {
     pub detail: Option<String>,
     /// Another rank's latest line of output (it has no server to ask).
     pub latest: Option<String>,
+    /// Rank 0 serving: the machines it serves across now (fewer than `machines` while it
+    /// serves without some).
+    pub serving: Option<usize>,
+    /// Rank 0: machines it serves without that are back, to be taken in.
+    pub back: Vec<String>,
 }
 
 impl TrayCluster {
@@ -54,6 +59,8 @@ pub enum Action {
     CopyApiUrl,
     ToggleServer,
     StopCluster,
+    /// Rank 0: take the machines that are back in now.
+    TakeBack,
     Quit,
 }
 
@@ -89,6 +96,7 @@ impl Action {
             Action::CopyApiUrl => "copy-api-url".into(),
             Action::ToggleServer => "toggle-server".into(),
             Action::StopCluster => "stop-cluster".into(),
+            Action::TakeBack => "take-back".into(),
             Action::Quit => "quit".into(),
         }
     }
@@ -105,6 +113,7 @@ impl Action {
             "copy-api-url" => Action::CopyApiUrl,
             "toggle-server" => Action::ToggleServer,
             "stop-cluster" => Action::StopCluster,
+            "take-back" => Action::TakeBack,
             "quit" => Action::Quit,
             _ => return None,
         })
@@ -187,7 +196,13 @@ const MOST_LINES: usize = 3;
 fn cluster_items(cluster: &TrayCluster) -> Vec<Item> {
     let mut items = vec![Item::Label(match (&cluster.ended, cluster.rank) {
         (Some(why), rank) => format!("Cluster stopped (this Mac was rank {rank}): {why}"),
-        (None, 0) => format!("Cluster: {} across {} machines, this Mac rank 0", cluster.model, cluster.machines),
+        (None, 0) => match cluster.serving.filter(|&n| n < cluster.machines) {
+            Some(1) => format!("Cluster: {} on this Mac alone, rank 0 of {}", cluster.model, cluster.machines),
+            Some(n) => {
+                format!("Cluster: {} across {n} of {} machines, this Mac rank 0", cluster.model, cluster.machines)
+            }
+            None => format!("Cluster: {} across {} machines, this Mac rank 0", cluster.model, cluster.machines),
+        },
         (None, rank) => format!("Cluster: this Mac is rank {rank} of {} for {}", cluster.machines, cluster.model),
     })];
     // A reason reads "what happened; what it waits for now": a line each, so that neither is
@@ -197,6 +212,10 @@ fn cluster_items(cluster: &TrayCluster) -> Vec<Item> {
     }
     if let Some(latest) = &cluster.latest {
         items.push(Item::Label(shortened(latest)));
+    }
+    if cluster.ended.is_none() && !cluster.back.is_empty() {
+        items.push(Item::Label(shortened(&format!("{} back", cluster.back.join(", ")))));
+        items.push(Item::Button { action: Action::TakeBack, label: "Take Back Now".into(), enabled: true });
     }
     if cluster.ended.is_none() {
         items.push(Item::Button { action: Action::StopCluster, label: "Stop Cluster".into(), enabled: true });
@@ -249,6 +268,7 @@ mod tests {
             ended: None,
             detail: Some(format!("{cause}; {lost}")),
             latest: None,
+            ..Default::default()
         };
         let items = menu(&TrayState { cluster: Some(rank0.clone()), loading: None, ..state() });
         assert_eq!(items[1], Item::Label("Cluster: a/one across 2 machines, this Mac rank 0".into()));
@@ -259,6 +279,17 @@ mod tests {
         // server toggled (Stop Cluster is that).
         assert!(items.iter().all(|i| !matches!(i, Item::Model { enabled: true, .. })));
         assert!(items.iter().all(|i| !matches!(i, Item::Button { action: Action::ToggleServer, .. })));
+
+        // Serving alone, then across 2 of 3, a machine back: it says so, and offers to take it in.
+        let alone = TrayCluster { serving: Some(1), detail: None, ..rank0.clone() };
+        let items = menu(&TrayState { cluster: Some(alone), loading: None, ..state() });
+        assert_eq!(items[1], Item::Label("Cluster: a/one on this Mac alone, rank 0 of 2".into()));
+        let back = vec!["rank 2 (10.0.0.3:32323)".to_string()];
+        let fewer = TrayCluster { machines: 3, serving: Some(2), detail: None, back, ..rank0.clone() };
+        let items = menu(&TrayState { cluster: Some(fewer), loading: None, ..state() });
+        assert_eq!(items[1], Item::Label("Cluster: a/one across 2 of 3 machines, this Mac rank 0".into()));
+        assert_eq!(items[2], Item::Label("rank 2 (10.0.0.3:32323) back".into()));
+        assert_eq!(items[3], Item::Button { action: Action::TakeBack, label: "Take Back Now".into(), enabled: true });
 
         let long = "x".repeat(200);
         let worker = TrayCluster { rank: 1, detail: None, latest: Some(long), ..rank0.clone() };
@@ -337,6 +368,7 @@ mod tests {
             Action::CopyApiUrl,
             Action::ToggleServer,
             Action::StopCluster,
+            Action::TakeBack,
             Action::Quit,
         ] {
             assert_eq!(Action::from_id(&action.id()), Some(action));
