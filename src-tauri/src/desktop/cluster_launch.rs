@@ -24,8 +24,9 @@ const LOG_LINES: usize = 40;
 /// How long a stopped child has to end before it is killed.
 const STOP_WITHIN: Duration = Duration::from_secs(10);
 
-/// What the Server page asks for: the machines of the cluster in rank order (one `host:port`
-/// each, the same list on every Mac), which of them this Mac is, the model and the split.
+/// What the Server page asks for: the machines of the cluster in rank order (the same list on
+/// every Mac: each machine's `host:port` addresses, several where MLX's ring is to use several
+/// links to it, split by spaces or commas), which of them this Mac is, the model and the split.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct ClusterPlan {
     pub machines: Vec<String>,
@@ -43,8 +44,10 @@ fn pipeline() -> String {
 impl ClusterPlan {
     /// The host file the list makes, checked as `serve --cluster` checks one.
     pub fn host_file(&self) -> Result<HostFile, String> {
-        let machines: Vec<Vec<String>> =
-            self.machines.iter().map(|m| m.trim()).filter(|m| !m.is_empty()).map(|m| vec![m.to_string()]).collect();
+        let addresses = |m: &str| -> Vec<String> {
+            m.split(|c: char| c == ',' || c.is_whitespace()).filter(|a| !a.is_empty()).map(str::to_string).collect()
+        };
+        let machines: Vec<Vec<String>> = self.machines.iter().map(|m| addresses(m)).filter(|a| !a.is_empty()).collect();
         let hosts = HostFile::parse(&serde_json::to_string(&machines).expect("strings serialise"))?;
         if self.rank >= hosts.ranks.len() {
             return Err(format!("this Mac's rank {} is not in the list of {} machines", self.rank, hosts.ranks.len()));
@@ -412,6 +415,9 @@ mod tests {
     fn a_plan_makes_a_checked_host_file() {
         let hosts = plan().host_file().unwrap();
         assert_eq!(hosts.ranks, [vec!["10.0.0.1:32323".to_string()], vec!["10.0.0.2:32323".to_string()]]);
+        // A machine reached over two links (its Thunderbolt bridge and its Ethernet).
+        let two = ClusterPlan { machines: vec!["10.0.0.1:1".into(), " 10.0.1.2:1, 192.168.1.2:1 ".into()], ..plan() };
+        assert_eq!(two.host_file().unwrap().ranks[1], ["10.0.1.2:1", "192.168.1.2:1"]);
         assert_eq!(plan().parallel().unwrap(), Parallel::Tensor);
         let outside = ClusterPlan { rank: 2, ..plan() };
         assert!(outside.host_file().unwrap_err().contains("rank 2 is not in the list of 2"));

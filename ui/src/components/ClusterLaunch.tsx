@@ -22,10 +22,11 @@ function savedForm(): Form {
   return { machines: "", rank: "0", model: "", parallel: "pipeline" };
 }
 
-/** The plan the app runs: one `host:port` per line, in rank order (the same list on every Mac). */
+/** The plan the app runs: a machine per line, in rank order (the same list on every Mac), each its
+ * `host:port` addresses (several, split by spaces or commas, for MLX's ring to use several links). */
 function planOf(form: Form): ClusterPlan {
   const machines = form.machines
-    .split(/[\n,]/)
+    .split("\n")
     .map((m) => m.trim())
     .filter((m) => m);
   return { machines, rank: Number(form.rank), model: form.model, parallel: form.parallel };
@@ -62,7 +63,7 @@ export function ClusterLaunch({ onRunning }: { onRunning: (running: boolean) => 
 
   async function start(e: Event) {
     e.preventDefault();
-    if (plan.machines.length < 2) return setError("list at least two machines, one host:port per line");
+    if (plan.machines.length < 2) return setError("list at least two machines, one per line (host:port)");
     if (!plan.model) return setError("choose the model the cluster serves");
     localStorage.setItem(SAVED, JSON.stringify(form));
     setBusy("starting");
@@ -95,7 +96,10 @@ export function ClusterLaunch({ onRunning }: { onRunning: (running: boolean) => 
         others hold their layers for it. The machines must reach each other (a Thunderbolt bridge or the same network).
       </p>
       <ErrorBox error={error} onClose={() => setError(null)} />
-      <label for="cluster-machines">Machines, in rank order (host:port, one per line)</label>
+      <label for="cluster-machines">
+        Machines, in rank order: one per line, host:port (several addresses of one Mac on its line, e.g. two
+        Thunderbolt bridges, for more bandwidth)
+      </label>
       <textarea
         id="cluster-machines"
         rows={3}
