@@ -178,9 +178,14 @@ fn a_process_started_again_in_place_closes_what_it_was_not_passed() {
     let dir = tempfile::tempdir().unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    // A leftover: the write end of a pipe, open in the child as descriptor 7 (not close-on-exec).
-    let (mut read, write) = std::io::pipe().unwrap();
-    let (leftover, passed) = (write.as_raw_fd(), listener.as_raw_fd());
+    // A leftover: a socket (one end of a pair), open in the child as descriptor 7 (not
+    // close-on-exec). Both are copied above the numbers they go to first, so that neither
+    // dup2 in the child overwrites the other's source.
+    let (mut read, write) = std::os::unix::net::UnixStream::pair().unwrap();
+    // SAFETY: copies of descriptors this test owns, closed below.
+    let high = |fd: i32| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+    let (leftover, passed) = (high(write.as_raw_fd()), high(listener.as_raw_fd()));
+    assert!(leftover >= 100 && passed >= 100);
     let mut command = fastmlx();
     command
         .args(["serve", "--model", common::smollm2_gguf().to_str().unwrap(), "--host", "127.0.0.1"])
@@ -204,7 +209,12 @@ fn a_process_started_again_in_place_closes_what_it_was_not_passed() {
     }
     let mut child = command.spawn().unwrap();
     drop(write);
-    // The pipe reads to its end once the child has closed its copy, while the child runs on.
+    // SAFETY: the copies made above, no longer needed.
+    unsafe {
+        libc::close(leftover);
+        libc::close(passed);
+    }
+    // The socket reads to its end once the child has closed its copy, while the child runs on.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(read.read_to_end(&mut Vec::new()).is_ok()));
     let closed = rx.recv_timeout(Duration::from_secs(30));

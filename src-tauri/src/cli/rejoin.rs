@@ -45,10 +45,11 @@ pub fn restart_with(why: &str, env: &[(&str, String)], clear: &[&str]) -> ! {
     std::process::exit(1)
 }
 
-/// First thing in a process image started by [`restart`]: closes every descriptor past the
-/// standard three that was not passed on on purpose. The image before marked the others
-/// close-on-exec, but a socket MLX's threads opened between that listing and the exec would
-/// otherwise live on here, holding a port or a peer's connection open.
+/// First thing in a process image started by [`restart`]: closes every socket past the
+/// standard three descriptors that was not passed on on purpose. The image before marked the
+/// others close-on-exec, but a socket MLX's threads opened between that listing and the exec
+/// would otherwise live on here, holding a port or a peer's connection open. Only sockets: the
+/// libraries' initialisers (run before `main`) may have opened files of their own.
 pub fn close_leftovers() {
     #[cfg(unix)]
     if restarted_after().is_some() {
@@ -66,11 +67,14 @@ fn passed_descriptors(entry: &str) -> Vec<i32> {
 #[cfg(unix)]
 fn close_all_but(keep: &[i32]) {
     for fd in open_descriptors().into_iter().filter(|fd| *fd > 2 && !keep.contains(fd)) {
-        // SAFETY: nothing in this image has opened a descriptor yet (this runs first in
-        // `main`): each one past the standard three is the image before's; one that is no
-        // longer open (the listing's own) fails harmlessly.
+        // SAFETY: this runs first in `main`, before this image opens a socket of its own: a
+        // socket here is the image before's; one no longer open (the listing's own) fails
+        // harmlessly.
         unsafe {
-            libc::close(fd);
+            let mut stat: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut stat) == 0 && (stat.st_mode & libc::S_IFMT) == libc::S_IFSOCK {
+                libc::close(fd);
+            }
         }
     }
 }

@@ -375,6 +375,8 @@ async fn serve_first_stage(
     tokio::select! {
         _ = shutdown_signal() => stop_server(models, server).await,
         fault = lost_rank(lost) => {
+            // No machine is taken back by this image any more.
+            models.clear_back();
             // Its streams have their error events; the others' requests finish first (a
             // signal meanwhile still stops the server).
             tokio::select! {
@@ -431,10 +433,14 @@ async fn decided(
                 Err("reading the model's size to see whether the others hold it".into())
             }
         };
-        // Checked first: MLX's start would fail without saying which rank could not listen.
-        let decision = match roster.own_problem() {
-            Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
-            None => roster.decide(drop_after, own_room, &mut fits),
+        // MLX's start would fail without saying which rank could not listen: rank 0's own
+        // address is checked before a cluster of several forms (alone, it needs none).
+        let decision = match roster.decide(drop_after, own_room, &mut fits) {
+            Decision::Form(m) if m.members.len() > 1 => match roster.own_problem() {
+                Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
+                None => Decision::Form(m),
+            },
+            decision => decision,
         };
         if wanted && shaping.is_none() {
             let path = path.clone();
@@ -482,6 +488,8 @@ async fn serve_alone(
             // the others, until they are back.
             let whole = [crate::model::Stage { layers: 0..served.engine.model_info().layers, ends: true }];
             let status = crate::cluster::status_of((backend, parallel), file, &alone, &[room], &whole, &[]);
+            // How machines are taken back, said from the first moment it shows as alone.
+            models.set_returns(Vec::new(), take_back.as_str());
             models.pin_alone(id, status);
         }
         Err(e) => {
@@ -542,6 +550,8 @@ async fn take_in(
 ) -> anyhow::Result<()> {
     let names: Vec<String> = back.iter().map(|&p| roster::name(file, p)).collect();
     let why = format!("{} is back", names.join(", "));
+    // Being taken in: an ask meanwhile has nothing more to do.
+    models.clear_back();
     // New requests are answered 503 until the larger cluster serves; one that came in
     // meanwhile finishes first (a signal meanwhile stops the server).
     models.await_split(id, format!("{why}; forming the cluster again with it"));

@@ -341,7 +341,7 @@ impl Pipeline {
     }
 
     /// Rank 0's engine: the parts of one prefill step, in order; `own(i)` runs rank 0's layers
-    /// on part `i`. Up to one part per other rank is out at once ([`part_moves`]): rank 0 runs
+    /// on part `i`. Up to one part per other rank is out at once ([`moves_within`]): rank 0 runs
     /// its layers on the next part while every other rank runs one of the parts before.
     pub fn forward_parts(
         &mut self,
@@ -367,15 +367,20 @@ impl Pipeline {
         // Each part's rank-0 output, kept until it is sent; what went out: (shape, bytes).
         let mut ready = vec![Some(first)];
         let mut out: Vec<(i32, i32, Dtype, u64)> = Vec::with_capacity(steps.len());
+        // A send waits while rank 1 runs the part before: a wait for the others too.
+        let mut sending = Duration::ZERO;
         let most_out = self.group.size().saturating_sub(1).max(1);
         let window = self.window.map_or(most_out, |w| w.clamp(1, most_out));
         for step in moves_within(steps.len(), window) {
             match step {
                 PartMove::Own(i) => ready.push(Some(eval(own(i)?)?)),
                 PartMove::Send(i) => {
-                    let h = ready[i].take().ok_or("a part sent twice")?;
+                    // Rank 0's own layers run first, so that the send's time is the wait alone.
+                    let h = eval(ready[i].take().ok_or("a part sent twice")?)?;
+                    let started = Instant::now();
                     let data = self.send_described(STEP, h.dim(0), h.dim(1), dtype_code(h.dtype())?, &steps[i])?;
                     self.send(&h)?;
+                    sending += started.elapsed();
                     let bytes = (HEADER_LEN * 4 + data * 8) as u64 + h.nbytes() as u64;
                     out.push((h.dim(0), h.dim(1), h.dtype(), bytes));
                 }
@@ -384,7 +389,8 @@ impl Pipeline {
                     let waiting = Instant::now();
                     let back = self.recv(&[rows, positions, self.hidden], dtype)?;
                     // Each part's time runs from the end of the one before: they add up to the step's.
-                    self.record((rows * positions) as u64, bytes, waiting.elapsed(), mark.elapsed());
+                    let waited = waiting.elapsed() + std::mem::take(&mut sending);
+                    self.record((rows * positions) as u64, bytes, waited, mark.elapsed());
                     mark = Instant::now();
                     outs.push(back);
                 }

@@ -362,12 +362,20 @@ impl Residency {
         returns.when = Some(when.to_string());
     }
 
+    /// No machine is to be taken back by this process any more (it starts again): an ask finds
+    /// none.
+    pub fn clear_back(&self) {
+        let mut returns = self.returns();
+        returns.back.clear();
+        returns.asked = false;
+    }
+
     /// A person asks to take the cluster's machines that are back in now: the machines, or
     /// why there are none.
     pub fn ask_take_back(&self) -> Result<Vec<String>, String> {
         let mut returns = self.returns();
         if returns.when.is_none() {
-            return Err("this server does not serve a model across a cluster".into());
+            return Err("no cluster here has machines to take back (it serves no model across a cluster, or its cluster is forming)".into());
         }
         if returns.back.is_empty() {
             return Err("no machine the cluster serves without is back to take in".into());

@@ -15,7 +15,17 @@ interface Form {
 function savedForm(): Form {
   try {
     const saved = JSON.parse(localStorage.getItem(SAVED) ?? "null");
-    if (saved && typeof saved.machines === "string") return saved as Form;
+    if (saved && typeof saved.machines === "string") {
+      // Saved by a build whose list was split by commas too: a single line with commas was
+      // several machines then (one machine alone is no cluster), a machine per line now.
+      if (!saved.machines.includes("\n") && saved.machines.includes(",")) {
+        saved.machines = saved.machines
+          .split(",")
+          .map((m: string) => m.trim())
+          .join("\n");
+      }
+      return saved as Form;
+    }
   } catch {
     /* a stale or foreign value: start empty */
   }
