@@ -659,15 +659,20 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     assert_eq!(short_answer(&client, port).await, before, "rank 2 back: {}", nodes[0].log());
 }
 
+/// A tiny Llama written in `dir`, and a host file of two ranks.
+fn tiny_llama_for_two(dir: &Path) -> (PathBuf, PathBuf) {
+    let model = dir.join("tiny-llama");
+    synthetic::write_tiny_model(&model, Arch::Llama, 3, None).unwrap();
+    (model, host_file(dir, 2))
+}
+
 /// With `--take-back asked`, a machine that is back is listed (`/admin/status`'s `back`) but not
 /// taken in however idle the server is, until a person asks (`POST /admin/cluster/take-back`):
 /// taking it in reloads the model across the machines, minutes of 503s for a large model.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_back_is_taken_in_only_when_asked_where_the_server_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-llama");
-    synthetic::write_tiny_model(&model, Arch::Llama, 3, None).unwrap();
-    let hosts = host_file(dir.path(), 2);
+    let (model, hosts) = tiny_llama_for_two(dir.path());
     let args = ["--drop-after", "2", "--take-back", "asked"];
     let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &args).await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
@@ -783,9 +788,7 @@ async fn a_model_absent_on_a_machine_is_pulled_there_before_it_joins() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_whose_mlx_port_is_taken_is_named_and_waited_for() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-llama");
-    synthetic::write_tiny_model(&model, Arch::Llama, 3, None).unwrap();
-    let hosts = host_file(dir.path(), 2);
+    let (model, hosts) = tiny_llama_for_two(dir.path());
     let list: Vec<Vec<String>> = serde_json::from_str(&std::fs::read_to_string(&hosts).unwrap()).unwrap();
     let taken = list[1][0].clone();
     let holder = std::net::TcpListener::bind(&taken).unwrap();

@@ -53,15 +53,9 @@ pub fn restart_with(why: &str, env: &[(&str, String)], clear: &[&str]) -> ! {
 pub fn close_leftovers() {
     #[cfg(unix)]
     if restarted_after().is_some() {
-        let passed = std::env::var(crate::server::listen::INHERITED_VAR).unwrap_or_default();
-        close_all_but(&passed_descriptors(&passed));
+        let passed: Vec<i32> = crate::server::listen::passed_on().into_iter().map(|(_, fd)| fd).collect();
+        close_all_but(&passed);
     }
-}
-
-/// The descriptors named in a `FASTMLX_LISTEN_FDS` entry (`address=fd;...`).
-#[cfg(unix)]
-fn passed_descriptors(entry: &str) -> Vec<i32> {
-    entry.split(';').filter_map(|e| e.rsplit_once('=')?.1.parse().ok()).collect()
 }
 
 #[cfg(unix)]
@@ -110,15 +104,5 @@ fn close_on_exec_all_but(keep: &[i32]) {
             let flags = if keep.contains(&fd) { flags & !libc::FD_CLOEXEC } else { flags | libc::FD_CLOEXEC };
             libc::fcntl(fd, libc::F_SETFD, flags);
         }
-    }
-}
-
-#[cfg(all(test, unix))]
-mod tests {
-    #[test]
-    fn the_passed_descriptors_are_read_from_the_entry() {
-        assert_eq!(super::passed_descriptors("127.0.0.1:8000=5;[::1]:8000=9"), [5, 9]);
-        assert_eq!(super::passed_descriptors(""), Vec::<i32>::new());
-        assert_eq!(super::passed_descriptors("127.0.0.1:8000=x"), Vec::<i32>::new());
     }
 }

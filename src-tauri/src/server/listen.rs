@@ -36,6 +36,20 @@ pub fn closed(kept: Kept) {
 
 /// What a process restarting in place passes on: the environment entry and the descriptors
 /// it must leave open.
+/// The sockets the image before this one passed on (`FASTMLX_LISTEN_FDS`): each one's address
+/// as asked for, and its descriptor.
+#[cfg(unix)]
+pub fn passed_on() -> Vec<(String, i32)> {
+    parse_passed(&std::env::var(INHERITED_VAR).unwrap_or_default())
+}
+
+/// A `FASTMLX_LISTEN_FDS` entry (`address=fd;...`) read.
+#[cfg(unix)]
+fn parse_passed(entry: &str) -> Vec<(String, i32)> {
+    let pair = |e: &str| e.rsplit_once('=').and_then(|(key, fd)| Some((key.to_string(), fd.parse().ok()?)));
+    entry.split(';').filter_map(pair).collect()
+}
+
 pub fn to_pass_on() -> (String, Vec<i32>) {
     let kept = platform::kept();
     let entry = kept.iter().map(|(key, fd)| format!("{key}={fd}")).collect::<Vec<_>>().join(";");
@@ -70,7 +84,6 @@ mod platform {
     }
 
     pub fn inherited(key: &str) -> Option<tokio::net::TcpListener> {
-        let passed = std::env::var(super::INHERITED_VAR).ok()?;
         {
             let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
             if taken.iter().any(|k| k == key) {
@@ -78,7 +91,7 @@ mod platform {
             }
             taken.push(key.to_string());
         }
-        let fd: i32 = passed.split(';').find_map(|entry| entry.strip_prefix(key)?.strip_prefix('=')?.parse().ok())?;
+        let fd = super::passed_on().into_iter().find_map(|(k, fd)| (k == key).then_some(fd))?;
         // Only a listening socket is taken: the entry may be stale (set by hand, or its socket
         // closed before the restart).
         let mut accepting: libc::c_int = 0;
@@ -117,6 +130,15 @@ mod platform {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_passed_descriptors_are_read_from_the_entry() {
+        let fds = |entry: &str| parse_passed(entry).into_iter().map(|(_, fd)| fd).collect::<Vec<_>>();
+        assert_eq!(fds("127.0.0.1:8000=5;[::1]:8000=9"), [5, 9]);
+        assert_eq!(parse_passed("[::1]:8000=9")[0].0, "[::1]:8000");
+        assert_eq!(fds(""), Vec::<i32>::new());
+        assert_eq!(fds("127.0.0.1:8000=x"), Vec::<i32>::new());
+    }
 
     #[tokio::test]
     async fn the_port_stays_open_for_the_next_image_until_closed() {
