@@ -20,6 +20,8 @@ pub fn restart(why: &str) -> ! {
 /// [`restart`], with `env` entries set for the new image and the `clear` ones removed.
 pub fn restart_with(why: &str, env: &[(&str, String)], clear: &[&str]) -> ! {
     eprintln!("{why}\nstarting again to rejoin the cluster");
+    // A worker tells rank 0 why it goes, so that it is not taken for the machine lost.
+    crate::cluster::presence::leave(why);
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;

@@ -107,7 +107,14 @@ pub fn run(args: ServeArgs, path: PathBuf, hosts_path: PathBuf) -> anyhow::Resul
     if place != 0 {
         // A wait for the others past its deadline (rank 0 gone, or another rank) starts it again.
         watchdog.on_expiry(|error| rejoin::restart(&error));
-        return serve_stage(args, &path, &hosts, (place, watchdog));
+        let served = serve_stage(args, &path, &hosts, (place, watchdog));
+        // Rank 0 is told why this machine leaves, so it is not taken for a machine lost.
+        let why = match &served {
+            Ok(()) => format!("rank {place} is done: rank 0 unloaded the model or stopped"),
+            Err(e) => format!("rank {place} stopped: {e:#}"),
+        };
+        crate::cluster::presence::leave(&why);
+        return served;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve_first_stage(args, (given, path), hosts, watchdog))
@@ -125,6 +132,7 @@ fn exit_with_parent() {
             // SAFETY: getppid has no preconditions.
             if unsafe { libc::getppid() } != parent {
                 eprintln!("the app that started this rank (process {parent}) is gone: stopping");
+                crate::cluster::presence::leave("the app that started it is gone");
                 std::process::exit(1);
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -293,8 +301,13 @@ async fn serve_first_stage(
     }
     roster.set_forming(true);
 
-    // While the cluster forms, a wait past its deadline starts this process again.
+    // While the cluster forms, a wait past its deadline starts this process again, as does a
+    // member gone without a goodbye (at once, rather than at MLX's deadline).
     let (expired_tx, mut expired) = tokio::sync::mpsc::unbounded_channel();
+    let gone_tx = expired_tx.clone();
+    roster.on_lost(move |why| {
+        let _ = gone_tx.send(format!("rank 0: the cluster did not form: {why}"));
+    });
     watchdog.on_expiry(move |error| {
         let _ = expired_tx.send(error);
     });
@@ -317,7 +330,7 @@ async fn serve_first_stage(
     let size = group.size();
     let (distributed, parallel) = (args.cluster.backend.clone(), args.cluster.parallel);
     let kv_format = args.kv.format()?;
-    let (cluster, shown) = (membership.clone(), file.clone());
+    let (cluster, shown, present) = (membership.clone(), file.clone(), roster.clone());
     // A link lost, or another rank's failed load, while the ranks load starts this again; rank
     // 0's own failed load ends it.
     let lost_while_loading = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
@@ -349,6 +362,12 @@ async fn serve_first_stage(
         // Rank 0 stays up when a rank is lost: its requests end with the reason, the
         // server says it, and the wait that never returns is left behind.
         let health = pipeline.health();
+        // The roster names who is gone in a failure's reason, and fails the link itself the
+        // moment a member goes without a goodbye (before any wait on the ring notices).
+        let named = present.clone();
+        health.set_witness(move || named.lost());
+        let lost = health.clone();
+        present.on_lost(move |why| lost.fail(format!("the cluster lost a rank: {why}")));
         watchdog.on_expiry(move |error| health.fail(format!("the cluster lost a rank: {error}")));
         Ok((model, Box::new(pipeline)))
     };

@@ -9,6 +9,7 @@ pub mod hostfile;
 pub mod identity;
 pub mod mlx_address;
 pub mod pipeline;
+pub mod presence;
 pub mod roster;
 pub mod split;
 pub mod stage_server;

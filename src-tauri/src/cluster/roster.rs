@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hostfile::HostFile;
 use super::identity::NodeIdentity;
+use super::presence::{self, Departure};
 
 /// The environment entry that hands a restarted rank 0 the machines it forms with.
 pub const MEMBERSHIP_VAR: &str = "FASTMLX_CLUSTER_MEMBERS";
@@ -123,6 +124,10 @@ struct CheckIn {
     /// cluster does not form with it until it checks in without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     problem: Option<String>,
+    /// A member told to form: its connection stays open, with a heartbeat, for as long as it
+    /// serves ([`presence`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    present: bool,
 }
 
 /// Rank 0's answer.
@@ -153,6 +158,8 @@ struct State {
     opened: Instant,
     /// Machines whose take-in failed, each held off until its own time.
     holds: Holds,
+    /// Each member's presence that ended since this rank 0 started, and how.
+    departures: Vec<Option<(Instant, Departure)>>,
 }
 
 impl State {
@@ -225,21 +232,32 @@ pub enum Decision {
     Wait(String),
 }
 
+/// What rank 0 does once a member is gone without a goodbye: given what is said of it.
+type OnLost = Arc<Mutex<Option<Box<dyn Fn(String) + Send>>>>;
+
 /// Rank 0's side: listens on its roster port, answers check-ins, and decides who forms.
 #[derive(Clone)]
 pub struct Roster {
     state: Arc<Mutex<State>>,
     hosts: HostFile,
     identity: Arc<NodeIdentity>,
+    on_lost: OnLost,
 }
 
 impl Roster {
     /// Listens on each of rank 0's hosts at `port`, starting from `membership`; a worker
     /// whose `identity` differs from rank 0's is refused with the reason.
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
-        let (seen, problems) = (vec![None; hosts.ranks.len()], vec![None; hosts.ranks.len()]);
-        let state = State { membership, form: false, seen, problems, opened: Instant::now(), holds: Holds::from_env() };
-        let roster = Roster { state: Arc::new(Mutex::new(state)), hosts: hosts.clone(), identity: Arc::new(identity) };
+        let n = hosts.ranks.len();
+        let (seen, problems, departures) = (vec![None; n], vec![None; n], vec![None; n]);
+        let holds = Holds::from_env();
+        let state = State { membership, form: false, seen, problems, opened: Instant::now(), holds, departures };
+        let roster = Roster {
+            state: Arc::new(Mutex::new(state)),
+            hosts: hosts.clone(),
+            identity: Arc::new(identity),
+            on_lost: Arc::default(),
+        };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
             let listener = TcpListener::bind(&address).map_err(|e| {
@@ -283,7 +301,7 @@ impl Roster {
         stream.set_write_timeout(Some(EXCHANGE))?;
         let line = read_line_within(&stream, 4096, EXCHANGE)?;
         let check_in: CheckIn = serde_json::from_str(&line).map_err(std::io::Error::other)?;
-        let answer = {
+        let (answer, present) = {
             let mut state = self.state();
             let refused = if check_in.place == 0 || check_in.place >= state.seen.len() {
                 Some(format!("rank {} is not a worker of this host file", check_in.place))
@@ -300,11 +318,59 @@ impl Roster {
                 }
                 None
             };
-            Answer { membership: state.membership.clone(), form: state.form, refused }
+            let member = state.membership.rank_of(check_in.place).is_some();
+            let present = check_in.present && refused.is_none() && member;
+            (Answer { membership: state.membership.clone(), form: state.form, refused }, present)
         };
         let mut text = serde_json::to_string(&answer).map_err(std::io::Error::other)?;
         text.push('\n');
-        (&stream).write_all(text.as_bytes())
+        (&stream).write_all(text.as_bytes())?;
+        if present {
+            let departure = presence::attend(&stream);
+            self.departed(check_in.place, departure);
+        }
+        Ok(())
+    }
+
+    /// A member's presence ended: noted, and where it went without a goodbye, told to what
+    /// rank 0 does then ([`Self::on_lost`]).
+    fn departed(&self, place: usize, departure: Departure) {
+        let said = departure.describe(&name(&self.hosts, place));
+        let lost = {
+            let mut state = self.state();
+            let lost = departure.unannounced() && state.membership.rank_of(place).is_some();
+            state.departures[place] = Some((Instant::now(), departure));
+            lost
+        };
+        eprintln!("rank 0: {said}");
+        if lost {
+            if let Some(on_lost) = &*self.on_lost.lock().unwrap_or_else(|e| e.into_inner()) {
+                on_lost(said);
+            }
+        }
+    }
+
+    /// What rank 0 does once a member is gone without a goodbye (the last given replaces the
+    /// others): given what is said of it.
+    pub fn on_lost(&self, on_lost: impl Fn(String) + Send + 'static) {
+        *self.on_lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(on_lost));
+    }
+
+    /// What is said of the members gone without a goodbye, the first gone first; none if
+    /// every member is present or left on its own.
+    pub fn lost(&self) -> Option<String> {
+        let state = self.state();
+        let mut gone: Vec<(Instant, String)> = state
+            .membership
+            .members
+            .iter()
+            .filter_map(|&p| match &state.departures[p] {
+                Some((at, d)) if d.unannounced() => Some((*at, d.describe(&name(&self.hosts, p)))),
+                _ => None,
+            })
+            .collect();
+        gone.sort_by_key(|(at, _)| *at);
+        (!gone.is_empty()).then(|| gone.into_iter().map(|(_, said)| said).collect::<Vec<_>>().join("; "))
     }
 
     /// What keeps rank 0 itself from forming the cluster (MLX cannot listen at its address).
@@ -420,7 +486,7 @@ pub fn await_turn(
     identity: NodeIdentity,
 ) -> Result<Membership, String> {
     let mut addresses = roster_addresses(hosts, port);
-    let mut check_in = CheckIn { place, room, identity, problem: None };
+    let mut check_in = CheckIn { place, room, identity, problem: None, present: false };
     let started = Instant::now();
     let mut told: Option<Instant> = None;
     let mut last_error = String::new();
@@ -440,7 +506,8 @@ pub fn await_turn(
             Ok(Answer { membership, form: true, .. })
                 if membership.rank_of(place).is_some() && check_in.problem.is_none() =>
             {
-                return Ok(membership)
+                be_present(&addresses, check_in);
+                return Ok(membership);
             }
             Ok(Answer { membership, .. }) => {
                 // Said only once it has lasted: rank 0 takes a machine back when it is idle.
@@ -461,6 +528,17 @@ pub fn await_turn(
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
+    }
+}
+
+/// A member told to form: present at rank 0 from now on ([`presence`]), on a check-in of its
+/// own at the address that just answered. Without it (rank 0 no longer reachable there), MLX's
+/// links still tell rank 0 a rank is lost, later and less precisely.
+fn be_present(addresses: &[String], mut check_in: CheckIn) {
+    check_in.present = true;
+    let Some(address) = addresses.first() else { return };
+    if let Ok((stream, Answer { refused: None, .. })) = exchange_on(address, &check_in) {
+        presence::keep(stream);
     }
 }
 
@@ -509,6 +587,11 @@ fn read_line_within(stream: &TcpStream, limit: u64, within: Duration) -> std::io
 }
 
 fn exchange(address: &str, check_in: &CheckIn) -> std::io::Result<Answer> {
+    exchange_on(address, check_in).map(|(_, answer)| answer)
+}
+
+/// A check-in at `address`: its connection, still open, and the answer.
+fn exchange_on(address: &str, check_in: &CheckIn) -> std::io::Result<(TcpStream, Answer)> {
     let target = address
         .to_socket_addrs()?
         .next()
@@ -520,7 +603,8 @@ fn exchange(address: &str, check_in: &CheckIn) -> std::io::Result<Answer> {
     text.push('\n');
     (&stream).write_all(text.as_bytes())?;
     let line = read_line_within(&stream, 1 << 16, EXCHANGE)?;
-    serde_json::from_str(&line).map_err(std::io::Error::other)
+    let answer = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+    Ok((stream, answer))
 }
 
 #[cfg(test)]
@@ -539,6 +623,7 @@ mod tests {
             problems: vec![None; n],
             opened,
             holds: Holds::default(),
+            departures: vec![None; n],
         }
     }
 
@@ -643,13 +728,14 @@ mod tests {
         roster.set_forming(true);
         assert_eq!(worker.join().unwrap(), Ok(Membership { generation: 0, members: vec![0, 1] }));
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
+        assert_eq!(roster.lost(), None);
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None };
+        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None, present: false };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
         assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
-        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None };
+        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None, present: false };
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
@@ -659,14 +745,21 @@ mod tests {
         junk.write_all(b"hello\n").unwrap();
         let silent = TcpStream::connect(&address).unwrap();
         let asked = Instant::now();
-        assert!(
-            exchange(&address, &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None }).is_ok()
-        );
+        assert!(exchange(
+            &address,
+            &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None, present: false }
+        )
+        .is_ok());
         assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
         // There, but MLX cannot listen at its address: named, and the cluster waits for it.
-        let held =
-            CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: Some("MLX cannot listen".into()) };
+        let held = CheckIn {
+            place: 1,
+            room: 7,
+            identity: identity("m (abc)"),
+            problem: Some("MLX cannot listen".into()),
+            present: false,
+        };
         assert!(exchange(&address, &held).unwrap().refused.is_none());
         let Decision::Wait(why) = roster.decide(None, 1, &mut |_| Ok(())) else { panic!("formed with a problem") };
         assert_eq!(why, format!("waiting for rank 1 ({free}): MLX cannot listen"));
@@ -677,5 +770,37 @@ mod tests {
         assert!(reply.is_empty(), "{reply}");
         silent.set_read_timeout(Some(EXCHANGE * 3)).unwrap();
         assert_eq!(BufReader::new(&silent).read_line(&mut reply).unwrap_or(0), 0, "closed unanswered");
+    }
+
+    #[test]
+    fn a_member_gone_without_a_goodbye_is_named_and_one_that_left_is_not() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let file = HostFile { ranks: vec![vec![format!("127.0.0.1:{}", port + 1)], vec!["127.0.0.1:6001".into()]] };
+        let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
+        let (told_tx, told) = std::sync::mpsc::channel();
+        roster.on_lost(move |why| told_tx.send(why).unwrap());
+        let address = format!("127.0.0.1:{port}");
+        let present = CheckIn { place: 1, room: 1, identity: identity("m (abc)"), problem: None, present: true };
+        let departed = |expect: &str| {
+            let started = Instant::now();
+            while !roster.state().departures[1].as_ref().is_some_and(|(_, d)| format!("{d:?}").starts_with(expect)) {
+                assert!(started.elapsed() < Duration::from_secs(5), "not departed: {expect}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        // A member that starts again says why: not taken for the machine lost.
+        let (stream, answer) = exchange_on(&address, &present).unwrap();
+        assert!(answer.refused.is_none());
+        (&stream).write_all(b"\n\nleaving rank 1: the cluster lost a rank\n").unwrap();
+        departed("Left");
+        assert_eq!(roster.lost(), None);
+        assert!(told.try_recv().is_err());
+        // One whose connection closes without a word is named, and rank 0 told at once.
+        let (stream, _) = exchange_on(&address, &present).unwrap();
+        drop(stream);
+        departed("Closed");
+        let named = "rank 1 (127.0.0.1:6001) is gone: its connection to rank 0 closed without a goodbye";
+        assert!(roster.lost().is_some_and(|l| l.starts_with(named)), "{:?}", roster.lost());
+        assert!(told.recv_timeout(Duration::from_secs(1)).unwrap().starts_with(named));
     }
 }

@@ -82,19 +82,37 @@ pub struct RemoteStep<'a> {
 /// deadline while MLX may never return), the engine's requests end with this reason, new ones
 /// are refused with it, and `/health` says it.
 #[derive(Clone)]
-pub struct LinkHealth(Arc<watch::Sender<Option<String>>>);
+pub struct LinkHealth {
+    fault: Arc<watch::Sender<Option<String>>>,
+    witness: Arc<Mutex<Option<Witness>>>,
+}
+
+/// Names the machines gone, where something beside the links knows (the cluster's roster).
+type Witness = Box<dyn Fn() -> Option<String> + Send>;
+
+/// How long a failure waits for the witness to name who is gone: the links may break a moment
+/// before the witness hears of it.
+const WITNESS_WAIT: Duration = Duration::from_secs(1);
 
 impl Default for LinkHealth {
     fn default() -> Self {
-        LinkHealth(Arc::new(watch::channel(None).0))
+        LinkHealth { fault: Arc::new(watch::channel(None).0), witness: Arc::default() }
     }
 }
 
 impl LinkHealth {
-    /// The link is broken, for this reason (the first reason given stays).
+    /// The link is broken, for this reason (the first reason given stays), with the machines
+    /// the witness names as gone.
     pub fn fail(&self, why: impl Into<String>) {
+        if self.fault().is_some() {
+            return;
+        }
         let why = why.into();
-        self.0.send_if_modified(|fault| {
+        let why = match self.witnessed() {
+            Some(named) if !why.contains(&named) => format!("{why}; {named}"),
+            _ => why,
+        };
+        self.fault.send_if_modified(|fault| {
             if fault.is_some() {
                 return false;
             }
@@ -104,13 +122,32 @@ impl LinkHealth {
         });
     }
 
+    /// From now on a failure names the machines `witness` says are gone.
+    pub fn set_witness(&self, witness: impl Fn() -> Option<String> + Send + 'static) {
+        *self.witness.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(witness));
+    }
+
+    /// Who the witness says is gone, waited for up to [`WITNESS_WAIT`].
+    fn witnessed(&self) -> Option<String> {
+        let witness = self.witness.lock().unwrap_or_else(|e| e.into_inner());
+        let witness = witness.as_ref()?;
+        let started = Instant::now();
+        loop {
+            let named = witness();
+            if named.is_some() || started.elapsed() >= WITNESS_WAIT {
+                return named;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Why the link is broken, if it is.
     pub fn fault(&self) -> Option<String> {
-        self.0.borrow().clone()
+        self.fault.borrow().clone()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Option<String>> {
-        self.0.subscribe()
+        self.fault.subscribe()
     }
 }
 
@@ -387,5 +424,41 @@ impl RemoteLink {
 
     pub fn stop(&mut self) {
         self.layers.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_names_who_the_witness_says_is_gone_once_it_hears_of_it() {
+        let health = LinkHealth::default();
+        let told = Arc::new(Mutex::new(None::<String>));
+        let seen = told.clone();
+        health.set_witness(move || seen.lock().unwrap().clone());
+        // The roster hears of the loss a moment after the link breaks.
+        let hears = told.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            *hears.lock().unwrap() = Some("rank 1 (h:1) is gone".into());
+        });
+        health.fail("the cluster lost a rank: waiting for rank 2");
+        assert_eq!(health.fault().unwrap(), "the cluster lost a rank: waiting for rank 2; rank 1 (h:1) is gone");
+        // The first reason stays.
+        health.fail("another");
+        assert!(health.fault().unwrap().starts_with("the cluster lost a rank: waiting"));
+        // Named already (the roster's own failure): not said twice.
+        let health = LinkHealth::default();
+        health.set_witness(|| Some("rank 1 (h:1) is gone".into()));
+        health.fail("the cluster lost a rank: rank 1 (h:1) is gone");
+        assert_eq!(health.fault().unwrap(), "the cluster lost a rank: rank 1 (h:1) is gone");
+        // A witness that names no one is waited for a second at most.
+        let health = LinkHealth::default();
+        health.set_witness(|| None);
+        let started = Instant::now();
+        health.fail("waiting for rank 1");
+        assert_eq!(health.fault().unwrap(), "waiting for rank 1");
+        assert!(started.elapsed() < WITNESS_WAIT + Duration::from_millis(500));
     }
 }
