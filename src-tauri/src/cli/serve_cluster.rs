@@ -291,10 +291,12 @@ async fn serve_first_stage(
         let (options, drop_after) = (args.weights.load_options(), args.roster.drop_after());
         let split = (path.as_path(), options, args.cluster.parallel, file.ranks.len());
         tokio::select! {
-            membership = decided(&models, &id, &roster, split, drop_after, ask.room, restarted.as_deref()) => membership,
+            membership = decided(&models, &id, (&roster, &file), split, drop_after, ask.room, restarted.as_deref()) => membership,
             _ = shutdown_signal() => return stop_server(models, server).await,
         }
     };
+    // Its addresses let go: MLX binds them now.
+    roster.release_own();
     if membership.members.len() == 1 {
         let shown = (args.cluster.backend.as_str(), args.cluster.parallel, ask.room);
         return serve_alone(models, server, &id, (&roster, &file, args.roster.take_back), shown).await;
@@ -423,7 +425,7 @@ fn with_cause(restarted: Option<&str>, why: String) -> String {
 async fn decided(
     models: &Residency,
     id: &str,
-    roster: &Roster,
+    (roster, file): (&Roster, &HostFile),
     (path, options, parallel, most_ranks): (&Path, crate::model::LoadOptions, Parallel, usize),
     drop_after: Option<Duration>,
     own_room: u64,
@@ -452,12 +454,18 @@ async fn decided(
                 Err("reading the model's size to see whether the others hold it".into())
             }
         };
-        // MLX's start would fail without saying which rank could not listen: rank 0's own
-        // address is checked before a cluster of several forms (alone, it needs none).
+        // MLX's start would fail without saying which rank could not listen, or which link it
+        // could not make: while a cluster of several is to form, rank 0 holds its own
+        // addresses (alone, it needs none), and the cluster forms once every machine reached
+        // its right neighbour's (rank 0 probes rank 1's itself).
+        let own = (roster.membership().members.len() > 1).then(|| roster.own_problem()).flatten();
         let decision = match roster.decide(drop_after, own_room, &mut fits) {
-            Decision::Form(m) if m.members.len() > 1 => match roster.own_problem() {
+            Decision::Form(m) if m.members.len() > 1 => match own.or_else(|| roster.unreached(&m)) {
                 Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
-                None => Decision::Form(m),
+                None => match own_link(file, &m).await {
+                    Some(why) => Decision::Wait(format!("checking MLX's links before forming: {why}")),
+                    None => Decision::Form(m),
+                },
             },
             decision => decision,
         };
@@ -486,6 +494,17 @@ async fn decided(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Whether rank 0 reaches rank 1's MLX addresses in `membership` (held by rank 1 while it waits):
+/// if not, why, naming the link.
+async fn own_link(file: &HostFile, membership: &Membership) -> Option<String> {
+    let next = *membership.members.get(1)?;
+    let addresses = file.ranks[next].clone();
+    let reached =
+        tokio::task::spawn_blocking(move || crate::cluster::mlx_address::reach(&addresses, roster::PROBE_WITHIN)).await;
+    let why = reached.unwrap_or_else(|e| Err(e.to_string())).err()?;
+    Some(format!("{} cannot reach {}: {why}", roster::name(file, 0), roster::name(file, next)))
 }
 
 /// Every other machine is gone past `--drop-after` and the model fits on rank 0: it is

@@ -36,6 +36,8 @@ const FRESH: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(250);
 /// The most a check-in may take (either side).
 const EXCHANGE: Duration = Duration::from_secs(2);
+/// How long a probe of a neighbour's MLX address may take.
+pub const PROBE_WITHIN: Duration = Duration::from_millis(1500);
 /// Check-ins answered at once; more connections wait in the port's queue.
 const AT_ONCE: usize = 32;
 
@@ -128,6 +130,17 @@ struct CheckIn {
     /// serves ([`presence`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     present: bool,
+    /// Whether it reached its right neighbour's MLX addresses, as rank 0 last asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reached: Option<Reached>,
+}
+
+/// A worker's probe of the addresses MLX will connect it to ([`super::mlx_address::reach`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Reached {
+    addresses: Vec<String>,
+    /// Why it could not reach them; none if it did.
+    error: Option<String>,
 }
 
 /// Rank 0's answer.
@@ -139,6 +152,9 @@ struct Answer {
     /// Why this worker cannot join (another version, model or settings): it stops.
     #[serde(default)]
     refused: Option<String>,
+    /// A member's right neighbour's MLX addresses, which it is to check that it reaches.
+    #[serde(default)]
+    probe: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -160,6 +176,18 @@ struct State {
     holds: Holds,
     /// Each member's presence that ended since this rank 0 started, and how.
     departures: Vec<Option<(Instant, Departure)>>,
+    /// Each place's latest probe of its right neighbour.
+    reached: Vec<Option<(Instant, Reached)>>,
+}
+
+impl State {
+    /// The MLX addresses the member at `place` connects to: its right neighbour's in the ring.
+    fn right_of(&self, hosts: &HostFile, place: usize) -> Option<(usize, Vec<String>)> {
+        let members = &self.membership.members;
+        let rank = self.membership.rank_of(place)?;
+        let next = *members.get((rank + 1) % members.len()).filter(|_| members.len() > 1)?;
+        Some((next, hosts.ranks[next].clone()))
+    }
 }
 
 impl State {
@@ -242,6 +270,8 @@ pub struct Roster {
     hosts: HostFile,
     identity: Arc<NodeIdentity>,
     on_lost: OnLost,
+    /// Rank 0's own MLX addresses, held while it waits to form (its left neighbour probes them).
+    own: Arc<Mutex<Option<super::mlx_address::Held>>>,
 }
 
 impl Roster {
@@ -249,14 +279,16 @@ impl Roster {
     /// whose `identity` differs from rank 0's is refused with the reason.
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
         let n = hosts.ranks.len();
-        let (seen, problems, departures) = (vec![None; n], vec![None; n], vec![None; n]);
+        let (seen, problems, departures, reached) = (vec![None; n], vec![None; n], vec![None; n], vec![None; n]);
         let holds = Holds::from_env();
-        let state = State { membership, form: false, seen, problems, opened: Instant::now(), holds, departures };
+        let opened = Instant::now();
+        let state = State { membership, form: false, seen, problems, opened, holds, departures, reached };
         let roster = Roster {
             state: Arc::new(Mutex::new(state)),
             hosts: hosts.clone(),
             identity: Arc::new(identity),
             on_lost: Arc::default(),
+            own: Arc::default(),
         };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
@@ -309,6 +341,7 @@ impl Roster {
                 Some(format!("the ranks do not match: {why}"))
             } else {
                 let place = check_in.place;
+                state.reached[place] = check_in.reached.clone().map(|r| (Instant::now(), r));
                 match check_in.problem {
                     Some(problem) => state.problems[place] = Some((Instant::now(), problem)),
                     None => {
@@ -320,7 +353,9 @@ impl Roster {
             };
             let member = state.membership.rank_of(check_in.place).is_some();
             let present = check_in.present && refused.is_none() && member;
-            (Answer { membership: state.membership.clone(), form: state.form, refused }, present)
+            let probe = refused.is_none().then(|| state.right_of(&self.hosts, check_in.place)).flatten();
+            let probe = probe.map(|(_, addresses)| addresses);
+            (Answer { membership: state.membership.clone(), form: state.form, refused, probe }, present)
         };
         let mut text = serde_json::to_string(&answer).map_err(std::io::Error::other)?;
         text.push('\n');
@@ -332,13 +367,14 @@ impl Roster {
         Ok(())
     }
 
-    /// A member's presence ended: noted, and where it went without a goodbye, told to what
-    /// rank 0 does then ([`Self::on_lost`]).
+    /// A member's presence ended: noted, and where it went without a goodbye (or at all, while
+    /// the cluster forms), told to what rank 0 does then ([`Self::on_lost`]).
     fn departed(&self, place: usize, departure: Departure) {
         let said = departure.describe(&name(&self.hosts, place));
         let lost = {
             let mut state = self.state();
-            let lost = departure.unannounced() && state.membership.rank_of(place).is_some();
+            // While the cluster forms, any member gone (one that gave up says why) fails it.
+            let lost = (departure.unannounced() || state.form) && state.membership.rank_of(place).is_some();
             state.departures[place] = Some((Instant::now(), departure));
             lost
         };
@@ -373,9 +409,49 @@ impl Roster {
         (!gone.is_empty()).then(|| gone.into_iter().map(|(_, said)| said).collect::<Vec<_>>().join("; "))
     }
 
-    /// What keeps rank 0 itself from forming the cluster (MLX cannot listen at its address).
+    /// What keeps rank 0 itself from forming the cluster (MLX cannot listen at its address);
+    /// meanwhile its addresses are held, answering its left neighbour's probes.
     pub fn own_problem(&self) -> Option<String> {
-        super::mlx_address::problem(&self.hosts.ranks[0]).map(|why| format!("this machine, rank 0: {why}"))
+        let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+        if own.is_some() {
+            return None;
+        }
+        match super::mlx_address::hold(&self.hosts.ranks[0]) {
+            Ok(held) => {
+                *own = Some(held);
+                None
+            }
+            Err(why) => Some(format!("this machine, rank 0: {why}")),
+        }
+    }
+
+    /// Rank 0's addresses let go, for MLX to bind.
+    pub fn release_own(&self) {
+        self.own.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Whether each worker of `membership` reached its right neighbour lately (rank 0's own
+    /// link is probed by rank 0): if not, why the cluster waits, naming the link.
+    pub fn unreached(&self, membership: &Membership) -> Option<String> {
+        let state = self.state();
+        let now = Instant::now();
+        let mut why = Vec::new();
+        for &place in membership.members.iter().skip(1) {
+            let Some((next, addresses)) = state.right_of(&self.hosts, place) else { continue };
+            let link = format!("{} cannot reach {}", name(&self.hosts, place), name(&self.hosts, next));
+            match &state.reached[place] {
+                Some((at, r)) if now.duration_since(*at) < FRESH && r.addresses == addresses => match &r.error {
+                    None => {}
+                    Some(e) => why.push(format!("{link}: {e}")),
+                },
+                _ => why.push(format!(
+                    "{} has not yet said whether it reaches {}",
+                    name(&self.hosts, place),
+                    name(&self.hosts, next)
+                )),
+            }
+        }
+        (!why.is_empty()).then(|| format!("checking MLX's links before forming: {}", why.join("; ")))
     }
 
     /// The current list.
@@ -486,14 +562,20 @@ pub fn await_turn(
     identity: NodeIdentity,
 ) -> Result<Membership, String> {
     let mut addresses = roster_addresses(hosts, port);
-    let mut check_in = CheckIn { place, room, identity, problem: None, present: false };
+    let mut check_in = CheckIn { place, room, identity, problem: None, present: false, reached: None };
+    // This machine's MLX addresses, held until it forms (its left neighbour probes them).
+    let mut held: Option<super::mlx_address::Held> = None;
+    let mut probed: Option<Instant> = None;
     let started = Instant::now();
     let mut told: Option<Instant> = None;
     let mut last_error = String::new();
     let quiet_for = |told: Option<Instant>| told.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
     loop {
         // Told with each check-in, and said here when it changes: rank 0 waits for it to clear.
-        let problem = super::mlx_address::problem(&hosts.ranks[place]);
+        let problem = match held {
+            Some(_) => None,
+            None => super::mlx_address::hold(&hosts.ranks[place]).map(|h| held = Some(h)).err(),
+        };
         if problem != check_in.problem {
             match &problem {
                 Some(why) => eprintln!("rank {place}: {why}; the cluster waits for this machine until it can"),
@@ -506,10 +588,27 @@ pub fn await_turn(
             Ok(Answer { membership, form: true, .. })
                 if membership.rank_of(place).is_some() && check_in.problem.is_none() =>
             {
+                drop(held);
                 be_present(&addresses, check_in);
                 return Ok(membership);
             }
-            Ok(Answer { membership, .. }) => {
+            Ok(Answer { membership, probe, .. }) => {
+                // Probed again every 2 s, or at once when the neighbour changes; told with the
+                // next check-in.
+                if let Some(probe) = probe {
+                    let same = check_in.reached.as_ref().is_some_and(|r| r.addresses == probe);
+                    if !same || probed.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
+                        let error = super::mlx_address::reach(&probe, PROBE_WITHIN).err();
+                        let before = check_in.reached.as_ref().and_then(|r| r.error.clone());
+                        if let Some(why) = error.as_ref().filter(|&e| before.as_ref() != Some(e)) {
+                            eprintln!(
+                                "rank {place}: MLX's link to the next machine: {why}; the cluster waits until it can"
+                            );
+                        }
+                        check_in.reached = Some(Reached { addresses: probe, error });
+                        probed = Some(Instant::now());
+                    }
+                }
                 // Said only once it has lasted: rank 0 takes a machine back when it is idle.
                 let left_out = membership.rank_of(place).is_none() && started.elapsed() > Duration::from_secs(30);
                 if left_out && quiet_for(told) {
@@ -624,6 +723,7 @@ mod tests {
             opened,
             holds: Holds::default(),
             departures: vec![None; n],
+            reached: vec![None; n],
         }
     }
 
@@ -732,10 +832,12 @@ mod tests {
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other = CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None, present: false };
+        let other =
+            CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None, present: false, reached: None };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
         assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
-        let stranger = CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None, present: false };
+        let stranger =
+            CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None, present: false, reached: None };
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
@@ -747,7 +849,7 @@ mod tests {
         let asked = Instant::now();
         assert!(exchange(
             &address,
-            &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None, present: false }
+            &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None, present: false, reached: None }
         )
         .is_ok());
         assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
@@ -759,6 +861,7 @@ mod tests {
             identity: identity("m (abc)"),
             problem: Some("MLX cannot listen".into()),
             present: false,
+            reached: None,
         };
         assert!(exchange(&address, &held).unwrap().refused.is_none());
         let Decision::Wait(why) = roster.decide(None, 1, &mut |_| Ok(())) else { panic!("formed with a problem") };
@@ -780,7 +883,8 @@ mod tests {
         let (told_tx, told) = std::sync::mpsc::channel();
         roster.on_lost(move |why| told_tx.send(why).unwrap());
         let address = format!("127.0.0.1:{port}");
-        let present = CheckIn { place: 1, room: 1, identity: identity("m (abc)"), problem: None, present: true };
+        let present =
+            CheckIn { place: 1, room: 1, identity: identity("m (abc)"), problem: None, present: true, reached: None };
         let departed = |expect: &str| {
             let started = Instant::now();
             while !roster.state().departures[1].as_ref().is_some_and(|(_, d)| format!("{d:?}").starts_with(expect)) {
@@ -802,5 +906,52 @@ mod tests {
         let named = "rank 1 (127.0.0.1:6001) is gone: its connection to rank 0 closed without a goodbye";
         assert!(roster.lost().is_some_and(|l| l.starts_with(named)), "{:?}", roster.lost());
         assert!(told.recv_timeout(Duration::from_secs(1)).unwrap().starts_with(named));
+    }
+
+    #[test]
+    fn forming_waits_until_each_worker_reached_its_right_neighbour_naming_a_link_it_cannot_make() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let file = hosts(3);
+        let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
+        let everyone = Membership::everyone(&file);
+        let address = format!("127.0.0.1:{port}");
+        let check_in = |place: usize, reached: Option<Reached>| {
+            let c = CheckIn { place, room: 1, identity: identity("m (abc)"), problem: None, present: false, reached };
+            exchange(&address, &c).unwrap()
+        };
+        // Each member is asked to probe its right neighbour: rank 1 rank 2's, rank 2 rank 0's.
+        assert_eq!(check_in(1, None).probe, Some(vec!["127.0.0.1:5002".to_string()]));
+        assert_eq!(check_in(2, None).probe, Some(vec!["127.0.0.1:5000".to_string()]));
+        let why = roster.unreached(&everyone).expect("no probe told yet");
+        assert!(why.contains("rank 1 (127.0.0.1:5001) has not yet said whether it reaches rank 2"), "{why}");
+        // Rank 2 reaches rank 0; rank 1 cannot reach rank 2 (a firewall there): that link named.
+        let ok = |to: &str| Some(Reached { addresses: vec![to.to_string()], error: None });
+        check_in(2, ok("127.0.0.1:5000"));
+        let failed = Reached {
+            addresses: vec!["127.0.0.1:5002".into()],
+            error: Some("cannot reach 127.0.0.1:5002: no answer in 1.5 s (a firewall there, or no route?)".into()),
+        };
+        check_in(1, Some(failed));
+        let why = roster.unreached(&everyone).expect("a link that cannot be made");
+        assert_eq!(
+            why,
+            "checking MLX's links before forming: rank 1 (127.0.0.1:5001) cannot reach rank 2 (127.0.0.1:5002): \
+             cannot reach 127.0.0.1:5002: no answer in 1.5 s (a firewall there, or no route?)"
+        );
+        // A probe of addresses that are no longer its neighbour's does not count.
+        check_in(1, ok("127.0.0.1:5000"));
+        assert!(roster.unreached(&everyone).unwrap().contains("rank 1 (127.0.0.1:5001) has not yet said"));
+        check_in(1, ok("127.0.0.1:5002"));
+        assert_eq!(roster.unreached(&everyone), None);
+        // Rank 0 holds its own addresses while it waits (rank 2 probes them), until let go.
+        let own =
+            format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let file = HostFile { ranks: vec![vec![own.clone()], vec!["127.0.0.1:5001".into()]] };
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
+        assert_eq!(roster.own_problem(), None);
+        assert_eq!(super::super::mlx_address::reach(std::slice::from_ref(&own), PROBE_WITHIN), Ok(()));
+        roster.release_own();
+        assert!(super::super::mlx_address::reach(&[own], PROBE_WITHIN).is_err());
     }
 }
