@@ -290,9 +290,20 @@ async fn serve_first_stage(
     let membership = {
         let (options, drop_after) = (args.weights.load_options(), args.roster.drop_after());
         let split = (path.as_path(), options, args.cluster.parallel, file.ranks.len());
-        tokio::select! {
-            membership = decided(&models, &id, (&roster, &file), split, drop_after, ask.room, restarted.as_deref()) => membership,
+        // A take-in whose links cannot be made gives up at the deadline, and serves as before.
+        let give_up = fallback.as_ref().map(|_| watchdog.timeout());
+        let limits = (drop_after, give_up);
+        let decision = tokio::select! {
+            membership = decided(&models, &id, (&roster, &file), split, limits, ask.room, restarted.as_deref()) => membership,
             _ = shutdown_signal() => return stop_server(models, server).await,
+        };
+        match decision {
+            Ok(membership) => membership,
+            Err((membership, why)) => {
+                roster.release_own();
+                let (next, why) = after_failed_forming(&file, &membership, fallback.as_ref(), why);
+                start_again(&models, server, &id, next, why).await
+            }
         }
     };
     // Its addresses let go: MLX binds them now.
@@ -314,9 +325,15 @@ async fn serve_first_stage(
         let _ = expired_tx.send(error);
     });
     let hosts = membership.hosts(&file);
-    let joining = tokio::task::spawn_blocking(move || ask.join(&hosts, 0, (0, watchdog)));
     let joined = tokio::select! {
-        joined = joining => joined,
+        // Every member present (its addresses let go, no probe of its running) before MLX starts.
+        present = all_present(&roster, &membership) => match present {
+            Ok(()) => tokio::select! {
+                joined = tokio::task::spawn_blocking(move || ask.join(&hosts, 0, (0, watchdog))) => joined,
+                Some(error) = expired.recv() => Ok(Ok(Err(error))),
+            },
+            Err(why) => Ok(Ok(Err(format!("rank 0: the cluster did not form: {why}")))),
+        },
         Some(error) = expired.recv() => Ok(Ok(Err(error))),
     };
     // Formed or not, the workers checking in from now on wait for the next forming.
@@ -427,16 +444,19 @@ async fn decided(
     id: &str,
     (roster, file): (&Roster, &HostFile),
     (path, options, parallel, most_ranks): (&Path, crate::model::LoadOptions, Parallel, usize),
-    drop_after: Option<Duration>,
+    (drop_after, give_up): (Option<Duration>, Option<Duration>),
     own_room: u64,
     restarted: Option<&str>,
-) -> Membership {
+) -> Result<Membership, (Membership, String)> {
     // Whether the model fits on fewer machines is planned from its shape, read (built, not
     // loaded) only once a machine has been gone that long: a GGUF file is read whole to build.
     let path = path.to_path_buf();
     let mut shaping: Option<tokio::task::JoinHandle<Result<Shape, String>>> = None;
     let mut shape: Option<Result<Shape, String>> = None;
     let mut said = String::new();
+    // Since when a link has kept the cluster from forming (a take-in gives up after `give_up`).
+    let mut unlinked: Option<std::time::Instant> = None;
+    roster.set_probing(true);
     loop {
         if shaping.as_ref().is_some_and(|h| h.is_finished()) {
             let handle = shaping.take().expect("checked");
@@ -460,13 +480,29 @@ async fn decided(
         // its right neighbour's (rank 0 probes rank 1's itself).
         let own = (roster.membership().members.len() > 1).then(|| roster.own_problem()).flatten();
         let decision = match roster.decide(drop_after, own_room, &mut fits) {
-            Decision::Form(m) if m.members.len() > 1 => match own.or_else(|| roster.unreached(&m)) {
-                Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
-                None => match own_link(file, &m).await {
-                    Some(why) => Decision::Wait(format!("checking MLX's links before forming: {why}")),
-                    None => Decision::Form(m),
-                },
-            },
+            Decision::Form(m) if m.members.len() > 1 => {
+                let unreached = match own {
+                    Some(why) => Err(why),
+                    None => match roster.unreached(&m) {
+                        Some(why) => Ok(Some(why)),
+                        None => Ok(own_link(file, &m)
+                            .await
+                            .map(|why| format!("checking MLX's links before forming: {why}"))),
+                    },
+                };
+                match unreached {
+                    Err(why) => Decision::Wait(format!("{why}; waiting until it can")),
+                    Ok(None) => Decision::Form(m),
+                    Ok(Some(why)) => {
+                        let since = *unlinked.get_or_insert_with(std::time::Instant::now);
+                        if give_up.is_some_and(|limit| since.elapsed() > limit) {
+                            roster.set_probing(false);
+                            return Err((m, why));
+                        }
+                        Decision::Wait(format!("{why}; waiting until it can"))
+                    }
+                }
+            }
             decision => decision,
         };
         if wanted && shaping.is_none() {
@@ -482,7 +518,8 @@ async fn decided(
                     "rank 0: forming the cluster with {}",
                     membership.members.iter().map(|p| format!("rank {p}")).collect::<Vec<_>>().join(", ")
                 );
-                return membership;
+                roster.set_probing(false);
+                return Ok(membership);
             }
             Decision::Wait(why) => {
                 let why = with_cause(restarted, why);
@@ -493,6 +530,26 @@ async fn decided(
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// How long rank 0 waits for the members told to form to be present.
+const PRESENT_WITHIN: Duration = Duration::from_secs(15);
+
+/// Once every worker of `membership` is present at the roster (told to form, its MLX addresses
+/// let go), tells them to form: MLX starts on every rank only then.
+async fn all_present(roster: &Roster, membership: &Membership) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let absent = roster.absent(membership);
+        if absent.is_empty() {
+            return roster.tell_form(membership);
+        }
+        if started.elapsed() > PRESENT_WITHIN {
+            let names: Vec<String> = absent.iter().map(|&p| roster::name(roster.hosts(), p)).collect();
+            return Err(format!("{} did not come to form within {} s", names.join(", "), PRESENT_WITHIN.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -19,13 +19,17 @@ const HELLO: &[u8] = b"fastmlx rank waiting to form\n";
 /// A machine's MLX addresses, held (and answering probes) until dropped, when MLX may bind them.
 pub struct Held {
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Each listener's address and the thread answering there.
+    threads: Vec<(std::net::SocketAddr, std::thread::JoinHandle<()>)>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for thread in self.threads.drain(..) {
+        for (at, thread) in self.threads.drain(..) {
+            // A connection of its own wakes the thread from its accept; it then ends, and the
+            // listener with it.
+            let _ = TcpStream::connect_timeout(&at, Duration::from_secs(1));
             let _ = thread.join();
         }
     }
@@ -39,9 +43,9 @@ pub fn hold(addresses: &[String]) -> Result<Held, String> {
     let mut held = Held { stop: stop.clone(), threads: Vec::new() };
     for address in addresses {
         let listener = listen(address).map_err(|e| format!("MLX cannot listen at {address}: {e}"))?;
-        listener.set_nonblocking(true).map_err(|e| format!("MLX cannot listen at {address}: {e}"))?;
+        let at = listener.local_addr().map_err(|e| format!("MLX cannot listen at {address}: {e}"))?;
         let stop = stop.clone();
-        held.threads.push(std::thread::spawn(move || answer_probes(&listener, &stop)));
+        held.threads.push((at, std::thread::spawn(move || answer_probes(&listener, &stop))));
     }
     Ok(held)
 }
@@ -65,19 +69,21 @@ fn listen(address: &str) -> std::io::Result<TcpListener> {
     Err(last)
 }
 
-/// Each connection answered with [`HELLO`] until `stop`; the prober closes first, so the
-/// closed connections' TIME_WAIT stays on its side, not on the port MLX binds next.
+/// Each connection answered with [`HELLO`] until `stop` (a blocking accept: a machine may
+/// wait hours to form, on battery); the prober closes first, so the closed connections'
+/// TIME_WAIT stays on its side, not on the port MLX binds next.
 fn answer_probes(listener: &TcpListener, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = stream.set_nonblocking(false);
+            Ok((stream, _)) if !stop.load(Ordering::SeqCst) => {
                 let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
                 let _ = (&stream).write_all(HELLO);
                 let _ = (&stream).read(&mut [0u8; 1]);
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(_) => return,
+            // Out of descriptors, say: a pause rather than a spin.
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
@@ -103,6 +109,9 @@ fn reach_one(address: &str, within: Duration) -> Result<(), String> {
     let mut said = vec![0u8; HELLO.len()];
     match (&stream).read_exact(&mut said) {
         Ok(()) if said == HELLO => Ok(()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
+            Err(format!("connected, but no greeting in {} s", within.as_secs_f32()))
+        }
         _ => Err("something answers there, but not a FastMLX rank waiting to form".into()),
     }
 }

@@ -56,11 +56,13 @@ impl Departure {
 }
 
 /// Worker, its check-in answered on `stream`: present at rank 0 from now on, until the
-/// connection breaks (rank 0 gone: MLX's links say so too) or [`leave`] is called.
-pub fn keep(stream: TcpStream) {
-    if let Some(presence) = Presence::start(stream) {
-        *PRESENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(presence);
-    }
+/// connection breaks (rank 0 gone: MLX's links say so too) or [`leave`] is called; the
+/// connection, for what rank 0 says on it.
+pub fn keep(stream: TcpStream) -> Option<TcpStream> {
+    let heard = stream.try_clone().ok()?;
+    let presence = Presence::start(stream)?;
+    *PRESENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(presence);
+    Some(heard)
 }
 
 /// Worker about to start again or stop (`why`): tells rank 0, if present there.

@@ -36,6 +36,10 @@ const FRESH: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(250);
 /// The most a check-in may take (either side).
 const EXCHANGE: Duration = Duration::from_secs(2);
+/// What rank 0 says on a present worker's connection once every member is present.
+const FORM_NOW: &[u8] = b"form\n";
+/// How long a present worker waits to be told to form before it checks in again.
+const FORM_WAIT: Duration = Duration::from_secs(20);
 /// How long a probe of a neighbour's MLX address may take.
 pub const PROBE_WITHIN: Duration = Duration::from_millis(1500);
 /// Check-ins answered at once; more connections wait in the port's queue.
@@ -113,7 +117,7 @@ pub fn name(hosts: &HostFile, place: usize) -> String {
 }
 
 /// A worker's check-in.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct CheckIn {
     /// Its place in the host file (its `--rank`).
     place: usize,
@@ -166,6 +170,9 @@ struct Seen {
 struct State {
     membership: Membership,
     form: bool,
+    /// Rank 0 decides whom to form with (holding its own addresses): members are asked to
+    /// probe their right neighbours.
+    probing: bool,
     /// Each place's last check-in ready to join (rank 0's own is never needed).
     seen: Vec<Option<Seen>>,
     /// Each place's problem as it last checked in with one (cleared by a check-in without).
@@ -178,6 +185,9 @@ struct State {
     departures: Vec<Option<(Instant, Departure)>>,
     /// Each place's latest probe of its right neighbour.
     reached: Vec<Option<(Instant, Reached)>>,
+    /// Each member present now (told to form, its addresses let go): where rank 0 tells it
+    /// that every member is, and MLX starts.
+    present: Vec<Option<TcpStream>>,
 }
 
 impl State {
@@ -280,9 +290,19 @@ impl Roster {
     pub fn open(hosts: &HostFile, port: u16, membership: Membership, identity: NodeIdentity) -> Result<Roster, String> {
         let n = hosts.ranks.len();
         let (seen, problems, departures, reached) = (vec![None; n], vec![None; n], vec![None; n], vec![None; n]);
-        let holds = Holds::from_env();
-        let opened = Instant::now();
-        let state = State { membership, form: false, seen, problems, opened, holds, departures, reached };
+        let (holds, opened, present) = (Holds::from_env(), Instant::now(), (0..n).map(|_| None).collect());
+        let state = State {
+            membership,
+            form: false,
+            probing: false,
+            seen,
+            problems,
+            opened,
+            holds,
+            departures,
+            reached,
+            present,
+        };
         let roster = Roster {
             state: Arc::new(Mutex::new(state)),
             hosts: hosts.clone(),
@@ -313,8 +333,11 @@ impl Roster {
                 }
                 let (roster, counter) = (roster.clone(), answering.clone());
                 let spawned = std::thread::Builder::new().name("fastmlx-roster".into()).spawn(move || {
-                    let _ = roster.answer(stream);
-                    counter.fetch_sub(1, Ordering::SeqCst);
+                    let mut counted = Some(counter);
+                    let _ = roster.answer(stream, &mut counted);
+                    if let Some(counter) = counted {
+                        counter.fetch_sub(1, Ordering::SeqCst);
+                    }
                 });
                 // No thread to be had: the connection closes unanswered and its worker asks again.
                 if spawned.is_err() {
@@ -329,7 +352,9 @@ impl Roster {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn answer(&self, stream: TcpStream) -> std::io::Result<()> {
+    /// Answers the check-in on `stream`; a member's presence is then attended for as long as it
+    /// lasts, out of the count of check-ins answered at once (`counted`, given back first).
+    fn answer(&self, stream: TcpStream, counted: &mut Option<Arc<AtomicUsize>>) -> std::io::Result<()> {
         stream.set_write_timeout(Some(EXCHANGE))?;
         let line = read_line_within(&stream, 4096, EXCHANGE)?;
         let check_in: CheckIn = serde_json::from_str(&line).map_err(std::io::Error::other)?;
@@ -353,7 +378,8 @@ impl Roster {
             };
             let member = state.membership.rank_of(check_in.place).is_some();
             let present = check_in.present && refused.is_none() && member;
-            let probe = refused.is_none().then(|| state.right_of(&self.hosts, check_in.place)).flatten();
+            let asked = refused.is_none() && state.probing && !state.form;
+            let probe = asked.then(|| state.right_of(&self.hosts, check_in.place)).flatten();
             let probe = probe.map(|(_, addresses)| addresses);
             (Answer { membership: state.membership.clone(), form: state.form, refused, probe }, present)
         };
@@ -361,6 +387,10 @@ impl Roster {
         text.push('\n');
         (&stream).write_all(text.as_bytes())?;
         if present {
+            if let Some(counter) = counted.take() {
+                counter.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.state().present[check_in.place] = stream.try_clone().ok();
             let departure = presence::attend(&stream);
             self.departed(check_in.place, departure);
         }
@@ -376,6 +406,7 @@ impl Roster {
             // While the cluster forms, any member gone (one that gave up says why) fails it.
             let lost = (departure.unannounced() || state.form) && state.membership.rank_of(place).is_some();
             state.departures[place] = Some((Instant::now(), departure));
+            state.present[place] = None;
             lost
         };
         eprintln!("rank 0: {said}");
@@ -430,6 +461,36 @@ impl Roster {
         self.own.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
+    /// The host file.
+    pub fn hosts(&self) -> &HostFile {
+        &self.hosts
+    }
+
+    /// The workers of `membership` not yet present (told to form, their addresses let go).
+    pub fn absent(&self, membership: &Membership) -> Vec<usize> {
+        let state = self.state();
+        membership.members.iter().copied().skip(1).filter(|&p| state.present[p].is_none()).collect()
+    }
+
+    /// Tells every present worker of `membership` that all are: each starts MLX now (no worker
+    /// still holds its addresses or probes a neighbour's, so no connection of MLX's lands on a
+    /// probe's listener, nor a probe on MLX's).
+    pub fn tell_form(&self, membership: &Membership) -> Result<(), String> {
+        let state = self.state();
+        for &place in membership.members.iter().skip(1) {
+            let told = state.present[place].as_ref().map(|stream| {
+                stream.set_write_timeout(Some(EXCHANGE))?;
+                (&*stream).write_all(FORM_NOW)
+            });
+            match told {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(format!("{} could not be told to form: {e}", name(&self.hosts, place))),
+                None => return Err(format!("{} is not present to form", name(&self.hosts, place))),
+            }
+        }
+        Ok(())
+    }
+
     /// Whether each worker of `membership` reached its right neighbour lately (rank 0's own
     /// link is probed by rank 0): if not, why the cluster waits, naming the link.
     pub fn unreached(&self, membership: &Membership) -> Option<String> {
@@ -457,6 +518,12 @@ impl Roster {
     /// The current list.
     pub fn membership(&self) -> Membership {
         self.state().membership.clone()
+    }
+
+    /// Asks the members checking in to probe their right neighbours (or no longer): only while
+    /// rank 0 decides whom to form with, when every address is held.
+    pub fn set_probing(&self, probing: bool) {
+        self.state().probing = probing;
     }
 
     /// Tells the members checking in to form now (or no longer).
@@ -588,9 +655,15 @@ pub fn await_turn(
             Ok(Answer { membership, form: true, .. })
                 if membership.rank_of(place).is_some() && check_in.problem.is_none() =>
             {
-                drop(held);
-                be_present(&addresses, check_in);
-                return Ok(membership);
+                // Its addresses let go and present: it starts MLX once rank 0 says all are.
+                held = None;
+                match be_present(&addresses, check_in.clone()) {
+                    Ok(()) => return Ok(membership),
+                    Err(why) => {
+                        presence::leave(&format!("rank {place}: {why}"));
+                        eprintln!("rank {place}: {why}; checking in again");
+                    }
+                }
             }
             Ok(Answer { membership, probe, .. }) => {
                 // Probed again every 2 s, or at once when the neighbour changes; told with the
@@ -631,13 +704,19 @@ pub fn await_turn(
 }
 
 /// A member told to form: present at rank 0 from now on ([`presence`]), on a check-in of its
-/// own at the address that just answered. Without it (rank 0 no longer reachable there), MLX's
-/// links still tell rank 0 a rank is lost, later and less precisely.
-fn be_present(addresses: &[String], mut check_in: CheckIn) {
+/// own at the address that just answered, until rank 0 says every member is (then MLX starts).
+fn be_present(addresses: &[String], mut check_in: CheckIn) -> Result<(), String> {
     check_in.present = true;
-    let Some(address) = addresses.first() else { return };
-    if let Ok((stream, Answer { refused: None, .. })) = exchange_on(address, &check_in) {
-        presence::keep(stream);
+    let address = addresses.first().ok_or("no address of rank 0's roster")?;
+    let (stream, answer) = exchange_on(address, &check_in).map_err(|e| format!("cannot be present at rank 0: {e}"))?;
+    if let Some(why) = answer.refused {
+        return Err(format!("rank 0 refused it: {why}"));
+    }
+    let told = presence::keep(stream).ok_or("cannot be present at rank 0")?;
+    match read_line_within(&told, FORM_NOW.len() as u64, FORM_WAIT) {
+        Ok(line) if line.as_bytes() == FORM_NOW => Ok(()),
+        Ok(_) => Err("rank 0 did not tell it to form (it started again?)".into()),
+        Err(e) => Err(format!("rank 0 did not tell it to form within {} s: {e}", FORM_WAIT.as_secs())),
     }
 }
 
@@ -718,12 +797,14 @@ mod tests {
         State {
             membership: Membership::everyone(&hosts(n)),
             form: false,
+            probing: false,
             seen: vec![None; n],
             problems: vec![None; n],
             opened,
             holds: Holds::default(),
             departures: vec![None; n],
             reached: vec![None; n],
+            present: (0..n).map(|_| None).collect(),
         }
     }
 
@@ -826,7 +907,15 @@ mod tests {
         }
         assert!(!worker.is_finished(), "a worker forms only when told");
         roster.set_forming(true);
-        assert_eq!(worker.join().unwrap(), Ok(Membership { generation: 0, members: vec![0, 1] }));
+        // Present (its address let go), it forms once rank 0 says all are.
+        let everyone = Membership { generation: 0, members: vec![0, 1] };
+        while !roster.absent(&everyone).is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(10), "rank 1 never came to form");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!worker.is_finished(), "a worker forms only when all are present");
+        roster.tell_form(&everyone).unwrap();
+        assert_eq!(worker.join().unwrap(), Ok(everyone));
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
         assert_eq!(roster.lost(), None);
         // Another model, or a rank the host file does not have: refused with the reason, and
@@ -919,7 +1008,10 @@ mod tests {
             let c = CheckIn { place, room: 1, identity: identity("m (abc)"), problem: None, present: false, reached };
             exchange(&address, &c).unwrap()
         };
-        // Each member is asked to probe its right neighbour: rank 1 rank 2's, rank 2 rank 0's.
+        // Asked only while rank 0 decides (holding its addresses): each member its right
+        // neighbour's, rank 1 rank 2's, rank 2 rank 0's.
+        assert_eq!(check_in(1, None).probe, None);
+        roster.set_probing(true);
         assert_eq!(check_in(1, None).probe, Some(vec!["127.0.0.1:5002".to_string()]));
         assert_eq!(check_in(2, None).probe, Some(vec!["127.0.0.1:5000".to_string()]));
         let why = roster.unreached(&everyone).expect("no probe told yet");

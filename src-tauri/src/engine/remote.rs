@@ -108,9 +108,15 @@ impl LinkHealth {
             return;
         }
         let why = why.into();
-        let why = match self.witnessed() {
-            Some(named) if !why.contains(&named) => format!("{why}; {named}"),
-            _ => why,
+        // Each machine named once, where the reason named some already.
+        let named: Vec<String> = self
+            .witnessed()
+            .into_iter()
+            .flat_map(|n| n.split("; ").filter(|m| !why.contains(m)).map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        let why = match named.is_empty() {
+            true => why,
+            false => format!("{why}; {}", named.join("; ")),
         };
         self.fault.send_if_modified(|fault| {
             if fault.is_some() {
