@@ -194,11 +194,16 @@ fn serve_stage(
 ) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let ask = JoinAsk::of(&args, path)?;
+    // Rank 0 giving the forming up starts this again at once, not at MLX's deadline.
+    crate::cluster::presence::while_forming(move |why| rejoin::restart(&format!("rank {place}: {why}")));
     let membership = roster::await_turn(file, args.roster.port(file), place, ask.room, ask.identity.clone())
         .map_err(anyhow::Error::msg)?;
     let rank = membership.rank_of(place).expect("told to form as a member");
     let Joined { group, rooms, watchdog, .. } = match ask.join(&membership.hosts(file), place, (rank, watchdog))? {
-        Ok(joined) => joined,
+        Ok(joined) => {
+            crate::cluster::presence::formed();
+            joined
+        }
         Err(why) => {
             std::thread::sleep(RETRY_PAUSE);
             rejoin::restart(&why)
@@ -312,10 +317,8 @@ async fn serve_first_stage(
         let shown = (args.cluster.backend.as_str(), args.cluster.parallel, ask.room);
         return serve_alone(models, server, &id, (&roster, &file, args.roster.take_back), shown).await;
     }
-    roster.set_forming(true);
-
     // While the cluster forms, a wait past its deadline starts this process again, as does a
-    // member gone without a goodbye (at once, rather than at MLX's deadline).
+    // member gone (at once, rather than at MLX's deadline).
     let (expired_tx, mut expired) = tokio::sync::mpsc::unbounded_channel();
     let gone_tx = expired_tx.clone();
     roster.on_lost(move |why| {
@@ -324,6 +327,7 @@ async fn serve_first_stage(
     watchdog.on_expiry(move |error| {
         let _ = expired_tx.send(error);
     });
+    roster.set_forming(true);
     let hosts = membership.hosts(&file);
     let joined = tokio::select! {
         // Every member present (its addresses let go, no probe of its running) before MLX starts.
@@ -454,8 +458,8 @@ async fn decided(
     let mut shaping: Option<tokio::task::JoinHandle<Result<Shape, String>>> = None;
     let mut shape: Option<Result<Shape, String>> = None;
     let mut said = String::new();
-    // Since when a link has kept the cluster from forming (a take-in gives up after `give_up`).
-    let mut unlinked: Option<std::time::Instant> = None;
+    // A take-in that has not formed after `give_up`, for whatever reason, falls back.
+    let started = std::time::Instant::now();
     roster.set_probing(true);
     loop {
         if shaping.as_ref().is_some_and(|h| h.is_finished()) {
@@ -490,17 +494,9 @@ async fn decided(
                             .map(|why| format!("checking MLX's links before forming: {why}"))),
                     },
                 };
-                match unreached {
-                    Err(why) => Decision::Wait(format!("{why}; waiting until it can")),
-                    Ok(None) => Decision::Form(m),
-                    Ok(Some(why)) => {
-                        let since = *unlinked.get_or_insert_with(std::time::Instant::now);
-                        if give_up.is_some_and(|limit| since.elapsed() > limit) {
-                            roster.set_probing(false);
-                            return Err((m, why));
-                        }
-                        Decision::Wait(format!("{why}; waiting until it can"))
-                    }
+                match unreached.unwrap_or_else(Some) {
+                    Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
+                    None => Decision::Form(m),
                 }
             }
             decision => decision,
@@ -520,6 +516,10 @@ async fn decided(
                 );
                 roster.set_probing(false);
                 return Ok(membership);
+            }
+            Decision::Wait(why) if give_up.is_some_and(|limit| started.elapsed() > limit) => {
+                roster.set_probing(false);
+                return Err((roster.membership(), why));
             }
             Decision::Wait(why) => {
                 let why = with_cause(restarted, why);

@@ -8,7 +8,7 @@
 //! ([`reach`]), along the very path MLX will connect on.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +26,16 @@ pub struct Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for (at, thread) in self.threads.drain(..) {
+        for (mut at, thread) in self.threads.drain(..) {
             // A connection of its own wakes the thread from its accept; it then ends, and the
-            // listener with it.
-            let _ = TcpStream::connect_timeout(&at, Duration::from_secs(1));
-            let _ = thread.join();
+            // listener with it. One that cannot be made (a rule against it) leaves the thread
+            // behind rather than wait for ever: its listener goes with the process.
+            if at.ip().is_unspecified() {
+                at.set_ip(if at.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+            }
+            if TcpStream::connect_timeout(&at, Duration::from_secs(1)).is_ok() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -71,7 +76,8 @@ fn listen(address: &str) -> std::io::Result<TcpListener> {
 
 /// Each connection answered with [`HELLO`] until `stop` (a blocking accept: a machine may
 /// wait hours to form, on battery); the prober closes first, so the closed connections'
-/// TIME_WAIT stays on its side, not on the port MLX binds next.
+/// TIME_WAIT stays on its side (that of the connection that wakes it at the end stays here,
+/// which SO_REUSEADDR lets MLX bind past).
 fn answer_probes(listener: &TcpListener, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {

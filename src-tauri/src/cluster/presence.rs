@@ -22,6 +22,10 @@ const MOST: u64 = 4096;
 
 /// This process's presence, for its goodbye.
 static PRESENT: Mutex<Option<Presence>> = Mutex::new(None);
+/// What a worker does if rank 0 closes its presence before MLX has formed (rank 0 gave the
+/// forming up): given why.
+type OnClosed = Box<dyn Fn(String) + Send>;
+static WHILE_FORMING: Mutex<Option<OnClosed>> = Mutex::new(None);
 
 /// How a present worker's connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +69,33 @@ pub fn keep(stream: TcpStream) -> Option<TcpStream> {
     Some(heard)
 }
 
+/// Worker: until [`formed`], rank 0 closing its presence connection calls `on_closed` (rather
+/// than the worker waiting in MLX's connect or accept until its deadline).
+pub fn while_forming(on_closed: impl Fn(String) + Send + 'static) {
+    *WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(on_closed));
+}
+
+/// Worker: MLX formed; a closed presence is MLX's links' business from now on.
+pub fn formed() {
+    WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
+/// Worker, told to form on `stream`: watches it for rank 0 closing it while MLX forms.
+pub fn watch_while_forming(stream: TcpStream) {
+    std::thread::spawn(move || {
+        let _ = stream.set_read_timeout(None);
+        // Rank 0 says nothing more after "form": any end is its going.
+        let _ = (&stream).read(&mut [0u8; 64]);
+        if let Some(on_closed) = &*WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()) {
+            on_closed("rank 0 closed its roster's connection while the cluster formed (it gave the forming up)".into());
+        }
+    });
+}
+
 /// Worker about to start again or stop (`why`): tells rank 0, if present there.
 pub fn leave(why: &str) {
+    // Its own goodbye closes the connection: not rank 0's going.
+    formed();
     let presence = PRESENT.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(presence) = presence {
         presence.leave(why);

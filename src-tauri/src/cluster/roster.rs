@@ -476,11 +476,16 @@ impl Roster {
     /// still holds its addresses or probes a neighbour's, so no connection of MLX's lands on a
     /// probe's listener, nor a probe on MLX's).
     pub fn tell_form(&self, membership: &Membership) -> Result<(), String> {
-        let state = self.state();
-        for &place in membership.members.iter().skip(1) {
-            let told = state.present[place].as_ref().map(|stream| {
+        // Written with the state let go: a peer slow to take 5 bytes holds up no check-in.
+        let streams: Vec<(usize, Option<std::io::Result<TcpStream>>)> = {
+            let state = self.state();
+            membership.members.iter().skip(1).map(|&p| (p, state.present[p].as_ref().map(|s| s.try_clone()))).collect()
+        };
+        for (place, stream) in streams {
+            let told = stream.map(|stream| {
+                let stream = stream?;
                 stream.set_write_timeout(Some(EXCHANGE))?;
-                (&*stream).write_all(FORM_NOW)
+                (&stream).write_all(FORM_NOW)
             });
             match told {
                 Some(Ok(())) => {}
@@ -662,6 +667,7 @@ pub fn await_turn(
                     Err(why) => {
                         presence::leave(&format!("rank {place}: {why}"));
                         eprintln!("rank {place}: {why}; checking in again");
+                        std::thread::sleep(POLL);
                     }
                 }
             }
@@ -714,7 +720,10 @@ fn be_present(addresses: &[String], mut check_in: CheckIn) -> Result<(), String>
     }
     let told = presence::keep(stream).ok_or("cannot be present at rank 0")?;
     match read_line_within(&told, FORM_NOW.len() as u64, FORM_WAIT) {
-        Ok(line) if line.as_bytes() == FORM_NOW => Ok(()),
+        Ok(line) if line.as_bytes() == FORM_NOW => {
+            presence::watch_while_forming(told);
+            Ok(())
+        }
         Ok(_) => Err("rank 0 did not tell it to form (it started again?)".into()),
         Err(e) => Err(format!("rank 0 did not tell it to form within {} s: {e}", FORM_WAIT.as_secs())),
     }
