@@ -332,10 +332,19 @@ async fn serve_first_stage(
     let joined = tokio::select! {
         // Every member present (its addresses let go, no probe of its running) before MLX starts.
         present = all_present(&roster, &membership) => match present {
-            Ok(()) => tokio::select! {
-                joined = tokio::task::spawn_blocking(move || ask.join(&hosts, 0, (0, watchdog))) => joined,
-                Some(error) = expired.recv() => Ok(Ok(Err(error))),
-            },
+            Ok(()) => {
+                // MLX starts here first, so that rank 0 listens before the ring's last rank
+                // connects to it (refused, MLX would wait a second before it tried again).
+                let mut joining = tokio::task::spawn_blocking(move || ask.join(&hosts, 0, (0, watchdog)));
+                tokio::time::sleep(MLX_LISTENS).await;
+                match roster.tell_form(&membership) {
+                    Ok(()) => tokio::select! {
+                        joined = &mut joining => joined,
+                        Some(error) = expired.recv() => Ok(Ok(Err(error))),
+                    },
+                    Err(why) => Ok(Ok(Err(format!("rank 0: the cluster did not form: {why}")))),
+                }
+            }
             Err(why) => Ok(Ok(Err(format!("rank 0: the cluster did not form: {why}")))),
         },
         Some(error) = expired.recv() => Ok(Ok(Err(error))),
@@ -536,14 +545,17 @@ async fn decided(
 /// How long rank 0 waits for the members told to form to be present.
 const PRESENT_WITHIN: Duration = Duration::from_secs(15);
 
+/// How long rank 0's MLX has to listen before the workers are told to form.
+const MLX_LISTENS: Duration = Duration::from_millis(200);
+
 /// Once every worker of `membership` is present at the roster (told to form, its MLX addresses
-/// let go), tells them to form: MLX starts on every rank only then.
+/// let go): then, and only then, MLX may start on every rank.
 async fn all_present(roster: &Roster, membership: &Membership) -> Result<(), String> {
     let started = std::time::Instant::now();
     loop {
         let absent = roster.absent(membership);
         if absent.is_empty() {
-            return roster.tell_form(membership);
+            return Ok(());
         }
         if started.elapsed() > PRESENT_WITHIN {
             let names: Vec<String> = absent.iter().map(|&p| roster::name(roster.hosts(), p)).collect();
