@@ -302,17 +302,16 @@ async fn serve_first_stage(
             membership = decided(&models, &id, (&roster, &file), split, limits, ask.room, restarted.as_deref()) => membership,
             _ = shutdown_signal() => return stop_server(models, server).await,
         };
+        // Its addresses let go: MLX binds them now (or this image ends).
+        roster.release_own();
         match decision {
             Ok(membership) => membership,
             Err((membership, why)) => {
-                roster.release_own();
                 let (next, why) = after_failed_forming(&file, &membership, fallback.as_ref(), why);
                 start_again(&models, server, &id, next, why).await
             }
         }
     };
-    // Its addresses let go: MLX binds them now.
-    roster.release_own();
     if membership.members.len() == 1 {
         let shown = (args.cluster.backend.as_str(), args.cluster.parallel, ask.room);
         return serve_alone(models, server, &id, (&roster, &file, args.roster.take_back), shown).await;
@@ -494,16 +493,11 @@ async fn decided(
         let own = (roster.membership().members.len() > 1).then(|| roster.own_problem()).flatten();
         let decision = match roster.decide(drop_after, own_room, &mut fits) {
             Decision::Form(m) if m.members.len() > 1 => {
-                let unreached = match own {
-                    Some(why) => Err(why),
-                    None => match roster.unreached(&m) {
-                        Some(why) => Ok(Some(why)),
-                        None => Ok(own_link(file, &m)
-                            .await
-                            .map(|why| format!("checking MLX's links before forming: {why}"))),
-                    },
+                let unready = match own.or_else(|| roster.unreached(&m)) {
+                    Some(why) => Some(why),
+                    None => own_link(file, &m).await.map(|why| format!("checking MLX's links before forming: {why}")),
                 };
-                match unreached.unwrap_or_else(Some) {
+                match unready {
                     Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
                     None => Decision::Form(m),
                 }

@@ -55,11 +55,6 @@ pub fn hold(addresses: &[String]) -> Result<Held, String> {
     Ok(held)
 }
 
-/// Why MLX could not listen at `addresses`, if it could not (held a moment and let go).
-pub fn problem(addresses: &[String]) -> Option<String> {
-    hold(addresses).err()
-}
-
 /// Binds a listener at `address` (each address it resolves to, until one binds). The
 /// standard library sets SO_REUSEADDR on Unix, as MLX does: a port left in TIME_WAIT by a
 /// rank's earlier process is free.
@@ -125,6 +120,11 @@ fn reach_one(address: &str, within: Duration) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Why MLX could not listen at `addresses`, if it could not (held a moment and let go).
+    fn problem(addresses: &[String]) -> Option<String> {
+        hold(addresses).err()
+    }
 
     fn free_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
