@@ -38,7 +38,21 @@ pub struct Control {
     pub cluster: Mutex<Option<ClusterChild>>,
     /// Held while the app's server or a cluster starts (see [`Control::start_server`]).
     starting: Mutex<()>,
+    /// Why rank 0 refused the latest Take Back Now, and when (the menu shows it a while).
+    take_back_refused: Mutex<Option<(Instant, String)>>,
     http: reqwest::Client,
+}
+
+/// How long the menu shows why rank 0 refused a Take Back Now.
+const REFUSAL_SHOWN: Duration = Duration::from_secs(60);
+
+/// What rank 0's refusal says: its error's message, or the body as it is.
+fn refusal(body: &str) -> String {
+    let message = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| {
+        let message = v.get("error")?.get("message")?.as_str()?.to_string();
+        Some(message)
+    });
+    message.unwrap_or_else(|| body.trim().to_string())
 }
 
 /// How long a scan of the model folders stands for the menu.
@@ -66,6 +80,7 @@ impl Control {
             flags,
             cluster: Mutex::new(None),
             starting: Mutex::new(()),
+            take_back_refused: Mutex::new(None),
             http: reqwest::Client::new(),
         }
     }
@@ -223,6 +238,8 @@ impl Control {
         }
         let seen = self.seen_from_rank_zero(&child);
         (shown.detail, shown.serving, shown.back) = (seen.problem, seen.serving, seen.back);
+        let refused = Self::lock(&self.take_back_refused).clone();
+        shown.refused = refused.filter(|(at, _)| at.elapsed() < REFUSAL_SHOWN).map(|(_, why)| why);
         Some((shown, seen.model))
     }
 
@@ -234,12 +251,16 @@ impl Control {
         if let Some(key) = &self.config.api_key {
             request = request.bearer_auth(key);
         }
-        let response = self.runtime.block_on(request.send())?;
-        if !response.status().is_success() {
-            let body = self.runtime.block_on(response.text()).unwrap_or_default();
-            anyhow::bail!("rank 0 did not take the machines back: {body}");
-        }
-        Ok(())
+        let refused = self.runtime.block_on(async {
+            let response = request.send().await.map_err(|e| format!("rank 0 did not answer: {e}"))?;
+            if response.status().is_success() {
+                return Ok(());
+            }
+            Err(refusal(&response.text().await.unwrap_or_default()))
+        });
+        // Shown in the menu, above the button, until the next try.
+        *Self::lock(&self.take_back_refused) = refused.as_ref().err().map(|why| (Instant::now(), why.clone()));
+        refused.map_err(|why| anyhow::anyhow!("rank 0 did not take the machines back: {why}"))
     }
 
     /// What rank 0's `/admin/status` says: its model, and why it does not serve, if it does not.
@@ -309,5 +330,15 @@ impl Control {
             }
             *Self::lock(&this.loading) = None;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refusal_is_told_by_its_message() {
+        let body = r#"{"error":{"message":"no machine is back to take in","type":"invalid_request_error"}}"#;
+        assert_eq!(super::refusal(body), "no machine is back to take in");
+        assert_eq!(super::refusal("  Bad Gateway\n"), "Bad Gateway");
     }
 }

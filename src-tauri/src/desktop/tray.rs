@@ -40,6 +40,8 @@ pub struct TrayCluster {
     pub serving: Option<usize>,
     /// Rank 0: machines it serves without that are back, to be taken in.
     pub back: Vec<String>,
+    /// Why rank 0 refused the latest Take Back Now, lately.
+    pub refused: Option<String>,
 }
 
 impl TrayCluster {
@@ -215,6 +217,9 @@ fn cluster_items(cluster: &TrayCluster) -> Vec<Item> {
     }
     if cluster.ended.is_none() && !cluster.back.is_empty() {
         items.push(Item::Label(shortened(&format!("{} back", cluster.back.join(", ")))));
+        if let Some(why) = &cluster.refused {
+            items.push(Item::Label(format!("⚠ {}", shortened(&format!("Not taken back: {why}")))));
+        }
         items.push(Item::Button { action: Action::TakeBack, label: "Take Back Now".into(), enabled: true });
     }
     if cluster.ended.is_none() {
@@ -286,10 +291,16 @@ mod tests {
         assert_eq!(items[1], Item::Label("Cluster: a/one on this Mac alone, rank 0 of 2".into()));
         let back = vec!["rank 2 (10.0.0.3:32323)".to_string()];
         let fewer = TrayCluster { machines: 3, serving: Some(2), detail: None, back, ..rank0.clone() };
-        let items = menu(&TrayState { cluster: Some(fewer), loading: None, ..state() });
+        let items = menu(&TrayState { cluster: Some(fewer.clone()), loading: None, ..state() });
         assert_eq!(items[1], Item::Label("Cluster: a/one across 2 of 3 machines, this Mac rank 0".into()));
         assert_eq!(items[2], Item::Label("rank 2 (10.0.0.3:32323) back".into()));
         assert_eq!(items[3], Item::Button { action: Action::TakeBack, label: "Take Back Now".into(), enabled: true });
+        // A Take Back Now that rank 0 refused says why, above the button.
+        let why = Some("the server is busy: 2 requests are running".to_string());
+        let refused = TrayCluster { refused: why, ..fewer };
+        let items = menu(&TrayState { cluster: Some(refused), loading: None, ..state() });
+        assert_eq!(items[3], Item::Label("⚠ Not taken back: the server is busy: 2 requests are running".into()));
+        assert_eq!(items[4], Item::Button { action: Action::TakeBack, label: "Take Back Now".into(), enabled: true });
 
         let long = "x".repeat(200);
         let worker = TrayCluster { rank: 1, detail: None, latest: Some(long), ..rank0.clone() };
