@@ -101,11 +101,24 @@ fn serve_command(
         .stderr(std::fs::File::create(&log).unwrap());
     if let Some((hosts, rank)) = cluster {
         command.arg("--cluster").arg(hosts).args(["--rank", &rank.to_string()]);
+        // The test build's stand-in for a cable pulled: this rank's link post closes once the
+        // file appears ([`cut_link_to`]).
+        command.env("FASTMLX_TEST_CUT_LINK", cut_file(dir, rank));
         if !args.contains(&"--timeout") {
             command.args(["--timeout", "15"]);
         }
     }
     (command, log)
+}
+
+fn cut_file(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("cut-link-to-rank{rank}"))
+}
+
+/// Cuts the link to `rank` from its left neighbour, as a pulled cable would (no firewall rule
+/// can be set here): its link post closes, its process and MLX's own link stay up.
+fn cut_link_to(dir: &Path, rank: usize) {
+    std::fs::write(cut_file(dir, rank), b"").unwrap();
 }
 
 async fn wait_ready(port: u16, node: &mut Node) {
@@ -500,6 +513,46 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     for rank in [0, 2] {
         assert!(nodes[rank].log().contains("starting again to rejoin the cluster"), "{}", nodes[rank].log());
     }
+
+    // The link from rank 1 to rank 2 cut mid-answer, both machines up and present at rank 0
+    // (MLX's own link is not, so only the watch sees it): the stream ends within seconds,
+    // naming the link, and the cluster forms again by itself.
+    let mut stream = client
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while seen.matches("data: ").count() < 5 {
+        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
+    }
+    cut_link_to(dir.path(), 2);
+    let cut = Instant::now();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.chunk()).await.unwrap().unwrap() {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let waited = cut.elapsed();
+    let rank1 = format!("rank 1 (127.0.0.1:{})", hosts_port(&hosts, 1));
+    let tail = &seen[seen.len().saturating_sub(600)..];
+    assert!(tail.contains(&format!("the cluster lost a rank: {rank1} cannot reach {rank2} (the link")), "{tail}");
+    // Three probes a second apart, then the next heartbeat: well before a presence falls
+    // silent (10 s) or the deadline on MLX's wait (15 s).
+    assert!(waited < Duration::from_secs(8), "the stream took {waited:?} to end: {tail}");
+    eprintln!("the cut link ended the stream {waited:?} later: {tail}");
+    // Rank 0 fails the link and starts again; the workers follow it once its roster's
+    // connection closes.
+    loop {
+        let health = retried(|| client.get(format!("http://127.0.0.1:{port}/health"))).await;
+        if health.status().is_success() {
+            break;
+        }
+        assert!(cut.elapsed() < Duration::from_secs(90), "not served again: {}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("served again {:?} after the cut", cut.elapsed());
+    assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
+    assert!(nodes[2].log().contains("test: the link cut"), "{}", nodes[2].log());
 }
 
 #[tokio::test(flavor = "multi_thread")]

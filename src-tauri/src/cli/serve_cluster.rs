@@ -194,8 +194,9 @@ fn serve_stage(
 ) -> anyhow::Result<()> {
     let kv_format = args.kv.format()?;
     let ask = JoinAsk::of(&args, path)?;
-    // Rank 0 giving the forming up starts this again at once, not at MLX's deadline.
-    crate::cluster::presence::while_forming(move |why| rejoin::restart(&format!("rank {place}: {why}")));
+    // Rank 0 giving the forming up, starting again or gone starts this again (at once while
+    // MLX forms), rather than at MLX's deadline on a neighbour that still holds its link open.
+    crate::cluster::presence::on_rank_0_gone(move |why| rejoin::restart(&format!("rank {place}: {why}")));
     let membership = roster::await_turn(file, args.roster.port(file), place, ask.room, ask.identity.clone())
         .map_err(anyhow::Error::msg)?;
     let rank = membership.rank_of(place).expect("told to form as a member");
@@ -299,7 +300,7 @@ async fn serve_first_stage(
         let give_up = fallback.as_ref().map(|_| watchdog.timeout());
         let limits = (drop_after, give_up);
         let decision = tokio::select! {
-            membership = decided(&models, &id, (&roster, &file), split, limits, ask.room, restarted.as_deref()) => membership,
+            membership = decided(&models, &id, &roster, split, limits, ask.room, restarted.as_deref()) => membership,
             _ = shutdown_signal() => return stop_server(models, server).await,
         };
         // Its addresses let go: MLX binds them now (or this image ends).
@@ -454,7 +455,7 @@ fn with_cause(restarted: Option<&str>, why: String) -> String {
 async fn decided(
     models: &Residency,
     id: &str,
-    (roster, file): (&Roster, &HostFile),
+    roster: &Roster,
     (path, options, parallel, most_ranks): (&Path, crate::model::LoadOptions, Parallel, usize),
     (drop_after, give_up): (Option<Duration>, Option<Duration>),
     own_room: u64,
@@ -491,17 +492,15 @@ async fn decided(
         // addresses (alone, it needs none), and the cluster forms once every machine reached
         // its right neighbour's (rank 0 probes rank 1's itself).
         let own = (roster.membership().members.len() > 1).then(|| roster.own_problem()).flatten();
+        if own.is_none() {
+            let prober = roster.clone();
+            let _ = tokio::task::spawn_blocking(move || prober.probe_own_link()).await;
+        }
         let decision = match roster.decide(drop_after, own_room, &mut fits) {
-            Decision::Form(m) if m.members.len() > 1 => {
-                let unready = match own.or_else(|| roster.unreached(&m)) {
-                    Some(why) => Some(why),
-                    None => own_link(file, &m).await.map(|why| format!("checking MLX's links before forming: {why}")),
-                };
-                match unready {
-                    Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
-                    None => Decision::Form(m),
-                }
-            }
+            Decision::Form(m) if m.members.len() > 1 => match own.or_else(|| roster.unreached(&m)) {
+                Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
+                None => Decision::Form(m),
+            },
             decision => decision,
         };
         if wanted && shaping.is_none() {
@@ -551,23 +550,17 @@ async fn all_present(roster: &Roster, membership: &Membership) -> Result<(), Str
         if absent.is_empty() {
             return Ok(());
         }
+        let name = |&(p, _): &(usize, bool)| roster::name(roster.hosts(), p);
+        let silent: Vec<String> = absent.iter().filter(|a| a.1).map(name).collect();
+        if !silent.is_empty() {
+            return Err(format!("{} did not come to form: not heard from for 5 s", silent.join(", ")));
+        }
         if started.elapsed() > PRESENT_WITHIN {
-            let names: Vec<String> = absent.iter().map(|&p| roster::name(roster.hosts(), p)).collect();
+            let names: Vec<String> = absent.iter().map(name).collect();
             return Err(format!("{} did not come to form within {} s", names.join(", "), PRESENT_WITHIN.as_secs()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Whether rank 0 reaches rank 1's MLX addresses in `membership` (held by rank 1 while it waits):
-/// if not, why, naming the link.
-async fn own_link(file: &HostFile, membership: &Membership) -> Option<String> {
-    let next = *membership.members.get(1)?;
-    let addresses = file.ranks[next].clone();
-    let reached =
-        tokio::task::spawn_blocking(move || crate::cluster::mlx_address::reach(&addresses, roster::PROBE_WITHIN)).await;
-    let why = reached.unwrap_or_else(|e| Err(e.to_string())).err()?;
-    Some(format!("{} cannot reach {}: {why}", roster::name(file, 0), roster::name(file, next)))
 }
 
 /// Every other machine is gone past `--drop-after` and the model fits on rank 0: it is

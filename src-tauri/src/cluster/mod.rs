@@ -7,6 +7,7 @@
 
 pub mod hostfile;
 pub mod identity;
+pub mod link_watch;
 pub mod mlx_address;
 pub mod pipeline;
 pub mod presence;

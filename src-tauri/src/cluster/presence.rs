@@ -5,12 +5,16 @@
 //! lasts until its deadline. The presence connection says which machine is gone, and at once:
 //! it closes without a goodbye when the worker's process ends, and its heartbeats stop when the
 //! machine sleeps or its link goes. A worker that starts again or stops on its own says why
-//! first, so that it is not taken for the machine that was lost.
+//! first, so that it is not taken for the machine that was lost. Each heartbeat also says
+//! whether the worker still reaches its right neighbour's link post ([`super::link_watch`]).
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use super::link_watch::{Post, Watch};
 
 /// How often a present worker says it is there.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -20,12 +24,22 @@ pub const SILENCE: Duration = Duration::from_secs(10);
 /// The longest line a present worker sends (a goodbye with its reason).
 const MOST: u64 = 4096;
 
+/// How long a worker of a formed cluster gives its own steps once rank 0 closed its presence
+/// (rank 0 stopping tells the workers so on MLX's links as it goes) before it starts again.
+const AFTER_RANK_0: Duration = Duration::from_secs(2);
+
 /// This process's presence, for its goodbye.
 static PRESENT: Mutex<Option<Presence>> = Mutex::new(None);
-/// What a worker does if rank 0 closes its presence before MLX has formed (rank 0 gave the
-/// forming up): given why.
+/// What a worker does once rank 0 closes its presence (rank 0 gave the forming up, started
+/// again or is gone): given why.
 type OnClosed = Box<dyn Fn(String) + Send>;
-static WHILE_FORMING: Mutex<Option<OnClosed>> = Mutex::new(None);
+static ON_RANK_0_GONE: Mutex<Option<OnClosed>> = Mutex::new(None);
+/// Whether MLX has formed: a closed presence then waits [`AFTER_RANK_0`].
+static FORMED: AtomicBool = AtomicBool::new(false);
+/// Why this worker no longer reaches its right neighbour's link post, told with each heartbeat.
+static LINK_DOWN: Mutex<Option<String>> = Mutex::new(None);
+/// This worker's link post and its watch of its neighbour's, kept while the process serves.
+static LINKS: Mutex<(Option<Post>, Option<Watch>)> = Mutex::new((None, None));
 
 /// How a present worker's connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,33 +83,57 @@ pub fn keep(stream: TcpStream) -> Option<TcpStream> {
     Some(heard)
 }
 
-/// Worker: until [`formed`], rank 0 closing its presence connection calls `on_closed` (rather
-/// than the worker waiting in MLX's connect or accept until its deadline).
-pub fn while_forming(on_closed: impl Fn(String) + Send + 'static) {
-    *WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(on_closed));
+/// Worker: rank 0 closing its presence connection calls `on_gone`: at once while MLX forms
+/// (rather than wait in MLX's connect or accept until its deadline), [`AFTER_RANK_0`] later
+/// once formed (rather than wait on a neighbour that still holds its link open).
+pub fn on_rank_0_gone(on_gone: impl Fn(String) + Send + 'static) {
+    *ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(on_gone));
 }
 
-/// Worker: MLX formed; a closed presence is MLX's links' business from now on.
+/// Worker: MLX formed.
 pub fn formed() {
-    WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    FORMED.store(true, Ordering::SeqCst);
 }
 
-/// Worker, told to form on `stream`: watches it for rank 0 closing it while MLX forms.
-pub fn watch_while_forming(stream: TcpStream) {
+/// Worker, told to form on `stream`: watches it for rank 0 closing it.
+pub fn watch_rank_0(stream: TcpStream) {
     std::thread::spawn(move || {
         let _ = stream.set_read_timeout(None);
         // Rank 0 says nothing more after "form": any end is its going.
         let _ = (&stream).read(&mut [0u8; 64]);
-        if let Some(on_closed) = &*WHILE_FORMING.lock().unwrap_or_else(|e| e.into_inner()) {
-            on_closed("rank 0 closed its roster's connection while the cluster formed (it gave the forming up)".into());
+        let why = match FORMED.load(Ordering::SeqCst) {
+            false => "rank 0 closed its roster's connection while the cluster formed (it gave the forming up)",
+            true => {
+                std::thread::sleep(AFTER_RANK_0);
+                "rank 0 closed its roster's connection (it started again, or is gone)"
+            }
+        };
+        if let Some(on_gone) = &*ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()) {
+            on_gone(why.into());
         }
     });
+}
+
+/// Worker: keeps its link post (its left neighbour probes it) and watches its right
+/// neighbour's at `target` (none where rank 0 had no post to give), telling rank 0 with each
+/// heartbeat whether it reaches it.
+pub fn watch_links(post: Option<Post>, target: Option<String>) {
+    let watch = target.map(|target| {
+        Watch::start(target, |change| {
+            match &change {
+                Some(why) => eprintln!("the link to the next machine is down: {why}"),
+                None => eprintln!("the link to the next machine is back"),
+            }
+            *LINK_DOWN.lock().unwrap_or_else(|e| e.into_inner()) = change;
+        })
+    });
+    *LINKS.lock().unwrap_or_else(|e| e.into_inner()) = (post, watch);
 }
 
 /// Worker about to start again or stop (`why`): tells rank 0, if present there.
 pub fn leave(why: &str) {
     // Its own goodbye closes the connection: not rank 0's going.
-    formed();
+    ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()).take();
     let presence = PRESENT.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(presence) = presence {
         presence.leave(why);
@@ -111,36 +149,52 @@ impl Presence {
         let _ = stream.set_nodelay(true);
         let _ = stream.set_write_timeout(Some(SILENCE));
         let goodbye = stream.try_clone().ok()?;
-        std::thread::spawn(move || {
-            while (&stream).write_all(b"\n").is_ok() {
-                std::thread::sleep(HEARTBEAT);
+        std::thread::spawn(move || loop {
+            let line = heartbeat(&LINK_DOWN.lock().unwrap_or_else(|e| e.into_inner()));
+            if (&stream).write_all(line.as_bytes()).is_err() {
+                return;
             }
+            std::thread::sleep(HEARTBEAT);
         });
         Some(Presence(goodbye))
     }
 
     /// Says why the worker goes, and closes the connection.
     fn leave(self, why: &str) {
-        let said = why.replace(['\n', '\r'], " ");
-        let mut line = format!("leaving {said}");
-        let mut end = line.len().min(MOST as usize - 1);
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        line.truncate(end);
-        line.push('\n');
+        let line = format!("leaving {}\n", one_line(why, MOST as usize - 10));
         let _ = self.0.set_write_timeout(Some(Duration::from_secs(1)));
         let _ = (&self.0).write_all(line.as_bytes());
         let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }
 
-/// Rank 0: reads a present worker's heartbeats on `stream` until it goes; how it went.
-pub fn attend(stream: &TcpStream) -> Departure {
-    attend_within(stream, SILENCE)
+/// A heartbeat, saying why the link to the right neighbour is down if it is.
+fn heartbeat(link_down: &Option<String>) -> String {
+    match link_down {
+        Some(why) => format!("down {}\n", one_line(why, 512)),
+        None => "\n".into(),
+    }
 }
 
-fn attend_within(stream: &TcpStream, silence: Duration) -> Departure {
+/// `text` on one line, cut to at most `most` bytes.
+fn one_line(text: &str, most: usize) -> String {
+    let mut line = text.replace(['\n', '\r'], " ");
+    let mut end = line.len().min(most);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line.truncate(end);
+    line
+}
+
+/// Rank 0: reads a present worker's heartbeats on `stream` until it goes; how it went. Each
+/// heartbeat's word on the worker's link to its right neighbour goes to `on_link`: why it is
+/// down, or `None` (it reaches it).
+pub fn attend(stream: &TcpStream, on_link: impl FnMut(Option<String>)) -> Departure {
+    attend_within(stream, SILENCE, on_link)
+}
+
+fn attend_within(stream: &TcpStream, silence: Duration, mut on_link: impl FnMut(Option<String>)) -> Departure {
     if stream.set_read_timeout(Some(silence)).is_err() {
         return Departure::Closed;
     }
@@ -149,11 +203,14 @@ fn attend_within(stream: &TcpStream, silence: Duration) -> Departure {
         let mut line = String::new();
         match (&mut reader).take(MOST).read_line(&mut line) {
             Ok(0) => return Departure::Closed,
-            Ok(_) => match line.trim_end().strip_prefix("leaving ") {
-                Some(why) => return Departure::Left(why.to_string()),
-                // A heartbeat (or a line cut at the limit: read on).
-                None => continue,
-            },
+            Ok(_) => {
+                let line = line.trim_end();
+                if let Some(why) = line.strip_prefix("leaving ") {
+                    return Departure::Left(why.to_string());
+                }
+                // A heartbeat (a line cut at the limit read as one).
+                on_link(line.strip_prefix("down ").map(str::to_string));
+            }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Departure::Silent,
             Err(_) => return Departure::Closed,
         }
@@ -175,7 +232,7 @@ mod tests {
     #[test]
     fn heartbeats_keep_a_worker_present_and_a_goodbye_says_why() {
         let (worker, rank0) = pair();
-        let reading = std::thread::spawn(move || attend_within(&rank0, Duration::from_millis(1500)));
+        let reading = std::thread::spawn(move || attend_within(&rank0, Duration::from_millis(1500), |_| {}));
         let presence = Presence::start(worker).unwrap();
         // Past the silence limit, kept present by the heartbeats.
         std::thread::sleep(Duration::from_millis(2500));
@@ -189,16 +246,22 @@ mod tests {
     #[test]
     fn a_worker_that_ends_or_falls_silent_is_gone_unannounced() {
         let (worker, rank0) = pair();
-        let reading = std::thread::spawn(move || attend_within(&rank0, Duration::from_secs(5)));
-        (&worker).write_all(b"\n\n").unwrap();
+        let reading = std::thread::spawn(move || {
+            let mut heard = Vec::new();
+            (attend_within(&rank0, Duration::from_secs(5), |link| heard.push(link)), heard)
+        });
+        let beats = [heartbeat(&None), heartbeat(&Some("cannot reach h:2\nrefused".into()))];
+        (&worker).write_all(beats.concat().as_bytes()).unwrap();
         drop(worker);
-        let went = reading.join().unwrap();
+        let (went, heard) = reading.join().unwrap();
         assert_eq!(went, Departure::Closed);
+        // Each heartbeat says whether its link is down, and why, on one line.
+        assert_eq!(heard, [None, Some("cannot reach h:2 refused".to_string())]);
         assert!(went.unannounced() && went.describe("rank 2 (h:1)").contains("rank 2 (h:1) is gone"));
         // Connected, never heard from again.
         let (_worker, rank0) = pair();
         let started = std::time::Instant::now();
-        assert_eq!(attend_within(&rank0, Duration::from_millis(300)), Departure::Silent);
+        assert_eq!(attend_within(&rank0, Duration::from_millis(300), |_| {}), Departure::Silent);
         assert!(started.elapsed() >= Duration::from_millis(300));
     }
 }

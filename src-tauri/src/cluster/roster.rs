@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hostfile::HostFile;
 use super::identity::NodeIdentity;
+use super::link_watch::{Post, Watch};
 use super::presence::{self, Departure};
 
 /// The environment entry that hands a restarted rank 0 the machines it forms with.
@@ -36,8 +37,9 @@ const FRESH: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(250);
 /// The most a check-in may take (either side).
 const EXCHANGE: Duration = Duration::from_secs(2);
-/// What rank 0 says on a present worker's connection once every member is present.
-const FORM_NOW: &[u8] = b"form\n";
+/// What rank 0 says on a present worker's connection once every member is present: this word,
+/// then the address of the link post the worker is to watch (its right neighbour's), if any.
+const FORM_NOW: &str = "form";
 /// How long a present worker waits to be told to form before it checks in again.
 const FORM_WAIT: Duration = Duration::from_secs(20);
 /// How long a probe of a neighbour's MLX address may take.
@@ -137,6 +139,9 @@ struct CheckIn {
     /// Whether it reached its right neighbour's MLX addresses, as rank 0 last asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reached: Option<Reached>,
+    /// A present member's link post: the port its left neighbour watches it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    post: Option<u16>,
 }
 
 /// A worker's probe of the addresses MLX will connect it to ([`super::mlx_address::reach`]).
@@ -183,11 +188,18 @@ struct State {
     holds: Holds,
     /// Each member's presence that ended since this rank 0 started, and how.
     departures: Vec<Option<(Instant, Departure)>>,
-    /// Each place's latest probe of its right neighbour.
+    /// Each place's latest probe of its right neighbour (rank 0's its own).
     reached: Vec<Option<(Instant, Reached)>>,
+    /// Since when each place's probes of its right neighbour's addresses have failed, without
+    /// one that got through.
+    unreached_since: Vec<Option<Instant>>,
     /// Each member present now (told to form, its addresses let go): where rank 0 tells it
     /// that every member is, and MLX starts.
     present: Vec<Option<TcpStream>>,
+    /// Each present member's link post.
+    posts: Vec<Option<u16>>,
+    /// Each place whose link to its right neighbour is down, since when and why.
+    links_down: Vec<Option<(Instant, String)>>,
 }
 
 impl State {
@@ -197,6 +209,43 @@ impl State {
         let rank = self.membership.rank_of(place)?;
         let next = *members.get((rank + 1) % members.len()).filter(|_| members.len() > 1)?;
         Some((next, hosts.ranks[next].clone()))
+    }
+}
+
+impl State {
+    /// The probe `place` made of its right neighbour's addresses, noted with since when such
+    /// probes have failed.
+    fn note_reached(&mut self, place: usize, reached: Reached) {
+        let now = Instant::now();
+        let same = self.reached[place].as_ref().is_some_and(|(_, r)| r.addresses == reached.addresses);
+        self.unreached_since[place] = match (&reached.error, self.unreached_since[place]) {
+            (None, _) => None,
+            (Some(_), Some(since)) if same => Some(since),
+            (Some(_), _) => Some(now),
+        };
+        self.reached[place] = Some((now, reached));
+    }
+
+    /// The members behind a link that cannot be made (each place's probe of its right
+    /// neighbour failing lately, on the ring as it stands): the machine blamed (the one not
+    /// reached; its prober where that is rank 0, which is never left out), since when, and
+    /// what is said of it.
+    fn cut_off(&self, hosts: &HostFile, now: Instant) -> Vec<(usize, Instant, String)> {
+        let mut cut = Vec::new();
+        for &place in &self.membership.members {
+            let Some((next, addresses)) = self.right_of(hosts, place) else { continue };
+            let Some((at, reached)) = &self.reached[place] else { continue };
+            let (Some(error), Some(since)) = (&reached.error, self.unreached_since[place]) else { continue };
+            if now.duration_since(*at) >= FRESH || reached.addresses != addresses {
+                continue;
+            }
+            let blamed = if next == 0 { place } else { next };
+            let link = format!("{} cannot reach {}", name(hosts, place), name(hosts, next));
+            if !cut.iter().any(|(p, _, _)| *p == blamed) {
+                cut.push((blamed, since, format!("{}: {link}: {error}", name(hosts, blamed))));
+            }
+        }
+        cut
     }
 }
 
@@ -282,6 +331,8 @@ pub struct Roster {
     on_lost: OnLost,
     /// Rank 0's own MLX addresses, held while it waits to form (its left neighbour probes them).
     own: Arc<Mutex<Option<super::mlx_address::Held>>>,
+    /// Rank 0's link post and its watch of rank 1's, from the forming on.
+    own_links: Arc<Mutex<(Option<Post>, Option<Watch>)>>,
 }
 
 impl Roster {
@@ -291,6 +342,7 @@ impl Roster {
         let n = hosts.ranks.len();
         let (seen, problems, departures, reached) = (vec![None; n], vec![None; n], vec![None; n], vec![None; n]);
         let (holds, opened, present) = (Holds::from_env(), Instant::now(), (0..n).map(|_| None).collect());
+        let (posts, links_down, unreached_since) = (vec![None; n], vec![None; n], vec![None; n]);
         let state = State {
             membership,
             form: false,
@@ -301,7 +353,10 @@ impl Roster {
             holds,
             departures,
             reached,
+            unreached_since,
             present,
+            posts,
+            links_down,
         };
         let roster = Roster {
             state: Arc::new(Mutex::new(state)),
@@ -309,6 +364,7 @@ impl Roster {
             identity: Arc::new(identity),
             on_lost: Arc::default(),
             own: Arc::default(),
+            own_links: Arc::default(),
         };
         let answering = Arc::new(AtomicUsize::new(0));
         for address in roster_addresses(hosts, port) {
@@ -366,7 +422,9 @@ impl Roster {
                 Some(format!("the ranks do not match: {why}"))
             } else {
                 let place = check_in.place;
-                state.reached[place] = check_in.reached.clone().map(|r| (Instant::now(), r));
+                if let Some(reached) = check_in.reached.clone() {
+                    state.note_reached(place, reached);
+                }
                 match check_in.problem {
                     Some(problem) => state.problems[place] = Some((Instant::now(), problem)),
                     None => {
@@ -390,8 +448,12 @@ impl Roster {
             if let Some(counter) = counted.take() {
                 counter.fetch_sub(1, Ordering::SeqCst);
             }
-            self.state().present[check_in.place] = stream.try_clone().ok();
-            let departure = presence::attend(&stream);
+            {
+                let mut state = self.state();
+                state.present[check_in.place] = stream.try_clone().ok();
+                state.posts[check_in.place] = check_in.post;
+            }
+            let departure = presence::attend(&stream, |link| self.link_said(check_in.place, link));
             self.departed(check_in.place, departure);
         }
         Ok(())
@@ -417,8 +479,35 @@ impl Roster {
         }
     }
 
-    /// What rank 0 does once a member is gone without a goodbye (the last given replaces the
-    /// others): given what is said of it.
+    /// What the member at `place` says of its link to its right neighbour (why it is down, or
+    /// `None`): a link that goes down is a rank lost, as a member gone is, named by the link.
+    fn link_said(&self, place: usize, down: Option<String>) {
+        let said = {
+            let mut state = self.state();
+            let Some((next, _)) = state.right_of(&self.hosts, place) else { return };
+            let link = format!("{} cannot reach {}", name(&self.hosts, place), name(&self.hosts, next));
+            match (down, state.links_down[place].is_some()) {
+                (Some(why), false) => {
+                    let said = format!("{link} (the link between them is down: {why})");
+                    state.links_down[place] = Some((Instant::now(), said.clone()));
+                    said
+                }
+                (None, true) => {
+                    state.links_down[place] = None;
+                    eprintln!("rank 0: {link} again");
+                    return;
+                }
+                _ => return,
+            }
+        };
+        eprintln!("rank 0: {said}");
+        if let Some(on_lost) = &*self.on_lost.lock().unwrap_or_else(|e| e.into_inner()) {
+            on_lost(said);
+        }
+    }
+
+    /// What rank 0 does once a member is gone without a goodbye, or a link between two is down
+    /// (the last given replaces the others): given what is said of it.
     pub fn on_lost(&self, on_lost: impl Fn(String) + Send + 'static) {
         *self.on_lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(on_lost));
     }
@@ -435,6 +524,7 @@ impl Roster {
                 Some((at, d)) if d.unannounced() => Some((*at, d.describe(&name(&self.hosts, p)))),
                 _ => None,
             })
+            .chain(state.links_down.iter().flatten().cloned())
             .collect();
         gone.sort_by_key(|(at, _)| *at);
         (!gone.is_empty()).then(|| gone.into_iter().map(|(_, said)| said).collect::<Vec<_>>().join("; "))
@@ -466,26 +556,43 @@ impl Roster {
         &self.hosts
     }
 
-    /// The workers of `membership` not yet present (told to form, their addresses let go).
-    pub fn absent(&self, membership: &Membership) -> Vec<usize> {
+    /// The workers of `membership` not yet present (told to form, their addresses let go),
+    /// each with whether it has been silent too long to count as there: a member told to form
+    /// checks in present at once, so one not heard from for [`FRESH`] is gone.
+    pub fn absent(&self, membership: &Membership) -> Vec<(usize, bool)> {
         let state = self.state();
-        membership.members.iter().copied().skip(1).filter(|&p| state.present[p].is_none()).collect()
+        let now = Instant::now();
+        let absent = membership.members.iter().copied().skip(1).filter(|&p| state.present[p].is_none());
+        absent.map(|p| (p, state.seen[p].is_none_or(|s| now.duration_since(s.at) >= FRESH))).collect()
     }
 
     /// Tells every present worker of `membership` that all are: each starts MLX now (no worker
     /// still holds its addresses or probes a neighbour's, so no connection of MLX's lands on a
-    /// probe's listener, nor a probe on MLX's).
+    /// probe's listener, nor a probe on MLX's), and watches its right neighbour's link post from
+    /// then on; rank 0 opens its own and watches rank 1's.
     pub fn tell_form(&self, membership: &Membership) -> Result<(), String> {
-        // Written with the state let go: a peer slow to take 5 bytes holds up no check-in.
-        let streams: Vec<(usize, Option<std::io::Result<TcpStream>>)> = {
+        let own_post = self.open_own_post();
+        // Written with the state let go: a peer slow to take a line holds up no check-in.
+        let told: Vec<(usize, Option<std::io::Result<TcpStream>>, String)> = {
             let state = self.state();
-            membership.members.iter().skip(1).map(|&p| (p, state.present[p].as_ref().map(|s| s.try_clone()))).collect()
+            let post_of = |place: usize| match place {
+                0 => own_post,
+                _ => state.posts[place],
+            };
+            let line = |place: usize| {
+                let target = state
+                    .right_of(&self.hosts, place)
+                    .and_then(|(next, addresses)| super::link_watch::address(addresses.first()?, post_of(next)?));
+                format!("{FORM_NOW} {}\n", target.unwrap_or_default())
+            };
+            let streams = membership.members.iter().skip(1);
+            streams.map(|&p| (p, state.present[p].as_ref().map(|s| s.try_clone()), line(p))).collect()
         };
-        for (place, stream) in streams {
+        for (place, stream, line) in told {
             let told = stream.map(|stream| {
                 let stream = stream?;
                 stream.set_write_timeout(Some(EXCHANGE))?;
-                (&stream).write_all(FORM_NOW)
+                (&stream).write_all(line.as_bytes())
             });
             match told {
                 Some(Ok(())) => {}
@@ -493,16 +600,45 @@ impl Roster {
                 None => return Err(format!("{} is not present to form", name(&self.hosts, place))),
             }
         }
+        self.watch_own_link();
         Ok(())
     }
 
-    /// Whether each worker of `membership` reached its right neighbour lately (rank 0's own
-    /// link is probed by rank 0): if not, why the cluster waits, naming the link.
+    /// Rank 0's link post, opened beside its first MLX address (its left neighbour watches it):
+    /// its port, none if it could not be (that link then goes unwatched, as said).
+    fn open_own_post(&self) -> Option<u16> {
+        let mut links = self.own_links.lock().unwrap_or_else(|e| e.into_inner());
+        if links.0.is_none() {
+            match self.hosts.ranks[0].first().map(|a| Post::open(a)) {
+                Some(Ok(post)) => links.0 = Some(post),
+                Some(Err(why)) => eprintln!("rank 0: the link to this machine goes unwatched: {why}"),
+                None => {}
+            }
+        }
+        links.0.as_ref().map(Post::port)
+    }
+
+    /// Rank 0 watches its own link to rank 1, as the workers watch theirs.
+    fn watch_own_link(&self) {
+        let target = {
+            let state = self.state();
+            state
+                .right_of(&self.hosts, 0)
+                .and_then(|(next, addresses)| super::link_watch::address(addresses.first()?, state.posts[next]?))
+        };
+        let Some(target) = target else { return };
+        let roster = self.clone();
+        let watch = Watch::start(target, move |down| roster.link_said(0, down));
+        self.own_links.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(watch);
+    }
+
+    /// Whether each member of `membership` reached its right neighbour lately (rank 0 through
+    /// [`Self::probe_own_link`]): if not, why the cluster waits, naming the link.
     pub fn unreached(&self, membership: &Membership) -> Option<String> {
         let state = self.state();
         let now = Instant::now();
         let mut why = Vec::new();
-        for &place in membership.members.iter().skip(1) {
+        for &place in &membership.members {
             let Some((next, addresses)) = state.right_of(&self.hosts, place) else { continue };
             let link = format!("{} cannot reach {}", name(&self.hosts, place), name(&self.hosts, next));
             match &state.reached[place] {
@@ -518,6 +654,25 @@ impl Roster {
             }
         }
         (!why.is_empty()).then(|| format!("checking MLX's links before forming: {}", why.join("; ")))
+    }
+
+    /// Rank 0 probes rank 1's MLX addresses (held by rank 1 while it waits), as each worker
+    /// probes its right neighbour's: again every 2 s, or at once when rank 1 is another
+    /// machine. Blocks for the probe.
+    pub fn probe_own_link(&self) {
+        let (addresses, due) = {
+            let state = self.state();
+            let Some((_, addresses)) = state.right_of(&self.hosts, 0) else { return };
+            let due = match &state.reached[0] {
+                Some((at, r)) => r.addresses != addresses || at.elapsed() > Duration::from_secs(2),
+                None => true,
+            };
+            (addresses, due)
+        };
+        if due {
+            let error = super::mlx_address::reach(&addresses, PROBE_WITHIN).err();
+            self.state().note_reached(0, Reached { addresses, error });
+        }
     }
 
     /// The current list.
@@ -579,14 +734,29 @@ fn decide(
 ) -> Decision {
     let missing: Vec<usize> =
         state.membership.members.iter().copied().skip(1).filter(|&p| !fresh(state, p, now)).collect();
-    if missing.is_empty() {
+    // A machine there whose link cannot be made counts as gone from the first failed probe,
+    // for `drop_after` alone: until then the cluster waits, naming the link
+    // ([`Roster::unreached`]).
+    let cut = match drop_after {
+        Some(_) => state.cut_off(hosts, now),
+        None => Vec::new(),
+    };
+    if missing.is_empty() && cut.iter().all(|&(_, since, _)| Some(now.duration_since(since)) < drop_after) {
         return Decision::Form(state.membership.clone());
     }
-    let gone_for = |p: usize| now.duration_since(state.seen[p].map_or(state.opened, |s| s.at));
-    let names =
-        missing.iter().map(|&p| missing_reason(state, hosts, p, now, gone_for(p))).collect::<Vec<_>>().join("; ");
+    let gone_for = |p: usize| match cut.iter().find(|c| c.0 == p && !missing.contains(&p)) {
+        Some(&(_, since, _)) => now.duration_since(since),
+        None => now.duration_since(state.seen[p].map_or(state.opened, |s| s.at)),
+    };
+    let said = |p: usize| match cut.iter().find(|c| c.0 == p && !missing.contains(&p)) {
+        Some((_, _, said)) => said.clone(),
+        None => missing_reason(state, hosts, p, now, gone_for(p)),
+    };
+    let mut waited: Vec<usize> = missing.clone();
+    waited.extend(cut.iter().map(|c| c.0).filter(|p| !missing.contains(p)));
+    let names = waited.iter().map(|&p| said(p)).collect::<Vec<_>>().join("; ");
     let Some(drop_after) = drop_after else { return Decision::Wait(format!("waiting for {names}")) };
-    let lost: Vec<usize> = missing.iter().copied().filter(|&p| gone_for(p) >= drop_after).collect();
+    let lost: Vec<usize> = waited.iter().copied().filter(|&p| gone_for(p) >= drop_after).collect();
     if lost.is_empty() {
         return Decision::Wait(format!(
             "waiting for {names}; the cluster forms without a machine gone for {} s if the model fits on the others",
@@ -634,7 +804,7 @@ pub fn await_turn(
     identity: NodeIdentity,
 ) -> Result<Membership, String> {
     let mut addresses = roster_addresses(hosts, port);
-    let mut check_in = CheckIn { place, room, identity, problem: None, present: false, reached: None };
+    let mut check_in = CheckIn { place, room, identity, problem: None, present: false, reached: None, post: None };
     // This machine's MLX addresses, held until it forms (its left neighbour probes them).
     let mut held: Option<super::mlx_address::Held> = None;
     let mut probed: Option<Instant> = None;
@@ -662,7 +832,7 @@ pub fn await_turn(
             {
                 // Its addresses let go and present: it starts MLX once rank 0 says all are.
                 held = None;
-                match be_present(&addresses, check_in.clone()) {
+                match be_present(&addresses, hosts.ranks[place].first(), check_in.clone()) {
                     Ok(()) => return Ok(membership),
                     Err(why) => {
                         presence::leave(&format!("rank {place}: {why}"));
@@ -711,21 +881,30 @@ pub fn await_turn(
 
 /// A member told to form: present at rank 0 from now on ([`presence`]), on a check-in of its
 /// own at the address that just answered, until rank 0 says every member is (then MLX starts).
-fn be_present(addresses: &[String], mut check_in: CheckIn) -> Result<(), String> {
+/// Its link post opens beside its first MLX address (`mlx_address`) first, for the check-in to
+/// name; it then watches the post rank 0 names.
+fn be_present(addresses: &[String], mlx_address: Option<&String>, mut check_in: CheckIn) -> Result<(), String> {
     check_in.present = true;
+    let post = mlx_address.map(|a| Post::open(a)).transpose().unwrap_or_else(|why| {
+        eprintln!("rank {}: the link to this machine goes unwatched: {why}", check_in.place);
+        None
+    });
+    check_in.post = post.as_ref().map(Post::port);
     let address = addresses.first().ok_or("no address of rank 0's roster")?;
     let (stream, answer) = exchange_on(address, &check_in).map_err(|e| format!("cannot be present at rank 0: {e}"))?;
     if let Some(why) = answer.refused {
         return Err(format!("rank 0 refused it: {why}"));
     }
     let told = presence::keep(stream).ok_or("cannot be present at rank 0")?;
-    match read_line_within(&told, FORM_NOW.len() as u64, FORM_WAIT) {
-        Ok(line) if line.as_bytes() == FORM_NOW => {
-            presence::watch_while_forming(told);
+    let line = read_line_within(&told, 1024, FORM_WAIT)
+        .map_err(|e| format!("rank 0 did not tell it to form within {} s: {e}", FORM_WAIT.as_secs()))?;
+    match line.trim_end().split_once(' ') {
+        Some((FORM_NOW, target)) => {
+            presence::watch_rank_0(told);
+            presence::watch_links(post, (!target.is_empty()).then(|| target.to_string()));
             Ok(())
         }
-        Ok(_) => Err("rank 0 did not tell it to form (it started again?)".into()),
-        Err(e) => Err(format!("rank 0 did not tell it to form within {} s: {e}", FORM_WAIT.as_secs())),
+        _ => Err("rank 0 did not tell it to form (it started again?)".into()),
     }
 }
 
@@ -813,8 +992,63 @@ mod tests {
             holds: Holds::default(),
             departures: vec![None; n],
             reached: vec![None; n],
+            unreached_since: vec![None; n],
             present: (0..n).map(|_| None).collect(),
+            posts: vec![None; n],
+            links_down: vec![None; n],
         }
+    }
+
+    #[test]
+    fn a_machine_behind_a_link_that_cannot_be_made_is_left_out_past_the_limit() {
+        let (file, t0) = (hosts(3), Instant::now());
+        let mut state = state(3, t0);
+        let now = t0 + Duration::from_secs(100);
+        for place in 1..3 {
+            state.seen[place] = Some(Seen { at: now, room: 1 });
+        }
+        let reached = |to: usize, error: Option<&str>| Reached {
+            addresses: vec![format!("127.0.0.1:{}", 5000 + to)],
+            error: error.map(str::to_string),
+        };
+        let mut fits = |_: &[u64]| Ok(());
+        // Rank 1 has not reached rank 2 since 10 s before `now` (its probes then agree).
+        state.note_reached(1, reached(2, Some("no answer")));
+        state.unreached_since[1] = Some(now - Duration::from_secs(10));
+        state.reached[1].as_mut().unwrap().0 = now;
+        // Without a limit, or within it: all of them (rank 0 then waits on the link, naming it:
+        // `unreached`).
+        let everyone = Decision::Form(Membership::everyone(&file));
+        assert_eq!(decide(&mut state, &file, now, None, 1, &mut fits), everyone);
+        assert_eq!(decide(&mut state, &file, now, Some(Duration::from_secs(20)), 1, &mut fits), everyone);
+        // Past it: left out (the machine not reached), where the model fits on the others.
+        let mut full = |_: &[u64]| Err("no room".to_string());
+        let Decision::Wait(why) = decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut full) else {
+            panic!("left out where the model does not fit")
+        };
+        assert_eq!(
+            why,
+            "waiting for rank 2 (127.0.0.1:5002): rank 1 (127.0.0.1:5001) cannot reach rank 2 (127.0.0.1:5002): \
+             no answer; not serving without it: no room"
+        );
+        assert_eq!(
+            decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut fits),
+            Decision::Form(Membership { generation: 1, members: vec![0, 1] })
+        );
+        // Rank 1 that cannot reach rank 0 (the ring's last now): rank 1 is left out, never rank 0.
+        state.note_reached(1, reached(0, Some("refused")));
+        state.unreached_since[1] = Some(now - Duration::from_secs(10));
+        state.reached[1].as_mut().unwrap().0 = now;
+        let Decision::Form(alone) = decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut fits) else {
+            panic!("rank 0 left out")
+        };
+        assert_eq!(alone.members, vec![0]);
+        // A probe that got through clears the clock.
+        let mut state = super::tests::state(3, t0);
+        state.note_reached(2, reached(0, Some("refused")));
+        assert!(state.unreached_since[2].is_some());
+        state.note_reached(2, reached(0, None));
+        assert_eq!(state.unreached_since[2], None);
     }
 
     #[test]
@@ -919,23 +1153,45 @@ mod tests {
         // Present (its address let go), it forms once rank 0 says all are.
         let everyone = Membership { generation: 0, members: vec![0, 1] };
         while !roster.absent(&everyone).is_empty() {
+            assert_eq!(roster.absent(&everyone), [(1, false)], "checked in lately");
             assert!(started.elapsed() < Duration::from_secs(10), "rank 1 never came to form");
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(!worker.is_finished(), "a worker forms only when all are present");
+        // Each has a link post the other watches from now on: both reached, nothing lost.
+        let post = roster.state().posts[1].expect("rank 1 named its link post");
         roster.tell_form(&everyone).unwrap();
         assert_eq!(worker.join().unwrap(), Ok(everyone));
+        assert!(TcpStream::connect(("127.0.0.1", post)).is_ok());
+        let own = roster.own_links.lock().unwrap().0.as_ref().map(Post::port).expect("rank 0's post");
+        assert!(TcpStream::connect(("127.0.0.1", own)).is_ok());
+        assert!(roster.own_links.lock().unwrap().1.is_some(), "rank 0 watches rank 1's post");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
+        std::thread::sleep(Duration::from_millis(1500));
         assert_eq!(roster.lost(), None);
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other =
-            CheckIn { place: 1, room: 1, identity: identity("m (def)"), problem: None, present: false, reached: None };
+        let other = CheckIn {
+            place: 1,
+            room: 1,
+            identity: identity("m (def)"),
+            problem: None,
+            present: false,
+            reached: None,
+            post: None,
+        };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
         assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
-        let stranger =
-            CheckIn { place: 5, room: 1, identity: identity("m (abc)"), problem: None, present: false, reached: None };
+        let stranger = CheckIn {
+            place: 5,
+            room: 1,
+            identity: identity("m (abc)"),
+            problem: None,
+            present: false,
+            reached: None,
+            post: None,
+        };
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
@@ -947,7 +1203,15 @@ mod tests {
         let asked = Instant::now();
         assert!(exchange(
             &address,
-            &CheckIn { place: 1, room: 7, identity: identity("m (abc)"), problem: None, present: false, reached: None }
+            &CheckIn {
+                place: 1,
+                room: 7,
+                identity: identity("m (abc)"),
+                problem: None,
+                present: false,
+                reached: None,
+                post: None
+            }
         )
         .is_ok());
         assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
@@ -960,6 +1224,7 @@ mod tests {
             problem: Some("MLX cannot listen".into()),
             present: false,
             reached: None,
+            post: None,
         };
         assert!(exchange(&address, &held).unwrap().refused.is_none());
         let Decision::Wait(why) = roster.decide(None, 1, &mut |_| Ok(())) else { panic!("formed with a problem") };
@@ -981,8 +1246,15 @@ mod tests {
         let (told_tx, told) = std::sync::mpsc::channel();
         roster.on_lost(move |why| told_tx.send(why).unwrap());
         let address = format!("127.0.0.1:{port}");
-        let present =
-            CheckIn { place: 1, room: 1, identity: identity("m (abc)"), problem: None, present: true, reached: None };
+        let present = CheckIn {
+            place: 1,
+            room: 1,
+            identity: identity("m (abc)"),
+            problem: None,
+            present: true,
+            reached: None,
+            post: None,
+        };
         let departed = |expect: &str| {
             let started = Instant::now();
             while !roster.state().departures[1].as_ref().is_some_and(|(_, d)| format!("{d:?}").starts_with(expect)) {
@@ -1007,6 +1279,48 @@ mod tests {
     }
 
     #[test]
+    fn a_link_a_member_says_is_down_is_named_once_until_it_is_back() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let ranks = [port + 1, 6001, 6002].map(|p| vec![format!("127.0.0.1:{p}")]);
+        let file = HostFile { ranks: ranks.to_vec() };
+        let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
+        let (told_tx, told) = std::sync::mpsc::channel();
+        roster.on_lost(move |why| told_tx.send(why).unwrap());
+        let present = CheckIn {
+            place: 1,
+            room: 1,
+            identity: identity("m (abc)"),
+            problem: None,
+            present: true,
+            reached: None,
+            post: Some(7),
+        };
+        let (stream, _) = exchange_on(&format!("127.0.0.1:{port}"), &present).unwrap();
+        let said = |line: &str| (&stream).write_all(line.as_bytes()).unwrap();
+        said("\n");
+        let started = Instant::now();
+        while roster.state().posts[1] != Some(7) {
+            assert!(started.elapsed() < Duration::from_secs(5), "not present");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Down: rank 0 told at once, naming both ends; said again, not told twice.
+        said("down cannot reach 127.0.0.1:9: refused\ndown cannot reach 127.0.0.1:9: refused\n");
+        let named = "rank 1 (127.0.0.1:6001) cannot reach rank 2 (127.0.0.1:6002) (the link between them is down: cannot reach 127.0.0.1:9: refused)";
+        assert_eq!(told.recv_timeout(Duration::from_secs(2)).unwrap(), named);
+        assert!(told.recv_timeout(Duration::from_millis(300)).is_err(), "told once");
+        assert_eq!(roster.lost().as_deref(), Some(named), "the witness names the link");
+        // Back, then down again: told again.
+        said("\n");
+        let started = Instant::now();
+        while roster.lost().is_some() {
+            assert!(started.elapsed() < Duration::from_secs(5), "not back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        said("down no answer\n");
+        assert!(told.recv_timeout(Duration::from_secs(2)).unwrap().ends_with("is down: no answer)"));
+    }
+
+    #[test]
     fn forming_waits_until_each_worker_reached_its_right_neighbour_naming_a_link_it_cannot_make() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let file = hosts(3);
@@ -1014,7 +1328,15 @@ mod tests {
         let everyone = Membership::everyone(&file);
         let address = format!("127.0.0.1:{port}");
         let check_in = |place: usize, reached: Option<Reached>| {
-            let c = CheckIn { place, room: 1, identity: identity("m (abc)"), problem: None, present: false, reached };
+            let c = CheckIn {
+                place,
+                room: 1,
+                identity: identity("m (abc)"),
+                problem: None,
+                present: false,
+                reached,
+                post: None,
+            };
             exchange(&address, &c).unwrap()
         };
         // Asked only while rank 0 decides (holding its addresses): each member its right
@@ -1025,8 +1347,11 @@ mod tests {
         assert_eq!(check_in(2, None).probe, Some(vec!["127.0.0.1:5000".to_string()]));
         let why = roster.unreached(&everyone).expect("no probe told yet");
         assert!(why.contains("rank 1 (127.0.0.1:5001) has not yet said whether it reaches rank 2"), "{why}");
-        // Rank 2 reaches rank 0; rank 1 cannot reach rank 2 (a firewall there): that link named.
+        assert!(why.contains("rank 0 (127.0.0.1:5000) has not yet said whether it reaches rank 1"), "{why}");
+        // Rank 2 reaches rank 0, rank 0 rank 1; rank 1 cannot reach rank 2 (a firewall there):
+        // that link named.
         let ok = |to: &str| Some(Reached { addresses: vec![to.to_string()], error: None });
+        roster.state().note_reached(0, ok("127.0.0.1:5001").unwrap());
         check_in(2, ok("127.0.0.1:5000"));
         let failed = Reached {
             addresses: vec!["127.0.0.1:5002".into()],
@@ -1044,6 +1369,11 @@ mod tests {
         assert!(roster.unreached(&everyone).unwrap().contains("rank 1 (127.0.0.1:5001) has not yet said"));
         check_in(1, ok("127.0.0.1:5002"));
         assert_eq!(roster.unreached(&everyone), None);
+        // Rank 0's own probe of rank 1 (not there: refused) is told as the workers' are.
+        roster.state().reached[0] = None;
+        roster.probe_own_link();
+        let why = roster.unreached(&everyone).expect("rank 1's address is not held");
+        assert!(why.starts_with("checking MLX's links before forming: rank 0 (127.0.0.1:5000) cannot reach rank 1 (127.0.0.1:5001): cannot reach 127.0.0.1:5001: "), "{why}");
         // Rank 0 holds its own addresses while it waits (rank 2 probes them), until let go.
         let own =
             format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());

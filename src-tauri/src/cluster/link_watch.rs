@@ -1,0 +1,226 @@
+//! MLX's links watched while the cluster serves. A link that breaks between two machines that
+//! both stay up (a cable pulled in a ring of three, a Thunderbolt bridge gone down while the
+//! roster's connections run over Wi-Fi) closes nothing: MLX's wait on it lasts until its
+//! deadline and then names no machine, and every machine is still present at rank 0. So each
+//! machine of a formed cluster keeps a [`Post`], a listener of its own on the address MLX uses,
+//! and its left neighbour in the ring connects to it once a second ([`Watch`]): the link is down
+//! once that fails [`FAILURES`] times in a row, and rank 0 is told which link it is.
+//!
+//! A post is a port of its own, not MLX's: MLX's ring no longer listens once formed, and a
+//! closed port may go unanswered (macOS's stealth mode), which would read as a link down. The
+//! kernel completes a probe's connection whatever the process is busy with, so a machine deep
+//! in a long step still answers.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a link is probed.
+const EVERY: Duration = Duration::from_secs(1);
+/// How long one probe may take.
+const WITHIN: Duration = Duration::from_secs(1);
+/// Probes failed in a row before the link counts as down (one lost SYN is not a pulled cable).
+pub const FAILURES: u32 = 3;
+
+/// A machine's post: a listener on the host of its first MLX address, at a port of the
+/// system's choosing, that its left neighbour connects to; closed when dropped.
+pub struct Post {
+    port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Post {
+    /// Opens a post beside `mlx_address` (`host:port`, MLX's address of this machine).
+    pub fn open(mlx_address: &str) -> Result<Post, String> {
+        let host = host_of(mlx_address).ok_or_else(|| format!("{mlx_address} is not host:port"))?;
+        let listener =
+            TcpListener::bind((host.as_str(), 0)).map_err(|e| format!("cannot listen beside {mlx_address}: {e}"))?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("fastmlx-link-post".into())
+            .spawn(move || answer(listener, &stopped))
+            .map_err(|e| e.to_string())?;
+        Ok(Post { port, stop })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Post {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Takes the probes' connections off the queue (the kernel has already completed them: that is
+/// the probe's answer) and closes them, until stopped. Polled rather than blocked on, so that
+/// dropping the post closes the listener within a tick.
+fn answer(listener: TcpListener, stop: &AtomicBool) {
+    let cut = test_cut::path();
+    while !stop.load(Ordering::SeqCst) {
+        if cut.as_ref().is_some_and(|p| test_cut::taken(p)) {
+            eprintln!("this machine's link post closes (test: the link cut)");
+            return;
+        }
+        while let Ok((stream, _)) = listener.accept() {
+            drop(stream);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Where a post opened beside `mlx_address` at `port` is reached: that host (the loopback for
+/// an unspecified one, which only a single machine's test file uses).
+pub fn address(mlx_address: &str, port: u16) -> Option<String> {
+    let host = host_of(mlx_address)?;
+    let host = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_unspecified() && ip.is_ipv4() => Ipv4Addr::LOCALHOST.to_string(),
+        Ok(ip) if ip.is_unspecified() => format!("[{}]", Ipv6Addr::LOCALHOST),
+        Ok(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
+        _ => host,
+    };
+    Some(format!("{host}:{port}"))
+}
+
+/// The host of `host:port` (brackets of an IPv6 address taken off).
+fn host_of(address: &str) -> Option<String> {
+    let (host, _) = address.rsplit_once(':')?;
+    Some(host.trim_start_matches('[').trim_end_matches(']').to_string())
+}
+
+/// A neighbour's post probed once a second, on a thread of its own, until dropped.
+pub struct Watch {
+    stop: Arc<AtomicBool>,
+}
+
+impl Watch {
+    /// Probes `target` (a post's [`address`]); `on_change` is told when the link goes down (why)
+    /// and when it is back (`None`), not on every probe.
+    pub fn start(target: String, on_change: impl Fn(Option<String>) + Send + 'static) -> Watch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let watched = target.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fastmlx-link-watch".into())
+            .spawn(move || watch(&watched, &stopped, on_change));
+        if let Err(e) = spawned {
+            eprintln!("the link to {target} is not watched: {e}");
+        }
+        Watch { stop }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn watch(target: &str, stop: &AtomicBool, on_change: impl Fn(Option<String>)) {
+    let mut failed = 0u32;
+    let mut down = false;
+    while !stop.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        match probe(target) {
+            Ok(()) => {
+                failed = 0;
+                if std::mem::take(&mut down) {
+                    on_change(None);
+                }
+            }
+            Err(why) => {
+                failed += 1;
+                if failed >= FAILURES && !down && !stop.load(Ordering::SeqCst) {
+                    down = true;
+                    on_change(Some(format!("{why} ({failed} probes in a row)")));
+                }
+            }
+        }
+        std::thread::sleep(EVERY.saturating_sub(started.elapsed()));
+    }
+}
+
+/// One probe: a connection made to `target` within [`WITHIN`], or why not.
+fn probe(target: &str) -> Result<(), String> {
+    let at: SocketAddr = target
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot reach {target}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("cannot reach {target}: it resolves to nothing"))?;
+    match TcpStream::connect_timeout(&at, WITHIN) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
+            Err(format!("cannot reach {target}: no answer in {} s", WITHIN.as_secs_f32()))
+        }
+        Err(e) => Err(format!("cannot reach {target}: {e}")),
+    }
+}
+
+/// The cluster tests' stand-in for a pulled cable (loopback cannot be cut without a firewall
+/// rule, which CI cannot set): where [`TEST_CUT_VAR`] names a file, the post closes once that
+/// file appears, and takes the file away, so that the next start's post stays open. Built only
+/// into the test build.
+pub const TEST_CUT_VAR: &str = "FASTMLX_TEST_CUT_LINK";
+
+#[cfg(feature = "desktop-tests")]
+mod test_cut {
+    pub fn path() -> Option<std::path::PathBuf> {
+        std::env::var_os(super::TEST_CUT_VAR).map(Into::into)
+    }
+
+    pub fn taken(path: &std::path::Path) -> bool {
+        std::fs::remove_file(path).is_ok()
+    }
+}
+
+#[cfg(not(feature = "desktop-tests"))]
+mod test_cut {
+    pub fn path() -> Option<std::path::PathBuf> {
+        None
+    }
+
+    pub fn taken(_: &std::path::Path) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_post_is_found_beside_the_mlx_address_and_its_link_watched_until_it_closes() {
+        assert_eq!(address("0.0.0.0:5000", 7), Some("127.0.0.1:7".into()));
+        assert_eq!(address("[::1]:5000", 7), Some("[::1]:7".into()));
+        assert_eq!(address("10.0.0.2:5000", 7), Some("10.0.0.2:7".into()));
+        assert_eq!(address("no port", 7), None);
+
+        let post = Post::open("127.0.0.1:5000").unwrap();
+        let (told, heard) = mpsc::channel();
+        let target = address("127.0.0.1:5000", post.port()).unwrap();
+        let _watch = Watch::start(target.clone(), move |change| told.send(change).unwrap());
+        // Up: nothing said, however long.
+        assert!(heard.recv_timeout(Duration::from_millis(2500)).is_err());
+        // Closed: down once it failed three times (refused, each at once), said once.
+        let closed = Instant::now();
+        drop(post);
+        let down = heard.recv_timeout(Duration::from_secs(6)).unwrap().expect("down");
+        assert!(closed.elapsed() >= Duration::from_secs(2), "{:?}", closed.elapsed());
+        assert!(
+            down.starts_with(&format!("cannot reach {target}: ")) && down.ends_with("(3 probes in a row)"),
+            "{down}"
+        );
+        assert!(heard.recv_timeout(Duration::from_millis(1500)).is_err(), "said once");
+        // Open again at the same port: back.
+        let again = TcpListener::bind(target.as_str()).unwrap();
+        assert_eq!(heard.recv_timeout(Duration::from_secs(3)).unwrap(), None);
+        drop(again);
+    }
+}
