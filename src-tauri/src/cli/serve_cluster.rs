@@ -242,7 +242,10 @@ fn serve_stage(
     let pipeline = Pipeline::new(group, watchdog, hidden).with_places(membership.members.clone());
     let mut pipeline = sharing(pipeline, parallel, &model.transformer);
     match pipeline.serve_stage(&model.transformer, kv_format, prefix) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            crate::cluster::presence::stopping();
+            Ok(())
+        }
         Err(e) => rejoin::restart(&format!("rank {place}: the cluster lost a rank: {e}")),
     }
 }
@@ -496,7 +499,9 @@ async fn decided(
             let prober = roster.clone();
             let _ = tokio::task::spawn_blocking(move || prober.probe_own_link()).await;
         }
-        let decision = match roster.decide(drop_after, own_room, &mut fits) {
+        // A take-in waits for its links until it gives up (and holds the machine off): left
+        // out, the machine would be back, and taken in, again and again.
+        let decision = match roster.decide((drop_after, give_up.is_none()), own_room, &mut fits) {
             Decision::Form(m) if m.members.len() > 1 => match own.or_else(|| roster.unreached(&m)) {
                 Some(why) => Decision::Wait(format!("{why}; waiting until it can")),
                 None => Decision::Form(m),

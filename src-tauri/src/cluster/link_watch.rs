@@ -122,43 +122,76 @@ impl Drop for Watch {
     }
 }
 
+/// Probes `target` until `stop`. Only a link reached once can go down: a post never reached
+/// (a firewall that lets MLX's ports through and no other, an address the neighbour cannot
+/// use) leaves the link unwatched, as said, rather than fail a cluster that MLX serves on.
 fn watch(target: &str, stop: &AtomicBool, on_change: impl Fn(Option<String>)) {
-    let mut failed = 0u32;
-    let mut down = false;
+    let (mut failed, mut down, mut reached, mut said) = (0u32, false, false, false);
+    let started = Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        let started = Instant::now();
+        let probed = Instant::now();
         match probe(target) {
-            Ok(()) => {
-                failed = 0;
+            Probe::Reached => {
+                (failed, reached) = (0, true);
                 if std::mem::take(&mut down) {
                     on_change(None);
                 }
             }
-            Err(why) => {
+            Probe::Failed(why) if reached => {
                 failed += 1;
                 if failed >= FAILURES && !down && !stop.load(Ordering::SeqCst) {
                     down = true;
                     on_change(Some(format!("{why} ({failed} probes in a row)")));
                 }
             }
+            Probe::Failed(why) | Probe::NotTold(why) => {
+                if !reached && !said && started.elapsed() > UNWATCHED_AFTER {
+                    eprintln!("the link to {target} goes unwatched until it is reached: {why}");
+                    said = true;
+                }
+            }
         }
-        std::thread::sleep(EVERY.saturating_sub(started.elapsed()));
+        std::thread::sleep(EVERY.saturating_sub(probed.elapsed()));
     }
 }
 
+/// How long a post may go unreached from the start before that is said.
+const UNWATCHED_AFTER: Duration = Duration::from_secs(10);
+
+/// What one probe says of the link.
+enum Probe {
+    Reached,
+    /// The network's answer: no route, refused, no answer.
+    Failed(String),
+    /// This machine's own trouble (out of descriptors, a name that does not resolve): it says
+    /// nothing of the link.
+    NotTold(String),
+}
+
 /// One probe: a connection made to `target` within [`WITHIN`], or why not.
-fn probe(target: &str) -> Result<(), String> {
-    let at: SocketAddr = target
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot reach {target}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("cannot reach {target}: it resolves to nothing"))?;
+fn probe(target: &str) -> Probe {
+    use std::io::ErrorKind::*;
+    let at: Option<SocketAddr> = target.to_socket_addrs().ok().and_then(|mut a| a.next());
+    let Some(at) = at else { return Probe::NotTold(format!("{target} does not resolve")) };
     match TcpStream::connect_timeout(&at, WITHIN) {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
-            Err(format!("cannot reach {target}: no answer in {} s", WITHIN.as_secs_f32()))
+        Ok(_) => Probe::Reached,
+        Err(e) if matches!(e.kind(), TimedOut | WouldBlock) => {
+            Probe::Failed(format!("cannot reach {target}: no answer in {} s", WITHIN.as_secs_f32()))
         }
-        Err(e) => Err(format!("cannot reach {target}: {e}")),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | NetworkDown
+            ) =>
+        {
+            Probe::Failed(format!("cannot reach {target}: {e}"))
+        }
+        Err(e) => Probe::NotTold(format!("cannot probe {target}: {e}")),
     }
 }
 
@@ -222,5 +255,13 @@ mod tests {
         let again = TcpListener::bind(target.as_str()).unwrap();
         assert_eq!(heard.recv_timeout(Duration::from_secs(3)).unwrap(), None);
         drop(again);
+    }
+
+    #[test]
+    fn a_post_never_reached_leaves_its_link_unwatched_rather_than_down() {
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let (told, heard) = mpsc::channel();
+        let _watch = Watch::start(closed, move |change| told.send(change).unwrap());
+        assert!(heard.recv_timeout(Duration::from_millis(4500)).is_err(), "a link never reached went down");
     }
 }

@@ -328,7 +328,15 @@ impl Pipeline {
                 self.send_step(step, &h)
             }
         };
-        stepped.inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+        stepped.map_err(|e| self.lost(e))
+    }
+
+    /// A wait on the ring failed with `error`: the link fails, and the step's requests end
+    /// with its reason, the machine gone named where the roster knows it (not MLX's words alone,
+    /// which name no machine).
+    fn lost(&self, error: String) -> String {
+        self.health.fail(format!("the cluster lost a rank: {error}"));
+        self.health.fault().unwrap_or(error)
     }
 
     /// Rank 0's engine: into how many parts a prefill step of `width` positions goes down the
@@ -353,7 +361,7 @@ impl Pipeline {
         }
         // Rank 0's own graph of the first part is built before anything is sent.
         let first = own(0)?;
-        self.send_parts(steps, own, first).inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+        self.send_parts(steps, own, first).map_err(|e| self.lost(e))
     }
 
     fn send_parts(
@@ -464,7 +472,7 @@ impl Pipeline {
             let held = self.recv(&[1], Dtype::Int64)?;
             Ok(held.as_slice::<i64>()[0].max(0) as usize)
         };
-        asked().inspect_err(|e| self.health.fail(format!("the cluster lost a rank: {e}")))
+        asked().map_err(|e| self.lost(e))
     }
 
     /// Rank 0, idle: a heartbeat around the ring once a quarter of the deadline (at most 5 s)

@@ -108,10 +108,17 @@ pub fn watch_rank_0(stream: TcpStream) {
                 "rank 0 closed its roster's connection (it started again, or is gone)"
             }
         };
-        if let Some(on_gone) = &*ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()) {
-            on_gone(why.into());
-        }
+        rank_0_gone(why.into());
     });
+}
+
+/// Runs what a worker does once rank 0 is gone, if it still has that to do.
+fn rank_0_gone(why: String) {
+    // Taken out first: what it does (a restart) says goodbye, which takes the lock.
+    let on_gone = ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(on_gone) = on_gone {
+        on_gone(why);
+    }
 }
 
 /// Worker: keeps its link post (its left neighbour probes it) and watches its right
@@ -128,6 +135,12 @@ pub fn watch_links(post: Option<Post>, target: Option<String>) {
         })
     });
     *LINKS.lock().unwrap_or_else(|e| e.into_inner()) = (post, watch);
+}
+
+/// Worker told by rank 0 to stop: rank 0's going is no reason to start again from now on
+/// (the goodbye, [`leave`], follows once its part of the model is let go).
+pub fn stopping() {
+    ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()).take();
 }
 
 /// Worker about to start again or stop (`why`): tells rank 0, if present there.
@@ -241,6 +254,21 @@ mod tests {
         let went = reading.join().unwrap();
         assert_eq!(went, Departure::Left("rank 1: the cluster lost a rank waiting for rank 2".into()));
         assert!(!went.unannounced());
+    }
+
+    #[test]
+    fn rank_0_gone_runs_a_restart_that_says_goodbye_once() {
+        // A restart says goodbye ([`leave`]), on the thread that found rank 0 gone.
+        let (told, heard) = std::sync::mpsc::channel();
+        on_rank_0_gone(move |why| {
+            leave("starting again");
+            told.send(why).unwrap();
+        });
+        std::thread::spawn(|| rank_0_gone("rank 0 is gone".into()));
+        assert_eq!(heard.recv_timeout(Duration::from_secs(2)).unwrap(), "rank 0 is gone");
+        // Done once: a second end finds nothing to do.
+        rank_0_gone("again".into());
+        assert!(heard.recv_timeout(Duration::from_millis(200)).is_err());
     }
 
     #[test]

@@ -193,6 +193,9 @@ struct State {
     /// Since when each place's probes of its right neighbour's addresses have failed, without
     /// one that got through.
     unreached_since: Vec<Option<Instant>>,
+    /// Since when each place has checked in without a gap (a machine not reached is counted
+    /// gone from its arrival at the earliest, not from probes made while it was away).
+    arrived: Vec<Option<Instant>>,
     /// Each member present now (told to form, its addresses let go): where rank 0 tells it
     /// that every member is, and MLX starts.
     present: Vec<Option<TcpStream>>,
@@ -226,26 +229,36 @@ impl State {
         self.reached[place] = Some((now, reached));
     }
 
-    /// The members behind a link that cannot be made (each place's probe of its right
-    /// neighbour failing lately, on the ring as it stands): the machine blamed (the one not
-    /// reached; its prober where that is rank 0, which is never left out), since when, and
-    /// what is said of it.
-    fn cut_off(&self, hosts: &HostFile, now: Instant) -> Vec<(usize, Instant, String)> {
-        let mut cut = Vec::new();
+    /// The member to leave out for the links that cannot be made (each place's probe of its
+    /// right neighbour failing lately, on the ring as it stands), since when, and what is said
+    /// of it. One machine at a time, the ring that is left probed anew: the one in the most
+    /// failing links (a machine whose cable is gone fails both of its own), else the one not
+    /// reached; never rank 0. Its clock starts at its arrival at the earliest.
+    fn cut_off(&self, hosts: &HostFile, now: Instant) -> Option<(usize, Instant, String)> {
+        let mut links = Vec::new();
         for &place in &self.membership.members {
             let Some((next, addresses)) = self.right_of(hosts, place) else { continue };
             let Some((at, reached)) = &self.reached[place] else { continue };
             let (Some(error), Some(since)) = (&reached.error, self.unreached_since[place]) else { continue };
-            if now.duration_since(*at) >= FRESH || reached.addresses != addresses {
-                continue;
-            }
-            let blamed = if next == 0 { place } else { next };
-            let link = format!("{} cannot reach {}", name(hosts, place), name(hosts, next));
-            if !cut.iter().any(|(p, _, _)| *p == blamed) {
-                cut.push((blamed, since, format!("{}: {link}: {error}", name(hosts, blamed))));
+            if now.duration_since(*at) < FRESH && reached.addresses == addresses {
+                links.push((place, next, since, error.clone()));
             }
         }
-        cut
+        let involved = |p: usize| links.iter().filter(|l| l.0 == p || l.1 == p).count();
+        let blamed = links
+            .iter()
+            .flat_map(|l| [l.1, l.0])
+            .filter(|&p| p != 0)
+            .max_by_key(|&p| (involved(p), std::cmp::Reverse(links.iter().position(|l| l.0 == p))))?;
+        let own: Vec<_> = links.iter().filter(|l| l.0 == blamed || l.1 == blamed).collect();
+        let since = own.iter().map(|l| l.2).min()?.max(self.arrived[blamed].unwrap_or(now));
+        let said: Vec<String> = own
+            .iter()
+            .map(|(place, next, _, error)| {
+                format!("{} cannot reach {}: {error}", name(hosts, *place), name(hosts, *next))
+            })
+            .collect();
+        Some((blamed, since, format!("{}: {}", name(hosts, blamed), said.join("; "))))
     }
 }
 
@@ -342,7 +355,8 @@ impl Roster {
         let n = hosts.ranks.len();
         let (seen, problems, departures, reached) = (vec![None; n], vec![None; n], vec![None; n], vec![None; n]);
         let (holds, opened, present) = (Holds::from_env(), Instant::now(), (0..n).map(|_| None).collect());
-        let (posts, links_down, unreached_since) = (vec![None; n], vec![None; n], vec![None; n]);
+        let (posts, links_down, unreached_since, arrived) =
+            (vec![None; n], vec![None; n], vec![None; n], vec![None; n]);
         let state = State {
             membership,
             form: false,
@@ -354,6 +368,7 @@ impl Roster {
             departures,
             reached,
             unreached_since,
+            arrived,
             present,
             posts,
             links_down,
@@ -428,6 +443,9 @@ impl Roster {
                 match check_in.problem {
                     Some(problem) => state.problems[place] = Some((Instant::now(), problem)),
                     None => {
+                        if !fresh(&state, place, Instant::now()) {
+                            state.arrived[place] = Some(Instant::now());
+                        }
                         state.seen[place] = Some(Seen { at: Instant::now(), room: check_in.room });
                         state.problems[place] = None;
                     }
@@ -494,7 +512,7 @@ impl Roster {
                 }
                 (None, true) => {
                     state.links_down[place] = None;
-                    eprintln!("rank 0: {link} again");
+                    eprintln!("rank 0: {} reaches {} again", name(&self.hosts, place), name(&self.hosts, next));
                     return;
                 }
                 _ => return,
@@ -658,13 +676,13 @@ impl Roster {
 
     /// Rank 0 probes rank 1's MLX addresses (held by rank 1 while it waits), as each worker
     /// probes its right neighbour's: again every 2 s, or at once when rank 1 is another
-    /// machine. Blocks for the probe.
+    /// machine or was not reached. Blocks for the probe.
     pub fn probe_own_link(&self) {
         let (addresses, due) = {
             let state = self.state();
             let Some((_, addresses)) = state.right_of(&self.hosts, 0) else { return };
             let due = match &state.reached[0] {
-                Some((at, r)) => r.addresses != addresses || at.elapsed() > Duration::from_secs(2),
+                Some((at, r)) => r.addresses != addresses || r.error.is_some() || at.elapsed() > Duration::from_secs(2),
                 None => true,
             };
             (addresses, due)
@@ -699,15 +717,16 @@ impl Roster {
 
     /// Who forms next: every member heard from lately forms (a machine left out is taken back
     /// only by a start of its own, [`Self::returned`]); a member not heard from for over `drop_after` is left out if
-    /// `fits` the others' rooms (rank 0's first, `own_room`), else waited for.
+    /// `fits` the others' rooms (rank 0's first, `own_room`), else waited for; so is one behind
+    /// a link that cannot be made, where `cut_counts` (not in a take-in, which falls back).
     pub fn decide(
         &self,
-        drop_after: Option<Duration>,
+        (drop_after, cut_counts): (Option<Duration>, bool),
         own_room: u64,
         fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
     ) -> Decision {
         let mut state = self.state();
-        decide(&mut state, &self.hosts, Instant::now(), drop_after, own_room, fits)
+        decide(&mut state, &self.hosts, Instant::now(), (drop_after, cut_counts), own_room, fits)
     }
 }
 
@@ -728,32 +747,32 @@ fn decide(
     state: &mut State,
     hosts: &HostFile,
     now: Instant,
-    drop_after: Option<Duration>,
+    (drop_after, cut_counts): (Option<Duration>, bool),
     own_room: u64,
     fits: &mut dyn FnMut(&[u64]) -> Result<(), String>,
 ) -> Decision {
     let missing: Vec<usize> =
         state.membership.members.iter().copied().skip(1).filter(|&p| !fresh(state, p, now)).collect();
-    // A machine there whose link cannot be made counts as gone from the first failed probe,
-    // for `drop_after` alone: until then the cluster waits, naming the link
+    // A machine there whose link cannot be made counts as gone from the first failed probe
+    // (since it arrived), for `drop_after` alone: until then the cluster waits, naming the link
     // ([`Roster::unreached`]).
     let cut = match drop_after {
-        Some(_) => state.cut_off(hosts, now),
-        None => Vec::new(),
+        Some(_) if cut_counts => state.cut_off(hosts, now).filter(|(p, _, _)| !missing.contains(p)),
+        _ => None,
     };
-    if missing.is_empty() && cut.iter().all(|&(_, since, _)| Some(now.duration_since(since)) < drop_after) {
+    if missing.is_empty() && cut.as_ref().is_none_or(|&(_, since, _)| Some(now.duration_since(since)) < drop_after) {
         return Decision::Form(state.membership.clone());
     }
-    let gone_for = |p: usize| match cut.iter().find(|c| c.0 == p && !missing.contains(&p)) {
-        Some(&(_, since, _)) => now.duration_since(since),
-        None => now.duration_since(state.seen[p].map_or(state.opened, |s| s.at)),
+    let gone_for = |p: usize| match &cut {
+        Some((c, since, _)) if *c == p => now.duration_since(*since),
+        _ => now.duration_since(state.seen[p].map_or(state.opened, |s| s.at)),
     };
-    let said = |p: usize| match cut.iter().find(|c| c.0 == p && !missing.contains(&p)) {
-        Some((_, _, said)) => said.clone(),
-        None => missing_reason(state, hosts, p, now, gone_for(p)),
+    let said = |p: usize| match &cut {
+        Some((c, _, said)) if *c == p => said.clone(),
+        _ => missing_reason(state, hosts, p, now, gone_for(p)),
     };
     let mut waited: Vec<usize> = missing.clone();
-    waited.extend(cut.iter().map(|c| c.0).filter(|p| !missing.contains(p)));
+    waited.extend(cut.as_ref().map(|c| c.0));
     let names = waited.iter().map(|&p| said(p)).collect::<Vec<_>>().join("; ");
     let Some(drop_after) = drop_after else { return Decision::Wait(format!("waiting for {names}")) };
     let lost: Vec<usize> = waited.iter().copied().filter(|&p| gone_for(p) >= drop_after).collect();
@@ -769,7 +788,7 @@ fn decide(
     match fits(&rooms) {
         Ok(()) => {
             state.membership = Membership { generation: state.membership.generation + 1, members: kept };
-            decide(state, hosts, now, Some(drop_after), own_room, fits)
+            decide(state, hosts, now, (Some(drop_after), cut_counts), own_room, fits)
         }
         Err(why) => Decision::Wait(format!("waiting for {names}; not serving without it: {why}")),
     }
@@ -842,10 +861,10 @@ pub fn await_turn(
                 }
             }
             Ok(Answer { membership, probe, .. }) => {
-                // Probed again every 2 s, or at once when the neighbour changes; told with the
-                // next check-in.
+                // Probed again every 2 s, or at once when the neighbour changes or was not
+                // reached (it may have just started); told with the next check-in.
                 if let Some(probe) = probe {
-                    let same = check_in.reached.as_ref().is_some_and(|r| r.addresses == probe);
+                    let same = check_in.reached.as_ref().is_some_and(|r| r.addresses == probe && r.error.is_none());
                     if !same || probed.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
                         let error = super::mlx_address::reach(&probe, PROBE_WITHIN).err();
                         let before = check_in.reached.as_ref().and_then(|r| r.error.clone());
@@ -993,6 +1012,7 @@ mod tests {
             departures: vec![None; n],
             reached: vec![None; n],
             unreached_since: vec![None; n],
+            arrived: vec![None; n],
             present: (0..n).map(|_| None).collect(),
             posts: vec![None; n],
             links_down: vec![None; n],
@@ -1006,6 +1026,7 @@ mod tests {
         let now = t0 + Duration::from_secs(100);
         for place in 1..3 {
             state.seen[place] = Some(Seen { at: now, room: 1 });
+            state.arrived[place] = Some(t0);
         }
         let reached = |to: usize, error: Option<&str>| Reached {
             addresses: vec![format!("127.0.0.1:{}", 5000 + to)],
@@ -1019,11 +1040,18 @@ mod tests {
         // Without a limit, or within it: all of them (rank 0 then waits on the link, naming it:
         // `unreached`).
         let everyone = Decision::Form(Membership::everyone(&file));
-        assert_eq!(decide(&mut state, &file, now, None, 1, &mut fits), everyone);
-        assert_eq!(decide(&mut state, &file, now, Some(Duration::from_secs(20)), 1, &mut fits), everyone);
+        assert_eq!(decide(&mut state, &file, now, (None, true), 1, &mut fits), everyone);
+        assert_eq!(decide(&mut state, &file, now, (Some(Duration::from_secs(20)), true), 1, &mut fits), everyone);
+        // Not in a take-in; nor for a machine that arrived within the limit (the probes failed
+        // while it was away).
+        assert_eq!(decide(&mut state, &file, now, (Some(Duration::from_secs(5)), false), 1, &mut fits), everyone);
+        state.arrived[2] = Some(now - Duration::from_secs(1));
+        assert_eq!(decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut fits), everyone);
+        state.arrived[2] = Some(t0);
         // Past it: left out (the machine not reached), where the model fits on the others.
         let mut full = |_: &[u64]| Err("no room".to_string());
-        let Decision::Wait(why) = decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut full) else {
+        let Decision::Wait(why) = decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut full)
+        else {
             panic!("left out where the model does not fit")
         };
         assert_eq!(
@@ -1032,17 +1060,35 @@ mod tests {
              no answer; not serving without it: no room"
         );
         assert_eq!(
-            decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut fits),
+            decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut fits),
             Decision::Form(Membership { generation: 1, members: vec![0, 1] })
         );
         // Rank 1 that cannot reach rank 0 (the ring's last now): rank 1 is left out, never rank 0.
         state.note_reached(1, reached(0, Some("refused")));
         state.unreached_since[1] = Some(now - Duration::from_secs(10));
         state.reached[1].as_mut().unwrap().0 = now;
-        let Decision::Form(alone) = decide(&mut state, &file, now, Some(Duration::from_secs(5)), 1, &mut fits) else {
+        let Decision::Form(alone) = decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut fits)
+        else {
             panic!("rank 0 left out")
         };
         assert_eq!(alone.members, vec![0]);
+        // Both of rank 1's links failing (its cable gone): rank 1 is left out, not rank 2.
+        let mut state = super::tests::state(3, t0);
+        for place in 1..3 {
+            state.seen[place] = Some(Seen { at: now, room: 1 });
+            state.arrived[place] = Some(t0);
+        }
+        for (place, to) in [(0, 1), (1, 2)] {
+            state.note_reached(place, reached(to, Some("no route to host")));
+            state.unreached_since[place] = Some(now - Duration::from_secs(10));
+            state.reached[place].as_mut().unwrap().0 = now;
+        }
+        let Decision::Form(without) =
+            decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut fits)
+        else {
+            panic!("not left out")
+        };
+        assert_eq!(without.members, vec![0, 2]);
         // A probe that got through clears the clock.
         let mut state = super::tests::state(3, t0);
         state.note_reached(2, reached(0, Some("refused")));
@@ -1060,12 +1106,12 @@ mod tests {
         // Rank 1 checks in, rank 2 never does: waited for, and named, until the limit.
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(59), room: 10 });
         let at = t0 + Duration::from_secs(59);
-        let Decision::Wait(why) = decide(&mut s, &file, at, limit, 20, &mut fits) else { panic!() };
+        let Decision::Wait(why) = decide(&mut s, &file, at, (limit, true), 20, &mut fits) else { panic!() };
         assert!(why.contains("rank 2 (127.0.0.1:5002), not heard from for 59 s"), "{why}");
         assert!(!why.contains("rank 1"), "{why}");
         // Past it, the others hold the model (20 + 10): rank 2 is left out, ranks renumber.
         let at = t0 + Duration::from_secs(61);
-        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
+        let formed = decide(&mut s, &file, at, (limit, true), 20, &mut fits);
         assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
         let m = s.membership.clone();
         assert_eq!((m.rank_of(1), m.rank_of(2)), (Some(1), None));
@@ -1075,7 +1121,7 @@ mod tests {
         s.seen[2] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(62), room: 10 });
         let at = t0 + Duration::from_secs(63);
-        let formed = decide(&mut s, &file, at, limit, 20, &mut fits);
+        let formed = decide(&mut s, &file, at, (limit, true), 20, &mut fits);
         assert_eq!(formed, Decision::Form(Membership { generation: 1, members: vec![0, 1] }));
         assert_eq!(s.back(at), [2]);
         // Back, but MLX cannot listen at its address: not taken in until it can.
@@ -1091,11 +1137,11 @@ mod tests {
         let mut s = state(3, t0);
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(100), room: 5 });
         let at = t0 + Duration::from_secs(101);
-        let Decision::Wait(why) = decide(&mut s, &file, at, limit, 20, &mut fits) else { panic!() };
+        let Decision::Wait(why) = decide(&mut s, &file, at, (limit, true), 20, &mut fits) else { panic!() };
         assert!(why.contains("not serving without it: too big"), "{why}");
         assert_eq!(s.membership.generation, 0);
         // With no limit, it is waited for always.
-        let Decision::Wait(why) = decide(&mut s, &file, at, None, 1000, &mut fits) else { panic!() };
+        let Decision::Wait(why) = decide(&mut s, &file, at, (None, true), 1000, &mut fits) else { panic!() };
         assert!(why.starts_with("waiting for rank 2"), "{why}");
     }
 
@@ -1142,7 +1188,7 @@ mod tests {
         let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
         let worker = std::thread::spawn(move || await_turn(&file, port, 1, 123, identity("m (abc)")));
         let started = Instant::now();
-        while roster.decide(None, 1, &mut |_| Ok(()))
+        while roster.decide((None, true), 1, &mut |_| Ok(()))
             != Decision::Form(Membership { generation: 0, members: vec![0, 1] })
         {
             assert!(started.elapsed() < Duration::from_secs(10), "rank 1 never checked in");
@@ -1167,7 +1213,8 @@ mod tests {
         assert!(TcpStream::connect(("127.0.0.1", own)).is_ok());
         assert!(roster.own_links.lock().unwrap().1.is_some(), "rank 0 watches rank 1's post");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
-        std::thread::sleep(Duration::from_millis(1500));
+        // Longer than three failed probes take: no link is said to be down.
+        std::thread::sleep(Duration::from_millis(3500));
         assert_eq!(roster.lost(), None);
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
@@ -1227,10 +1274,12 @@ mod tests {
             post: None,
         };
         assert!(exchange(&address, &held).unwrap().refused.is_none());
-        let Decision::Wait(why) = roster.decide(None, 1, &mut |_| Ok(())) else { panic!("formed with a problem") };
+        let Decision::Wait(why) = roster.decide((None, true), 1, &mut |_| Ok(())) else {
+            panic!("formed with a problem")
+        };
         assert_eq!(why, format!("waiting for rank 1 ({free}): MLX cannot listen"));
         assert!(exchange(&address, &CheckIn { problem: None, ..held }).is_ok());
-        assert!(matches!(roster.decide(None, 1, &mut |_| Ok(())), Decision::Form(_)));
+        assert!(matches!(roster.decide((None, true), 1, &mut |_| Ok(())), Decision::Form(_)));
         let mut reply = String::new();
         let _ = BufReader::new(&junk).read_line(&mut reply);
         assert!(reply.is_empty(), "{reply}");

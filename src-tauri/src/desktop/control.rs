@@ -46,13 +46,16 @@ pub struct Control {
 /// How long the menu shows why rank 0 refused a Take Back Now.
 const REFUSAL_SHOWN: Duration = Duration::from_secs(60);
 
-/// What rank 0's refusal says: its error's message, or the body as it is.
-fn refusal(body: &str) -> String {
+/// What rank 0's refusal says: its error's message, else the body as it is, else the status.
+fn refusal(status: reqwest::StatusCode, body: &str) -> String {
     let message = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| {
         let message = v.get("error")?.get("message")?.as_str()?.to_string();
         Some(message)
     });
-    message.unwrap_or_else(|| body.trim().to_string())
+    match message.unwrap_or_else(|| body.trim().to_string()) {
+        said if said.is_empty() => format!("rank 0 answered {status}"),
+        said => said,
+    }
 }
 
 /// How long a scan of the model folders stands for the menu.
@@ -207,6 +210,8 @@ impl Control {
         };
         let state = child.state();
         *Self::lock(&self.cluster) = Some(child);
+        // A refusal of the cluster before is not this one's.
+        *Self::lock(&self.take_back_refused) = None;
         Ok(state)
     }
 
@@ -253,12 +258,13 @@ impl Control {
         }
         let refused = self.runtime.block_on(async {
             let response = request.send().await.map_err(|e| format!("rank 0 did not answer: {e}"))?;
-            if response.status().is_success() {
+            let status = response.status();
+            if status.is_success() {
                 return Ok(());
             }
-            Err(refusal(&response.text().await.unwrap_or_default()))
+            Err(refusal(status, &response.text().await.unwrap_or_default()))
         });
-        // Shown in the menu, above the button, until the next try.
+        // Shown in the menu, above the button, for a minute or until the next try.
         *Self::lock(&self.take_back_refused) = refused.as_ref().err().map(|why| (Instant::now(), why.clone()));
         refused.map_err(|why| anyhow::anyhow!("rank 0 did not take the machines back: {why}"))
     }
@@ -338,7 +344,9 @@ mod tests {
     #[test]
     fn a_refusal_is_told_by_its_message() {
         let body = r#"{"error":{"message":"no machine is back to take in","type":"invalid_request_error"}}"#;
-        assert_eq!(super::refusal(body), "no machine is back to take in");
-        assert_eq!(super::refusal("  Bad Gateway\n"), "Bad Gateway");
+        let conflict = reqwest::StatusCode::CONFLICT;
+        assert_eq!(super::refusal(conflict, body), "no machine is back to take in");
+        assert_eq!(super::refusal(conflict, "  Bad Gateway\n"), "Bad Gateway");
+        assert_eq!(super::refusal(conflict, ""), "rank 0 answered 409 Conflict");
     }
 }
