@@ -170,28 +170,31 @@ enum Probe {
 
 /// One probe: a connection made to `target` within [`WITHIN`], or why not.
 fn probe(target: &str) -> Probe {
-    use std::io::ErrorKind::*;
     let at: Option<SocketAddr> = target.to_socket_addrs().ok().and_then(|mut a| a.next());
     let Some(at) = at else { return Probe::NotTold(format!("{target} does not resolve")) };
     match TcpStream::connect_timeout(&at, WITHIN) {
         Ok(_) => Probe::Reached,
-        Err(e) if matches!(e.kind(), TimedOut | WouldBlock) => {
+        Err(e) if own_trouble(&e) => Probe::NotTold(format!("cannot probe {target}: {e}")),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
             Probe::Failed(format!("cannot reach {target}: no answer in {} s", WITHIN.as_secs_f32()))
         }
-        Err(e)
-            if matches!(
-                e.kind(),
-                ConnectionRefused
-                    | ConnectionReset
-                    | ConnectionAborted
-                    | HostUnreachable
-                    | NetworkUnreachable
-                    | NetworkDown
-            ) =>
-        {
-            Probe::Failed(format!("cannot reach {target}: {e}"))
-        }
-        Err(e) => Probe::NotTold(format!("cannot probe {target}: {e}")),
+        // Refused, no route, host down (macOS's answer while it cannot find a neighbour's
+        // hardware address), the address gone: the network's word on the link.
+        Err(e) => Probe::Failed(format!("cannot reach {target}: {e}")),
+    }
+}
+
+/// Whether a failed connect is this machine's own trouble (out of descriptors, buffers or
+/// memory), which says nothing of the link.
+fn own_trouble(error: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = error;
+        false
     }
 }
 

@@ -147,6 +147,12 @@ pub fn stopping() {
 pub fn leave(why: &str) {
     // Its own goodbye closes the connection: not rank 0's going.
     ON_RANK_0_GONE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    step_back(why);
+}
+
+/// Worker whose presence failed before it was told to form (`why`): tells rank 0, and checks
+/// in again as before (still to follow rank 0 once it forms).
+pub fn step_back(why: &str) {
     let presence = PRESENT.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(presence) = presence {
         presence.leave(why);

@@ -233,11 +233,15 @@ impl State {
     /// right neighbour failing lately, on the ring as it stands), since when, and what is said
     /// of it. One machine at a time, the ring that is left probed anew: the one in the most
     /// failing links (a machine whose cable is gone fails both of its own), else the one not
-    /// reached; never rank 0. Its clock starts at its arrival at the earliest.
-    fn cut_off(&self, hosts: &HostFile, now: Instant) -> Option<(usize, Instant, String)> {
+    /// reached; never rank 0. Its clock starts at its arrival at the earliest. Links to or from
+    /// a machine `missing` count for nothing: that one is waited for on its own account.
+    fn cut_off(&self, hosts: &HostFile, now: Instant, missing: &[usize]) -> Option<(usize, Instant, String)> {
         let mut links = Vec::new();
-        for &place in &self.membership.members {
+        for &place in self.membership.members.iter().filter(|p| !missing.contains(p)) {
             let Some((next, addresses)) = self.right_of(hosts, place) else { continue };
+            if missing.contains(&next) {
+                continue;
+            }
             let Some((at, reached)) = &self.reached[place] else { continue };
             let (Some(error), Some(since)) = (&reached.error, self.unreached_since[place]) else { continue };
             if now.duration_since(*at) < FRESH && reached.addresses == addresses {
@@ -444,7 +448,12 @@ impl Roster {
                     Some(problem) => state.problems[place] = Some((Instant::now(), problem)),
                     None => {
                         if !fresh(&state, place, Instant::now()) {
+                            // Back after a gap: its probes from before say nothing of now.
                             state.arrived[place] = Some(Instant::now());
+                            state.unreached_since[place] = None;
+                            if check_in.reached.is_none() {
+                                state.reached[place] = None;
+                            }
                         }
                         state.seen[place] = Some(Seen { at: Instant::now(), room: check_in.room });
                         state.problems[place] = None;
@@ -757,7 +766,7 @@ fn decide(
     // (since it arrived), for `drop_after` alone: until then the cluster waits, naming the link
     // ([`Roster::unreached`]).
     let cut = match drop_after {
-        Some(_) if cut_counts => state.cut_off(hosts, now).filter(|(p, _, _)| !missing.contains(p)),
+        Some(_) if cut_counts => state.cut_off(hosts, now, &missing),
         _ => None,
     };
     if missing.is_empty() && cut.as_ref().is_none_or(|&(_, since, _)| Some(now.duration_since(since)) < drop_after) {
@@ -854,7 +863,7 @@ pub fn await_turn(
                 match be_present(&addresses, hosts.ranks[place].first(), check_in.clone()) {
                     Ok(()) => return Ok(membership),
                     Err(why) => {
-                        presence::leave(&format!("rank {place}: {why}"));
+                        presence::step_back(&format!("rank {place}: {why}"));
                         eprintln!("rank {place}: {why}; checking in again");
                         std::thread::sleep(POLL);
                     }
@@ -1089,6 +1098,19 @@ mod tests {
             panic!("not left out")
         };
         assert_eq!(without.members, vec![0, 2]);
+        // A link to a machine that is missing anyway blames no one: rank 2, silent, is left out
+        // on its own account, and rank 1, which cannot reach it, stays.
+        let mut state = super::tests::state(3, t0);
+        state.seen[1] = Some(Seen { at: now, room: 1 });
+        state.arrived[1] = Some(t0);
+        state.note_reached(1, reached(2, Some("refused")));
+        state.unreached_since[1] = Some(t0);
+        state.reached[1].as_mut().unwrap().0 = now;
+        let Decision::Form(kept) = decide(&mut state, &file, now, (Some(Duration::from_secs(5)), true), 1, &mut fits)
+        else {
+            panic!("rank 2 not left out")
+        };
+        assert_eq!(kept.members, vec![0, 1]);
         // A probe that got through clears the clock.
         let mut state = super::tests::state(3, t0);
         state.note_reached(2, reached(0, Some("refused")));
