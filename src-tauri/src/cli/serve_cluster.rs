@@ -558,7 +558,8 @@ async fn all_present(roster: &Roster, membership: &Membership) -> Result<(), Str
         let name = |&(p, _): &(usize, bool)| roster::name(roster.hosts(), p);
         let silent: Vec<String> = absent.iter().filter(|a| a.1).map(name).collect();
         if !silent.is_empty() {
-            return Err(format!("{} did not come to form: not heard from for 5 s", silent.join(", ")));
+            let silence = roster::FRESH.as_secs();
+            return Err(format!("{} did not come to form: not heard from for {silence} s", silent.join(", ")));
         }
         if started.elapsed() > PRESENT_WITHIN {
             let names: Vec<String> = absent.iter().map(name).collect();

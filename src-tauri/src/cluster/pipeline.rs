@@ -488,7 +488,9 @@ impl Pipeline {
         };
         match ping() {
             Ok(()) => self.last_heard = Instant::now(),
-            Err(e) => self.health.fail(format!("the cluster lost a rank: {e}")),
+            Err(e) => {
+                self.lost(e);
+            }
         }
     }
 

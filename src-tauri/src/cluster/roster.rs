@@ -32,7 +32,7 @@ pub const HOLD_OFF: Duration = Duration::from_secs(300);
 const MAX_HOLD: Duration = Duration::from_secs(4 * 3600);
 /// A check-in older than this and the machine counts as gone (many polls: one slow exchange
 /// does not make a machine look gone).
-const FRESH: Duration = Duration::from_secs(5);
+pub const FRESH: Duration = Duration::from_secs(5);
 /// How often a worker checks in while it waits for its turn.
 const POLL: Duration = Duration::from_millis(250);
 /// The most a check-in may take (either side).
@@ -216,6 +216,14 @@ impl State {
 }
 
 impl State {
+    /// Where the member at `place` finds its right neighbour's link post (rank 0's is
+    /// `own_post`), if it has one.
+    fn right_post(&self, hosts: &HostFile, place: usize, own_post: Option<u16>) -> Option<String> {
+        let (next, addresses) = self.right_of(hosts, place)?;
+        let port = if next == 0 { own_post } else { self.posts[next] };
+        super::link_watch::address(addresses.first()?, port?)
+    }
+
     /// The probe `place` made of its right neighbour's addresses, noted with since when such
     /// probes have failed.
     fn note_reached(&mut self, place: usize, reached: Reached) {
@@ -256,12 +264,8 @@ impl State {
             .max_by_key(|&p| (involved(p), std::cmp::Reverse(links.iter().position(|l| l.0 == p))))?;
         let own: Vec<_> = links.iter().filter(|l| l.0 == blamed || l.1 == blamed).collect();
         let since = own.iter().map(|l| l.2).min()?.max(self.arrived[blamed].unwrap_or(now));
-        let said: Vec<String> = own
-            .iter()
-            .map(|(place, next, _, error)| {
-                format!("{} cannot reach {}: {error}", name(hosts, *place), name(hosts, *next))
-            })
-            .collect();
+        let said: Vec<String> =
+            own.iter().map(|(place, next, _, error)| format!("{}: {error}", link_name(hosts, *place, *next))).collect();
         Some((blamed, since, format!("{}: {}", name(hosts, blamed), said.join("; "))))
     }
 }
@@ -512,7 +516,7 @@ impl Roster {
         let said = {
             let mut state = self.state();
             let Some((next, _)) = state.right_of(&self.hosts, place) else { return };
-            let link = format!("{} cannot reach {}", name(&self.hosts, place), name(&self.hosts, next));
+            let link = link_name(&self.hosts, place, next);
             match (down, state.links_down[place].is_some()) {
                 (Some(why), false) => {
                     let said = format!("{link} (the link between them is down: {why})");
@@ -602,14 +606,8 @@ impl Roster {
         // Written with the state let go: a peer slow to take a line holds up no check-in.
         let told: Vec<(usize, Option<std::io::Result<TcpStream>>, String)> = {
             let state = self.state();
-            let post_of = |place: usize| match place {
-                0 => own_post,
-                _ => state.posts[place],
-            };
             let line = |place: usize| {
-                let target = state
-                    .right_of(&self.hosts, place)
-                    .and_then(|(next, addresses)| super::link_watch::address(addresses.first()?, post_of(next)?));
+                let target = state.right_post(&self.hosts, place, own_post);
                 format!("{FORM_NOW} {}\n", target.unwrap_or_default())
             };
             let streams = membership.members.iter().skip(1);
@@ -647,13 +645,7 @@ impl Roster {
 
     /// Rank 0 watches its own link to rank 1, as the workers watch theirs.
     fn watch_own_link(&self) {
-        let target = {
-            let state = self.state();
-            state
-                .right_of(&self.hosts, 0)
-                .and_then(|(next, addresses)| super::link_watch::address(addresses.first()?, state.posts[next]?))
-        };
-        let Some(target) = target else { return };
+        let Some(target) = self.state().right_post(&self.hosts, 0, None) else { return };
         let roster = self.clone();
         let watch = Watch::start(target, move |down| roster.link_said(0, down));
         self.own_links.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(watch);
@@ -667,7 +659,7 @@ impl Roster {
         let mut why = Vec::new();
         for &place in &membership.members {
             let Some((next, addresses)) = state.right_of(&self.hosts, place) else { continue };
-            let link = format!("{} cannot reach {}", name(&self.hosts, place), name(&self.hosts, next));
+            let link = link_name(&self.hosts, place, next);
             match &state.reached[place] {
                 Some((at, r)) if now.duration_since(*at) < FRESH && r.addresses == addresses => match &r.error {
                     None => {}
@@ -690,10 +682,7 @@ impl Roster {
         let (addresses, due) = {
             let state = self.state();
             let Some((_, addresses)) = state.right_of(&self.hosts, 0) else { return };
-            let due = match &state.reached[0] {
-                Some((at, r)) => r.addresses != addresses || r.error.is_some() || at.elapsed() > Duration::from_secs(2),
-                None => true,
-            };
+            let due = probe_due(state.reached[0].as_ref().map(|(at, r)| (r, *at)), &addresses);
             (addresses, due)
         };
         if due {
@@ -737,6 +726,18 @@ impl Roster {
         let mut state = self.state();
         decide(&mut state, &self.hosts, Instant::now(), (drop_after, cut_counts), own_room, fits)
     }
+}
+
+/// What is said of the link from the machine at `from` to the one at `to` that cannot be made.
+fn link_name(hosts: &HostFile, from: usize, to: usize) -> String {
+    format!("{} cannot reach {}", name(hosts, from), name(hosts, to))
+}
+
+/// Whether a probe of a neighbour's `addresses` is due, given the last one (what it found, and
+/// when): every 2 s, and at once when the neighbour changed or was not reached (it may have
+/// just started).
+fn probe_due(last: Option<(&Reached, Instant)>, addresses: &[String]) -> bool {
+    last.is_none_or(|(r, at)| r.addresses != addresses || r.error.is_some() || at.elapsed() > Duration::from_secs(2))
 }
 
 fn fresh(state: &State, place: usize, now: Instant) -> bool {
@@ -870,11 +871,9 @@ pub fn await_turn(
                 }
             }
             Ok(Answer { membership, probe, .. }) => {
-                // Probed again every 2 s, or at once when the neighbour changes or was not
-                // reached (it may have just started); told with the next check-in.
+                // Told with the next check-in.
                 if let Some(probe) = probe {
-                    let same = check_in.reached.as_ref().is_some_and(|r| r.addresses == probe && r.error.is_none());
-                    if !same || probed.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
+                    if probe_due(check_in.reached.as_ref().zip(probed), &probe) {
                         let error = super::mlx_address::reach(&probe, PROBE_WITHIN).err();
                         let before = check_in.reached.as_ref().and_then(|r| r.error.clone());
                         if let Some(why) = error.as_ref().filter(|&e| before.as_ref() != Some(e)) {
@@ -1201,6 +1200,19 @@ mod tests {
         NodeIdentity { version: env!("CARGO_PKG_VERSION").into(), model: model.into(), settings: "s".into() }
     }
 
+    /// A check-in of the machine at `place` serving model `m (abc)`, ready to join, with room 1.
+    fn ready(place: usize) -> CheckIn {
+        CheckIn {
+            place,
+            room: 1,
+            identity: identity("m (abc)"),
+            problem: None,
+            present: false,
+            reached: None,
+            post: None,
+        }
+    }
+
     #[test]
     fn workers_check_in_and_form_when_told() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -1241,26 +1253,10 @@ mod tests {
         // Another model, or a rank the host file does not have: refused with the reason, and
         // not counted as checked in.
         let address = format!("127.0.0.1:{port}");
-        let other = CheckIn {
-            place: 1,
-            room: 1,
-            identity: identity("m (def)"),
-            problem: None,
-            present: false,
-            reached: None,
-            post: None,
-        };
+        let other = CheckIn { identity: identity("m (def)"), ..ready(1) };
         let refused = exchange(&address, &other).unwrap().refused.unwrap();
         assert!(refused.contains("model m (def) on rank 1, m (abc) on rank 0"), "{refused}");
-        let stranger = CheckIn {
-            place: 5,
-            room: 1,
-            identity: identity("m (abc)"),
-            problem: None,
-            present: false,
-            reached: None,
-            post: None,
-        };
+        let stranger = ready(5);
         let refused = exchange(&address, &stranger).unwrap().refused.unwrap();
         assert!(refused.contains("rank 5 is not a worker"), "{refused}");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(123));
@@ -1270,31 +1266,11 @@ mod tests {
         junk.write_all(b"hello\n").unwrap();
         let silent = TcpStream::connect(&address).unwrap();
         let asked = Instant::now();
-        assert!(exchange(
-            &address,
-            &CheckIn {
-                place: 1,
-                room: 7,
-                identity: identity("m (abc)"),
-                problem: None,
-                present: false,
-                reached: None,
-                post: None
-            }
-        )
-        .is_ok());
+        assert!(exchange(&address, &CheckIn { room: 7, ..ready(1) }).is_ok());
         assert!(asked.elapsed() < EXCHANGE, "a silent peer held the roster up");
         assert_eq!(roster.state().seen[1].map(|s| s.room), Some(7));
         // There, but MLX cannot listen at its address: named, and the cluster waits for it.
-        let held = CheckIn {
-            place: 1,
-            room: 7,
-            identity: identity("m (abc)"),
-            problem: Some("MLX cannot listen".into()),
-            present: false,
-            reached: None,
-            post: None,
-        };
+        let held = CheckIn { room: 7, problem: Some("MLX cannot listen".into()), ..ready(1) };
         assert!(exchange(&address, &held).unwrap().refused.is_none());
         let Decision::Wait(why) = roster.decide((None, true), 1, &mut |_| Ok(())) else {
             panic!("formed with a problem")
@@ -1317,15 +1293,7 @@ mod tests {
         let (told_tx, told) = std::sync::mpsc::channel();
         roster.on_lost(move |why| told_tx.send(why).unwrap());
         let address = format!("127.0.0.1:{port}");
-        let present = CheckIn {
-            place: 1,
-            room: 1,
-            identity: identity("m (abc)"),
-            problem: None,
-            present: true,
-            reached: None,
-            post: None,
-        };
+        let present = CheckIn { present: true, ..ready(1) };
         let departed = |expect: &str| {
             let started = Instant::now();
             while !roster.state().departures[1].as_ref().is_some_and(|(_, d)| format!("{d:?}").starts_with(expect)) {
@@ -1357,15 +1325,7 @@ mod tests {
         let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
         let (told_tx, told) = std::sync::mpsc::channel();
         roster.on_lost(move |why| told_tx.send(why).unwrap());
-        let present = CheckIn {
-            place: 1,
-            room: 1,
-            identity: identity("m (abc)"),
-            problem: None,
-            present: true,
-            reached: None,
-            post: Some(7),
-        };
+        let present = CheckIn { present: true, post: Some(7), ..ready(1) };
         let (stream, _) = exchange_on(&format!("127.0.0.1:{port}"), &present).unwrap();
         let said = |line: &str| (&stream).write_all(line.as_bytes()).unwrap();
         said("\n");
@@ -1398,18 +1358,8 @@ mod tests {
         let roster = Roster::open(&file, port, Membership::everyone(&file), identity("m (abc)")).unwrap();
         let everyone = Membership::everyone(&file);
         let address = format!("127.0.0.1:{port}");
-        let check_in = |place: usize, reached: Option<Reached>| {
-            let c = CheckIn {
-                place,
-                room: 1,
-                identity: identity("m (abc)"),
-                problem: None,
-                present: false,
-                reached,
-                post: None,
-            };
-            exchange(&address, &c).unwrap()
-        };
+        let check_in =
+            |place: usize, reached: Option<Reached>| exchange(&address, &CheckIn { reached, ..ready(place) }).unwrap();
         // Asked only while rank 0 decides (holding its addresses): each member its right
         // neighbour's, rank 1 rank 2's, rank 2 rank 0's.
         assert_eq!(check_in(1, None).probe, None);
