@@ -292,6 +292,15 @@ async fn assert_cluster_shown(port: u16, ranks: usize, tensor: bool, what: &str)
     assert!(steps > 0 && cluster["bytes_per_hop"].as_u64().unwrap() > steps, "{what}: {cluster}");
     let (wait, total) = (cluster["wait_seconds"].as_f64().unwrap(), cluster["step_seconds"].as_f64().unwrap());
     assert!(0.0 < wait && wait < total, "{what}: {cluster}");
+    // By tensors, the first step and one every few seconds have their sums timed apart from
+    // rank 0's layers: a part of those steps' time, none of a pipeline's.
+    let timed = cluster["timed_steps"].as_u64().unwrap();
+    let (sums, timed_total) =
+        (cluster["sum_seconds"].as_f64().unwrap(), cluster["timed_step_seconds"].as_f64().unwrap());
+    match tensor {
+        true => assert!(1 <= timed && timed < steps && 0.0 < sums && sums < timed_total, "{what}: {cluster}"),
+        false => assert_eq!((timed, sums), (0, 0.0), "{what}: {cluster}"),
+    }
     let metrics = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
     let line = |name: &str| metrics.lines().find(|l| l.starts_with(name)).map(str::to_string);
     assert!(line("fastmlx_cluster_up{").is_some_and(|l| l.ends_with(" 1")), "{what}: {metrics}");
@@ -299,6 +308,8 @@ async fn assert_cluster_shown(port: u16, ranks: usize, tensor: bool, what: &str)
     let layer_lines = metrics.lines().filter(|l| l.starts_with("fastmlx_cluster_node_layers{")).count();
     assert_eq!(layer_lines, ranks, "{what}: {metrics}");
     assert!(line("fastmlx_cluster_link_bytes_per_second{").is_some(), "{what}: {metrics}");
+    let timed_line = line("fastmlx_cluster_timed_steps_total{");
+    assert!(timed_line.is_some_and(|l| l.ends_with(&format!(" {timed}"))), "{what}: {metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -775,6 +775,7 @@ describe("web UI", { concurrency: false }, () => {
         nodes: [{ rank: 0, host: "10.0.0.1:32323", room_bytes: 8e9, first_layer: 0, end_layer: 30, ends: true }],
         links: [], without: ["rank 1 (10.0.0.2:32323)"], back: ["rank 1 (10.0.0.2:32323)"], take_back: "asked",
         steps: 0, tokens: 0, bytes_per_hop: 0, wait_seconds: 0, step_seconds: 0,
+        timed_steps: 0, sum_seconds: 0, timed_step_seconds: 0,
       };
       const model = {
         id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
@@ -795,6 +796,38 @@ describe("web UI", { concurrency: false }, () => {
       assert.deepEqual(asked, ["POST"]);
       assert.equal(await text(page.getByTestId("cluster-take-back")), "Taking back…");
       await screenshot(page, "cluster-back");
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("server: a cluster by tensors shows the time in its sums, once timed", async () => {
+    const { context, page } = await openPage(browser);
+    try {
+      // Rank 0's status by tensors over 2 machines (tests/cluster_serve.rs runs the real one).
+      const node = (rank) => ({ rank, host: `10.0.0.${rank + 1}:32323`, room_bytes: 8e9, first_layer: 0, end_layer: 28, ends: true });
+      const cluster = {
+        backend: "ring", parallel: "tensor", nodes: [node(0), node(1)],
+        links: [{ from: 0, to: 1, round_trip_ms: 0.12, megabytes_per_second: 1800 }], without: [],
+        steps: 100, tokens: 800, bytes_per_hop: 4e6, wait_seconds: 2.0, step_seconds: 2.5,
+        timed_steps: 0, sum_seconds: 0, timed_step_seconds: 0,
+      };
+      const model = {
+        id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
+        idle_secs: 1, expires_in_secs: null, running: 0, queued: 0, context_length: 4096, cluster,
+      };
+      await page.route("**/admin/status", (route) => route.fulfill({ json: { loaded: [model], waiting: null } }));
+      await page.goto(`${server.base}/ui/#/server`);
+      await page.getByTestId("cluster-sums").waitFor();
+      assert.match(await text(page.getByTestId("cluster-steps")), /100 steps .* step 25 ms/);
+      assert.equal(await text(page.getByTestId("cluster-sums")), "the sums with the other machines not timed yet");
+      Object.assign(cluster, { timed_steps: 4, sum_seconds: 0.03, timed_step_seconds: 0.12 });
+      await page.reload();
+      await page.getByText("timed apart from the layers").waitFor();
+      assert.equal(
+        await text(page.getByTestId("cluster-sums")),
+        "in the sums with the other machines 7.50 ms of a 30 ms step (timed apart from the layers on 4 steps)",
+      );
     } finally {
       await context.close();
     }

@@ -236,6 +236,12 @@ export interface ClusterStatus {
   bytes_per_hop: number;
   wait_seconds: number;
   step_seconds: number;
+  /** By tensors: the steps whose sums rank 0 timed apart from its layers (one now and then). */
+  timed_steps: number;
+  /** Seconds those steps spent in the sums (the transfers, and any machine still computing). */
+  sum_seconds: number;
+  /** Seconds of those steps in all. */
+  timed_step_seconds: number;
 }
 
 export interface PullProgress {

@@ -13,10 +13,13 @@ use clap::Args;
 use super::cluster_cmd::{rank_and_watchdog, Joined};
 use super::generate_cmd::{print_stats, print_text, GenerateArgs};
 use crate::cluster::pipeline::Pipeline;
+use crate::cluster::sum_sampler::{SumSampler, TimedSums};
+use crate::cluster::watchdog::Watchdog;
 pub use crate::cluster::Parallel;
 use crate::generate::generate_with;
+use crate::mlx::distributed::Group;
 use crate::mlx::Backend;
-use crate::model::ModelError;
+use crate::model::{KvFormat, LoadedModel, ModelError};
 
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
@@ -88,21 +91,7 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
         load_started.elapsed().as_secs_f64()
     );
     if cluster.parallel == Parallel::Tensor {
-        // Every rank runs the whole generation (the sums give each the same logits, so the
-        // same tokens); each step's sums are waited for under the deadline.
-        let request = args.request(&model, kv_format)?;
-        let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {
-            let _w = watchdog.waiting("summing a step's outputs with the other ranks");
-            let hidden = model.transformer.forward_hidden(ids, cache)?;
-            hidden.eval()?;
-            Ok(hidden)
-        };
-        let on_text: Box<dyn FnMut(&str)> = if rank == 0 { Box::new(print_text()) } else { Box::new(|_| {}) };
-        let generation = generate_with(&model, &request, &mut forward, on_text)?;
-        if rank == 0 {
-            print_stats(&generation);
-        }
-        return Ok(());
+        return generate_by_tensors(&args, &model, kv_format, (&group, rank, &watchdog));
     }
 
     let hidden = model.transformer.config.hidden_size;
@@ -130,6 +119,58 @@ pub fn run(args: GenerateArgs, hosts_path: PathBuf) -> anyhow::Result<()> {
             p.bytes_per_hop as f64 / p.tokens.max(1) as f64,
             p.waited.as_secs_f64() * 1e3 / p.steps as f64,
             p.total.as_secs_f64() * 1e3 / p.steps as f64,
+        );
+    }
+    Ok(())
+}
+
+/// By tensors every rank runs the whole generation (the sums give each the same logits, so the
+/// same tokens); each step's sums are waited for under the deadline. Rank 0 times the sums apart
+/// from its layers now and then as the server does, prompt steps and decode steps apart.
+fn generate_by_tensors(
+    args: &GenerateArgs,
+    model: &LoadedModel,
+    kv_format: KvFormat,
+    (group, rank, watchdog): (&Group, usize, &Watchdog),
+) -> anyhow::Result<()> {
+    let request = args.request(model, kv_format)?;
+    // [prompt steps, decode steps (one position)]
+    let clock = model.transformer.sum_clock().filter(|_| rank == 0);
+    let mut samplers = clock.map(|c| [SumSampler::new(c.clone()), SumSampler::new(c)]);
+    let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {
+        let _w = watchdog.waiting("summing a step's outputs with the other ranks");
+        let started = Instant::now();
+        let mut sampler = samplers.as_mut().map(|s| &mut s[usize::from(ids.dim(1) == 1)]);
+        if let Some(s) = sampler.as_mut() {
+            s.start();
+        }
+        let mut hidden = || -> Result<mlx_rs::Array, ModelError> {
+            let h = model.transformer.forward_hidden(ids, cache)?;
+            h.eval()?;
+            Ok(h)
+        };
+        let hidden = hidden();
+        if let Some(s) = sampler {
+            s.finish(started.elapsed(), hidden.is_ok());
+        }
+        hidden
+    };
+    let on_text: Box<dyn FnMut(&str)> = if rank == 0 { Box::new(print_text()) } else { Box::new(|_| {}) };
+    let generation = generate_with(model, &request, &mut forward, on_text)?;
+    if rank == 0 {
+        print_stats(&generation);
+    }
+    if let Some([prompt, decode]) = samplers.map(|s| s.map(|s| s.timed)) {
+        let timed = |t: TimedSums| {
+            let (sums, total) = t.per_step_ms();
+            format!("{sums:.2} ms of a {total:.2} ms step ({} timed)", t.steps)
+        };
+        eprintln!(
+            "Sums: {} ranks, {} sums per step, in the sums: prompt steps {}, decode steps {}",
+            group.size(),
+            model.transformer.sums_per_step(),
+            timed(prompt),
+            timed(decode),
         );
     }
     Ok(())

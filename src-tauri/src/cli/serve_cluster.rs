@@ -268,7 +268,7 @@ fn load_checked(
 /// `pipeline`, its steps summed across the ranks where the model is shared out by tensors.
 fn sharing(pipeline: Pipeline, parallel: Parallel, model: &crate::model::Transformer) -> Pipeline {
     match parallel {
-        Parallel::Tensor => pipeline.sharing_layers(model.sums_per_step()),
+        Parallel::Tensor => pipeline.sharing_layers(model),
         Parallel::Pipeline => pipeline,
     }
 }

@@ -14,6 +14,7 @@ pub mod presence;
 pub mod roster;
 pub mod split;
 pub mod stage_server;
+pub mod sum_sampler;
 pub mod watchdog;
 
 use std::path::Path;

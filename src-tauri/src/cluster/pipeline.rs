@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use mlx_rs::{Array, Dtype};
 
 use super::stage_server::{EngineStage, StepRows, HEADER_TAIL};
+use super::sum_sampler::{SumSampler, TimedSums};
 use super::watchdog::Watchdog;
 use crate::engine::remote::{ClusterView, LinkHealth, Pending, RemoteLayers, RemoteStep, StepBatch};
 use crate::engine::RequestId;
@@ -97,6 +98,8 @@ pub struct PipelineStats {
     pub waited: Duration,
     /// Time of the whole steps on rank 0 (its own layers, sends and the wait).
     pub total: Duration,
+    /// Tensor parallel: the steps whose sums were timed apart from the layers.
+    pub timed: TimedSums,
 }
 
 /// One rank's end of the pipeline.
@@ -118,6 +121,8 @@ pub struct Pipeline {
     places: Vec<usize>,
     /// Tensor parallel: the sums (`all_sum`) of one step through the model, instead of hops.
     sums: Option<usize>,
+    /// Tensor parallel, rank 0: which steps' sums are timed.
+    sampler: Option<SumSampler>,
     /// The most parts a prefill step goes down in (`FASTMLX_CLUSTER_PARTS`, read once).
     most_parts: usize,
     /// The most parts out at once (`FASTMLX_CLUSTER_WINDOW`, read once; at most one per other
@@ -181,14 +186,17 @@ impl Pipeline {
             kv_capacity: None,
             places: Vec::new(),
             sums: None,
+            sampler: None,
             most_parts: std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS),
             window: std::env::var("FASTMLX_CLUSTER_WINDOW").ok().and_then(|v| v.parse().ok()),
         }
     }
 
-    /// Every rank holds its share of every layer (tensor parallel), `sums` sums per step.
-    pub fn sharing_layers(mut self, sums: usize) -> Pipeline {
-        self.sums = Some(sums);
+    /// Every rank holds its share of every layer of `model` (tensor parallel), whose sums rank 0
+    /// times now and then.
+    pub fn sharing_layers(mut self, model: &Transformer) -> Pipeline {
+        self.sums = Some(model.sums_per_step());
+        self.sampler = model.sum_clock().map(SumSampler::new);
         self
     }
 
@@ -418,12 +426,22 @@ impl Pipeline {
     ) -> Result<Array, String> {
         let data = self.send_described(STEP, rows as i32, positions as i32, 0, step)?;
         let sent = Instant::now();
+        if let Some(sampler) = self.sampler.as_mut() {
+            sampler.start();
+        }
         let h = {
             // MLX's sum does not say which rank it lost; the roster names it once rank 0 starts again.
             let what = self.summing_with();
             let _w = self.watchdog.waiting(what.clone());
-            own().map_err(|e| without_source_places(&e)).and_then(eval).map_err(|e| format!("{what}: {e}"))?
+            own().map_err(|e| without_source_places(&e)).and_then(eval).map_err(|e| format!("{what}: {e}"))
         };
+        if let Some(sampler) = self.sampler.as_mut() {
+            if let Some(sums) = sampler.finish(step.began.elapsed(), h.is_ok()) {
+                self.stats.timed = sampler.timed;
+                self.view.record_timed_sums(sums, step.began.elapsed());
+            }
+        }
+        let h = h?;
         // A ring's sum sends 2 (n - 1) / n of the array from each rank.
         let n = self.group.size() as u64;
         let summed = sums as u64 * h.nbytes() as u64 * 2 * (n - 1) / n.max(1);

@@ -189,6 +189,14 @@ pub struct ClusterStatus {
     pub wait_seconds: f64,
     /// Seconds of whole steps on rank 0 (its own layers, the sends, the wait), summed.
     pub step_seconds: f64,
+    /// By tensors: the steps whose sums rank 0 timed apart from its layers (one now and then:
+    /// timing them costs the step its single evaluation).
+    pub timed_steps: u64,
+    /// Seconds those steps spent in their sums (the transfers, and any rank still computing
+    /// its share), summed.
+    pub sum_seconds: f64,
+    /// Seconds of those steps in all, summed.
+    pub timed_step_seconds: f64,
 }
 
 /// One machine of a cluster.
@@ -239,6 +247,15 @@ impl ClusterView {
             s.bytes_per_hop += bytes_per_hop;
             s.wait_seconds += waited.as_secs_f64();
             s.step_seconds += total.as_secs_f64();
+        }
+    }
+
+    /// A step whose sums were timed: `sums` of its `total`.
+    pub fn record_timed_sums(&self, sums: Duration, total: Duration) {
+        if let Ok(mut s) = self.0.lock() {
+            s.timed_steps += 1;
+            s.sum_seconds += sums.as_secs_f64();
+            s.timed_step_seconds += total.as_secs_f64();
         }
     }
 }

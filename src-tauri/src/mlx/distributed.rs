@@ -74,6 +74,18 @@ impl Group {
         Ok(Group { raw })
     }
 
+    /// A group of this process alone (MLX's own, when no backend is set up), whose sums are
+    /// the arrays themselves: for tests of what runs the collectives.
+    #[cfg(test)]
+    pub fn alone() -> Group {
+        let name = CString::new("ring").expect("no NUL");
+        // SAFETY: as in `init`; not strict, so MLX falls back to a group of one.
+        let mut raw = unsafe { mlx_sys::mlx_distributed_group_new() };
+        let status = unsafe { mlx_sys::mlx_distributed_init(&mut raw, false, name.as_ptr()) };
+        assert_eq!(status, 0, "MLX's group of one");
+        Group { raw }
+    }
+
     pub fn rank(&self) -> usize {
         // SAFETY: a live group handle.
         unsafe { mlx_sys::mlx_distributed_group_rank(self.raw) as usize }

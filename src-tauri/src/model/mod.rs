@@ -21,4 +21,4 @@ pub use load::{
     build_unread, config_from_json, inspect, load_model, load_model_split, load_model_with, read_config, LoadOptions,
     LoadedModel, ModelKind, ModelSummary, WeightFormat,
 };
-pub use transformer::{Stage, Transformer};
+pub use transformer::{Stage, SumClock, Transformer};

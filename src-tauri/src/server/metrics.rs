@@ -190,7 +190,7 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], 
     if clusters.is_empty() {
         return;
     }
-    let totals: [(&str, &str, &str, Of); 7] = [
+    let totals: [(&str, &str, &str, Of); 10] = [
         ("nodes", "gauge", "Machines the model is split across (1: served alone on rank 0).", |c| c.nodes.len() as f64),
         ("without", "gauge", "Machines of the host file the cluster serves without (gone past --drop-after).", |c| {
             c.without.len() as f64
@@ -202,6 +202,13 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], 
             c.wait_seconds
         }),
         ("step_seconds_total", "counter", "Time of whole steps on rank 0, the wait included.", |c| c.step_seconds),
+        ("timed_steps_total", "counter", "By tensors: steps whose sums rank 0 timed apart from its layers.", |c| {
+            c.timed_steps as f64
+        }),
+        ("sum_seconds_total", "counter", "By tensors: time the timed steps spent in their sums.", |c| c.sum_seconds),
+        ("timed_step_seconds_total", "counter", "By tensors: time of the timed steps in all.", |c| {
+            c.timed_step_seconds
+        }),
     ];
     for (name, kind, help, of) in totals {
         head(out, name, kind, help);

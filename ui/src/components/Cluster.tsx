@@ -10,6 +10,22 @@ function millis(seconds: number): string {
   return v < 10 ? `${v.toFixed(2)} ms` : `${Math.round(v)} ms`;
 }
 
+/** By tensors: the time in the sums with the other machines, as rank 0 timed it apart from its
+ * layers on a step now and then (timing every step would cost each its single evaluation). */
+function SumsTimed({ cluster }: { cluster: ClusterStatus }) {
+  const n = cluster.timed_steps;
+  if (!n) return <span data-testid="cluster-sums">the sums with the other machines not timed yet</span>;
+  return (
+    <span
+      data-testid="cluster-sums"
+      title="The transfers, and any machine still computing its share; the step's own layers are the rest"
+    >
+      in the sums with the other machines {millis(cluster.sum_seconds / n)} of a {millis(cluster.timed_step_seconds / n)}{" "}
+      step (timed apart from the layers on {n} {n === 1 ? "step" : "steps"})
+    </span>
+  );
+}
+
 /** Machines the cluster serves without that are back: taking them in reloads the model across
  * the machines (requests are answered 503 meanwhile, minutes for a large model). */
 function TakeBack({ back }: { back: string[] }) {
@@ -108,10 +124,14 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
       </p>
       <p data-testid="cluster-steps" title="Sums since the model loaded, per step through the model">
         {cluster.steps} steps · {bytes(per(cluster.bytes_per_hop))} {tensor ? "sent by each machine" : "per hop"} per step ·
-        step {millis(per(cluster.step_seconds))}, of which{" "}
-        {tensor
-          ? `its layers and the sums with the other machines ${millis(per(cluster.wait_seconds))}`
-          : `waiting on the other machines ${millis(per(cluster.wait_seconds))} (their layers and every hop)`}
+        step {millis(per(cluster.step_seconds))}
+        {tensor ? (
+          <>
+            {" "}· <SumsTimed cluster={cluster} />
+          </>
+        ) : (
+          `, of which waiting on the other machines ${millis(per(cluster.wait_seconds))} (their layers and every hop)`
+        )}
       </p>
         </>
       )}

@@ -21,9 +21,12 @@ use crate::model::weights::Weights;
 
 pub mod mtp;
 mod stage;
+mod sum_clock;
 mod tensor_parallel;
 use mtp::MtpHead;
 pub use stage::Stage;
+pub use sum_clock::SumClock;
+use sum_clock::TensorShare;
 
 pub enum FeedForward {
     Dense(Mlp),
@@ -122,7 +125,7 @@ struct LayerInputs<'a> {
     /// This layer's slice of Gemma 4's per-layer inputs.
     per_layer: Option<Array>,
     /// The ranks to sum each branch's output over (tensor parallel).
-    tensor: Option<&'a crate::mlx::distributed::Group>,
+    tensor: Option<&'a TensorShare>,
 }
 
 impl DecoderLayer {
@@ -273,7 +276,7 @@ pub struct Transformer {
     /// The part of the model this process holds, as one rank of a cluster (`None`: all of it).
     stage: Option<Stage>,
     /// The ranks this process shares every layer's heads and columns with (tensor parallel).
-    tensor: Option<std::sync::Arc<crate::mlx::distributed::Group>>,
+    tensor: Option<TensorShare>,
 }
 
 /// Image features placed in a step's input: at the positions `mask` marks (`[B, L, 1]`), the
@@ -611,7 +614,7 @@ impl Transformer {
                 rotation,
                 query_scale: query_scale.as_ref(),
                 per_layer: per_layer.map(|p| p.index((.., .., i as i32, ..))),
-                tensor: self.tensor.as_deref(),
+                tensor: self.tensor.as_ref(),
             };
             // A stage never holds a layer that reuses another's cache (`stage_refusal`).
             let source = self.config.layer_attention(i).kv_source;

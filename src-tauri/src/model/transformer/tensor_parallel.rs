@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 
-use super::{DecoderLayer, FeedForward, Mixer, Transformer};
+use super::{DecoderLayer, FeedForward, Mixer, SumClock, TensorShare, Transformer};
 use crate::mlx::distributed::Group;
 use crate::model::config::QuantSpec;
 use crate::model::error::{ModelError, Result};
@@ -222,13 +222,18 @@ impl Transformer {
             }
         }
         self.mtp = None;
-        self.tensor = Some(group);
+        self.tensor = Some(TensorShare { group, clock: Arc::new(SumClock::default()) });
         Ok(())
     }
 
     /// This rank's share of every layer, `(rank, ranks)`, where the model is shared out.
     pub fn tensor_share(&self) -> Option<(usize, usize)> {
-        self.tensor.as_ref().map(|g| (g.rank(), g.size()))
+        self.tensor.as_ref().map(|t| (t.group.rank(), t.group.size()))
+    }
+
+    /// The clock of this rank's sums, where the model is shared out.
+    pub fn sum_clock(&self) -> Option<Arc<SumClock>> {
+        self.tensor.as_ref().map(|t| t.clock.clone())
     }
 
     /// The sums one step through the model takes once shared out: one after each attention,
@@ -240,9 +245,9 @@ impl Transformer {
 
 impl DecoderLayer {
     /// A branch's output summed over the ranks where the layer is shared out by tensors.
-    pub(super) fn summed(group: Option<&Group>, x: Array) -> Result<Array> {
-        match group {
-            Some(g) => g.all_sum(&x).map_err(ModelError::Mlx),
+    pub(super) fn summed(share: Option<&TensorShare>, x: Array) -> Result<Array> {
+        match share {
+            Some(t) => t.sum(x),
             None => Ok(x),
         }
     }
