@@ -230,6 +230,53 @@ async fn turns(port: u16) -> (Vec<String>, Vec<u64>) {
     out.into_iter().unzip()
 }
 
+/// One greedy answer in each dialect besides OpenAI's completions: chat under a JSON schema
+/// (its grammar masks the verify steps' logits too), Anthropic Messages, Ollama's chat and
+/// OpenAI Responses. Rank 0's engine serves them all, split or not.
+async fn dialects(port: u16) -> Vec<String> {
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let models: Value = client.get(format!("{url}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let model = models["data"][0]["id"].as_str().unwrap().to_string();
+    let user = json!([{"role": "user", "content": "Name a colour."}]);
+    let schema = json!({"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}});
+    let asks = [
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": user, "max_tokens": 16, "temperature": 0, "response_format": format}),
+        ),
+        ("/v1/messages", json!({"model": model, "messages": user, "max_tokens": 8, "temperature": 0})),
+        (
+            "/api/chat",
+            json!({"model": model, "messages": user, "stream": false, "options": {"temperature": 0, "num_predict": 8}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": model, "input": "Name a colour.", "max_output_tokens": 16, "temperature": 0}),
+        ),
+    ];
+    let mut texts = Vec::new();
+    for (path, body) in asks {
+        let response = client.post(format!("{url}{path}")).json(&body).send().await.unwrap();
+        let status = response.status();
+        let body: Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status}: {body}");
+        let text = match path {
+            "/v1/chat/completions" => &body["choices"][0]["message"]["content"],
+            "/v1/messages" => &body["content"][0]["text"],
+            "/api/chat" => &body["message"]["content"],
+            _ => {
+                let message = body["output"].as_array().unwrap().iter().find(|o| o["type"] == "message");
+                &message.unwrap_or_else(|| panic!("{path}: no message in {body}"))["content"][0]["text"]
+            }
+        };
+        texts.push(text.as_str().unwrap_or_else(|| panic!("{path}: no text in {body}")).to_string());
+    }
+    assert!(texts[0].starts_with('{'), "the schema's grammar: {texts:?}");
+    texts
+}
+
 /// `model` across `ranks` processes with `args` (and `split`: how it is split) answers as one
 /// process with `args` does.
 async fn assert_served_like_alone(
@@ -244,6 +291,7 @@ async fn assert_served_like_alone(
     wait_ready(port, &mut alone).await;
     let (want, _) = answers(port).await;
     let (want_turns, _) = turns(port).await;
+    let want_dialects = dialects(port).await;
     drop(alone);
     let (port, nodes) = cluster(dir, model, ranks, &[args, split].concat()).await;
     let (got, drafted) = answers(port).await;
@@ -255,6 +303,7 @@ async fn assert_served_like_alone(
     let (got_turns, reused) = turns(port).await;
     assert_eq!(got_turns, want_turns, "{what} across {ranks} ranks, the turns: {}", nodes[0].log());
     assert!(reused[1..].iter().all(|&r| r >= 64), "{what}: prompt tokens reused {reused:?}: {}", nodes[0].log());
+    assert_eq!(dialects(port).await, want_dialects, "{what} across {ranks} ranks, the dialects: {}", nodes[0].log());
     for (rank, node) in nodes.iter().enumerate() {
         assert!(node.log().contains(&format!("rank {rank} of {ranks}: ")), "{}", node.log());
     }
@@ -564,6 +613,52 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     eprintln!("served again {:?} after the cut", cut.elapsed());
     assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
     assert!(nodes[2].log().contains("test: the link cut"), "{}", nodes[2].log());
+}
+
+/// Four machines, the most a Thunderbolt ring of Macs usually has: a rank with no link to rank 0
+/// (rank 2, between ranks 1 and 3) killed mid-answer is named, its neighbours follow rank 0 as it
+/// starts again, and the cluster serves the same answer once the rank is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn four_ranks_name_a_rank_away_from_rank_0_and_form_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // The tiny Qwen3.5 has 4 layers (3 of Gated DeltaNet, 1 of attention): one per rank.
+    let model = dir.path().join("qwen35");
+    synthetic::write_tiny_model(&model, Arch::Qwen35, 4, None).unwrap();
+    let hosts = host_file(dir.path(), 4);
+    let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &[]).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let before = short_answer(&client, port).await;
+    assert_cluster_shown(port, 4, false, "4 ranks").await;
+    let mut stream = client
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while seen.matches("data: ").count() < 5 {
+        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
+    }
+    nodes[2].child.kill().unwrap();
+    let lost = Instant::now();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.chunk()).await.unwrap().unwrap() {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let waited = lost.elapsed();
+    let tail = &seen[seen.len().saturating_sub(600)..];
+    let gone = format!("the cluster lost a rank: rank 2 (127.0.0.1:{}) is gone", hosts_port(&hosts, 2));
+    assert!(tail.contains(&gone), "{tail}");
+    assert!(waited < Duration::from_secs(8), "the stream took {waited:?} to end: {tail}");
+    eprintln!("4 ranks: the stream ended {waited:?} after rank 2 was killed: {tail}");
+    nodes[2] = serve(dir.path(), &model, free_port(), &[], Some((&hosts, 2)));
+    let back = Instant::now();
+    wait_ready(port, &mut nodes[0]).await;
+    eprintln!("4 ranks: served again {:?} after rank 2 started again", back.elapsed());
+    assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
+    // The ranks that stayed started again with rank 0, to form anew with rank 2 back.
+    for rank in [0, 1, 3] {
+        assert!(nodes[rank].log().contains("starting again to rejoin the cluster"), "{}", nodes[rank].log());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
