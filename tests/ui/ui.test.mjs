@@ -775,7 +775,7 @@ describe("web UI", { concurrency: false }, () => {
         nodes: [{ rank: 0, host: "10.0.0.1:32323", room_bytes: 8e9, first_layer: 0, end_layer: 30, ends: true }],
         links: [], without: ["rank 1 (10.0.0.2:32323)"], back: ["rank 1 (10.0.0.2:32323)"], take_back: "asked",
         steps: 0, tokens: 0, bytes_per_hop: 0, wait_seconds: 0, step_seconds: 0,
-        timed_steps: 0, sum_seconds: 0, timed_step_seconds: 0,
+        sums_timed: { prompt: { steps: 0, sum_seconds: 0, step_seconds: 0 }, decode: { steps: 0, sum_seconds: 0, step_seconds: 0 } },
       };
       const model = {
         id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
@@ -810,7 +810,7 @@ describe("web UI", { concurrency: false }, () => {
         backend: "ring", parallel: "tensor", nodes: [node(0), node(1)],
         links: [{ from: 0, to: 1, round_trip_ms: 0.12, megabytes_per_second: 1800 }], without: [],
         steps: 100, tokens: 800, bytes_per_hop: 4e6, wait_seconds: 2.0, step_seconds: 2.5,
-        timed_steps: 0, sum_seconds: 0, timed_step_seconds: 0,
+        sums_timed: { prompt: { steps: 0, sum_seconds: 0, step_seconds: 0 }, decode: { steps: 0, sum_seconds: 0, step_seconds: 0 } },
       };
       const model = {
         id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
@@ -821,12 +821,16 @@ describe("web UI", { concurrency: false }, () => {
       await page.getByTestId("cluster-sums").waitFor();
       assert.match(await text(page.getByTestId("cluster-steps")), /100 steps .* step 25 ms/);
       assert.equal(await text(page.getByTestId("cluster-sums")), "the sums with the other machines not timed yet");
-      Object.assign(cluster, { timed_steps: 4, sum_seconds: 0.03, timed_step_seconds: 0.12 });
+      cluster.sums_timed.decode = { steps: 4, sum_seconds: 0.03, step_seconds: 0.12 };
       await page.reload();
-      await page.getByText("timed apart from the layers").waitFor();
+      await page.getByText("(4 timed)").waitFor();
+      assert.equal(await text(page.getByTestId("cluster-sums")), "in the sums with the other machines: decode 7.50 ms of a 30 ms step (4 timed)");
+      cluster.sums_timed.prompt = { steps: 1, sum_seconds: 0.066, step_seconds: 0.218 };
+      await page.reload();
+      await page.getByText("(1 timed)").waitFor();
       assert.equal(
         await text(page.getByTestId("cluster-sums")),
-        "in the sums with the other machines 7.50 ms of a 30 ms step (timed apart from the layers on 4 steps)",
+        "in the sums with the other machines: decode 7.50 ms of a 30 ms step (4 timed), prompt 66 ms of a 218 ms step (1 timed)",
       );
     } finally {
       await context.close();

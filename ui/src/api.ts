@@ -236,12 +236,17 @@ export interface ClusterStatus {
   bytes_per_hop: number;
   wait_seconds: number;
   step_seconds: number;
-  /** By tensors: the steps whose sums rank 0 timed apart from its layers (one now and then). */
-  timed_steps: number;
+  /** By tensors: the steps whose sums rank 0 timed apart from its layers (one now and then),
+   * prompt steps (several positions per row) and decode steps apart. */
+  sums_timed: { prompt: TimedSteps; decode: TimedSteps };
+}
+
+export interface TimedSteps {
+  steps: number;
   /** Seconds those steps spent in the sums (the transfers, and any machine still computing). */
   sum_seconds: number;
-  /** Seconds of those steps in all. */
-  timed_step_seconds: number;
+  /** Seconds of those steps in all (a timed step runs longer than others). */
+  step_seconds: number;
 }
 
 export interface PullProgress {

@@ -13,7 +13,7 @@ use clap::Args;
 use super::cluster_cmd::{rank_and_watchdog, Joined};
 use super::generate_cmd::{print_stats, print_text, GenerateArgs};
 use crate::cluster::pipeline::Pipeline;
-use crate::cluster::sum_sampler::{SumSampler, TimedSums};
+use crate::cluster::sum_sampler::{StepKind, SumSampler};
 use crate::cluster::watchdog::Watchdog;
 pub use crate::cluster::Parallel;
 use crate::generate::generate_with;
@@ -134,23 +134,18 @@ fn generate_by_tensors(
     (group, rank, watchdog): (&Group, usize, &Watchdog),
 ) -> anyhow::Result<()> {
     let request = args.request(model, kv_format)?;
-    // [prompt steps, decode steps (one position)]
-    let clock = model.transformer.sum_clock().filter(|_| rank == 0);
-    let mut samplers = clock.map(|c| [SumSampler::new(c.clone()), SumSampler::new(c)]);
+    let mut sampler = model.transformer.sum_clock().filter(|_| rank == 0).map(SumSampler::new);
     let mut forward = |ids: &mlx_rs::Array, cache: &mut [crate::model::KvCache]| {
         let _w = watchdog.waiting("summing a step's outputs with the other ranks");
         let started = Instant::now();
-        let mut sampler = samplers.as_mut().map(|s| &mut s[usize::from(ids.dim(1) == 1)]);
         if let Some(s) = sampler.as_mut() {
-            s.start();
+            s.start(StepKind::of(ids.dim(1) as usize));
         }
-        let mut hidden = || -> Result<mlx_rs::Array, ModelError> {
-            let h = model.transformer.forward_hidden(ids, cache)?;
+        let hidden = model.transformer.forward_hidden(ids, cache).and_then(|h| {
             h.eval()?;
             Ok(h)
-        };
-        let hidden = hidden();
-        if let Some(s) = sampler {
+        });
+        if let Some(s) = sampler.as_mut() {
             s.finish(started.elapsed(), hidden.is_ok());
         }
         hidden
@@ -160,17 +155,21 @@ fn generate_by_tensors(
     if rank == 0 {
         print_stats(&generation);
     }
-    if let Some([prompt, decode]) = samplers.map(|s| s.map(|s| s.timed)) {
-        let timed = |t: TimedSums| {
-            let (sums, total) = t.per_step_ms();
-            format!("{sums:.2} ms of a {total:.2} ms step ({} timed)", t.steps)
-        };
+    if let Some(sampler) = sampler {
+        let timed: Vec<String> = [(StepKind::Prompt, "prompt"), (StepKind::Decode, "decode")]
+            .into_iter()
+            .map(|(kind, name)| (sampler.timed(kind), name))
+            .filter(|(t, _)| t.steps > 0)
+            .map(|(t, name)| {
+                let (sums, total) = t.per_step_ms();
+                format!("{name} steps {sums:.2} ms of a {total:.2} ms timed step ({} timed)", t.steps)
+            })
+            .collect();
         eprintln!(
-            "Sums: {} ranks, {} sums per step, in the sums: prompt steps {}, decode steps {}",
+            "Sums: {} ranks, {} sums per step, in the sums: {}",
             group.size(),
             model.transformer.sums_per_step(),
-            timed(prompt),
-            timed(decode),
+            timed.join(", ")
         );
     }
     Ok(())

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use mlx_rs::{Array, Dtype};
 
 use super::stage_server::{EngineStage, StepRows, HEADER_TAIL};
-use super::sum_sampler::{SumSampler, TimedSums};
+use super::sum_sampler::{StepKind, SumSampler};
 use super::watchdog::Watchdog;
 use crate::engine::remote::{ClusterView, LinkHealth, Pending, RemoteLayers, RemoteStep, StepBatch};
 use crate::engine::RequestId;
@@ -98,8 +98,6 @@ pub struct PipelineStats {
     pub waited: Duration,
     /// Time of the whole steps on rank 0 (its own layers, sends and the wait).
     pub total: Duration,
-    /// Tensor parallel: the steps whose sums were timed apart from the layers.
-    pub timed: TimedSums,
 }
 
 /// One rank's end of the pipeline.
@@ -196,7 +194,7 @@ impl Pipeline {
     /// times now and then.
     pub fn sharing_layers(mut self, model: &Transformer) -> Pipeline {
         self.sums = Some(model.sums_per_step());
-        self.sampler = model.sum_clock().map(SumSampler::new);
+        self.sampler = model.sum_clock().filter(|_| self.group.rank() == 0).map(SumSampler::new);
         self
     }
 
@@ -426,8 +424,9 @@ impl Pipeline {
     ) -> Result<Array, String> {
         let data = self.send_described(STEP, rows as i32, positions as i32, 0, step)?;
         let sent = Instant::now();
+        let kind = StepKind::of(positions);
         if let Some(sampler) = self.sampler.as_mut() {
-            sampler.start();
+            sampler.start(kind);
         }
         let h = {
             // MLX's sum does not say which rank it lost; the roster names it once rank 0 starts again.
@@ -436,9 +435,9 @@ impl Pipeline {
             own().map_err(|e| without_source_places(&e)).and_then(eval).map_err(|e| format!("{what}: {e}"))
         };
         if let Some(sampler) = self.sampler.as_mut() {
-            if let Some(sums) = sampler.finish(step.began.elapsed(), h.is_ok()) {
-                self.stats.timed = sampler.timed;
-                self.view.record_timed_sums(sums, step.began.elapsed());
+            let total = step.began.elapsed();
+            if let Some(sums) = sampler.finish(total, h.is_ok()) {
+                self.view.record_timed_sums(kind == StepKind::Decode, sums, total);
             }
         }
         let h = h?;

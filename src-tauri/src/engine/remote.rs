@@ -189,14 +189,27 @@ pub struct ClusterStatus {
     pub wait_seconds: f64,
     /// Seconds of whole steps on rank 0 (its own layers, the sends, the wait), summed.
     pub step_seconds: f64,
-    /// By tensors: the steps whose sums rank 0 timed apart from its layers (one now and then:
-    /// timing them costs the step its single evaluation).
-    pub timed_steps: u64,
-    /// Seconds those steps spent in their sums (the transfers, and any rank still computing
-    /// its share), summed.
+    /// By tensors: the sums of the steps rank 0 timed apart from its layers (one now and then:
+    /// timing costs the step its single evaluation), prompt steps and decode steps apart.
+    pub sums_timed: SumsTimed,
+}
+
+/// The steps whose sums rank 0 timed, by kind.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SumsTimed {
+    /// Steps of several positions per row (prompt chunks, speculative verify steps).
+    pub prompt: TimedSteps,
+    /// Steps of one position per row.
+    pub decode: TimedSteps,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TimedSteps {
+    pub steps: u64,
+    /// Seconds in their sums (the transfers, and any rank still computing its share), summed.
     pub sum_seconds: f64,
-    /// Seconds of those steps in all, summed.
-    pub timed_step_seconds: f64,
+    /// Seconds of the same steps in all, summed (a timed step runs longer than others).
+    pub step_seconds: f64,
 }
 
 /// One machine of a cluster.
@@ -250,12 +263,13 @@ impl ClusterView {
         }
     }
 
-    /// A step whose sums were timed: `sums` of its `total`.
-    pub fn record_timed_sums(&self, sums: Duration, total: Duration) {
+    /// A step whose sums were timed (a `decode` step, or a prompt step): `sums` of its `total`.
+    pub fn record_timed_sums(&self, decode: bool, sums: Duration, total: Duration) {
         if let Ok(mut s) = self.0.lock() {
-            s.timed_steps += 1;
-            s.sum_seconds += sums.as_secs_f64();
-            s.timed_step_seconds += total.as_secs_f64();
+            let timed = if decode { &mut s.sums_timed.decode } else { &mut s.sums_timed.prompt };
+            timed.steps += 1;
+            timed.sum_seconds += sums.as_secs_f64();
+            timed.step_seconds += total.as_secs_f64();
         }
     }
 }

@@ -190,7 +190,7 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], 
     if clusters.is_empty() {
         return;
     }
-    let totals: [(&str, &str, &str, Of); 10] = [
+    let totals: [(&str, &str, &str, Of); 7] = [
         ("nodes", "gauge", "Machines the model is split across (1: served alone on rank 0).", |c| c.nodes.len() as f64),
         ("without", "gauge", "Machines of the host file the cluster serves without (gone past --drop-after).", |c| {
             c.without.len() as f64
@@ -202,18 +202,25 @@ fn cluster_series(out: &mut String, clusters: &[(String, ClusterStatus, bool)], 
             c.wait_seconds
         }),
         ("step_seconds_total", "counter", "Time of whole steps on rank 0, the wait included.", |c| c.step_seconds),
-        ("timed_steps_total", "counter", "By tensors: steps whose sums rank 0 timed apart from its layers.", |c| {
-            c.timed_steps as f64
-        }),
-        ("sum_seconds_total", "counter", "By tensors: time the timed steps spent in their sums.", |c| c.sum_seconds),
-        ("timed_step_seconds_total", "counter", "By tensors: time of the timed steps in all.", |c| {
-            c.timed_step_seconds
-        }),
     ];
     for (name, kind, help, of) in totals {
         head(out, name, kind, help);
         for (id, c, _) in clusters {
             let _ = writeln!(out, "fastmlx_cluster_{name}{{model=\"{}\"}} {}", label(id), of(c));
+        }
+    }
+    type TimedOf = fn(&crate::engine::remote::TimedSteps) -> f64;
+    let timed: [(&str, &str, TimedOf); 3] = [
+        ("timed_steps_total", "By tensors: steps whose sums rank 0 timed apart from its layers.", |t| t.steps as f64),
+        ("sum_seconds_total", "By tensors: time the timed steps spent in their sums.", |t| t.sum_seconds),
+        ("timed_step_seconds_total", "By tensors: time of the timed steps in all.", |t| t.step_seconds),
+    ];
+    for (name, help, of) in timed {
+        head(out, name, "counter", help);
+        for (id, c, _) in clusters {
+            for (kind, t) in [("prompt", &c.sums_timed.prompt), ("decode", &c.sums_timed.decode)] {
+                let _ = writeln!(out, "fastmlx_cluster_{name}{{model=\"{}\",steps=\"{kind}\"}} {}", label(id), of(t));
+            }
         }
     }
     head(out, "node_layers", "gauge", "Layers a machine holds.");

@@ -11,17 +11,27 @@ function millis(seconds: number): string {
 }
 
 /** By tensors: the time in the sums with the other machines, as rank 0 timed it apart from its
- * layers on a step now and then (timing every step would cost each its single evaluation). */
-function SumsTimed({ cluster }: { cluster: ClusterStatus }) {
-  const n = cluster.timed_steps;
-  if (!n) return <span data-testid="cluster-sums">the sums with the other machines not timed yet</span>;
+ * layers on a step now and then (timing every step would cost each its single evaluation), decode
+ * steps and prompt steps apart. A timed step runs longer than others, hence its own step time. */
+function SumsTimed({ timed }: { timed: ClusterStatus["sums_timed"] }) {
+  const kinds = [
+    ["decode", timed.decode],
+    ["prompt", timed.prompt],
+  ] as const;
+  const shown = kinds.filter(([, t]) => t.steps > 0);
+  if (!shown.length) return <span data-testid="cluster-sums">the sums with the other machines not timed yet</span>;
   return (
     <span
       data-testid="cluster-sums"
       title="The transfers, and any machine still computing its share; the step's own layers are the rest"
     >
-      in the sums with the other machines {millis(cluster.sum_seconds / n)} of a {millis(cluster.timed_step_seconds / n)}{" "}
-      step (timed apart from the layers on {n} {n === 1 ? "step" : "steps"})
+      in the sums with the other machines:{" "}
+      {shown
+        .map(
+          ([name, t]) =>
+            `${name} ${millis(t.sum_seconds / t.steps)} of a ${millis(t.step_seconds / t.steps)} step (${t.steps} timed)`,
+        )
+        .join(", ")}
     </span>
   );
 }
@@ -127,7 +137,7 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
         step {millis(per(cluster.step_seconds))}
         {tensor ? (
           <>
-            {" "}· <SumsTimed cluster={cluster} />
+            {" "}· <SumsTimed timed={cluster.sums_timed} />
           </>
         ) : (
           `, of which waiting on the other machines ${millis(per(cluster.wait_seconds))} (their layers and every hop)`

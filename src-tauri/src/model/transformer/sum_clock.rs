@@ -37,7 +37,7 @@ impl SumClock {
     }
 
     /// `x` summed over `group`'s ranks; timed apart from the work before it when armed.
-    fn sum(&self, group: &Group, x: Array) -> Result<Array> {
+    pub fn sum(&self, group: &Group, x: Array) -> Result<Array> {
         if !self.armed.load(Ordering::Acquire) {
             return group.all_sum(&x).map_err(ModelError::Mlx);
         }
