@@ -105,12 +105,14 @@ if after:
     print(f"{after.get('parallel', 'pipeline')} over those: {steps} steps, {per('tokens'):.1f} positions and "
           f"{per('bytes_per_hop'):.0f} bytes per hop per step, step {per('step_seconds') * 1e3:.2f} ms of which rank 0 "
           f"waited {per('wait_seconds') * 1e3:.2f} ms for the other rank (its layers and the hops, or the sums)")
-    timed = after["timed_steps"] - before["timed_steps"]
-    if timed:
-        sums = (after["sum_seconds"] - before["sum_seconds"]) / timed
-        whole = (after["timed_step_seconds"] - before["timed_step_seconds"]) / timed
-        print(f"the sums, timed apart from the layers on {timed} of those steps: {sums * 1e3:.2f} ms of a "
-              f"{whole * 1e3:.2f} ms step")
+    for kind in ("prompt", "decode"):
+        a, b = after["sums_timed"][kind], before["sums_timed"][kind]
+        timed = a["steps"] - b["steps"]
+        if timed:
+            sums = (a["sum_seconds"] - b["sum_seconds"]) / timed
+            whole = (a["step_seconds"] - b["step_seconds"]) / timed
+            print(f"the sums of {kind} steps, timed apart from the layers on {timed} of those steps: "
+                  f"{sums * 1e3:.2f} ms of a {whole * 1e3:.2f} ms timed step")
 PY
 }
 wait_health() { for _ in $(seq 240); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; echo "server on $1 not ready" >&2; return 1; }

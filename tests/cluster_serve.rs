@@ -625,6 +625,16 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     assert!(nodes[2].log().contains("test: the link cut"), "{}", nodes[2].log());
 }
 
+/// The CPU time process `pid` has used, in seconds (user and system, from `/proc`).
+#[cfg(target_os = "linux")]
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's name (in parentheses, which may hold spaces): utime and
+    // stime are the 14th and 15th of the line, in ticks of 1/100 s.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    (fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()) as f64 / 100.0
+}
+
 /// Four machines, the most a Thunderbolt ring of Macs usually has: a rank with no link to rank 0
 /// (rank 2, between ranks 1 and 3) killed mid-answer is named, its neighbours follow rank 0 as it
 /// starts again, and the cluster serves the same answer once the rank is back.
@@ -644,6 +654,21 @@ async fn four_ranks_name_a_rank_away_from_rank_0_and_form_again() {
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let before = short_answer(&client, port).await;
     assert_cluster_shown(port, 4, false, "4 ranks").await;
+    // Idle, the workers are parked off MLX's ring, whose wait polls its sockets in a loop (a
+    // core each, for as long as the cluster is idle): they use next to no CPU.
+    #[cfg(target_os = "linux")]
+    {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let used = |node: &Node| cpu_seconds(node.child.id());
+        let start: Vec<f64> = nodes[1..].iter().map(used).collect();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (i, node) in nodes[1..].iter().enumerate() {
+            let busy = used(node) - start[i];
+            assert!(busy < 0.5, "rank {}: {busy:.2} s of CPU in 2 s idle: {}", i + 1, node.log());
+        }
+        // Woken for the next request.
+        assert_eq!(short_answer(&client, port).await, before, "after a park: {}", nodes[0].log());
+    }
     let mut stream = client
         .post(format!("http://127.0.0.1:{port}/v1/completions"))
         .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))

@@ -389,10 +389,14 @@ async fn serve_first_stage(
             .map_err(|e| link_lost(format!("the cluster lost a rank while loading: {e}")))?;
         let hidden = model.transformer.config.hidden_size;
         let status = crate::cluster::status_of((&distributed, parallel), &shown, &cluster, &rooms, &plan, &links);
+        // Idle, the workers are parked off the ring (its wait spins a core); a line on their
+        // presence connections wakes them for the next step.
+        let waking = present.clone();
         let pipeline = Pipeline::new(group, watchdog.clone(), hidden)
             .with_view(ClusterView::new(status))
             .with_kv_capacity(room)
-            .with_places(cluster.members.clone());
+            .with_places(cluster.members.clone())
+            .with_waker(move |park| waking.wake(park));
         let pipeline = sharing(pipeline, parallel, &model.transformer);
         // Rank 0 stays up when a rank is lost: its requests end with the reason, the
         // server says it, and the wait that never returns is left behind.

@@ -41,6 +41,12 @@ const PROBE: i32 = 5;
 /// Rank 0 is idle and still there: passed around the ring and back to it, so that every rank
 /// hears from the others well within its deadline (a rank silent past it is taken as gone).
 const PING: i32 = 6;
+/// Rank 0 has been idle a while: each worker passes this on and waits for rank 0's word on its
+/// presence connection instead of on MLX's ring, whose wait spins a core (its sockets are
+/// polled in a loop) for as long as it lasts. The header's batch field is the park's number.
+const PARK: i32 = 7;
+/// Idle time after which rank 0 parks the workers.
+const PARK_AFTER: Duration = Duration::from_secs(1);
 /// kind, batch, length, dtype, then for [`STEP`] and [`PROBE`] the rows' description's sizes
 /// (`StepRows`).
 const HEADER_LEN: usize = 4 + HEADER_TAIL;
@@ -121,6 +127,11 @@ pub struct Pipeline {
     sums: Option<usize>,
     /// Tensor parallel, rank 0: which steps' sums are timed.
     sampler: Option<SumSampler>,
+    /// Rank 0 serving: tells the parked workers to wait on the ring again (the park's number).
+    waker: Option<Box<dyn Fn(u64) + Send>>,
+    /// Rank 0: the workers' park, if they are parked, and the parks so far.
+    parked: Option<u64>,
+    parks: u64,
     /// The most parts a prefill step goes down in (`FASTMLX_CLUSTER_PARTS`, read once).
     most_parts: usize,
     /// The most parts out at once (`FASTMLX_CLUSTER_WINDOW`, read once; at most one per other
@@ -185,6 +196,9 @@ impl Pipeline {
             places: Vec::new(),
             sums: None,
             sampler: None,
+            waker: None,
+            parked: None,
+            parks: 0,
             most_parts: std::env::var("FASTMLX_CLUSTER_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOST_PARTS),
             window: std::env::var("FASTMLX_CLUSTER_WINDOW").ok().and_then(|v| v.parse().ok()),
         }
@@ -213,6 +227,25 @@ impl Pipeline {
     pub fn with_kv_capacity(mut self, tokens: usize) -> Pipeline {
         self.kv_capacity = Some(tokens);
         self
+    }
+
+    /// Rank 0 serving: the workers are parked while it is idle, and `wake` tells them a step
+    /// follows (without it, they wait on the ring throughout).
+    pub fn with_waker(mut self, wake: impl Fn(u64) + Send + 'static) -> Pipeline {
+        self.waker = Some(Box::new(wake));
+        self
+    }
+
+    /// Rank 0, before it uses the ring: not once a rank is lost (MLX's ring is not to be waited
+    /// on again); parked workers woken first.
+    fn ready(&mut self) -> Result<(), String> {
+        if let Some(why) = self.health.fault() {
+            return Err(why);
+        }
+        if let (Some(park), Some(wake)) = (self.parked.take(), &self.waker) {
+            wake(park);
+        }
+        Ok(())
     }
 
     /// Rank 0 serving: its steps are counted in `view` too.
@@ -319,10 +352,7 @@ impl Pipeline {
         step: &RemoteStep,
         own: &mut dyn FnMut() -> Result<Array, String>,
     ) -> Result<Array, String> {
-        // Once a rank is lost, MLX's ring is not to be waited on again.
-        if let Some(why) = self.health.fault() {
-            return Err(why);
-        }
+        self.ready()?;
         let stepped = match self.sums {
             Some(sums) => {
                 let (rows, positions) = step_shape(step)?;
@@ -362,9 +392,7 @@ impl Pipeline {
         steps: &[RemoteStep],
         own: &mut dyn FnMut(usize) -> Result<Array, String>,
     ) -> Result<Vec<Array>, String> {
-        if let Some(why) = self.health.fault() {
-            return Err(why);
-        }
+        self.ready()?;
         // Rank 0's own graph of the first part is built before anything is sent.
         let first = own(0)?;
         self.send_parts(steps, own, first).map_err(|e| self.lost(e))
@@ -472,9 +500,7 @@ impl Pipeline {
     /// Rank 0's engine: how many of `tokens` (request `id`'s prompt start, restored here) every
     /// worker restored from its own prefix cache (each keeps it for the row's first step).
     pub fn probe(&mut self, pending: &Pending, id: RequestId, tokens: &[u32]) -> Result<usize, String> {
-        if let Some(why) = self.health.fault() {
-            return Err(why);
-        }
+        self.ready()?;
         let asked = || -> Result<usize, String> {
             let step = RemoteStep {
                 batch: StepBatch::Prefill,
@@ -495,8 +521,21 @@ impl Pipeline {
     /// Rank 0, idle: a heartbeat around the ring once a quarter of the deadline (at most 5 s)
     /// has passed without a word from the others; a rank that does not pass it on is lost.
     pub fn keep_alive(&mut self) {
+        if self.health.fault().is_some() || self.parked.is_some() {
+            return;
+        }
+        if self.waker.is_some() && self.last_heard.elapsed() >= PARK_AFTER {
+            let park = self.parks + 1;
+            match self.send_header(PARK, park as i32, 0, 0) {
+                Ok(()) => (self.parks, self.parked) = (park, Some(park)),
+                Err(e) => {
+                    self.lost(e);
+                }
+            }
+            return;
+        }
         let every = (self.watchdog.timeout() / 4).min(Duration::from_secs(5));
-        if self.health.fault().is_some() || self.last_heard.elapsed() < every {
+        if self.last_heard.elapsed() < every {
             return;
         }
         let ping = || -> Result<(), String> {
@@ -513,11 +552,13 @@ impl Pipeline {
 
     /// Rank 0: the workers start a new sequence (empty caches).
     pub fn reset(&mut self) -> Result<(), String> {
+        self.ready()?;
         self.send_header(RESET, 0, 0, 0)
     }
 
     /// Rank 0: the workers return from [`Self::serve_stage`].
     pub fn stop(&mut self) -> Result<(), String> {
+        self.ready()?;
         self.send_header(STOP, 0, 0, 0)
     }
 
@@ -547,6 +588,13 @@ impl Pipeline {
                 }
                 // Passed on, the last rank's back to rank 0.
                 PING => self.send_header(PING, 0, 0, 0)?,
+                // Passed on (not back to rank 0), then no wait on the ring until rank 0's word.
+                PARK => {
+                    if passes_on {
+                        self.send_header(PARK, batch, 0, 0)?;
+                    }
+                    super::presence::wait_for_wake(batch as u64);
+                }
                 RESET => {
                     cache = model.new_cache_in(format);
                     if passes_on {

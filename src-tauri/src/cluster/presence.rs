@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::link_watch::{Post, Watch};
@@ -95,12 +95,20 @@ pub fn formed() {
     FORMED.store(true, Ordering::SeqCst);
 }
 
-/// Worker, told to form on `stream`: watches it for rank 0 closing it.
+/// Worker, told to form on `stream`: watches it for rank 0 waking this worker from a park
+/// ([`wait_for_wake`]) and for rank 0 closing it.
 pub fn watch_rank_0(stream: TcpStream) {
     std::thread::spawn(move || {
         let _ = stream.set_read_timeout(None);
-        // Rank 0 says nothing more after "form": any end is its going.
-        let _ = (&stream).read(&mut [0u8; 64]);
+        // After "form" rank 0 says only "wake N": any other end is its going.
+        let mut reader = BufReader::new(&stream);
+        let mut line = String::new();
+        while matches!((&mut reader).take(MOST).read_line(&mut line), Ok(n) if n > 0) {
+            if let Some(park) = line.trim().strip_prefix(super::roster::WAKE).and_then(|n| n.trim().parse().ok()) {
+                woken(park);
+            }
+            line.clear();
+        }
         let why = match FORMED.load(Ordering::SeqCst) {
             false => "rank 0 closed its roster's connection while the cluster formed (it gave the forming up)",
             true => {
@@ -110,6 +118,23 @@ pub fn watch_rank_0(stream: TcpStream) {
         };
         rank_0_gone(why.into());
     });
+}
+
+/// The last park rank 0 woke this worker from.
+static WOKEN: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+
+fn woken(park: u64) {
+    let mut last = WOKEN.0.lock().unwrap_or_else(|e| e.into_inner());
+    *last = (*last).max(park);
+    WOKEN.1.notify_all();
+}
+
+/// Worker parked by rank 0 (`park`, the park's number): returns once rank 0 wakes it, before
+/// its next step. Parked, the worker waits on no MLX link, whose wait spins a core; rank 0
+/// going ends the process meanwhile ([`on_rank_0_gone`]).
+pub fn wait_for_wake(park: u64) {
+    let last = WOKEN.0.lock().unwrap_or_else(|e| e.into_inner());
+    let _woken = WOKEN.1.wait_while(last, |last| *last < park).unwrap_or_else(|e| e.into_inner());
 }
 
 /// Runs what a worker does once rank 0 is gone, if it still has that to do.

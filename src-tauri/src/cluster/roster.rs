@@ -40,6 +40,8 @@ const EXCHANGE: Duration = Duration::from_secs(2);
 /// What rank 0 says on a present worker's connection once every member is present: this word,
 /// then the address of the link post the worker is to watch (its right neighbour's), if any.
 const FORM_NOW: &str = "form";
+/// What rank 0 says to a parked worker when a step follows (with the park's number).
+pub const WAKE: &str = "wake";
 /// How long a present worker waits to be told to form before it checks in again.
 const FORM_WAIT: Duration = Duration::from_secs(20);
 /// How long a probe of a neighbour's MLX address may take.
@@ -627,6 +629,27 @@ impl Roster {
         }
         self.watch_own_link();
         Ok(())
+    }
+
+    /// Rank 0 about to send a step after parking the workers (`park`, the park's number): tells
+    /// every present worker to wait on MLX's links again. A line on each presence connection,
+    /// sent ahead of the step on the ring, which MLX's sockets hold until the worker takes it.
+    pub fn wake(&self, park: u64) {
+        let streams: Vec<(usize, std::io::Result<TcpStream>)> = {
+            let state = self.state();
+            let present = state.present.iter().enumerate().skip(1);
+            present.filter_map(|(p, s)| Some((p, s.as_ref()?.try_clone()))).collect()
+        };
+        for (place, stream) in streams {
+            let told = stream.and_then(|stream| {
+                stream.set_write_timeout(Some(EXCHANGE))?;
+                (&stream).write_all(format!("{WAKE} {park}\n").as_bytes())
+            });
+            // A worker that cannot be told is gone or going: its presence says so.
+            if let Err(e) = told {
+                tracing::warn!("{} could not be woken: {e}", name(&self.hosts, place));
+            }
+        }
     }
 
     /// Rank 0's link post, opened beside its first MLX address (its left neighbour watches it):
