@@ -422,7 +422,8 @@ async fn retried(request: impl Fn() -> reqwest::RequestBuilder) -> reqwest::Resp
 /// process): the stream ends with an error event naming the rank within the deadline, the
 /// server stays up saying which rank is gone, and new requests are refused with that. With
 /// `restart`, the worker is then started again: the cluster forms again by itself and serves
-/// the answers it gave before, also after idling past the deadline (rank 0's heartbeats).
+/// the answers it gave before, also after idling past the deadline (the worker parked, woken
+/// for rank 0's heartbeats).
 /// The cluster: `ranks` processes, the model split as `split` says.
 async fn assert_lost_worker_reported(
     lose: impl FnOnce(&mut Child),
@@ -506,7 +507,7 @@ async fn assert_lost_worker_reported(
     eprintln!("{how}: served again {:?} after the worker started again", back.elapsed());
     assert!(nodes[0].log().contains("starting again to rejoin the cluster"), "{}", nodes[0].log());
     assert_eq!(short_answer(&client, port).await, before, "{how}: after the cluster formed again");
-    // Idle past the deadline (15 s): rank 0's heartbeats keep the worker, which would
+    // Idle past the deadline (15 s), parked: rank 0's heartbeats keep the worker, which would
     // otherwise take rank 0 for gone.
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(short_answer(&client, port).await, before, "{how}: after idling: {}", nodes[1].log());
@@ -541,8 +542,10 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     let (port, mut nodes) = cluster_of(dir.path(), &model, &hosts, &[]).await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let before = short_answer(&client, port).await;
+    // Idle: the workers parked off the ring (after 1 s without a step).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     nodes[1].child.kill().unwrap();
-    // No request is running: rank 0's heartbeat finds the lost rank.
+    // No request is running: rank 0's roster finds the lost rank by its presence.
     let lost = Instant::now();
     loop {
         let health = retried(|| client.get(format!("http://127.0.0.1:{port}/health"))).await;
@@ -566,11 +569,10 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // Named as the rank lost, by its presence on rank 0's roster (MLX says only that one of
-    // ranks 1 and 2 is lost or stalled); rank 2, which started again, said why it went.
+    // ranks 1 and 2 is lost or stalled); rank 2, parked, is not taken for gone.
     let gone = format!("the cluster lost a rank: rank 1 (127.0.0.1:{}) is gone: ", hosts_port(&hosts, 1));
     assert!(waiting.contains(&gone), "{waiting}");
     let rank2 = format!("rank 2 (127.0.0.1:{})", hosts_port(&hosts, 2));
-    assert!(nodes[0].log().contains(&format!("{rank2} left: rank 2: the cluster lost a rank")), "{}", nodes[0].log());
     assert!(!nodes[0].log().contains(&format!("{rank2} is gone")), "{}", nodes[0].log());
     let metrics = retried(|| client.get(format!("http://127.0.0.1:{port}/metrics"))).await.text().await.unwrap();
     assert!(metrics.contains("fastmlx_cluster_up{model=\"SmolLM2-135M-Instruct.Q4_1\"} 0"), "{metrics}");
@@ -579,7 +581,7 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     wait_ready(port, &mut nodes[0]).await;
     eprintln!("served again {:?} after the middle rank started again", back.elapsed());
     assert_eq!(short_answer(&client, port).await, before, "{}", nodes[0].log());
-    // Rank 2 lost its neighbour and started again by itself, as rank 0 did.
+    // Rank 2 started again with rank 0 (it follows rank 0's roster connection closing).
     for rank in [0, 2] {
         assert!(nodes[rank].log().contains("starting again to rejoin the cluster"), "{}", nodes[rank].log());
     }
@@ -664,7 +666,7 @@ async fn four_ranks_name_a_rank_away_from_rank_0_and_form_again() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         for (i, node) in nodes[1..].iter().enumerate() {
             let busy = used(node) - start[i];
-            assert!(busy < 0.5, "rank {}: {busy:.2} s of CPU in 2 s idle: {}", i + 1, node.log());
+            assert!(busy < 0.25, "rank {}: {busy:.2} s of CPU in 2 s idle: {}", i + 1, node.log());
         }
         // Woken for the next request.
         assert_eq!(short_answer(&client, port).await, before, "after a park: {}", nodes[0].log());

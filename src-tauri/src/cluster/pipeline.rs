@@ -118,6 +118,8 @@ pub struct Pipeline {
     view: ClusterView,
     /// Rank 0: when the other ranks last answered (a step, a probe or a heartbeat).
     last_heard: Instant,
+    /// Rank 0: when its last step went through (the workers are parked a while after).
+    last_step: Instant,
     /// Rank 0 serving: the fewest tokens of keys and values any other rank has room for.
     kv_capacity: Option<usize>,
     /// Each rank's place in the host file, which names it in errors (a cluster formed without
@@ -192,6 +194,7 @@ impl Pipeline {
             stats: PipelineStats::default(),
             view: ClusterView::default(),
             last_heard: Instant::now(),
+            last_step: Instant::now(),
             kv_capacity: None,
             places: Vec::new(),
             sums: None,
@@ -342,7 +345,7 @@ impl Pipeline {
         self.stats.tokens += tokens;
         self.stats.bytes_per_hop += bytes;
         self.view.record_step(tokens, bytes, waited, total);
-        self.last_heard = Instant::now();
+        (self.last_heard, self.last_step) = (Instant::now(), Instant::now());
     }
 
     /// Rank 0's engine: one step of its batch through the other ranks' layers (see
@@ -521,31 +524,34 @@ impl Pipeline {
     /// Rank 0, idle: a heartbeat around the ring once a quarter of the deadline (at most 5 s)
     /// has passed without a word from the others; a rank that does not pass it on is lost.
     pub fn keep_alive(&mut self) {
-        if self.health.fault().is_some() || self.parked.is_some() {
+        if self.health.fault().is_some() {
             return;
         }
-        if self.waker.is_some() && self.last_heard.elapsed() >= PARK_AFTER {
-            let park = self.parks + 1;
+        // The heartbeat, parked workers woken for it: every rank hears from the others within
+        // its deadline, parked or not, and a ring broken while idle is found while idle.
+        let every = (self.watchdog.timeout() / 4).min(Duration::from_secs(5));
+        if self.last_heard.elapsed() >= every {
+            let ping = |p: &mut Pipeline| -> Result<(), String> {
+                p.ready()?;
+                p.send_header(PING, 0, 0, 0)?;
+                p.recv(&[HEADER_LEN as i32], Dtype::Int32).map(|_| ())
+            };
+            match ping(self) {
+                Ok(()) => self.last_heard = Instant::now(),
+                Err(e) => {
+                    self.lost(e);
+                    return;
+                }
+            }
+        }
+        if self.waker.is_some() && self.parked.is_none() && self.last_step.elapsed() >= PARK_AFTER {
+            // Numbers within i32 (the header's field), 68 years at one park a second.
+            let park = self.parks % i32::MAX as u64 + 1;
             match self.send_header(PARK, park as i32, 0, 0) {
                 Ok(()) => (self.parks, self.parked) = (park, Some(park)),
                 Err(e) => {
                     self.lost(e);
                 }
-            }
-            return;
-        }
-        let every = (self.watchdog.timeout() / 4).min(Duration::from_secs(5));
-        if self.last_heard.elapsed() < every {
-            return;
-        }
-        let ping = || -> Result<(), String> {
-            self.send_header(PING, 0, 0, 0)?;
-            self.recv(&[HEADER_LEN as i32], Dtype::Int32).map(|_| ())
-        };
-        match ping() {
-            Ok(()) => self.last_heard = Instant::now(),
-            Err(e) => {
-                self.lost(e);
             }
         }
     }
@@ -593,7 +599,12 @@ impl Pipeline {
                     if passes_on {
                         self.send_header(PARK, batch, 0, 0)?;
                     }
-                    super::presence::wait_for_wake(batch as u64);
+                    // Rank 0 wakes its parked workers for its heartbeat well within the deadline.
+                    let within = self.watchdog.timeout();
+                    if !super::presence::wait_for_wake(batch as u64, within) {
+                        let rank_0 = self.name(0);
+                        return Err(format!("rank {rank_0} not heard from for {} s", within.as_secs()));
+                    }
                 }
                 RESET => {
                     cache = model.new_cache_in(format);

@@ -129,12 +129,15 @@ fn woken(park: u64) {
     WOKEN.1.notify_all();
 }
 
-/// Worker parked by rank 0 (`park`, the park's number): returns once rank 0 wakes it, before
-/// its next step. Parked, the worker waits on no MLX link, whose wait spins a core; rank 0
-/// going ends the process meanwhile ([`on_rank_0_gone`]).
-pub fn wait_for_wake(park: u64) {
+/// Worker parked by rank 0 (`park`, the park's number): whether rank 0 woke it `within` that
+/// long (for its next step or its heartbeat). Parked, the worker waits on no MLX link, whose
+/// wait spins a core; rank 0 closing the connection ends the process meanwhile
+/// ([`on_rank_0_gone`]), and rank 0 silent past `within` is as a wait past its deadline.
+pub fn wait_for_wake(park: u64, within: Duration) -> bool {
     let last = WOKEN.0.lock().unwrap_or_else(|e| e.into_inner());
-    let _woken = WOKEN.1.wait_while(last, |last| *last < park).unwrap_or_else(|e| e.into_inner());
+    let woken = WOKEN.1.wait_timeout_while(last, within, |last| *last < park);
+    let (last, _) = woken.unwrap_or_else(|e| e.into_inner());
+    *last >= park
 }
 
 /// Runs what a worker does once rank 0 is gone, if it still has that to do.
