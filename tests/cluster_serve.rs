@@ -405,6 +405,22 @@ async fn short_answer(client: &reqwest::Client, port: u16) -> String {
     body["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// A long streamed completion on `port`, once its first tokens flow: the response, and what it
+/// said so far.
+async fn long_stream(client: &reqwest::Client, port: u16) -> (reqwest::Response, String) {
+    let mut stream = client
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while seen.matches("data: ").count() < 5 {
+        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
+    }
+    (stream, seen)
+}
+
 /// A request sent again if its connection closed unanswered: rank 0 hands its port over to
 /// its next process image, and a connection it had accepted just before is closed.
 async fn retried(request: impl Fn() -> reqwest::RequestBuilder) -> reqwest::Response {
@@ -589,16 +605,7 @@ async fn three_ranks_form_again_after_the_middle_one_is_lost_while_idle() {
     // The link from rank 1 to rank 2 cut mid-answer, both machines up and present at rank 0
     // (MLX's own link is not, so only the watch sees it): the stream ends within seconds,
     // naming the link, and the cluster forms again by itself.
-    let mut stream = client
-        .post(format!("http://127.0.0.1:{port}/v1/completions"))
-        .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut seen = String::new();
-    while seen.matches("data: ").count() < 5 {
-        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
-    }
+    let (mut stream, mut seen) = long_stream(&client, port).await;
     cut_link_to(dir.path(), 2);
     let cut = Instant::now();
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.chunk()).await.unwrap().unwrap() {
@@ -671,16 +678,7 @@ async fn four_ranks_name_a_rank_away_from_rank_0_and_form_again() {
         // Woken for the next request.
         assert_eq!(short_answer(&client, port).await, before, "after a park: {}", nodes[0].log());
     }
-    let mut stream = client
-        .post(format!("http://127.0.0.1:{port}/v1/completions"))
-        .json(&json!({"prompt": "Count to a thousand.", "max_tokens": 4000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut seen = String::new();
-    while seen.matches("data: ").count() < 5 {
-        seen.push_str(&String::from_utf8_lossy(&stream.chunk().await.unwrap().expect("the stream ended early")));
-    }
+    let (mut stream, mut seen) = long_stream(&client, port).await;
     nodes[2].child.kill().unwrap();
     let lost = Instant::now();
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.chunk()).await.unwrap().unwrap() {

@@ -765,6 +765,20 @@ describe("web UI", { concurrency: false }, () => {
     }
   });
 
+  /** A cluster status's figures before any step was timed. */
+  const untimed = () => ({
+    prompt: { steps: 0, sum_seconds: 0, step_seconds: 0 },
+    decode: { steps: 0, sum_seconds: 0, step_seconds: 0 },
+  });
+  /** `/admin/status` answered with one model, served by `cluster` (rank 0's status, as live). */
+  const serveStatusOf = (page, cluster) => {
+    const model = {
+      id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
+      idle_secs: 1, expires_in_secs: null, running: 0, queued: 0, context_length: 4096, cluster,
+    };
+    return page.route("**/admin/status", (route) => route.fulfill({ json: { loaded: [model], waiting: null } }));
+  };
+
   test("server: a cluster's machine that is back is taken in when asked", async () => {
     const { context, page } = await openPage(browser);
     try {
@@ -775,13 +789,9 @@ describe("web UI", { concurrency: false }, () => {
         nodes: [{ rank: 0, host: "10.0.0.1:32323", room_bytes: 8e9, first_layer: 0, end_layer: 30, ends: true }],
         links: [], without: ["rank 1 (10.0.0.2:32323)"], back: ["rank 1 (10.0.0.2:32323)"], take_back: "asked",
         steps: 0, tokens: 0, bytes_per_hop: 0, wait_seconds: 0, step_seconds: 0,
-        sums_timed: { prompt: { steps: 0, sum_seconds: 0, step_seconds: 0 }, decode: { steps: 0, sum_seconds: 0, step_seconds: 0 } },
+        sums_timed: untimed(),
       };
-      const model = {
-        id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
-        idle_secs: 1, expires_in_secs: null, running: 0, queued: 0, context_length: 4096, cluster,
-      };
-      await page.route("**/admin/status", (route) => route.fulfill({ json: { loaded: [model], waiting: null } }));
+      await serveStatusOf(page, cluster);
       const asked = [];
       await page.route("**/admin/cluster/take-back", (route) => {
         asked.push(route.request().method());
@@ -810,13 +820,9 @@ describe("web UI", { concurrency: false }, () => {
         backend: "ring", parallel: "tensor", nodes: [node(0), node(1)],
         links: [{ from: 0, to: 1, round_trip_ms: 0.12, megabytes_per_second: 1800 }], without: [],
         steps: 100, tokens: 800, bytes_per_hop: 4e6, wait_seconds: 2.0, step_seconds: 2.5,
-        sums_timed: { prompt: { steps: 0, sum_seconds: 0, step_seconds: 0 }, decode: { steps: 0, sum_seconds: 0, step_seconds: 0 } },
+        sums_timed: untimed(),
       };
-      const model = {
-        id: "qwen", kind: "chat", path: "/m/qwen", memory_bytes: 1e9, weights_bytes: 9e8, kv_budget_bytes: 1e8,
-        idle_secs: 1, expires_in_secs: null, running: 0, queued: 0, context_length: 4096, cluster,
-      };
-      await page.route("**/admin/status", (route) => route.fulfill({ json: { loaded: [model], waiting: null } }));
+      await serveStatusOf(page, cluster);
       await page.goto(`${server.base}/ui/#/server`);
       await page.getByTestId("cluster-sums").waitFor();
       assert.match(await text(page.getByTestId("cluster-steps")), /100 steps .* step 25 ms/);
