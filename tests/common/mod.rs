@@ -1,11 +1,14 @@
 //! Helpers shared by the integration tests: the HTTP API over a tiny model (`api`), an engine on
-//! a model folder (`engine`), the fake Hugging Face Hub (`fake_hub`), and small file helpers.
+//! a model folder (`engine`), the fake Hugging Face Hub (`fake_hub`), machines on a network of
+//! their own (`lan`), and small file helpers.
 #![allow(dead_code)]
 
 pub mod api;
 pub mod drafting;
 pub mod engine;
 pub mod fake_hub;
+#[cfg(target_os = "linux")]
+pub mod lan;
 
 /// An engine with a prefix cache of 1 GiB in RAM and 1 GiB on disk in `cache`, prefilling in
 /// chunks of 48 tokens (so chunks cross the 64-token blocks' edges).

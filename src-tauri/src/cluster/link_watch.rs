@@ -62,12 +62,7 @@ impl Drop for Post {
 /// the probe's answer) and closes them, until stopped. Polled rather than blocked on, so that
 /// dropping the post closes the listener within a tick.
 fn answer(listener: TcpListener, stop: &AtomicBool) {
-    let cut = test_cut::path();
     while !stop.load(Ordering::SeqCst) {
-        if cut.as_ref().is_some_and(|p| test_cut::taken(p)) {
-            eprintln!("this machine's link post closes (test: the link cut)");
-            return;
-        }
         while let Ok((stream, _)) = listener.accept() {
             drop(stream);
         }
@@ -194,34 +189,6 @@ fn own_trouble(error: &std::io::Error) -> bool {
     #[cfg(not(unix))]
     {
         let _ = error;
-        false
-    }
-}
-
-/// The cluster tests' stand-in for a pulled cable (loopback cannot be cut without a firewall
-/// rule, which CI cannot set): where [`TEST_CUT_VAR`] names a file, the post closes once that
-/// file appears, and takes the file away, so that the next start's post stays open. Built only
-/// into the test build.
-pub const TEST_CUT_VAR: &str = "FASTMLX_TEST_CUT_LINK";
-
-#[cfg(feature = "desktop-tests")]
-mod test_cut {
-    pub fn path() -> Option<std::path::PathBuf> {
-        std::env::var_os(super::TEST_CUT_VAR).map(Into::into)
-    }
-
-    pub fn taken(path: &std::path::Path) -> bool {
-        std::fs::remove_file(path).is_ok()
-    }
-}
-
-#[cfg(not(feature = "desktop-tests"))]
-mod test_cut {
-    pub fn path() -> Option<std::path::PathBuf> {
-        None
-    }
-
-    pub fn taken(_: &std::path::Path) -> bool {
         false
     }
 }

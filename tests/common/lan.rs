@@ -1,0 +1,142 @@
+//! Machines on a network of their own, all on this machine: each rank but rank 0 in a network
+//! namespace of its own, plugged by a virtual cable (a veth pair) into a bridge that rank 0
+//! (this namespace) sits on, as Macs on a switch or a Thunderbolt bridge. Unlike loopback, its
+//! failures are real ones: a cable pulled answers nothing either way (the kernel drops what
+//! crosses it, connections stall rather than close), and a link cut between two machines
+//! answers "no route" on both. Needs CAP_NET_ADMIN (root here and in CI) and iproute2's `ip`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A bridge and a namespace for each rank but rank 0; taken down when dropped.
+pub struct Lan {
+    /// Names this network's bridge, namespaces and cables apart from any other test's.
+    name: String,
+    /// The first three bytes of its IPv4 subnet (a /24).
+    subnet: String,
+    ranks: usize,
+}
+
+impl Lan {
+    /// A network of `ranks` machines, rank 0 in this namespace.
+    pub fn new(ranks: usize) -> Lan {
+        static MADE: AtomicU32 = AtomicU32::new(0);
+        let (pid, made) = (std::process::id(), MADE.fetch_add(1, Ordering::SeqCst));
+        // Short names: a network interface's is 15 bytes at most.
+        let name = format!("fx{}n{made}", pid % 100_000);
+        let subnet = format!("10.{}.{}", 100 + pid % 100, 1 + made % 250);
+        let lan = Lan { name, subnet, ranks };
+        lan.ip(&["link", "add", &lan.bridge(), "type", "bridge"]);
+        lan.ip(&["addr", "add", &format!("{}/24", lan.address(0)), "dev", &lan.bridge()]);
+        lan.ip(&["link", "set", &lan.bridge(), "up"]);
+        for rank in 1..ranks {
+            let (namespace, cable) = (lan.namespace(rank), lan.cable(rank));
+            lan.ip(&["netns", "add", &namespace]);
+            lan.ip(&["link", "add", &cable, "type", "veth", "peer", "name", "eth0", "netns", &namespace]);
+            lan.ip(&["link", "set", &cable, "master", &lan.bridge(), "up"]);
+            let inside = |args: &[&str]| lan.ip(&[&["-n", namespace.as_str()], args].concat());
+            inside(&["addr", "add", &format!("{}/24", lan.address(rank)), "dev", "eth0"]);
+            inside(&["link", "set", "eth0", "up"]);
+            inside(&["link", "set", "lo", "up"]);
+        }
+        lan
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Rank `rank`'s IPv4 address.
+    pub fn address(&self, rank: usize) -> String {
+        format!("{}.{}", self.subnet, rank + 1)
+    }
+
+    /// A host file in MLX's ring format: each rank at its own address, rank 0 at a port free
+    /// here whose next one is free too (its roster's), the others at 5000 in their own
+    /// namespaces.
+    pub fn host_file(&self, dir: &Path) -> PathBuf {
+        let first = loop {
+            let port = std::net::TcpListener::bind((self.address(0).as_str(), 0)).unwrap().local_addr().unwrap().port();
+            if port < u16::MAX && std::net::TcpListener::bind((self.address(0).as_str(), port + 1)).is_ok() {
+                break port;
+            }
+        };
+        let ranks: Vec<Vec<String>> = (0..self.ranks)
+            .map(|rank| vec![format!("{}:{}", self.address(rank), if rank == 0 { first } else { 5000 })])
+            .collect();
+        let path = dir.join(format!("lan-hosts-{}.json", self.ranks));
+        std::fs::write(&path, serde_json::to_string(&ranks).unwrap()).unwrap();
+        path
+    }
+
+    /// `program` to be run on rank `rank`'s machine (`ip netns exec` replaces itself with it,
+    /// so the child's pid is the program's).
+    pub fn command(&self, rank: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        if rank == 0 {
+            return Command::new(program);
+        }
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.namespace(rank)]).arg(program);
+        command
+    }
+
+    /// Pulls rank `rank`'s cable out of the bridge: nothing crosses it either way.
+    pub fn pull_cable(&self, rank: usize) {
+        self.ip(&["link", "set", &self.cable(rank), "down"]);
+    }
+
+    pub fn plug_cable(&self, rank: usize) {
+        self.ip(&["link", "set", &self.cable(rank), "up"]);
+    }
+
+    /// Cuts the link between ranks `a` and `b` (neither rank 0), both still reaching the
+    /// others: each side's packets to the other find no route.
+    pub fn cut_link(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let to = format!("{}/32", self.address(to));
+            self.ip(&["-n", &self.namespace(from), "route", "add", "unreachable", &to]);
+        }
+    }
+
+    /// Mends what [`Self::cut_link`] cut.
+    pub fn mend_link(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let to = format!("{}/32", self.address(to));
+            self.ip(&["-n", &self.namespace(from), "route", "del", "unreachable", &to]);
+        }
+    }
+
+    fn bridge(&self) -> String {
+        format!("{}b", self.name)
+    }
+
+    fn namespace(&self, rank: usize) -> String {
+        format!("{}r{rank}", self.name)
+    }
+
+    /// The host's end of rank `rank`'s cable (the other end is `eth0` in its namespace).
+    fn cable(&self, rank: usize) -> String {
+        format!("{}v{rank}", self.name)
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip").args(args).output().expect("iproute2's `ip` (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "ip {}: {} (a test network needs CAP_NET_ADMIN, as root has)",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+}
+
+impl Drop for Lan {
+    /// Each namespace's end of its cable goes with it, and the host's end with that.
+    fn drop(&mut self) {
+        for rank in 1..self.ranks {
+            let _ = Command::new("ip").args(["netns", "del", &self.namespace(rank)]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge()]).output();
+    }
+}
