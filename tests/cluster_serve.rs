@@ -724,6 +724,16 @@ async fn cluster_nodes(client: &reqwest::Client, port: u16) -> Option<(Vec<u64>,
     Some((ranks, without))
 }
 
+/// Waits until the cluster serves with the machines `ranks`, at most `within`.
+async fn serving_with(client: &reqwest::Client, port: u16, ranks: &[u64], within: Duration, node: &Node) {
+    let since = Instant::now();
+    while cluster_nodes(client, port).await.is_none_or(|(serving, _)| serving != ranks) {
+        assert!(since.elapsed() < within, "not served by ranks {ranks:?}: {}", node.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("served by ranks {ranks:?} {:?} later", since.elapsed());
+}
+
 /// Waits until `/health` says 503 (the lost machine found), then until it says 200 again.
 async fn served_again(client: &reqwest::Client, port: u16, node: &mut Node, what: &str) {
     let lost = Instant::now();
@@ -852,6 +862,32 @@ async fn machines_gone_past_the_limit_are_served_without_and_taken_back_when_the
     assert!(nodes[0].log().contains("serving without it again, and trying it again in 5 min"), "{}", nodes[0].log());
     assert!(nodes[0].log().contains("rank 2 (127.0.0.1:"), "{}", nodes[0].log());
     assert_eq!(short_answer(&client, port).await, before, "rank 2 back: {}", nodes[0].log());
+    // Rank 1's copy mended and the machine started again (its load failure ended it): shown
+    // as held off, with the time left, and not taken in by itself however idle the server
+    // is; a person's ask takes it in now.
+    assert!(nodes[1].child.try_wait().unwrap().is_some(), "rank 1 still runs: {}", nodes[1].log());
+    nodes[1] = serve(dir.path(), &model, free_port(), &args, Some((&hosts, 1)));
+    let rank1 = format!("rank 1 (127.0.0.1:{})", hosts_port(&hosts, 1));
+    let started = Instant::now();
+    let held = loop {
+        let response = retried(|| client.get(format!("http://127.0.0.1:{port}/admin/status"))).await;
+        let status: Value = response.json().await.unwrap();
+        let held = status["loaded"][0]["cluster"]["held"][0].clone();
+        if !held.is_null() {
+            break held;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "rank 1 not shown held: {status}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(held["machine"], json!(rank1), "{held}");
+    assert!(held["seconds_left"].as_u64().is_some_and(|s| s > 0 && s <= 300), "{held}");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(cluster_nodes(&client, port).await.unwrap().0, [0, 2], "taken in while held: {}", nodes[0].log());
+    let asked = retried(|| client.post(format!("http://127.0.0.1:{port}/admin/cluster/take-back"))).await;
+    assert_eq!(asked.status(), 202);
+    assert_eq!(asked.json::<Value>().await.unwrap()["taking_back"], json!([rank1]));
+    serving_with(&client, port, &[0, 1, 2], Duration::from_secs(90), &nodes[0]).await;
+    assert_eq!(short_answer(&client, port).await, before, "rank 1 taken back when asked: {}", nodes[0].log());
 }
 
 /// A tiny Llama written in `dir`, and a host file of two ranks.
@@ -1099,16 +1135,6 @@ mod on_a_network {
             seen.push_str(&String::from_utf8_lossy(&chunk));
         }
         (seen, since.elapsed())
-    }
-
-    /// Waits until the cluster serves with the machines `ranks`, at most `within`.
-    async fn serving_with(client: &reqwest::Client, port: u16, ranks: &[u64], within: Duration, node: &Node) {
-        let since = Instant::now();
-        while cluster_nodes(client, port).await.is_none_or(|(serving, _)| serving != ranks) {
-            assert!(since.elapsed() < within, "not served by ranks {ranks:?}: {}", node.log());
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        eprintln!("served by ranks {ranks:?} {:?} later", since.elapsed());
     }
 
     /// Three machines on a network of their own (network namespaces on a bridge, not loopback), a

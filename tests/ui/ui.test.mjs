@@ -811,6 +811,37 @@ describe("web UI", { concurrency: false }, () => {
     }
   });
 
+  test("server: a machine held off after a failed take-in can be taken back sooner", async () => {
+    const { context, page } = await openPage(browser);
+    try {
+      // Rank 0 serving alone; rank 1 back, but its take-in failed 1 min ago (held off 5 min).
+      const cluster = {
+        backend: "ring", parallel: "pipeline",
+        nodes: [{ rank: 0, host: "10.0.0.1:32323", room_bytes: 8e9, first_layer: 0, end_layer: 30, ends: true }],
+        links: [], without: ["rank 1 (10.0.0.2:32323)"], held: [{ machine: "rank 1 (10.0.0.2:32323)", seconds_left: 239 }],
+        take_back: "idle", steps: 0, tokens: 0, bytes_per_hop: 0, wait_seconds: 0, step_seconds: 0,
+        sums_timed: untimed(),
+      };
+      await serveStatusOf(page, cluster);
+      const asked = [];
+      await page.route("**/admin/cluster/take-back", (route) => {
+        asked.push(route.request().method());
+        return route.fulfill({ status: 202, json: { taking_back: ["rank 1 (10.0.0.2:32323)"] } });
+      });
+      await page.goto(`${server.base}/ui/#/server`);
+      await page.getByTestId("cluster-back").waitFor();
+      assert.match(
+        await text(page.getByTestId("cluster-back")),
+        /rank 1 \(10\.0\.0\.2:32323\) is back, held off since its last take-in failed: tried again by itself in 4 min, or now if you take it back\. Taking it in reloads/,
+      );
+      await page.getByTestId("cluster-take-back").click();
+      await page.waitForFunction(() => document.querySelector("[data-testid=cluster-take-back]")?.disabled);
+      assert.deepEqual(asked, ["POST"]);
+    } finally {
+      await context.close();
+    }
+  });
+
   test("server: a cluster by tensors shows the time in its sums, once timed", async () => {
     const { context, page } = await openPage(browser);
     try {

@@ -228,6 +228,9 @@ export interface ClusterStatus {
   without: string[];
   /** Of those, the machines back (checked in again), to be taken in. */
   back?: string[];
+  /** Of those, the machines back but held off since their take-in failed: tried again by
+   * themselves in `seconds_left`, or sooner when a person takes them back. */
+  held?: { machine: string; seconds_left: number }[];
   /** When a machine that is back is taken in: `idle` (the server idle a few seconds) or `asked`
    * (`POST /admin/cluster/take-back`). */
   take_back?: "idle" | "asked";

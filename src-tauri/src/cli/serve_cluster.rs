@@ -29,7 +29,7 @@ use crate::cluster::pipeline::Pipeline;
 use crate::cluster::roster::{self, Decision, Membership, Roster};
 use crate::cluster::watchdog::Watchdog;
 use crate::cluster::{FormError, Shape, Unloaded};
-use crate::engine::remote::{ClusterView, RemoteLayers};
+use crate::engine::remote::{ClusterView, HeldBack, RemoteLayers};
 use crate::mlx::Backend;
 use crate::model::ModelError;
 use crate::server::RunningServer;
@@ -593,7 +593,7 @@ async fn serve_alone(
             let whole = [crate::model::Stage { layers: 0..served.engine.model_info().layers, ends: true }];
             let status = crate::cluster::status_of((backend, parallel), file, &alone, &[room], &whole, &[]);
             // How machines are taken back, said from the first moment it shows as alone.
-            models.set_returns(Vec::new(), take_back.as_str());
+            models.set_returns(Vec::new(), Vec::new(), take_back.as_str());
             models.pin_alone(id, status);
         }
         Err(e) => {
@@ -613,9 +613,10 @@ async fn serve_alone(
 }
 
 /// Machines of the host file left out of the cluster and checking in again (shown in the
-/// cluster's status): every one once a person asks; with `take_back` idle, also once the server
-/// has been idle for [`REJOIN_IDLE`], one at a time (the lowest rank), so a take-in that fails
-/// holds off only the machine it tried.
+/// cluster's status): every one once a person asks, those held off since a take-in failed
+/// included (the person may have mended its cause); with `take_back` idle, also once the server
+/// has been idle for [`REJOIN_IDLE`], one at a time (the lowest rank, none held off), so a
+/// take-in that fails holds off only the machine it tried.
 async fn returned(models: &Residency, (roster, file): (&Roster, &HostFile), take_back: TakeBack) -> Vec<usize> {
     let (mut idle_since, mut first) = (None, true);
     loop {
@@ -623,10 +624,16 @@ async fn returned(models: &Residency, (roster, file): (&Roster, &HostFile), take
         if !std::mem::take(&mut first) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let back = roster.returned();
-        models.set_returns(back.iter().map(|&p| roster::name(file, p)).collect(), take_back.as_str());
-        if !back.is_empty() && models.take_back_asked() {
-            return back;
+        let (back, held) = (roster.returned(), roster.held_back());
+        let shown_held = held
+            .iter()
+            .map(|&(p, left)| HeldBack { machine: roster::name(file, p), seconds_left: left.as_secs() })
+            .collect();
+        models.set_returns(back.iter().map(|&p| roster::name(file, p)).collect(), shown_held, take_back.as_str());
+        if (!back.is_empty() || !held.is_empty()) && models.take_back_asked() {
+            let mut asked: Vec<usize> = back.iter().copied().chain(held.iter().map(|h| h.0)).collect();
+            asked.sort_unstable();
+            return asked;
         }
         if take_back == TakeBack::Asked {
             continue;

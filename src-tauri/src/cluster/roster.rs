@@ -276,9 +276,18 @@ impl State {
     /// The machines of the host file heard from lately that are not members and not held off.
     fn back(&self, now: Instant) -> Vec<usize> {
         let at = SystemTime::now();
-        (1..self.seen.len())
-            .filter(|&p| !self.membership.members.contains(&p) && fresh(self, p, now) && !self.holds.active(p, at))
-            .collect()
+        self.checked_in(now).filter(|&p| !self.holds.active(p, at)).collect()
+    }
+
+    /// The machines of the host file heard from lately that are not members but are held off,
+    /// each with how long it still is: taken in only if a person asks.
+    fn held(&self, now: Instant) -> Vec<(usize, Duration)> {
+        let at = SystemTime::now();
+        self.checked_in(now).filter(|&p| self.holds.active(p, at)).map(|p| (p, self.holds.remaining(p, at))).collect()
+    }
+
+    fn checked_in(&self, now: Instant) -> impl Iterator<Item = usize> + '_ {
+        (1..self.seen.len()).filter(move |&p| !self.membership.members.contains(&p) && fresh(self, p, now))
     }
 }
 
@@ -736,6 +745,12 @@ impl Roster {
         self.state().back(Instant::now())
     }
 
+    /// Those checked in again but held off since their take-in failed, with how long they
+    /// still are: a person may ask to try them sooner (the cause mended).
+    pub fn held_back(&self) -> Vec<(usize, Duration)> {
+        self.state().held(Instant::now())
+    }
+
     /// Who forms next: every member heard from lately forms (a machine left out is taken back
     /// only by a start of its own, [`Self::returned`]); a member not heard from for over `drop_after` is left out if
     /// `fits` the others' rooms (rank 0's first, `own_room`), else waited for; so is one behind
@@ -1175,8 +1190,13 @@ mod tests {
         // Held off (its last take-in failed): not listed until its time passes.
         s.holds = Holds::default().failed(&[2], SystemTime::now());
         assert_eq!(s.back(at), Vec::<usize>::new());
+        // Listed as held, for as long as it still is.
+        let held = s.held(at);
+        assert!(held.len() == 1 && held[0].0 == 2 && held[0].1 <= HOLD_OFF, "{held:?}");
+        assert!(held[0].1 > HOLD_OFF - Duration::from_secs(60), "{held:?}");
         s.holds = Holds::default().failed(&[2], SystemTime::now() - HOLD_OFF * 2);
         assert_eq!(s.back(at), [2]);
+        assert_eq!(s.held(at), []);
         // Where the others cannot hold it, the lost one is waited for, saying why.
         let mut s = state(3, t0);
         s.seen[1] = Some(Seen { at: t0 + Duration::from_secs(100), room: 5 });

@@ -368,7 +368,8 @@ pub struct SeenFromRankZero {
     pub problem: Option<String>,
     /// The machines it serves across, while it serves.
     pub serving: Option<usize>,
-    /// Machines it serves without that are back.
+    /// Machines it serves without that are back, those held off since a failed take-in
+    /// included (a person's ask takes them in too).
     pub back: Vec<String>,
 }
 
@@ -388,8 +389,10 @@ pub fn seen_from_status(status: &serde_json::Value) -> SeenFromRankZero {
     let fault = text(model, "fault");
     let serving = model["cluster"]["nodes"].as_array().map(Vec::len).filter(|_| fault.is_none());
     let problem = fault.or_else(|| (!without.is_empty()).then(|| format!("serving without {}", without.join(", "))));
-    let back = model["cluster"]["back"].as_array().into_iter().flatten();
-    let back = back.filter_map(|w| w.as_str().map(str::to_string)).collect();
+    let back = model["cluster"]["back"].as_array().into_iter().flatten().filter_map(|w| w.as_str());
+    let held = model["cluster"]["held"].as_array().into_iter().flatten();
+    let held = held.filter_map(|h| h["machine"].as_str());
+    let back = back.chain(held).map(str::to_string).collect();
     SeenFromRankZero { model: text(model, "id"), problem, serving, back }
 }
 
@@ -485,6 +488,10 @@ mod tests {
         let seen = seen_from_status(&alone);
         assert_eq!(seen.problem.as_deref(), Some("serving without rank 1 (10.0.0.2:32323)"));
         assert_eq!((seen.serving, seen.back), (Some(1), vec!["rank 1 (10.0.0.2:32323)".to_string()]));
+        // Held off since its take-in failed: back all the same, for the menu's Take Back Now.
+        let held = serde_json::json!({"loaded": [{"id": "qwen", "cluster": {"nodes": [{"rank": 0}],
+            "without": ["rank 1 (10.0.0.2:32323)"], "held": [{"machine": "rank 1 (10.0.0.2:32323)", "seconds_left": 200}]}}]});
+        assert_eq!(seen_from_status(&held).back, ["rank 1 (10.0.0.2:32323)"]);
     }
 
     #[cfg(unix)]

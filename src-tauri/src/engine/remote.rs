@@ -157,6 +157,14 @@ impl LinkHealth {
     }
 }
 
+/// A machine back but held off since its take-in failed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HeldBack {
+    pub machine: String,
+    /// Until it is tried again by itself.
+    pub seconds_left: u64,
+}
+
 /// A cluster as people see it (`/admin/status`, `/metrics`, the Server page): its machines, its
 /// links as measured when it formed, and what rank 0's steps through the pipeline cost.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -174,6 +182,10 @@ pub struct ClusterStatus {
     /// Machines it serves without that are back (checked in again), to be taken in.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub back: Vec<String>,
+    /// Machines back but held off since their take-in failed: taken in by themselves once
+    /// their time is up, or sooner where a person asks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldBack>,
     /// When a machine that is back is taken in: `idle` (once the server has been idle a few
     /// seconds) or `asked` (`POST /admin/cluster/take-back`, the Server page's button).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::catalog::{Catalog, CatalogError};
 use super::discover::LocalModel;
 use crate::engine::embed::{BatchLimits, EmbedHandle};
-use crate::engine::remote::RemoteLayers;
+use crate::engine::remote::{HeldBack, RemoteLayers};
 use crate::engine::{DraftLoader, EngineConfig, EngineHandle};
 use crate::mlx::Backend;
 use crate::model::load::load_embedder;
@@ -152,6 +152,7 @@ impl Served {
 #[derive(Debug, Clone, Default)]
 struct Returns {
     back: Vec<String>,
+    held: Vec<HeldBack>,
     when: Option<String>,
     asked: bool,
 }
@@ -159,8 +160,14 @@ struct Returns {
 impl Returns {
     fn shown_in(&self, mut cluster: crate::engine::remote::ClusterStatus) -> crate::engine::remote::ClusterStatus {
         cluster.back = self.back.clone();
+        cluster.held = self.held.clone();
         cluster.take_back = self.when.clone();
         cluster
+    }
+
+    /// Whether an ask has machines to take: back, or held off (a person may try those sooner).
+    fn any(&self) -> bool {
+        !self.back.is_empty() || !self.held.is_empty()
     }
 }
 
@@ -354,11 +361,11 @@ impl Residency {
     }
 
     /// Rank 0 of a cluster: the machines that are back (named), taken in when `when` says
-    /// (`idle` or `asked`). An ask with none back lapses.
-    pub fn set_returns(&self, back: Vec<String>, when: &str) {
+    /// (`idle` or `asked`), and those back but held off. An ask with none lapses.
+    pub fn set_returns(&self, back: Vec<String>, held: Vec<HeldBack>, when: &str) {
         let mut returns = self.returns();
-        returns.asked &= !back.is_empty();
-        returns.back = back;
+        (returns.back, returns.held) = (back, held);
+        returns.asked &= returns.any();
         returns.when = Some(when.to_string());
     }
 
@@ -367,6 +374,7 @@ impl Residency {
     pub fn clear_back(&self) {
         let mut returns = self.returns();
         returns.back.clear();
+        returns.held.clear();
         returns.asked = false;
     }
 
@@ -377,11 +385,11 @@ impl Residency {
         if returns.when.is_none() {
             return Err("no cluster here has machines to take back (it serves no model across a cluster, or its cluster is forming)".into());
         }
-        if returns.back.is_empty() {
+        if !returns.any() {
             return Err("no machine the cluster serves without is back to take in".into());
         }
         returns.asked = true;
-        Ok(returns.back.clone())
+        Ok(returns.back.iter().cloned().chain(returns.held.iter().map(|h| h.machine.clone())).collect())
     }
 
     /// Whether a person asked to take the machines that are back in now (the ask is used up).

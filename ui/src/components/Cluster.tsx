@@ -38,7 +38,7 @@ function SumsTimed({ timed }: { timed: ClusterStatus["sums_timed"] }) {
 
 /** Machines the cluster serves without that are back: taking them in reloads the model across
  * the machines (requests are answered 503 meanwhile, minutes for a large model). */
-function TakeBack({ back }: { back: string[] }) {
+function TakeBack({ back, held }: { back: string[]; held: NonNullable<ClusterStatus["held"]> }) {
   const [state, setState] = useState<{ asked?: boolean; error?: string }>({});
   const ask = async () => {
     try {
@@ -51,8 +51,16 @@ function TakeBack({ back }: { back: string[] }) {
   return (
     <div class="note" data-testid="cluster-back">
       <p>
-        {back.join(", ")} {back.length === 1 ? "is" : "are"} back. Taking {back.length === 1 ? "it" : "them"} in
-        reloads the model across the machines: requests are answered 503 until it has loaded.
+        {back.length ? `${back.join(", ")} ${back.length === 1 ? "is" : "are"} back. ` : ""}
+        {held
+          .map(
+            (h) =>
+              `${h.machine} is back, held off since its last take-in failed: tried again by itself in ` +
+              `${Math.max(1, Math.ceil(h.seconds_left / 60))} min, or now if you take it back. `,
+          )
+          .join("")}
+        Taking {back.length + held.length === 1 ? "it" : "them"} in reloads the model across the machines: requests
+        are answered 503 until it has loaded.
       </p>
       <button type="button" onClick={ask} disabled={state.asked} data-testid="cluster-take-back">
         {state.asked ? "Taking back…" : "Take back now"}
@@ -95,7 +103,9 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
           {alone ? " (the model stays loaded here meanwhile)" : ""}.
         </p>
       ) : null}
-      {cluster.back?.length ? <TakeBack back={cluster.back} /> : null}
+      {cluster.back?.length || cluster.held?.length ? (
+        <TakeBack back={cluster.back ?? []} held={cluster.held ?? []} />
+      ) : null}
       <div class="table-wrap">
         <table class="compact" data-testid="cluster-nodes">
           <thead>
