@@ -82,12 +82,18 @@ source "$ROOT/scripts/clippy_env.sh"
 # the tests' limit is theirs alone.
 suite 3600 "the test build (with clippy)" cargo test --locked --features desktop-tests --no-run "$@"
 suite 1800 "the Rust tests" cargo test --locked --features desktop-tests "$@"
-# The disk-full tests mount a tmpfs, which needs root: run here as root (as CI is), and said to
-# be skipped otherwise (libtest lists them as ignored, with the reason, in the run above).
+# Tests that need root, run here as root (as CI is) and said to be skipped otherwise (libtest
+# lists them as ignored, with the reason, in the run above): the disk-full tests mount a tmpfs;
+# the cluster's network tests (Linux) put its machines in network namespaces of their own.
 if [[ "$(id -u)" == 0 ]]; then
   suite 600 "the disk-full tests" cargo test --locked --features desktop-tests --test download -- --ignored
+  if [[ "$(uname -s)" == "Linux" ]]; then
+    suite 600 "the cluster's network tests" \
+      cargo test --locked --features desktop-tests --test cluster_serve -- --ignored on_a_network::
+  fi
 else
   echo "test.sh: SKIPPED: the disk-full tests of tests/download.rs (they mount a tmpfs: run as root)" >&2
+  echo "test.sh: SKIPPED: the network tests of tests/cluster_serve.rs (network namespaces: run as root)" >&2
 fi
 # The API through the official client libraries, against a running `fastmlx serve`.
 export FASTMLX_BIN="$ROOT/target/debug/fastmlx"

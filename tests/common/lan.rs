@@ -3,7 +3,8 @@
 //! (this namespace) sits on, as Macs on a switch or a Thunderbolt bridge. Unlike loopback, its
 //! failures are real ones: a cable pulled answers nothing either way (the kernel drops what
 //! crosses it, connections stall rather than close), and a link cut between two machines
-//! answers "no route" on both. Needs CAP_NET_ADMIN (root here and in CI) and iproute2's `ip`.
+//! answers "no route" on both. Needs root (`ip netns` mounts as well: CAP_SYS_ADMIN beside
+//! CAP_NET_ADMIN), as here and in CI, and iproute2's `ip`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,9 +12,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A bridge and a namespace for each rank but rank 0; taken down when dropped.
 pub struct Lan {
-    /// Names this network's bridge, namespaces and cables apart from any other test's.
+    /// Names this network's bridge, namespaces and cables apart from any other test's:
+    /// `fx<pid>n<n>`, so that a run killed before it could take its networks down has them
+    /// swept by the next ([`sweep`]).
     name: String,
-    /// The first three bytes of its IPv4 subnet (a /24).
+    /// The first three bytes of its IPv4 subnet, a /24 of the benchmarking range 198.18.0.0/15
+    /// (no real network's) that no route here uses yet.
     subnet: String,
     ranks: usize,
 }
@@ -22,11 +26,12 @@ impl Lan {
     /// A network of `ranks` machines, rank 0 in this namespace.
     pub fn new(ranks: usize) -> Lan {
         static MADE: AtomicU32 = AtomicU32::new(0);
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(sweep);
         let (pid, made) = (std::process::id(), MADE.fetch_add(1, Ordering::SeqCst));
-        // Short names: a network interface's is 15 bytes at most.
-        let name = format!("fx{}n{made}", pid % 100_000);
-        let subnet = format!("10.{}.{}", 100 + pid % 100, 1 + made % 250);
-        let lan = Lan { name, subnet, ranks };
+        // A network interface's name is 15 bytes at most: `fx` + 7 digits + `n` + 3 + `b`.
+        let name = format!("fx{pid}n{made}");
+        let lan = Lan { name, subnet: free_subnet(pid + 31 * made), ranks };
         lan.ip(&["link", "add", &lan.bridge(), "type", "bridge"]);
         lan.ip(&["addr", "add", &format!("{}/24", lan.address(0)), "dev", &lan.bridge()]);
         lan.ip(&["link", "set", &lan.bridge(), "up"]);
@@ -124,10 +129,45 @@ impl Lan {
         let out = Command::new("ip").args(args).output().expect("iproute2's `ip` (scripts/setup.sh installs it)");
         assert!(
             out.status.success(),
-            "ip {}: {} (a test network needs CAP_NET_ADMIN, as root has)",
+            "ip {}: {} (a test network needs root)",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
+    }
+}
+
+/// A /24 of 198.18.0.0/15 that no route here uses, the search starting at `seed`.
+fn free_subnet(seed: u32) -> String {
+    let out = Command::new("ip").args(["-4", "route", "show"]).output().expect("iproute2's `ip`");
+    let routes = String::from_utf8_lossy(&out.stdout);
+    (0..512)
+        .map(|k| (seed + k) % 512)
+        .map(|k| format!("198.{}.{}", 18 + k / 256, k % 256))
+        .find(|subnet| !routes.contains(&format!("{subnet}.0/24")))
+        .expect("a free /24 in 198.18.0.0/15")
+}
+
+/// Takes down the networks of test runs whose process is gone (killed before they could).
+fn sweep() {
+    let gone = |name: &str| {
+        let pid = name.strip_prefix("fx").and_then(|rest| rest.split('n').next());
+        pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+    };
+    let list = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().map(|o| o.stdout).unwrap_or_default();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    for namespace in list(&["netns", "list"]).lines().filter_map(|l| l.split_whitespace().next()) {
+        if gone(namespace) {
+            let _ = Command::new("ip").args(["netns", "del", namespace]).output();
+        }
+    }
+    // `ip -o link`: "7: fx123n0b: <...>", a cable "fx123n0v1@if2: ...".
+    for line in list(&["-o", "link", "show"]).lines() {
+        let name = line.split(": ").nth(1).and_then(|n| n.split('@').next()).unwrap_or_default();
+        if gone(name) {
+            let _ = Command::new("ip").args(["link", "del", name]).output();
+        }
     }
 }
 

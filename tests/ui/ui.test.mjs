@@ -837,6 +837,15 @@ describe("web UI", { concurrency: false }, () => {
       await page.getByTestId("cluster-take-back").click();
       await page.waitForFunction(() => document.querySelector("[data-testid=cluster-take-back]")?.disabled);
       assert.deepEqual(asked, ["POST"]);
+      // Under `--take-back asked`, with another machine back beside it: nothing is said to come
+      // by itself.
+      await page.unroute("**/admin/status");
+      await serveStatusOf(page, { ...cluster, take_back: "asked", back: ["rank 2 (10.0.0.3:32323)"] });
+      await page.reload();
+      await page.getByTestId("cluster-back").waitFor();
+      const both = await text(page.getByTestId("cluster-back"));
+      assert.match(both, /rank 2 \(10\.0\.0\.3:32323\) is back\. rank 1 \(10\.0\.0\.2:32323\) is back, held off since its last take-in failed: take it back once its cause is mended\. Taking them in/);
+      assert.doesNotMatch(both, /by itself/);
     } finally {
       await context.close();
     }

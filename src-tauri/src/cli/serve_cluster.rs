@@ -439,7 +439,9 @@ async fn serve_first_stage(
             // signal meanwhile still stops the server).
             tokio::select! {
                 _ = shutdown_signal() => stop_server(models, server).await,
-                () = drained(&models, &id) => start_again(&models, server, &id, Next::list(&membership), fault).await,
+                () = drained(&models, &id) => {
+                    start_again(&models, server, &id, Next::list(&membership).after_serving(&membership), fault).await
+                }
             }
         }
         back = returned(&models, (&roster, &file), args.roster.take_back) => {
@@ -670,6 +672,7 @@ async fn take_in(
         _ = shutdown_signal() => stop_server(models, server).await,
         () = drained(&models, "") => {
             let next = Next { fallback: Some(membership.to_env()), ..Next::list(&membership.with(&back)) };
+            let next = next.after_serving(membership);
             start_again(&models, server, id, next, why).await
         }
     }
@@ -686,6 +689,14 @@ struct Next {
 impl Next {
     fn list(membership: &Membership) -> Next {
         Next { members: membership.to_env(), fallback: None, hold: None }
+    }
+
+    /// From an image that served `served`: its machines' holds end (they formed and loaded,
+    /// one taken in by a person's ask included), so a machine lost later and back is taken
+    /// back as any other, and a later failure holds it off 5 minutes again, not from the old
+    /// count.
+    fn after_serving(self, served: &Membership) -> Next {
+        Next { hold: Some(roster::Holds::from_env().without(&served.members).to_env()), ..self }
     }
 }
 

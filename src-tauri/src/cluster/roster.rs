@@ -328,6 +328,11 @@ impl Holds {
         until.duration_since(at).unwrap_or_default()
     }
 
+    /// These holds but `places`'.
+    pub fn without(&self, places: &[usize]) -> Holds {
+        Holds(self.0.iter().copied().filter(|h| !places.contains(&h.0)).collect())
+    }
+
     /// These holds with `places` failed once more at `at`: each held for [`HOLD_OFF`] doubled
     /// for every failure before (the others' kept as they are).
     pub fn failed(&self, places: &[usize], at: SystemTime) -> Holds {
@@ -1225,6 +1230,10 @@ mod tests {
         assert_eq!(twice.0, [(2, t + HOLD_OFF * 2, 2), (3, t + HOLD_OFF, 1)]);
         assert!(twice.active(2, t + HOLD_OFF) && !twice.active(3, t + HOLD_OFF) && !twice.active(1, t));
         assert_eq!(Holds::parse(&twice.to_env()), Some(twice.clone()));
+        // A machine that served has its hold gone, and fails from the start again.
+        let served = twice.without(&[0, 2]);
+        assert_eq!(served.0, [(3, t + HOLD_OFF, 1)]);
+        assert_eq!(served.failed(&[2], t).0[1], (2, t + HOLD_OFF, 1));
         assert_eq!(Holds::parse(""), Some(Holds::default()));
         assert_eq!(Holds::parse("2:x:1"), None);
         let many = (0..40).fold(Holds::default(), |h, _| h.failed(&[1], t));

@@ -38,7 +38,16 @@ function SumsTimed({ timed }: { timed: ClusterStatus["sums_timed"] }) {
 
 /** Machines the cluster serves without that are back: taking them in reloads the model across
  * the machines (requests are answered 503 meanwhile, minutes for a large model). */
-function TakeBack({ back, held }: { back: string[]; held: NonNullable<ClusterStatus["held"]> }) {
+function TakeBack({
+  back,
+  held,
+  asked,
+}: {
+  back: string[];
+  held: NonNullable<ClusterStatus["held"]>;
+  /** `--take-back asked`: nothing is taken back by itself. */
+  asked: boolean;
+}) {
   const [state, setState] = useState<{ asked?: boolean; error?: string }>({});
   const ask = async () => {
     try {
@@ -55,8 +64,10 @@ function TakeBack({ back, held }: { back: string[]; held: NonNullable<ClusterSta
         {held
           .map(
             (h) =>
-              `${h.machine} is back, held off since its last take-in failed: tried again by itself in ` +
-              `${Math.max(1, Math.ceil(h.seconds_left / 60))} min, or now if you take it back. `,
+              `${h.machine} is back, held off since its last take-in failed` +
+              (asked
+                ? ": take it back once its cause is mended. "
+                : `: tried again by itself in ${Math.max(1, Math.ceil(h.seconds_left / 60))} min, or now if you take it back. `),
           )
           .join("")}
         Taking {back.length + held.length === 1 ? "it" : "them"} in reloads the model across the machines: requests
@@ -104,7 +115,7 @@ export function ClusterSection({ model, cluster, fault }: { model: string; clust
         </p>
       ) : null}
       {cluster.back?.length || cluster.held?.length ? (
-        <TakeBack back={cluster.back ?? []} held={cluster.held ?? []} />
+        <TakeBack back={cluster.back ?? []} held={cluster.held ?? []} asked={cluster.take_back === "asked"} />
       ) : null}
       <div class="table-wrap">
         <table class="compact" data-testid="cluster-nodes">
