@@ -93,7 +93,9 @@ if [[ "$(id -u)" == 0 ]]; then
   fi
 else
   echo "test.sh: SKIPPED: the disk-full tests of tests/download.rs (they mount a tmpfs: run as root)" >&2
-  echo "test.sh: SKIPPED: the network tests of tests/cluster_serve.rs (network namespaces: run as root)" >&2
+  if [[ "$(uname -s)" == "Linux" ]]; then
+    echo "test.sh: SKIPPED: the network tests of tests/cluster_serve.rs (network namespaces: run as root)" >&2
+  fi
 fi
 # The API through the official client libraries, against a running `fastmlx serve`.
 export FASTMLX_BIN="$ROOT/target/debug/fastmlx"

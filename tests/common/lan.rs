@@ -136,27 +136,46 @@ impl Lan {
     }
 }
 
-/// A /24 of 198.18.0.0/15 that no route here uses, the search starting at `seed`.
+/// A /24 of 198.18.0.0/15 that overlaps no route here (of any table), the search starting at
+/// `seed`.
 fn free_subnet(seed: u32) -> String {
-    let out = Command::new("ip").args(["-4", "route", "show"]).output().expect("iproute2's `ip`");
-    let routes = String::from_utf8_lossy(&out.stdout);
+    let out = Command::new("ip").args(["-4", "route", "show", "table", "all"]).output().expect("iproute2's `ip`");
+    let routes: Vec<(u32, u32)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| prefix(line.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?))
+        .collect();
+    let overlaps = |net: u32| {
+        routes.iter().any(|&(other, len)| {
+            let shorter = len.min(24);
+            let mask = if shorter == 0 { 0 } else { u32::MAX << (32 - shorter) };
+            net & mask == other & mask
+        })
+    };
     (0..512)
         .map(|k| (seed + k) % 512)
+        .find(|&k| !overlaps(u32::from_be_bytes([198, 18 + (k / 256) as u8, (k % 256) as u8, 0])))
         .map(|k| format!("198.{}.{}", 18 + k / 256, k % 256))
-        .find(|subnet| !routes.contains(&format!("{subnet}.0/24")))
         .expect("a free /24 in 198.18.0.0/15")
 }
 
-/// Takes down the networks of test runs whose process is gone (killed before they could).
+/// `a.b.c.d/len` (or a bare address, a /32) as its number and length.
+fn prefix(text: &str) -> Option<(u32, u32)> {
+    let (address, len) = text.split_once('/').unwrap_or((text, "32"));
+    Some((u32::from(address.parse::<std::net::Ipv4Addr>().ok()?), len.parse().ok().filter(|&l| l <= 32)?))
+}
+
+/// Takes down the networks of test runs whose process is gone (killed before they could),
+/// this process's own pid's included (a run before it had the same pid: this one has made
+/// none yet).
 fn sweep() {
     let gone = |name: &str| {
-        let pid = name.strip_prefix("fx").and_then(|rest| rest.split('n').next());
-        pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+        test_network_pid(name).is_some_and(|p| p == std::process::id() || !Path::new(&format!("/proc/{p}")).exists())
     };
     let list = |args: &[&str]| {
         let out = Command::new("ip").args(args).output().map(|o| o.stdout).unwrap_or_default();
         String::from_utf8_lossy(&out).into_owned()
     };
+    // `ip netns list`: "fx123n0r1 (id: 3)".
     for namespace in list(&["netns", "list"]).lines().filter_map(|l| l.split_whitespace().next()) {
         if gone(namespace) {
             let _ = Command::new("ip").args(["netns", "del", namespace]).output();
@@ -169,6 +188,17 @@ fn sweep() {
             let _ = Command::new("ip").args(["link", "del", name]).output();
         }
     }
+}
+
+/// The pid in a name this file gives (`fx<pid>n<n>` then `b`, `v<rank>` or `r<rank>`), or
+/// `None` for any other name.
+fn test_network_pid(name: &str) -> Option<u32> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (pid, rest) = name.strip_prefix("fx")?.split_once('n')?;
+    let made_end = rest.find(|c: char| !c.is_ascii_digit())?;
+    let (made, kind) = rest.split_at(made_end);
+    let known = kind == "b" || kind.strip_prefix('v').or_else(|| kind.strip_prefix('r')).is_some_and(digits);
+    (digits(pid) && digits(made) && known).then(|| pid.parse().ok()).flatten()
 }
 
 impl Drop for Lan {
