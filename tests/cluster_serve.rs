@@ -145,10 +145,16 @@ async fn cluster(dir: &Path, model: &Path, ranks: usize, args: &[&str]) -> (u16,
 
 async fn cluster_of(dir: &Path, model: &Path, hosts: &Path, args: &[&str]) -> (u16, Vec<Node>) {
     let ranks = serde_json::from_str::<Vec<Value>>(&std::fs::read_to_string(hosts).unwrap()).unwrap().len();
+    started_in_order(ranks, |rank, port| serve(dir, model, port, args, Some((hosts, rank)))).await
+}
+
+/// `ranks` ranks, each started by `start` (given its rank and an HTTP port), in order, and
+/// rank 0 (its port) ready.
+async fn started_in_order(ranks: usize, mut start: impl FnMut(usize, u16) -> Node) -> (u16, Vec<Node>) {
     let port = free_port();
     let mut nodes = Vec::new();
     for rank in 0..ranks {
-        nodes.push(serve(dir, model, if rank == 0 { port } else { free_port() }, args, Some((hosts, rank))));
+        nodes.push(start(rank, if rank == 0 { port } else { free_port() }));
         // MLX's ring connects more reliably when its ranks start in order.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -1135,17 +1141,16 @@ mod on_a_network {
         Node { child: command.spawn().unwrap(), log }
     }
 
-    /// [`cluster_of`] on the machines of `lan`.
-    async fn cluster_on(lan: &Lan, dir: &Path, model: &Path, hosts: &Path, args: &[&str]) -> (u16, Vec<Node>) {
-        let port = free_port();
-        let mut nodes = Vec::new();
-        for rank in 0..lan.ranks() {
-            // A worker's HTTP port is in its own namespace: any will do.
-            nodes.push(serve_on(lan, dir, model, if rank == 0 { port } else { 8000 }, args, (hosts, rank)));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        wait_ready(port, &mut nodes[0]).await;
-        (port, nodes)
+    /// Three machines on a network of their own, serving SmolLM2 under `--drop-after 8`: the
+    /// network, rank 0's port, the nodes, and the cluster's first answer.
+    async fn three_on_a_lan(dir: &Path) -> (Lan, u16, Vec<Node>, String) {
+        let lan = Lan::new(3);
+        let (model, hosts) = (common::smollm2_gguf(), lan.host_file(dir));
+        let args = ["--drop-after", "8"];
+        let (port, nodes) =
+            started_in_order(lan.ranks(), |rank, port| serve_on(&lan, dir, &model, port, &args, (&hosts, rank))).await;
+        let before = short_answer(&reqwest::Client::new(), port).await;
+        (lan, port, nodes, before)
     }
 
     /// The text a streamed completion's events carried.
@@ -1177,11 +1182,8 @@ mod on_a_network {
     #[ignore = "makes network namespaces: needs root (scripts/test.sh runs it as root)"]
     async fn a_cable_pulled_mid_answer_is_named_in_seconds_served_without_and_taken_back_once_plugged() {
         let dir = tempfile::tempdir().unwrap();
-        let lan = Lan::new(3);
-        let (model, hosts) = (common::smollm2_gguf(), lan.host_file(dir.path()));
-        let (port, mut nodes) = cluster_on(&lan, dir.path(), &model, &hosts, &["--drop-after", "8"]).await;
+        let (lan, port, mut nodes, before) = three_on_a_lan(dir.path()).await;
         let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-        let before = short_answer(&client, port).await;
         let url = format!("http://127.0.0.1:{port}/v1/completions");
         let mut body =
             json!({"prompt": "Count to a thousand.", "max_tokens": 40, "temperature": 0, "ignore_eos": true});
@@ -1240,11 +1242,8 @@ mod on_a_network {
     #[ignore = "makes network namespaces: needs root (scripts/test.sh runs it as root)"]
     async fn a_link_cut_between_workers_is_named_and_the_machine_behind_it_left_out_until_mended() {
         let dir = tempfile::tempdir().unwrap();
-        let lan = Lan::new(3);
-        let (model, hosts) = (common::smollm2_gguf(), lan.host_file(dir.path()));
-        let (port, nodes) = cluster_on(&lan, dir.path(), &model, &hosts, &["--drop-after", "8"]).await;
+        let (lan, port, nodes, before) = three_on_a_lan(dir.path()).await;
         let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-        let before = short_answer(&client, port).await;
 
         let (stream, seen) = long_stream(&client, port).await;
         lan.cut_link(1, 2);
